@@ -1,0 +1,3 @@
+from catsdogs.cli import main
+
+main()

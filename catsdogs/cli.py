@@ -1,0 +1,302 @@
+"""The `catsdogs` command: a thin layer over the library functions of each stage.
+
+Every error the user can fix is one line on stderr and a non-zero exit: 2 for usage errors
+(bad options), 1 for everything else (a failed download, a corrupt archive). No tracebacks.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from catsdogs import __version__, config
+from catsdogs.errors import CatsdogsError
+
+
+class OneLineErrors(click.Group):
+    """click prints usage errors over three lines; ours fit on one, and CatsdogsError too."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as e:
+            where = f" (see `{e.ctx.command_path} --help`)" if e.ctx else ""
+            click.echo(f"Error: {e.format_message()}{where}", err=True)
+            sys.exit(2)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
+        except CatsdogsError as e:
+            click.echo(f"Error: {e}", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+class VariadicCommand(click.Command):
+    """Lets `--opt adam sgd` mean `--opt adam --opt sgd` for options declared multiple=True.
+
+    click has no variadic options; rewriting the arguments before click parses them keeps
+    every other behaviour (help, types, errors) click's own."""
+
+    def parse_args(self, ctx, args):
+        names = {n for p in self.params if isinstance(p, click.Option) and p.multiple for n in p.opts}
+        out: list[str] = []
+        current = None  # the variadic option whose values we are reading
+        for i, a in enumerate(args):
+            if a == "--":
+                out += args[i:]
+                break
+            if a in names:
+                nxt = args[i + 1] if i + 1 < len(args) else None
+                current = a if nxt is not None and _is_value(nxt) else None
+                if current is None:
+                    out.append(a)  # no value follows: click reports it
+            elif a.startswith("--") and a.split("=", 1)[0] in names:
+                current = a.split("=", 1)[0]
+                out += [current, a.split("=", 1)[1]]
+            elif current and _is_value(a):
+                out += [current, a]
+            else:
+                current = None
+                out.append(a)
+        return super().parse_args(ctx, out)
+
+
+def _is_value(arg: str) -> bool:
+    return not arg.startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", arg) is not None
+
+
+def data_dir_option(f):
+    return click.option(
+        "--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+        help=f"Where the prepared data lives [default: ${config.DATA_DIR_ENV} or ./{config.DEFAULT_DATA_DIR}].",
+    )(f)
+
+
+def resolved_data_dir(data_dir: Path | None) -> Path:
+    return data_dir if data_dir is not None else config.default_data_dir()
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="catsdogs")
+def cli():
+    """Which batch size should I train with, and what does it cost in accuracy, speed, memory?
+
+    Reproduces the cats-vs-dogs case study of "How to maximize GPU utilization by finding the
+    right batch size" with TensorFlow and Keras 3. Start with `catsdogs prepare`
+    (`--source synthetic` works offline)."""
+
+
+@cli.command()
+@click.option("--source", default=config.ARCHIVE_URL, show_default="Microsoft's PetImages archive URL",
+              help="Archive URL, a local .zip, an extracted PetImages folder, or 'synthetic' "
+                   "(a generated stand-in, for offline use and tests).")
+@click.option("--sha256", default=config.ARCHIVE_SHA256, show_default="the published hash",
+              help="SHA-256 the archive must have.")
+@click.option("--no-verify", is_flag=True,
+              help="Skip the SHA-256 check (says so, and records the actual hash in the manifest).")
+@data_dir_option
+@click.option("--per-class", type=int, default=config.PER_CLASS, show_default=True,
+              help="Valid images chosen per class.")
+@click.option("--split", default=",".join(map(str, config.SPLIT)), show_default=True,
+              help="Per-class train,validation,test counts; must add up to --per-class.")
+@click.option("--size", type=int, default=config.IMAGE_SIZE, show_default=True,
+              help="Side of the square images, in pixels.")
+@click.option("--seed", type=int, default=config.SEED, show_default=True,
+              help="Seed of the choice of images and of their split.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def prepare(source, sha256, no_verify, data_dir, per_class, split, size, seed, quiet):
+    """Download, verify, extract, validate, split, resize and augment the images.
+
+    Idempotent: the same parameters again do no work. Writes data/standard/, data/augmented/
+    and data/manifest.json (the record of every choice and every rejected file)."""
+    from catsdogs import prepare as prep
+
+    try:
+        split_counts = prep.parse_split(split)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--split'") from None
+    try:
+        prep.check_params(per_class, split_counts, size)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    src = source
+    if src not in ("synthetic",) and not re.match(r"^https?://", src) and not Path(src).expanduser().exists():
+        raise click.BadParameter(f"no such file or folder: {src}", param_hint="'--source'")
+    if no_verify:
+        click.echo("Warning: SHA-256 verification skipped (--no-verify).", err=True)
+    prep.prepare(source=src, data_dir=resolved_data_dir(data_dir), sha256=None if no_verify else sha256,
+                 per_class=per_class, split=split_counts, size=size, seed=seed,
+                 log=click.echo, progress=not quiet and sys.stderr.isatty())
+
+
+# --- sweep ----------------------------------------------------------------------------------
+
+# Protocol options beyond the article: each off by default, so the default is the article's.
+PROTOCOL_OPTIONS = [
+    click.option("--lr", type=float, default=None,
+                 help="Learning rate [default: the optimizer's Keras default, SGD 0.01, Adam 0.001]."),
+    click.option("--lr-scaling", type=click.Choice(["none", "linear", "sqrt"]), default="none",
+                 show_default=True, help="Scale the learning rate with batch size / --base-batch-size."),
+    click.option("--base-batch-size", type=int, default=32, show_default=True,
+                 help="Batch size the base learning rate (and the steps budget) belongs to."),
+    click.option("--warmup-epochs", type=float, default=0.0, show_default=True,
+                 help="Linear learning-rate warm-up over this many epochs."),
+    click.option("--budget", type=click.Choice(["epochs", "steps"]), default="epochs", show_default=True,
+                 help="epochs: the article's (n // batch size updates per epoch); steps: every batch "
+                      "size makes the updates the base batch size makes in --epochs."),
+    click.option("--accumulate", type=int, default=1, show_default=True,
+                 help="Gradient accumulation: one update per N batches (effective batch N x batch size)."),
+    click.option("--precision", type=click.Choice(["float32", "mixed_float16", "mixed_bfloat16"]),
+                 default="float32", show_default=True, help="Keras mixed-precision policy."),
+]
+PROTOCOL_KEYS = ["lr", "lr_scaling", "base_batch_size", "warmup_epochs", "budget", "accumulate", "precision"]
+
+
+def protocol_options(f):
+    for option in reversed(PROTOCOL_OPTIONS):
+        f = option(f)
+    return f
+
+
+def load_toml(path: Path) -> dict:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {path}: {e.strerror}", param_hint="'--config'") from None
+    except tomllib.TOMLDecodeError as e:
+        raise click.BadParameter(f"{path} is not valid TOML: {e}", param_hint="'--config'") from None
+
+
+def merge_config(ctx: click.Context, values: dict, file_values: dict, section: str | None = None) -> dict:
+    """Command-line values win over the TOML file, which wins over the defaults."""
+    from click.core import ParameterSource
+
+    if section:
+        file_values = file_values.get(section, file_values)
+    known = {p.name for p in ctx.command.params}
+    merged = dict(values)
+    for key, value in file_values.items():
+        name = key.replace("-", "_")
+        if isinstance(value, dict):
+            continue  # another command's section
+        if name not in known or name == "config":
+            raise click.BadParameter(f"unknown key {key!r} in the config file", param_hint="'--config'")
+        if ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None):
+            param = next(p for p in ctx.command.params if p.name == name)
+            if param.multiple and not isinstance(value, list):
+                value = [value]
+            merged[name] = tuple(value) if param.multiple else value
+    return merged
+
+
+def check_sweep_values(v: dict) -> None:
+    """The same checks for command-line and TOML values; each failure is a usage error."""
+    from catsdogs.trial import TrialConfig
+
+    if not v["opt"]:
+        raise click.UsageError("give at least one optimizer, e.g. --opt adam sgd")
+    for opt in v["opt"]:
+        if opt not in config.OPTIMIZERS:
+            raise click.BadParameter(f"unknown optimizer {opt!r}; choose from {', '.join(config.OPTIMIZERS)}",
+                                     param_hint="'--opt'")
+    for ds in v["dataset"]:
+        if ds not in config.DATASETS:
+            raise click.BadParameter(f"unknown dataset {ds!r}; choose from {', '.join(config.DATASETS)}",
+                                     param_hint="'--dataset'")
+    for bs in v["batch_size"]:
+        if not isinstance(bs, int) or bs < 1:
+            raise click.BadParameter(f"batch sizes must be whole numbers >= 1, got {bs}", param_hint="'--batch-size'")
+    if v["seeds"] < 1 or v["epochs"] < 1:
+        raise click.UsageError("--seeds and --epochs must be at least 1")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v["name"]):
+        raise click.BadParameter(f"{v['name']!r}: use letters, digits, '.', '_' and '-'", param_hint="'--name'")
+    try:
+        TrialConfig(v["opt"][0], v["batch_size"][0], v["dataset"][0], 0, v["epochs"],
+                    **{k: v[k] for k in PROTOCOL_KEYS}).check()
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def sweep_options(f):
+    options = [
+        click.option("--opt", multiple=True, default=config.OPTIMIZERS, show_default=True,
+                     help="Optimizers, by Keras name: `--opt adam sgd` or `--opt adam --opt sgd`."),
+        click.option("--batch-size", type=int, multiple=True, default=config.BATCH_SIZES, show_default=True,
+                     help="Batch sizes: `--batch-size 16 32 64 128`."),
+        click.option("--dataset", multiple=True, default=("standard",), show_default=True,
+                     help="Data sets: standard, augmented (both: `--dataset standard augmented`)."),
+        click.option("--seeds", type=int, default=config.SEEDS, show_default=True,
+                     help="Seeds per configuration (0, 1, ... N-1)."),
+        click.option("--epochs", type=int, default=config.EPOCHS, show_default=True, help="Epochs per trial."),
+        click.option("--name", default="sweep", show_default=True,
+                     help="Name of the sweep: its CSV and figures go to OUT/NAME/."),
+        click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="TOML file with the same keys (opt, batch_size, ...); command-line values win."),
+        data_dir_option,
+        click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
+                     show_default=True, help="Where the results store and each sweep's folder go."),
+        click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default)."),
+        click.option("--retry-failed", is_flag=True, help="Run failed and out-of-memory trials again."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return protocol_options(f)
+
+
+def resolve_sweep(ctx: click.Context, values: dict) -> dict:
+    file_values = load_toml(values["config_file"]) if values.get("config_file") else {}
+    v = merge_config(ctx, values, file_values, section="sweep")
+    v["data_dir"] = resolved_data_dir(Path(v["data_dir"]) if v.get("data_dir") else None)
+    v["out"] = Path(v["out"])
+    check_sweep_values(v)
+    return v
+
+
+def grid_for(v: dict):
+    from catsdogs import sweep as sw
+
+    try:
+        return sw.plan(v["opt"], v["batch_size"], v["dataset"], v["seeds"], v["epochs"], v["data_dir"],
+                       **{k: v[k] for k in PROTOCOL_KEYS})
+    except CatsdogsError as e:  # an unprepared data dir is a usage error here
+        raise click.UsageError(str(e)) from None
+
+
+@cli.command(cls=VariadicCommand)
+@sweep_options
+@click.pass_context
+def sweep(ctx, **values):
+    """Train the article's model over optimizers x batch sizes x datasets x seeds.
+
+    With no other options, `catsdogs sweep --opt adam sgd` runs the article's first figure:
+    batch sizes 16-128, standard data, 5 epochs, 3 seeds. Each trial runs in its own process;
+    its outcome (done, failed, oom) goes to OUT/results.sqlite and OUT/NAME/results.csv.
+    Run the same command again to resume."""
+    from catsdogs import sweep as sw
+
+    v = resolve_sweep(ctx, values)
+    grid = grid_for(v)
+    settings = {k: (list(x) if isinstance(x, tuple) else x) for k, x in v.items()
+                if k not in ("data_dir", "out", "config_file")}
+    counts = sw.run_sweep(v["name"], grid, v["data_dir"], v["out"], overwrite=v["overwrite"],
+                          retry_failed=v["retry_failed"], log=click.echo, sweep_config={"settings": settings})
+    return 0 if counts["done"] == len(grid) else 1
+
+
+main = cli
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

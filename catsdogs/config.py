@@ -1,0 +1,41 @@
+"""Every default in one place, with why it is what it is (PROTOCOL.md is the specification)."""
+
+import os
+from pathlib import Path
+
+# --- the source archive -------------------------------------------------------------------
+# Microsoft's PetImages archive, as the article used it.
+ARCHIVE_URL = (
+    "https://download.microsoft.com/download/3/E/1/"
+    "3E1C3F21-ECDB-4869-8368-6DEBA77B919F/kagglecatsanddogs_5340.zip"
+)
+ARCHIVE_SIZE = 824_887_076  # bytes, as published
+ARCHIVE_SHA256 = "b7974bd00a84a99921f36ee4403f089853777b5ae8d151c76a86e64900334af9"
+CLASSES = ("Cat", "Dog")  # label = index: alphabetical, as flow_from_directory assigns them
+
+# --- prepare -------------------------------------------------------------------------------
+DATA_DIR_ENV = "CATSDOGS_DATA_DIR"
+DEFAULT_DATA_DIR = "data"
+PER_CLASS = 1000  # the article's files_per_class
+SPLIT = (600, 200, 200)  # train / validation / test, per class
+SPLIT_NAMES = ("train", "validation", "test")
+IMAGE_SIZE = 200  # load_img(target_size=(200, 200))
+AUGMENT_SCALE = 1.25  # the article resizes 200 -> 250 and crops the top-left 200 x 200
+JPEG_QUALITY = 75  # Pillow's default, which save_img used
+SEED = 0
+# A decoded image larger than this is refused as a decompression bomb. The biggest real
+# PetImages photo is a few megapixels; Pillow's own warning threshold is ~89 MP.
+MAX_IMAGE_PIXELS = 64_000_000
+
+# --- sweep ---------------------------------------------------------------------------------
+OPTIMIZERS = ("sgd", "adam")  # by name, so Keras defaults: SGD lr 0.01, Adam lr 0.001
+DATASETS = ("standard", "augmented")
+BATCH_SIZES = (16, 32, 64, 128)  # the article's first figure
+EPOCHS = 5
+SEEDS = 3  # the article ran each point once; three seeds show the spread
+DEFAULT_OUT = "outputs"
+STORE_FILE = "results.sqlite"  # under --out, shared by every sweep
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR)

@@ -1,0 +1,17 @@
+"""User-facing errors: the CLI prints them as one line and exits non-zero, never a traceback."""
+
+
+class CatsdogsError(Exception):
+    """Something the user can fix: bad input, a failed download, a missing data set."""
+
+
+class DownloadError(CatsdogsError):
+    """The archive could not be fetched (HTTP error, network down after every retry)."""
+
+
+class ChecksumError(DownloadError):
+    """The bytes arrived but are not the published archive (size or SHA-256 differ)."""
+
+
+class ArchiveError(CatsdogsError):
+    """The archive is not a zip, is unsafe to extract, or lacks the PetImages layout."""

@@ -1,0 +1,532 @@
+"""From the source archive to the article's folders: download, extract, validate, split, resize.
+
+    source (URL | .zip | PetImages folder | "synthetic")
+      -> archive in data/downloads/  (verified SHA-256)
+      -> data/extracted/<sha>/PetImages  (safe, atomic extraction)
+      -> per class, a seeded order of the .jpg names, each fully decoded; the first
+         `per_class` that decode are chosen and split train / validation / test
+      -> data/standard/{train,validation,test}/{Cat,Dog}/, data/augmented/{train,validation}/...
+      -> data/manifest.json, written last: it is the mark of a finished prepare.
+
+The pixels are the article's: `keras.utils.load_img(target_size=...)` (convert to RGB, nearest
+neighbour from the full image, aspect ratio not kept) followed by `keras.utils.save_img`, which
+stretches each image's values to 0..255 (`array_to_img(scale=True)`) and saves a JPEG at
+Pillow's default quality. The augmented copy is that resized image, resized to 1.25 x size with
+Pillow's default filter and cropped to its top-left size x size, saved the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import time
+import uuid
+import warnings
+import zipfile
+from collections import Counter, deque
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from multiprocessing import get_context
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from catsdogs import __version__, config
+from catsdogs.errors import ArchiveError, CatsdogsError
+
+MANIFEST = "manifest.json"
+FORMAT = 1  # bump when the prepared layout or pixels change, so old folders get rebuilt
+WORKERS = os.cpu_count() or 1  # one decode process per core: decoding is the cost
+
+
+@dataclass(frozen=True)
+class PrepareParams:
+    source: str  # as given: URL, path, or "synthetic"
+    sha256: str | None  # the hash the archive must have; None = verification skipped
+    per_class: int
+    split: tuple[int, int, int]
+    size: int
+    seed: int
+
+    def key(self) -> dict:
+        """What must match for an existing prepared folder to be reused."""
+        d = asdict(self)
+        d["split"] = list(self.split)
+        d["format"] = FORMAT
+        d["augment_scale"] = config.AUGMENT_SCALE
+        d["jpeg_quality"] = config.JPEG_QUALITY
+        return d
+
+
+# --- checking what the user asked for ------------------------------------------------------
+
+
+def parse_split(text: str) -> tuple[int, int, int]:
+    """'600,200,200' -> (600, 200, 200); raises ValueError with a one-line reason."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if len(parts) != 3:
+        raise ValueError(f"expected three counts train,validation,test (like 600,200,200), got {text!r}")
+    try:
+        counts = tuple(int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"counts must be whole numbers, got {text!r}") from None
+    if counts[0] < 1 or counts[1] < 0 or counts[2] < 1:
+        raise ValueError(f"train and test need at least one image each, validation zero or more, got {text!r}")
+    return counts  # type: ignore[return-value]
+
+
+def check_params(per_class: int, split: tuple[int, int, int], size: int) -> None:
+    if per_class < 1:
+        raise ValueError(f"--per-class must be at least 1, got {per_class}")
+    if sum(split) != per_class:
+        raise ValueError(f"--split {','.join(map(str, split))} adds up to {sum(split)}, not --per-class {per_class}")
+    if not 8 <= size <= 2048:
+        raise ValueError(f"--size must be between 8 and 2048 pixels, got {size}")
+
+
+# --- one image: the only place pixels are made -----------------------------------------------
+
+
+def article_jpeg(img: Image.Image) -> bytes:
+    """What keras.utils.save_img(path.jpg, img) writes: min-max stretched, JPEG at quality 75.
+
+    The float32 arithmetic follows keras' array_to_img step for step, so bytes are identical."""
+    x = np.asarray(img, dtype=np.float32)
+    x = x - np.min(x)
+    x_max = np.max(x)
+    if x_max != 0:
+        x /= x_max
+    x *= 255
+    buf = io.BytesIO()
+    Image.fromarray(x.astype("uint8"), "RGB").save(buf, format="JPEG", quality=config.JPEG_QUALITY)
+    return buf.getvalue()
+
+
+def resize_like_article(img: Image.Image, size: int) -> Image.Image:
+    """keras.utils.load_img(target_size=(size, size)): RGB, nearest neighbour, aspect not kept."""
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    if img.size != (size, size):
+        img = img.resize((size, size), Image.NEAREST)
+    return img
+
+
+def augment_like_article(photo: Image.Image, size: int) -> Image.Image:
+    big = round(size * config.AUGMENT_SCALE)
+    return photo.resize((big, big)).crop((0, 0, size, size))  # Pillow's default filter
+
+
+def process_image(path: str, size: int, max_pixels: int) -> tuple[str, object]:
+    """Fully decode one candidate. ('ok', (standard_jpeg, augmented_jpeg, mode)) or ('rejected', reason).
+
+    Runs in a worker process; everything it needs comes in as arguments."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        return "rejected", f"unreadable: {e.strerror or e}"
+    if not data:
+        return "rejected", "empty file (0 bytes)"
+    Image.MAX_IMAGE_PIXELS = max_pixels  # Pillow refuses at twice this in open(); we check at 1x
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # decode warnings are not failures; errors are
+            img = Image.open(io.BytesIO(data))
+            width, height = img.size
+            if width * height > max_pixels:
+                return "rejected", f"decompression bomb ({width}x{height} pixels declared)"
+            img.load()  # verify() lets truncated JPEGs through; only a full decode catches them
+            mode = img.mode
+            photo = resize_like_article(img, size)
+            standard = article_jpeg(photo)
+            augmented = article_jpeg(augment_like_article(photo, size))
+    except Image.DecompressionBombError as e:
+        return "rejected", f"decompression bomb ({e})"
+    except UnidentifiedImageError:
+        return "rejected", "not an image Pillow can identify"
+    except (OSError, SyntaxError, ValueError, EOFError) as e:
+        return "rejected", f"undecodable: {e}"
+    return "ok", (standard, augmented, mode)
+
+
+# --- source -> PetImages folder --------------------------------------------------------------
+
+
+def synthetic_valid_count(per_class: int) -> int:
+    # A few more valid images than needed, so the seeded choice is a choice.
+    return per_class + max(10, per_class // 10)
+
+
+def resolve_source(params: PrepareParams, data_dir: Path, log, progress: bool) -> tuple[Path, dict]:
+    """Return the PetImages folder and a description of where it came from."""
+    src = params.source
+    downloads = data_dir / "downloads"
+    if src == "synthetic":
+        from catsdogs.synthetic import make_synthetic_archive
+
+        n_valid = synthetic_valid_count(params.per_class)
+        archive = downloads / f"synthetic-{n_valid}.zip"
+        if not archive.exists():
+            downloads.mkdir(parents=True, exist_ok=True)
+            log(f"Generating a synthetic PetImages archive ({n_valid} valid images per class) ...")
+            make_synthetic_archive(archive, n_valid)
+        pets, sha = extract_archive(archive, data_dir, None, log)
+        return pets, {"kind": "synthetic", "n_valid": n_valid, "sha256": sha}
+    if re.match(r"^https?://", src):
+        from catsdogs.download import download
+
+        name = PurePosixPath(src.split("?")[0]).name or "archive.zip"
+        expected_size = config.ARCHIVE_SIZE if src == config.ARCHIVE_URL else None
+        archive = download(src, downloads / name, sha256=params.sha256,
+                           expected_size=expected_size, progress=progress, log=log)
+        pets, sha = extract_archive(archive, data_dir, params.sha256, log)
+        return pets, {"kind": "url", "url": src, "sha256": sha}
+    path = Path(src).expanduser()
+    if path.is_dir():
+        pets = path if (path / "Cat").is_dir() else path / "PetImages"
+        check_layout(pets, f"--source {src}")
+        return pets, {"kind": "folder", "path": str(path.resolve()), "sha256": None}
+    if path.is_file():
+        pets, sha = extract_archive(path, data_dir, params.sha256, log)
+        return pets, {"kind": "zip", "path": str(path.resolve()), "sha256": sha}
+    raise CatsdogsError(f"--source: no such file or folder: {src}")
+
+
+def check_layout(pets: Path, what: str) -> None:
+    missing = [c for c in config.CLASSES if not (pets / c).is_dir()]
+    if missing:
+        raise ArchiveError(f"{what} has no PetImages/{'/, PetImages/'.join(missing)}/ folder")
+
+
+def safe_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
+    """Every member, after making sure none can land outside the target folder."""
+    members = zf.infolist()
+    for m in members:
+        name = m.filename.replace("\\", "/")
+        parts = PurePosixPath(name).parts
+        if name.startswith("/") or re.match(r"^[A-Za-z]:", name) or ".." in parts:
+            raise ArchiveError(f"unsafe path in archive, refusing to extract: {m.filename!r}")
+        if (m.external_attr >> 16) & 0o170000 == 0o120000:
+            raise ArchiveError(f"symbolic link in archive, refusing to extract: {m.filename!r}")
+    return members
+
+
+def extract_archive(archive: Path, data_dir: Path, sha256: str | None, log) -> tuple[Path, str]:
+    """Verify (when a hash is given), then extract to a temporary folder renamed when complete."""
+    from catsdogs.download import sha256_of
+
+    actual = sha256_of(archive)
+    if sha256 and actual.lower() != sha256.lower():
+        raise ArchiveError(
+            f"{archive} has SHA-256 {actual}, expected {sha256} (pass the right --sha256, or --no-verify)"
+        )
+    final = data_dir / "extracted" / actual[:16]
+    pets = final / "PetImages"
+    if pets.is_dir():
+        return pets, actual
+    if not zipfile.is_zipfile(archive):
+        raise ArchiveError(f"{archive} is not a zip archive")
+    tmp = final.parent / f".tmp-{actual[:16]}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            members = safe_members(zf)
+            log(f"Extracting {len(members):,} members of {archive.name} ...")
+            zf.extractall(tmp, members)
+        check_layout(tmp / "PetImages", str(archive))
+        if final.exists():  # a half-finished older attempt without PetImages
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except zipfile.BadZipFile as e:
+        raise ArchiveError(f"{archive} is not a readable zip archive: {e}") from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return pets, actual
+
+
+# --- select, split, write ---------------------------------------------------------------------
+
+
+def numeric_order(name: str) -> tuple:
+    stem = name.rsplit(".", 1)[0]
+    return (0, int(stem), name) if stem.isdigit() else (1, 0, name)
+
+
+def seeded_order(names: list[str], seed: int, class_index: int) -> list[str]:
+    """listdir's order is arbitrary; sort, then shuffle with a recorded seed."""
+    names = sorted(names, key=numeric_order)
+    rng = np.random.default_rng([seed, class_index])
+    return [names[i] for i in rng.permutation(len(names))]
+
+
+def split_of(i: int, split: tuple[int, int, int]) -> str:
+    if i < split[0]:
+        return "train"
+    return "validation" if i < split[0] + split[1] else "test"
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "catsdogs": __version__}
+    for pkg in ("pillow", "numpy", "tensorflow", "keras"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[pkg] = metadata.version(pkg)
+    return out
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def folder_fingerprint(root: Path, dirs: list[str]) -> str:
+    """SHA-256 over every prepared file's relative path and bytes: names the data of a trial."""
+    h = hashlib.sha256()
+    for d in dirs:
+        for p in sorted((root / d).rglob("*.jpg")):
+            h.update(str(p.relative_to(root)).encode() + b"\0")
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def count_files(root: Path) -> dict:
+    counts: dict = {}
+    for dataset, splits in (("standard", config.SPLIT_NAMES), ("augmented", ("train", "validation"))):
+        for s in splits:
+            for c in config.CLASSES:
+                d = root / dataset / s / c
+                n = sum(1 for p in d.iterdir() if p.suffix == ".jpg") if d.is_dir() else 0
+                counts.setdefault(dataset, {}).setdefault(s, {})[c] = n
+    return counts
+
+
+def load_manifest(data_dir: Path) -> dict | None:
+    """The manifest of a finished prepare whose folders are all there, or None."""
+    try:
+        manifest = json.loads((Path(data_dir) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not manifest.get("complete") or manifest.get("format") != FORMAT:
+        return None
+    if count_files(Path(data_dir)) != manifest.get("counts"):
+        return None
+    return manifest
+
+
+def require_prepared(data_dir: Path) -> dict:
+    manifest = load_manifest(data_dir)
+    if manifest is None:
+        raise CatsdogsError(
+            f"{data_dir} holds no finished prepared data set (no valid {MANIFEST}); "
+            f"run `catsdogs prepare --data-dir {data_dir}` first"
+        )
+    return manifest
+
+
+@contextlib.contextmanager
+def prepare_lock(data_dir: Path):
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / ".prepare.lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CatsdogsError(f"another `catsdogs prepare` is running on {data_dir}") from None
+        yield
+
+
+def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, progress: bool) -> dict:
+    """Decode candidates in seeded order until `per_class` are valid; write both data sets."""
+    chosen: dict = {c: {s: [] for s in config.SPLIT_NAMES} for c in config.CLASSES}
+    rejected: list[dict] = []
+    checked: dict = {}
+    modes: Counter = Counter()
+    for c in config.CLASSES:
+        for s in config.SPLIT_NAMES:
+            (staging / "standard" / s / c).mkdir(parents=True)
+            if s != "test":
+                (staging / "augmented" / s / c).mkdir(parents=True)
+    ctx = get_context("spawn")  # the caller may have imported TensorFlow; never fork it
+    bar = _Progress(progress, total=params.per_class * len(config.CLASSES), what="images")
+    with ProcessPoolExecutor(WORKERS, mp_context=ctx) as pool, bar:
+        for ci, c in enumerate(config.CLASSES):
+            names = sorted(os.listdir(pets / c), key=numeric_order)
+            for n in names:
+                if not n.endswith(".jpg"):  # the article's filter; Thumbs.db lands here
+                    rejected.append({"file": f"{c}/{n}", "reason": "not a .jpg file"})
+            order = seeded_order([n for n in names if n.endswith(".jpg")], params.seed, ci)
+            n_valid = n_checked = 0
+            results = in_order(pool, order, lambda name, c=c: (str(pets / c / name), params.size,
+                                                               config.MAX_IMAGE_PIXELS))
+            for name, (status, payload) in results:
+                n_checked += 1
+                if status != "ok":
+                    rejected.append({"file": f"{c}/{name}", "reason": payload})
+                    continue
+                standard, augmented, mode = payload
+                modes[mode] += 1
+                s = split_of(n_valid, params.split)
+                chosen[c][s].append(name)
+                (staging / "standard" / s / c / name).write_bytes(standard)
+                if s != "test":
+                    aug_dir = staging / "augmented" / s / c
+                    (aug_dir / name).write_bytes(standard)
+                    (aug_dir / f"augmented_{name}").write_bytes(augmented)
+                bar.advance()
+                n_valid += 1
+                if n_valid == params.per_class:
+                    break
+            results.close()  # cancels the decodes still in flight
+            checked[c] = n_checked
+            if n_valid < params.per_class:
+                raise CatsdogsError(
+                    f"only {n_valid} valid images in {c} (of {len(order)} .jpg files); "
+                    f"--per-class {params.per_class} needs more"
+                )
+    return {"chosen": chosen, "rejected": rejected, "checked": checked, "modes": dict(modes)}
+
+
+def in_order(pool, items, args_of, window: int = WORKERS * 4):
+    """Yield (item, process_image(*args_of(item))) in the items' order, a bounded window ahead.
+
+    In order, so the choice is the same whatever the timing; bounded, so stopping early
+    after `per_class` valid images wastes at most a window of decodes."""
+    pending: deque = deque()
+    try:
+        for item in items:
+            pending.append((item, pool.submit(process_image, *args_of(item))))
+            if len(pending) >= window:
+                item0, fut = pending.popleft()
+                yield item0, fut.result()
+        while pending:
+            item0, fut = pending.popleft()
+            yield item0, fut.result()
+    finally:
+        for _, fut in pending:
+            fut.cancel()
+
+
+class _Progress:
+    """A rich bar on a terminal, nothing otherwise (tests, logs)."""
+
+    def __init__(self, enabled: bool, total: int, what: str):
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+            self.bar = Progress("[progress.description]{task.description}", BarColumn(),
+                                MofNCompleteColumn(), TimeRemainingColumn(), transient=True)
+            self.task = self.bar.add_task(f"Preparing {what}", total=total)
+
+    def __enter__(self):
+        if self.bar:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar:
+            self.bar.__exit__(*exc)
+
+    def advance(self):
+        if self.bar:
+            self.bar.advance(self.task)
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None,
+            sha256: str | None = config.ARCHIVE_SHA256, per_class: int = config.PER_CLASS,
+            split: tuple[int, int, int] = config.SPLIT, size: int = config.IMAGE_SIZE,
+            seed: int = config.SEED, log=print, progress: bool = True) -> dict:
+    """Build (or find already built) the article's folders under `data_dir`; return the manifest."""
+    data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
+    split = tuple(split)  # type: ignore[assignment]
+    check_params(per_class, split, size)
+    if source == "synthetic":
+        sha256 = None  # we make it ourselves; its hash is recorded, not checked
+    params = PrepareParams(source, sha256, per_class, split, size, seed)  # type: ignore[arg-type]
+
+    existing = load_manifest(data_dir)
+    if existing and existing["params"] == params.key():
+        log(f"Already prepared in {data_dir} with these parameters: nothing to do.")
+        return existing
+
+    with prepare_lock(data_dir):
+        for stale in data_dir.glob(".staging-*"):  # left by a killed prepare; the lock says none runs
+            shutil.rmtree(stale, ignore_errors=True)
+        started = time.time()
+        pets, origin = resolve_source(params, data_dir, log, progress)
+        staging = data_dir / f".staging-{uuid.uuid4().hex[:8]}"
+        try:
+            picked = select_and_write(pets, params, staging, log, progress)
+            counts = count_files(staging)
+            manifest = {
+                "format": FORMAT,
+                "complete": True,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "seconds": round(time.time() - started, 2),
+                "params": params.key(),
+                "source": {**origin, "verified": params.sha256 is not None},
+                "pixels": {"resize": "nearest (keras load_img)", "save": "keras save_img: min-max "
+                           "stretch, JPEG quality 75", "augment": "resize to 1.25x size "
+                           "(Pillow default filter), crop top-left size x size"},
+                "labels": {c: i for i, c in enumerate(config.CLASSES)},
+                "counts": counts,
+                "checked": picked["checked"],
+                "source_modes": picked["modes"],
+                "rejected": picked["rejected"],
+                "chosen": picked["chosen"],
+                "fingerprint": {
+                    "standard": folder_fingerprint(staging, ["standard"]),
+                    "augmented": folder_fingerprint(staging, ["augmented", "standard/test"]),
+                },
+                "versions": versions(),
+            }
+            _commit(staging, data_dir, manifest)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+    log(summary_line(manifest))
+    return manifest
+
+
+def _commit(staging: Path, data_dir: Path, manifest: dict) -> None:
+    """Swap the new folders in. The manifest goes first and comes back last, so a kill at
+    any point leaves no manifest next to half-replaced folders, and nothing counts as finished."""
+    with contextlib.suppress(FileNotFoundError):
+        (data_dir / MANIFEST).unlink()
+    for name in ("standard", "augmented"):
+        old = data_dir / name
+        if old.exists():
+            trash = data_dir / f".staging-old-{uuid.uuid4().hex[:8]}"
+            os.replace(old, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(staging / name, old)
+    write_json_atomic(data_dir / MANIFEST, manifest)
+
+
+def summary_line(manifest: dict) -> str:
+    reasons = Counter(r["reason"].split(":")[0].split(" (")[0] for r in manifest["rejected"])
+    why = ", ".join(f"{k}: {v}" for k, v in reasons.most_common())
+    n_chosen = sum(len(v) for c in manifest["chosen"].values() for v in c.values())
+    n_checked = sum(manifest["checked"].values())
+    return (f"Prepared {n_chosen:,} images ({manifest['params']['size']} px) from "
+            f"{n_checked:,} decoded; rejected {len(manifest['rejected']):,} ({why or 'none'}) "
+            f"in {manifest['seconds']} s.")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use `catsdogs prepare`")

@@ -1,0 +1,269 @@
+"""The results store: one SQLite file under --out, one row per trial. It is the contract
+between the trainer (which writes it) and everything after it (report, profile figures).
+
+A trial row is keyed by the hash of its configuration, so a trial shared by two sweeps (the
+Adam / standard points belong to both of the article's figures) is run once; `sweep_trials`
+says which sweeps list it. Every change is one transaction; a running trial names its owner,
+a sweep process holding a lock file, so a sweep killed with kill -9 leaves rows that the next
+sweep can tell are abandoned and runs again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import fcntl
+import io
+import json
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+STATUSES = ("pending", "running", "done", "failed", "oom")
+FINISHED = ("done", "failed", "oom")
+
+# Configuration keys copied into their own columns (the full configuration is in `config`).
+CONFIG_COLUMNS = {
+    "optimizer": "TEXT", "batch_size": "INTEGER", "dataset": "TEXT", "seed": "INTEGER",
+    "epochs": "INTEGER", "image_size": "INTEGER", "lr": "REAL", "lr_scaling": "TEXT",
+    "base_batch_size": "INTEGER", "warmup_epochs": "REAL", "budget": "TEXT",
+    "accumulate": "INTEGER", "precision": "TEXT", "strategy": "TEXT",
+}
+# Measurements a finished trial fills in.
+RESULT_COLUMNS = {
+    "test_accuracy": "REAL", "test_loss": "REAL", "steps": "INTEGER", "batches": "INTEGER",
+    "learning_rate": "REAL", "train_seconds": "REAL", "images_per_second": "REAL",
+    "peak_memory_mb": "REAL", "memory_kind": "TEXT", "replicas": "INTEGER",
+    "wall_seconds": "REAL", "history": "TEXT", "env": "TEXT", "error": "TEXT",
+}
+CSV_COLUMNS = [
+    "optimizer", "batch_size", "dataset", "seed", "status", "test_accuracy", "test_loss",
+    "epochs", "steps", "train_seconds", "images_per_second", "peak_memory_mb",
+    "lr", "learning_rate", "lr_scaling", "base_batch_size", "warmup_epochs", "budget",
+    "accumulate", "precision", "strategy", "replicas", "image_size", "memory_kind",
+    "wall_seconds", "attempts", "key", "error",
+]
+
+
+def _schema() -> str:
+    cols = ",\n".join(f"  {k} {t}" for k, t in {**CONFIG_COLUMNS, **RESULT_COLUMNS}.items())
+    return f"""
+CREATE TABLE IF NOT EXISTS trials (
+  key TEXT PRIMARY KEY,
+  config TEXT NOT NULL,
+  status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN {STATUSES}),
+  owner TEXT,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  created_at REAL, started_at REAL, finished_at REAL,
+{cols}
+);
+CREATE TABLE IF NOT EXISTS sweeps (
+  name TEXT PRIMARY KEY,
+  config TEXT,
+  created_at REAL,
+  updated_at REAL
+);
+CREATE TABLE IF NOT EXISTS sweep_trials (
+  sweep TEXT NOT NULL,
+  key TEXT NOT NULL REFERENCES trials(key),
+  position INTEGER NOT NULL,
+  PRIMARY KEY (sweep, key)
+);
+"""
+
+
+class Store:
+    """A connection to `out/results.sqlite`; safe with several processes writing."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(_schema())  # IF NOT EXISTS: idempotent, safe to race
+        self._owner_lock = None
+
+    def close(self) -> None:
+        self.db.close()
+        if self._owner_lock:
+            self._owner_lock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE: take the write lock up front, so two writers never interleave."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # --- owners: which process runs a trial, and is it still alive ---------------------------
+
+    def owners_dir(self) -> Path:
+        return self.path.parent / ".owners"
+
+    def become_owner(self) -> str:
+        """A token naming this process while it holds the lock on its file (released at death)."""
+        if self._owner_lock is None:
+            token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            self.owners_dir().mkdir(exist_ok=True)
+            f = open(self.owners_dir() / token, "w")  # noqa: SIM115 - held open while we live
+            fcntl.flock(f, fcntl.LOCK_EX)
+            self._owner_lock, self.owner = f, token
+        return self.owner
+
+    def owner_alive(self, token: str | None) -> bool:
+        if not token:
+            return False
+        if self._owner_lock is not None and token == self.owner:
+            return True
+        path = self.owners_dir() / token
+        try:
+            f = open(path)  # noqa: SIM115
+        except FileNotFoundError:
+            return False
+        with f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # its process is gone: tidy up
+        return False
+
+    # --- sweeps and their trials ---------------------------------------------------------
+
+    def register_sweep(self, name: str, sweep_config: dict, configs: list[dict],
+                       overwrite: bool = False) -> list[str]:
+        """Add the sweep and its trials (pending unless known); return their keys in order."""
+        from catsdogs.trial import TrialConfig
+
+        now = time.time()
+        keys = []
+        with self.transaction() as db:
+            db.execute("INSERT INTO sweeps(name, config, created_at, updated_at) VALUES (?,?,?,?) "
+                       "ON CONFLICT(name) DO UPDATE SET config=excluded.config, updated_at=excluded.updated_at",
+                       (name, json.dumps(sweep_config), now, now))
+            for pos, c in enumerate(configs):
+                key = TrialConfig.from_dict(c).key()
+                keys.append(key)
+                cols = {k: c.get(k) for k in CONFIG_COLUMNS}
+                db.execute(
+                    f"INSERT OR IGNORE INTO trials(key, config, status, created_at, {', '.join(cols)}) "
+                    f"VALUES (?, ?, 'pending', ?, {', '.join('?' * len(cols))})",
+                    (key, json.dumps(c, sort_keys=True), now, *cols.values()))
+                db.execute("INSERT OR REPLACE INTO sweep_trials(sweep, key, position) VALUES (?,?,?)",
+                           (name, key, pos))
+                if overwrite:
+                    self._reset(db, key)
+        return keys
+
+    def _reset(self, db, key: str) -> None:
+        blank = ", ".join(f"{k}=NULL" for k in RESULT_COLUMNS)
+        db.execute(f"UPDATE trials SET status='pending', owner=NULL, started_at=NULL, "
+                   f"finished_at=NULL, {blank} WHERE key=?", (key,))
+
+    def claim(self, keys: list[str], retry_failed: bool = False) -> dict | None:
+        """Mark the next runnable trial of `keys` as running by us; None when none is left.
+
+        Runnable: pending, or running under an owner that has died (a killed sweep), or
+        failed / out of memory when retrying those was asked for."""
+        owner = self.become_owner()
+        runnable = ("pending", "failed", "oom") if retry_failed else ("pending",)
+        with self.transaction() as db:
+            rows = {r["key"]: r for r in db.execute(
+                f"SELECT key, status, owner FROM trials WHERE key IN ({','.join('?' * len(keys))})", keys)}
+            for key in keys:
+                r = rows.get(key)
+                if r is None:
+                    continue
+                if r["status"] in runnable or (r["status"] == "running" and not self.owner_alive(r["owner"])):
+                    db.execute("UPDATE trials SET status='running', owner=?, started_at=?, "
+                               "attempts=attempts+1 WHERE key=?", (owner, time.time(), key))
+                    return self.get(key)
+        return None
+
+    def finish(self, key: str, record: dict) -> bool:
+        """Write a trial's outcome, only if we still own it; True if written."""
+        status = record.get("status", "failed")
+        if status not in FINISHED:
+            raise ValueError(f"not a finished status: {status}")
+        values = {k: record.get(k) for k in RESULT_COLUMNS}
+        for k in ("history", "env"):
+            if values[k] is not None:
+                values[k] = json.dumps(values[k])
+        sets = ", ".join(f"{k}=?" for k in values)
+        with self.transaction() as db:
+            cur = db.execute(f"UPDATE trials SET status=?, finished_at=?, owner=NULL, {sets} "
+                             "WHERE key=? AND status='running' AND owner=?",
+                             (status, time.time(), *values.values(), key, self.become_owner()))
+            return cur.rowcount == 1
+
+    def release(self, key: str) -> None:
+        """Give a trial we were running back to pending (interrupted, not failed)."""
+        with self.transaction() as db:
+            db.execute("UPDATE trials SET status='pending', owner=NULL, started_at=NULL, "
+                       "attempts=MAX(attempts-1, 0) WHERE key=? AND owner=?", (key, self.become_owner()))
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def get(self, key: str) -> dict | None:
+        r = self.db.execute("SELECT * FROM trials WHERE key=?", (key,)).fetchone()
+        return _row(r) if r else None
+
+    def sweeps(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT name FROM sweeps ORDER BY name")]
+
+    def sweep_config(self, name: str) -> dict | None:
+        r = self.db.execute("SELECT config FROM sweeps WHERE name=?", (name,)).fetchone()
+        return json.loads(r[0]) if r and r[0] else None
+
+    def trials(self, sweep: str | None = None) -> list[dict]:
+        """Every trial (of one sweep, in its order); JSON columns decoded."""
+        if sweep is None:
+            rows = self.db.execute("SELECT * FROM trials ORDER BY created_at, key")
+        else:
+            rows = self.db.execute("SELECT t.* FROM trials t JOIN sweep_trials s ON s.key = t.key "
+                                   "WHERE s.sweep=? ORDER BY s.position", (sweep,))
+        return [_row(r) for r in rows]
+
+    def counts(self, keys: list[str]) -> dict[str, int]:
+        out = dict.fromkeys(STATUSES, 0)
+        for r in self.db.execute(f"SELECT status, COUNT(*) FROM trials WHERE key IN ({','.join('?' * len(keys))}) "
+                                 "GROUP BY status", keys):
+            out[r[0]] = r[1]
+        return out
+
+    def export_csv(self, sweep: str, path: Path) -> Path:
+        """outputs/NAME/results.csv, replaced atomically so a reader never sees half a file."""
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+        w.writeheader()
+        for t in self.trials(sweep):
+            w.writerow({k: t.get(k) for k in CSV_COLUMNS})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_text(buf.getvalue())
+        os.replace(tmp, path)
+        return path
+
+
+def _row(r: sqlite3.Row) -> dict:
+    d = dict(r)
+    for k in ("config", "history", "env"):
+        if d.get(k):
+            d[k] = json.loads(d[k])
+    return d

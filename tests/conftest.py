@@ -1,0 +1,112 @@
+"""Shared fixtures: a small synthetic PetImages archive, and a local HTTP file server.
+
+Both are generic: the archive fixture knows nothing about how a test uses it, and the server
+serves whatever bytes a test hands it (a 404 for anything else).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import zipfile
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from catsdogs.synthetic import make_synthetic_archive
+
+SMALL_N_VALID = 24  # valid images per class in the session archive: small, but every kind fits
+
+
+@dataclass(frozen=True)
+class SyntheticArchive:
+    """A synthetic archive on disk, what it holds, and the same tree already extracted."""
+
+    path: Path  # the .zip
+    n_valid: int  # images per class that decode
+    kinds: dict[str, str]  # member name -> kind, for the odd, bad and non-.jpg members
+    sha256: str
+    pets: Path  # the extracted PetImages folder (read-only by convention)
+
+    def members_of_kind(self, *kinds: str) -> list[str]:
+        return sorted(name for name, kind in self.kinds.items() if kind in kinds)
+
+
+def build_synthetic_archive(root: Path, n_valid: int, seed: int = 0) -> SyntheticArchive:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"synthetic-{n_valid}-{seed}.zip"
+    kinds = make_synthetic_archive(path, n_valid, seed=seed)
+    extracted = root / "extracted"
+    with zipfile.ZipFile(path) as zf:
+        zf.extractall(extracted)
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    return SyntheticArchive(path, n_valid, kinds, sha, extracted / "PetImages")
+
+
+@pytest.fixture(scope="session")
+def small_archive(tmp_path_factory: pytest.TempPathFactory) -> SyntheticArchive:
+    """One small synthetic archive per test session (do not modify its files)."""
+    return build_synthetic_archive(tmp_path_factory.mktemp("small-archive"), SMALL_N_VALID)
+
+
+# --- a local HTTP file server ------------------------------------------------------------------
+
+
+@dataclass
+class FileServer:
+    """Serves `files` ({url path: bytes}) on 127.0.0.1; 404 for any other path."""
+
+    base_url: str = ""
+    files: dict[str, bytes] = field(default_factory=dict)
+    requests: list[str] = field(default_factory=list)  # every path asked for, in order
+
+    def serve(self, path: str, data: bytes) -> str:
+        """Publish `data` at `path` (like "/archive.zip"); return its full URL."""
+        path = "/" + path.lstrip("/")
+        self.files[path] = data
+        return self.base_url + path
+
+
+class _FileHandler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        state: FileServer = self.server.state  # type: ignore[attr-defined]
+        state.requests.append(self.path)
+        body = state.files.get(self.path)
+        if body is None:
+            self._reply(404, b"not found")
+        else:
+            self._reply(200, body)
+
+    def _reply(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the client hung up: not our problem
+            pass
+
+    def log_message(self, format: str, *args) -> None:  # keep pytest output clean
+        pass
+
+
+@pytest.fixture
+def file_server(monkeypatch: pytest.MonkeyPatch):
+    """A ThreadingHTTPServer on 127.0.0.1 (port 0) in a thread, torn down after the test."""
+    # A proxy from the environment would intercept requests meant for 127.0.0.1.
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _FileHandler)
+    host, port = httpd.server_address[:2]
+    state = FileServer(base_url=f"http://{host}:{port}")
+    httpd.state = state  # type: ignore[attr-defined]
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)

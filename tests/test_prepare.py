@@ -1,0 +1,555 @@
+"""`catsdogs prepare`: from a (synthetic) source archive to the article's folders.
+
+Every test is read as given / when / then. Sizes are small (32-64 px, 20-24 images per class)
+so the file runs in seconds; the synthetic archive comes from tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from catsdogs import config
+from catsdogs.cli import cli
+from catsdogs.errors import ArchiveError, CatsdogsError, ChecksumError, DownloadError
+from catsdogs.prepare import load_manifest, prepare, require_prepared
+
+CLASSES = config.CLASSES
+SPLITS = config.SPLIT_NAMES
+AUG_SPLITS = ("train", "validation")
+
+# What a rejection reason must say for each bad kind the synthetic archive plants.
+REASON_WORDS = {
+    "empty": ("empty", "0 bytes"),
+    "truncated": ("truncated",),
+    "not-image": ("not an image",),
+    "bomb": ("decompression bomb",),
+    "thumbs-db": ("not a .jpg",),
+}
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def run(data_dir: Path, source, **kw) -> tuple[dict, list[str]]:
+    """prepare() quietly; return the manifest and the lines it logged."""
+    lines: list[str] = []
+    kw.setdefault("sha256", None)
+    manifest = prepare(source=str(source), data_dir=data_dir, log=lines.append, progress=False, **kw)
+    return manifest, lines
+
+
+def rel(member: str) -> str:
+    """'PetImages/Cat/6.jpg' -> 'Cat/6.jpg', the name the manifest uses."""
+    return member.split("PetImages/", 1)[1]
+
+
+def jpgs(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir() if p.suffix == ".jpg"} if folder.is_dir() else set()
+
+
+def split_of(manifest: dict, cls: str, name: str) -> str | None:
+    for s in SPLITS:
+        if name in manifest["chosen"][cls][s]:
+            return s
+    return None
+
+
+def mtimes(data_dir: Path) -> dict[str, int]:
+    paths = [data_dir / "manifest.json", *data_dir.glob("standard/**/*"), *data_dir.glob("augmented/**/*")]
+    return {str(p.relative_to(data_dir)): p.stat().st_mtime_ns for p in paths}
+
+
+def assert_folders_match_manifest(data_dir: Path, manifest: dict, size: int) -> None:
+    """Every folder holds exactly the manifest's chosen files, as size x size RGB JPEGs."""
+    for c in CLASSES:
+        for s in SPLITS:
+            names = set(manifest["chosen"][c][s])
+            assert len(names) == len(manifest["chosen"][c][s])  # no name chosen twice
+            assert jpgs(data_dir / "standard" / s / c) == names, (s, c)
+            assert manifest["counts"]["standard"][s][c] == len(names)
+            if s in AUG_SPLITS:
+                aug = jpgs(data_dir / "augmented" / s / c)
+                assert aug == names | {f"augmented_{n}" for n in names}, (s, c)
+                assert manifest["counts"]["augmented"][s][c] == 2 * len(names)
+    assert not (data_dir / "augmented" / "test").exists()
+    for p in [*data_dir.glob("standard/*/*/*"), *data_dir.glob("augmented/*/*/*")]:
+        with Image.open(p) as im:
+            assert (im.format, im.mode, im.size) == ("JPEG", "RGB", (size, size)), p
+
+
+def assert_never_half_finished(data_dir: Path) -> None:
+    """Either no finished prepare is visible, or the visible one matches the files exactly."""
+    manifest = load_manifest(data_dir)
+    if manifest is None:
+        with pytest.raises(CatsdogsError):
+            require_prepared(data_dir)
+        return
+    assert_folders_match_manifest(data_dir, manifest, manifest["params"]["size"])
+
+
+def one_error_line(result) -> str:
+    """The CLI's stderr must be exactly one non-empty line, starting with 'Error:'."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error:"), lines[0]
+    return lines[0]
+
+
+# --- 1. bad and odd images ---------------------------------------------------------------------
+
+
+def test_given_every_bad_kind_when_preparing_then_each_is_rejected_with_its_reason(small_archive, tmp_path):
+    # given: a per-class count equal to the valid images, so every candidate gets decoded
+    n = small_archive.n_valid
+
+    # when
+    manifest, lines = run(tmp_path / "data", small_archive.path, per_class=n, split=(12, 6, 6), size=40)
+
+    # then: every bad member is rejected, with a reason that names what is wrong with it
+    rejected = {r["file"]: r["reason"] for r in manifest["rejected"]}
+    bad = {m: k for m, k in small_archive.kinds.items() if k in REASON_WORDS}
+    assert len(bad) == 2 * len(REASON_WORDS)  # four bad images and a Thumbs.db per class
+    for member, kind in bad.items():
+        reason = rejected.get(rel(member), "")
+        assert any(word in reason for word in REASON_WORDS[kind]), (member, kind, reason)
+    assert len(rejected) == len(bad)  # nothing good was rejected
+    assert manifest["checked"] == {c: n + 4 for c in CLASSES}  # every .jpg name was decoded
+    # and a one-line summary says how many were rejected
+    summary = [line for line in lines if line.startswith("Prepared")]
+    assert len(summary) == 1 and f"rejected {len(bad)}" in summary[0]
+
+
+def test_given_grayscale_cmyk_palette_and_alpha_images_when_preparing_then_they_are_kept_as_rgb(small_archive, tmp_path):
+    # given: the odd-but-valid images of the synthetic archive (an L, CMYK, P and RGBA source each)
+    n, size = small_archive.n_valid, 40
+    odd = small_archive.members_of_kind("grayscale", "cmyk", "palette-png", "rgba-png")
+    assert len(odd) == 8
+
+    # when
+    manifest, _ = run(tmp_path / "data", small_archive.path, per_class=n, split=(12, 6, 6), size=size)
+
+    # then: each was chosen and written as an RGB JPEG of the right size (twice, if augmented)
+    assert manifest["source_modes"] == {"RGB": 2 * n - 8, "L": 2, "CMYK": 2, "P": 2, "RGBA": 2}
+    rejected = {r["file"] for r in manifest["rejected"]}
+    for member in odd:
+        cls, name = rel(member).split("/")
+        assert rel(member) not in rejected
+        s = split_of(manifest, cls, name)
+        assert s is not None, member
+        outs = [tmp_path / "data" / "standard" / s / cls / name]
+        if s in AUG_SPLITS:
+            outs += [tmp_path / "data" / "augmented" / s / cls / p for p in (name, f"augmented_{name}")]
+        for out in outs:
+            with Image.open(out) as im:
+                assert (im.format, im.mode, im.size) == ("JPEG", "RGB", (size, size)), out
+
+
+# --- 2. the article's pixels --------------------------------------------------------------------
+
+
+def test_given_the_articles_load_and_save_when_comparing_bytes_then_every_prepared_file_is_identical(small_archive, tmp_path):
+    # given: a prepare that keeps every valid image (odd modes included), and the article's calls
+    keras = pytest.importorskip("keras")
+    size = 48  # 1.25 x 48 = 60: the augmented resize is a whole number, as 200 -> 250 is
+    big = (int(size * config.AUGMENT_SCALE),) * 2
+    data = tmp_path / "data"
+    manifest, _ = run(data, small_archive.path, per_class=small_archive.n_valid, split=(12, 6, 6), size=size)
+    ref = tmp_path / "ref.jpg"
+
+    def article_bytes(img) -> bytes:
+        keras.utils.save_img(ref, img)
+        return ref.read_bytes()
+
+    # when / then: for every chosen image, our bytes are exactly what the article's code writes
+    compared = 0
+    for c in CLASSES:
+        for s in SPLITS:
+            for name in manifest["chosen"][c][s]:
+                photo = keras.utils.load_img(small_archive.pets / c / name, target_size=(size, size))
+                standard = article_bytes(photo)
+                assert (data / "standard" / s / c / name).read_bytes() == standard, (c, s, name)
+                if s in AUG_SPLITS:
+                    augmented = article_bytes(photo.resize(big).crop((0, 0, size, size)))
+                    assert (data / "augmented" / s / c / name).read_bytes() == standard
+                    assert (data / "augmented" / s / c / f"augmented_{name}").read_bytes() == augmented
+                compared += 1
+    assert compared == 2 * small_archive.n_valid
+
+
+# --- 3. idempotency -----------------------------------------------------------------------------
+
+
+def test_given_a_finished_prepare_when_run_again_with_the_same_parameters_then_nothing_is_rewritten(small_archive, tmp_path):
+    # given
+    data = tmp_path / "data"
+    params = {"per_class": 20, "split": (12, 4, 4), "size": 32}
+    first, _ = run(data, small_archive.path, **params)
+    before = mtimes(data)
+    time.sleep(0.02)  # so a rewrite would show in the nanosecond mtimes
+
+    # when
+    second, lines = run(data, small_archive.path, **params)
+
+    # then: it says so, returns the same manifest, and touched no file
+    assert any("nothing to do" in line for line in lines), lines
+    assert second == first
+    assert mtimes(data) == before
+
+
+@pytest.mark.parametrize("change", [{"size": 40}, {"seed": 1}], ids=["size", "seed"])
+def test_given_a_finished_prepare_when_a_parameter_changes_then_it_rebuilds(small_archive, tmp_path, change):
+    # given
+    data = tmp_path / "data"
+    params = {"per_class": 20, "split": (12, 4, 4), "size": 32, "seed": 0}
+    first, _ = run(data, small_archive.path, **params)
+
+    # when
+    second, lines = run(data, small_archive.path, **{**params, **change})
+
+    # then: it did the work again, and the folders follow the new parameters
+    assert not any("nothing to do" in line for line in lines)
+    for key, value in change.items():
+        assert second["params"][key] == value
+    assert second["fingerprint"] != first["fingerprint"]
+    assert load_manifest(data) == second
+    assert_folders_match_manifest(data, second, second["params"]["size"])
+
+
+# --- 4. seeded choice and split -----------------------------------------------------------------
+
+
+def test_given_the_same_seed_when_preparing_twice_in_different_folders_then_the_choice_and_split_are_the_same(small_archive, tmp_path):
+    # given: more valid images (24) than are chosen (20), so there is a choice to make
+    params = {"per_class": 20, "split": (12, 4, 4), "size": 32}
+
+    # when
+    a, _ = run(tmp_path / "a", small_archive.path, seed=3, **params)
+    b, _ = run(tmp_path / "b", small_archive.path, seed=3, **params)
+    other, _ = run(tmp_path / "c", small_archive.path, seed=4, **params)
+
+    # then: the same seed gives the same files in the same splits, byte for byte
+    assert a["chosen"] == b["chosen"]
+    assert a["fingerprint"] == b["fingerprint"]
+    # and another seed another choice
+    def picked(m: dict, c: str) -> set[str]:
+        return {n for s in SPLITS for n in m["chosen"][c][s]}
+
+    assert all(picked(other, c) != picked(a, c) for c in CLASSES)
+
+
+# --- 5. layout, counts and sizes ----------------------------------------------------------------
+
+
+def test_given_a_split_when_preparing_then_every_folder_holds_the_right_count_of_right_sized_images(small_archive, tmp_path):
+    # given
+    data, size, split = tmp_path / "data", 36, (10, 6, 4)
+
+    # when
+    manifest, _ = run(data, small_archive.path, per_class=sum(split), split=split, size=size)
+
+    # then: the article's layout, labels by folder name, counts per split and class
+    assert {"standard", "augmented", "manifest.json"} <= {p.name for p in data.iterdir()}
+    assert sorted(p.name for p in (data / "standard").iterdir()) == sorted(SPLITS)
+    assert sorted(p.name for p in (data / "augmented").iterdir()) == sorted(AUG_SPLITS)
+    assert manifest["labels"] == {"Cat": 0, "Dog": 1}
+    for c in CLASSES:
+        for s, n in zip(SPLITS, split, strict=True):
+            assert sorted(p.name for p in (data / "standard" / s).iterdir()) == ["Cat", "Dog"]
+            assert len(jpgs(data / "standard" / s / c)) == n
+            if s in AUG_SPLITS:
+                aug = jpgs(data / "augmented" / s / c)
+                assert len(aug) == 2 * n
+                assert sum(name.startswith("augmented_") for name in aug) == n
+    # no file chosen twice, none in two splits, and every file is size x size RGB
+    for c in CLASSES:
+        all_names = [n for s in SPLITS for n in manifest["chosen"][c][s]]
+        assert len(all_names) == len(set(all_names)) == sum(split)
+    assert_folders_match_manifest(data, manifest, size)
+    assert manifest["params"]["split"] == list(split)
+    assert {"python", "pillow", "numpy"} <= set(manifest["versions"])
+
+
+# --- 6. safety ----------------------------------------------------------------------------------
+
+
+def zip_with(path: Path, small_archive, extra_member: str) -> Path:
+    """A copy of the small archive's PetImages tree plus one extra (hostile) member."""
+    with zipfile.ZipFile(small_archive.path) as src, zipfile.ZipFile(path, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, src.read(info))
+        info = zipfile.ZipInfo("placeholder")
+        info.filename = extra_member  # bypass any name clean-up, as a hostile tool would
+        dst.writestr(info, b"evil")
+    with zipfile.ZipFile(path) as zf:
+        assert extra_member in zf.namelist()
+    return path
+
+
+@pytest.mark.parametrize("member", ["../evil.txt", "PetImages/../../evil.txt", "ABSOLUTE"])
+def test_given_a_member_that_escapes_the_folder_when_extracting_then_archive_error_and_nothing_outside(small_archive, tmp_path, member):
+    # given: a zip with a member that would land outside the extraction folder
+    target = tmp_path / "outside" / "evil.txt"
+    if member == "ABSOLUTE":
+        member = str(target)
+    archive = zip_with(tmp_path / "hostile.zip", small_archive, member)
+    data = tmp_path / "outside" / "inside" / "data"
+
+    # when / then
+    with pytest.raises(ArchiveError, match="unsafe path"):
+        run(data, archive, per_class=20, split=(12, 4, 4), size=32)
+    written = [p for p in tmp_path.rglob("evil.txt")]
+    assert written == []
+    assert not target.exists()
+    assert load_manifest(data) is None
+    assert not (data / "standard").exists()
+    assert not (data / "extracted").exists() or list((data / "extracted").iterdir()) == []
+
+
+def test_given_a_file_that_is_not_a_zip_when_preparing_then_a_clear_archive_error(tmp_path):
+    # given
+    fake = tmp_path / "kagglecatsanddogs.zip"
+    fake.write_bytes(b"<html>this is a login page, not an archive</html>\n" * 20)
+
+    # when / then
+    with pytest.raises(ArchiveError, match="not a zip"):
+        run(tmp_path / "data", fake, per_class=20, split=(12, 4, 4), size=32)
+    assert load_manifest(tmp_path / "data") is None
+
+
+def test_given_an_empty_folder_when_requiring_prepared_data_then_catsdogs_error(tmp_path):
+    # given / when / then
+    with pytest.raises(CatsdogsError, match="prepare"):
+        require_prepared(tmp_path)
+
+
+def test_given_a_manifest_whose_files_went_missing_when_loading_then_it_is_not_taken_as_finished(small_archive, tmp_path):
+    # given: a finished prepare, then one file deleted behind its back
+    data = tmp_path / "data"
+    manifest, _ = run(data, small_archive.path, per_class=20, split=(12, 4, 4), size=32)
+    victim = data / "standard" / "test" / "Dog" / manifest["chosen"]["Dog"]["test"][0]
+    victim.unlink()
+
+    # when / then: not finished, and a re-run rebuilds instead of saying nothing to do
+    assert load_manifest(data) is None
+    again, lines = run(data, small_archive.path, per_class=20, split=(12, 4, 4), size=32)
+    assert not any("nothing to do" in line for line in lines)
+    assert victim.exists() and again["chosen"] == manifest["chosen"]
+
+
+def _start(data: Path, seed: int, per_class: int = 150) -> subprocess.Popen:
+    args = [sys.executable, "-m", "catsdogs", "prepare", "--source", "synthetic", "--data-dir", str(data),
+            "--per-class", str(per_class), "--split", f"{per_class - 60},30,30", "--size", "64",
+            "--seed", str(seed), "--quiet"]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def _kill_after(proc: subprocess.Popen, seconds: float) -> bool:
+    """kill -9 the prepare after `seconds` (then its leftover workers); True if it was killed."""
+    try:
+        proc.wait(timeout=seconds)
+        return False  # it finished first
+    except subprocess.TimeoutExpired:
+        pass
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the pool's workers, in the session we started
+    except (ProcessLookupError, PermissionError):
+        pass
+    return True
+
+
+def test_given_prepare_is_killed_at_any_moment_then_no_half_split_is_taken_as_finished(tmp_path):
+    # given: a data folder, and prepares killed with SIGKILL at several points of their run
+    data = tmp_path / "data"
+    killed = 0
+    for delay in (0.4, 0.9):  # while generating or extracting the synthetic archive
+        killed += _kill_after(_start(data, seed=0), delay)
+        assert_never_half_finished(data)
+    t0 = time.monotonic()
+    first = _start(data, seed=0)
+    assert first.wait(timeout=120) == 0
+    manifest0 = load_manifest(data)
+    assert manifest0 is not None
+    t1 = time.monotonic()
+    rebuild = _start(data, seed=1)  # a rebuild over a finished prepare: the run we cut up
+    assert rebuild.wait(timeout=120) == 0
+    duration = time.monotonic() - t1
+    assert duration < time.monotonic() - t0
+
+    # when: further rebuilds (each with a new seed) are killed at fractions of that duration
+    for i, fraction in enumerate((0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.95, 1.0)):
+        killed += _kill_after(_start(data, seed=10 + i), fraction * duration)
+        # then: whatever is visible as finished matches its files exactly
+        assert_never_half_finished(data)
+    assert killed >= 6  # most runs were really cut off
+
+    # and a later prepare completes, consistent, with the same choice as before for seed 0
+    final = _start(data, seed=0)
+    assert final.wait(timeout=120) == 0
+    manifest = load_manifest(data)
+    assert manifest is not None and manifest["params"]["seed"] == 0
+    assert manifest["chosen"] == manifest0["chosen"]
+    assert manifest["fingerprint"] == manifest0["fingerprint"]
+    assert_folders_match_manifest(data, manifest, 64)
+    assert list(data.glob(".staging-*")) == []
+
+
+# --- 7. download end to end ---------------------------------------------------------------------
+
+
+def test_given_a_local_http_server_when_preparing_from_its_url_then_the_folders_are_built(small_archive, tmp_path, file_server):
+    # given: the synthetic archive served at the name the real archive has
+    url = file_server.serve("/kagglecatsanddogs.zip", small_archive.path.read_bytes())
+    data = tmp_path / "data"
+
+    # when
+    manifest, _ = run(data, url, sha256=small_archive.sha256, per_class=20, split=(12, 4, 4), size=32)
+
+    # then: downloaded once, verified, recorded, and prepared
+    assert file_server.requests == ["/kagglecatsanddogs.zip"]
+    assert (data / "downloads" / "kagglecatsanddogs.zip").read_bytes() == small_archive.path.read_bytes()
+    assert manifest["source"]["kind"] == "url" and manifest["source"]["url"] == url
+    assert manifest["source"]["sha256"] == small_archive.sha256
+    assert manifest["source"]["verified"] is True
+    assert load_manifest(data) == manifest
+    assert_folders_match_manifest(data, manifest, 32)
+
+
+def test_given_a_wrong_sha256_when_preparing_from_a_url_then_checksum_error_and_nothing_is_prepared(small_archive, tmp_path, file_server):
+    # given
+    url = file_server.serve("/kagglecatsanddogs.zip", small_archive.path.read_bytes())
+    data = tmp_path / "data"
+    wrong = hashlib.sha256(b"something else").hexdigest()
+
+    # when / then: a clear error, and the bad file is kept nowhere it could be used
+    with pytest.raises(ChecksumError, match="SHA-256"):
+        run(data, url, sha256=wrong, per_class=20, split=(12, 4, 4), size=32)
+    assert load_manifest(data) is None
+    for name in ("standard", "augmented", "manifest.json", "extracted"):
+        assert not (data / name).exists(), name
+    assert [p.name for p in (data / "downloads").glob("*")] == []
+
+    # and with the right hash the same folder then prepares fine
+    manifest, _ = run(data, url, sha256=small_archive.sha256, per_class=20, split=(12, 4, 4), size=32)
+    assert manifest["source"]["sha256"] == small_archive.sha256
+
+
+def test_given_a_url_that_answers_404_when_preparing_then_download_error(tmp_path, file_server):
+    # given: a server that has nothing at that path
+    url = file_server.base_url + "/kagglecatsanddogs.zip"
+
+    # when / then
+    with pytest.raises(DownloadError, match="404"):
+        run(tmp_path / "data", url, sha256="0" * 64, per_class=20, split=(12, 4, 4), size=32)
+    assert load_manifest(tmp_path / "data") is None
+    assert not (tmp_path / "data" / "standard").exists()
+
+
+# --- 8. the command line ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--per-class", "0"], "--per-class"),
+        (["--split", "1,2"], "three counts"),
+        (["--split", "10,10,x"], "whole numbers"),
+        (["--per-class", "20", "--split", "10,5,4"], "adds up to 19"),
+        (["--source", "/missing/path"], "no such file"),
+        (["--size", "0"], "--size"),
+    ],
+    ids=["per-class-0", "split-two-counts", "split-not-a-number", "split-sum", "missing-source", "size-0"],
+)
+def test_given_a_bad_option_when_running_prepare_then_exit_2_and_one_error_line(tmp_path, args, words):
+    # given
+    runner = CliRunner()
+
+    # when
+    result = runner.invoke(cli, ["prepare", "--data-dir", str(tmp_path / "data"), *args])
+
+    # then
+    assert result.exit_code == 2, result.output
+    assert words in one_error_line(result)
+    assert not (tmp_path / "data").exists()  # nothing was started
+
+
+def test_given_good_options_when_running_prepare_then_exit_0_and_a_second_run_does_nothing(tmp_path):
+    # given
+    runner = CliRunner()
+    args = ["prepare", "--source", "synthetic", "--data-dir", str(tmp_path / "data"),
+            "--per-class", "20", "--split", "12,4,4", "--size", "32", "--quiet"]
+
+    # when
+    first = runner.invoke(cli, args)
+    second = runner.invoke(cli, args)
+
+    # then
+    assert first.exit_code == 0, first.output
+    assert "Prepared 40 images" in first.stdout
+    manifest = load_manifest(tmp_path / "data")
+    assert manifest is not None and manifest["source"]["kind"] == "synthetic"
+    assert second.exit_code == 0 and "nothing to do" in second.stdout
+
+
+def test_given_no_verify_when_running_prepare_on_a_local_zip_then_it_says_verification_was_skipped(small_archive, tmp_path):
+    # given: a local zip whose hash is not the published one
+    runner = CliRunner()
+    args = ["prepare", "--source", str(small_archive.path), "--data-dir", str(tmp_path / "data"),
+            "--per-class", "20", "--split", "12,4,4", "--size", "32", "--quiet"]
+
+    # when
+    verified = runner.invoke(cli, args)
+    skipped = runner.invoke(cli, [*args, "--no-verify"])
+
+    # then: by default the published hash is enforced (one error line, exit 1) ...
+    assert verified.exit_code == 1
+    assert "SHA-256" in one_error_line(verified)
+    # ... and --no-verify says it skipped the check, and records the actual hash
+    assert skipped.exit_code == 0, skipped.output
+    assert "verification skipped" in skipped.stderr
+    manifest = load_manifest(tmp_path / "data")
+    assert manifest["source"]["verified"] is False
+    assert manifest["source"]["sha256"] == small_archive.sha256
+
+
+def test_given_catsdogs_data_dir_when_running_prepare_without_data_dir_then_it_is_used(small_archive, tmp_path, monkeypatch):
+    # given: an environment variable naming the data folder, and a working folder elsewhere
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner(env={config.DATA_DIR_ENV: str(tmp_path / "from-env")})
+
+    # when
+    result = runner.invoke(cli, ["prepare", "--source", str(small_archive.pets), "--per-class", "20",
+                                 "--split", "12,4,4", "--size", "32", "--quiet"])
+
+    # then
+    assert result.exit_code == 0, result.output
+    assert load_manifest(tmp_path / "from-env") is not None
+    assert not (tmp_path / config.DEFAULT_DATA_DIR).exists()
+
+
+def test_given_a_file_that_is_not_a_zip_when_running_prepare_then_exit_1_and_one_error_line(tmp_path):
+    # given
+    fake = tmp_path / "archive.zip"
+    fake.write_bytes(b"not a zip at all")
+    sha = hashlib.sha256(fake.read_bytes()).hexdigest()
+
+    # when: the hash is right, so the check that fails is the zip one
+    result = CliRunner().invoke(cli, ["prepare", "--source", str(fake), "--sha256", sha,
+                                      "--data-dir", str(tmp_path / "data"), "--quiet"])
+
+    # then
+    assert result.exit_code == 1
+    assert "not a zip" in one_error_line(result)
