@@ -250,6 +250,7 @@ def sweep_options(f):
                      show_default=True, help="Where the results store and each sweep's folder go."),
         click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default)."),
         click.option("--retry-failed", is_flag=True, help="Run failed and out-of-memory trials again."),
+        click.option("--dry-run", is_flag=True, help="List the planned trials and their status; run nothing."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -289,8 +290,12 @@ def sweep(ctx, **values):
 
     v = resolve_sweep(ctx, values)
     grid = grid_for(v)
+    if v["dry_run"]:
+        for line in sw.describe(grid, v["out"]):
+            click.echo(line)
+        return 0
     settings = {k: (list(x) if isinstance(x, tuple) else x) for k, x in v.items()
-                if k not in ("data_dir", "out", "config_file")}
+                if k not in ("data_dir", "out", "config_file", "dry_run")}
     counts = sw.run_sweep(v["name"], grid, v["data_dir"], v["out"], overwrite=v["overwrite"],
                           retry_failed=v["retry_failed"], log=click.echo, sweep_config={"settings": settings})
     return 0 if counts["done"] == len(grid) else 1

@@ -44,6 +44,16 @@ def store_path(out: Path) -> Path:
     return Path(out) / config.STORE_FILE
 
 
+def describe(grid: list[TrialConfig], out: Path) -> list[str]:
+    """One line per planned trial with its status in the store, if it has one."""
+    status = {}
+    if store_path(out).exists():
+        with Store(store_path(out)) as store:
+            status = {c.key(): (store.get(c.key()) or {}).get("status") for c in grid}
+    lines = [f"{c.key()}  {status.get(c.key()) or 'new':8}  {c.label()}" for c in grid]
+    return [*lines, f"{len(grid)} trials"]
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: be killed when the sweep dies, even by kill -9, so no
     orphan trial runs on while the next sweep runs it again."""

@@ -110,6 +110,7 @@ class ClassSignal:
     angle_mean: tuple[float, float] = (0.0, 90.0)  # (cat, dog): horizontal vs vertical
     angle_sd: float = 30.0
     clutter: tuple[int, int] = (2, 5)  # soft background blobs, low and high (inclusive)
+    scale: tuple[float, float] = (0.15, 0.35)  # animal semi-major axis / shorter image side
 
 
 DEFAULT_SIGNAL = ClassSignal()
@@ -305,7 +306,7 @@ def _scene(
 
     # The animal: a soft ellipse with striped fur; hue and stripe angle carry the class.
     short = min(w, h)
-    a = short * rng.uniform(0.15, 0.35)  # semi-major axis
+    a = short * rng.uniform(*signal.scale)  # semi-major axis
     b = a * rng.uniform(0.55, 0.9)  # semi-minor axis
     rot = rng.uniform(0, math.pi)
     cx = rng.uniform(a, w - a) if w > 2 * a else w / 2

@@ -194,7 +194,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
     fit_started = time.time()
     hist = model.fit(train_ds, validation_data=val_ds, epochs=epochs,
                      steps_per_epoch=per_epoch if cfg.budget == "steps" else None,
-                     callbacks=[timer], verbose=0)
+                     callbacks=[timer], shuffle=False, verbose=0)  # the dataset shuffles
     fit_seconds = time.time() - fit_started
     test_loss, test_acc = model.evaluate(data.eval_batches(test, cfg.batch_size), verbose=0)
 

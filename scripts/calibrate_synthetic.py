@@ -42,6 +42,10 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
 def _strs(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -127,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split-seed", type=int, default=0, help="seed of the choice and split")
     p.add_argument("--hue-sd", type=float, default=None, help="override ClassSignal.hue_sd")
     p.add_argument("--angle-sd", type=float, default=None, help="override ClassSignal.angle_sd")
+    p.add_argument("--scale", type=_floats, default=None, help="override ClassSignal.scale: lo,hi")
+    p.add_argument("--hue-mean", type=_floats, default=None, help="override ClassSignal.hue_mean")
     args = p.parse_args(argv)
 
     overrides = {}
@@ -134,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         overrides["hue_sd"] = args.hue_sd
     if args.angle_sd is not None:
         overrides["angle_sd"] = args.angle_sd
+    if args.scale is not None:
+        overrides["scale"] = tuple(args.scale)
+    if args.hue_mean is not None:
+        overrides["hue_mean"] = tuple(args.hue_mean)
     signal = ClassSignal(**overrides)
 
     n_valid = args.per_class + 100  # a margin, as the real archive has far more than needed

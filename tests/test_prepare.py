@@ -6,6 +6,7 @@ so the file runs in seconds; the synthetic archive comes from tests/conftest.py.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -348,6 +349,7 @@ def test_given_a_manifest_whose_files_went_missing_when_loading_then_it_is_not_t
 
 
 def _start(data: Path, seed: int, per_class: int = 150) -> subprocess.Popen:
+    """`python -m catsdogs prepare --source synthetic` in its own session (so its workers too)."""
     args = [sys.executable, "-m", "catsdogs", "prepare", "--source", "synthetic", "--data-dir", str(data),
             "--per-class", str(per_class), "--split", f"{per_class - 60},30,30", "--size", "64",
             "--seed", str(seed), "--quiet"]
@@ -355,50 +357,87 @@ def _start(data: Path, seed: int, per_class: int = 150) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def _kill_after(proc: subprocess.Popen, seconds: float) -> bool:
-    """kill -9 the prepare after `seconds` (then its leftover workers); True if it was killed."""
-    try:
-        proc.wait(timeout=seconds)
-        return False  # it finished first
-    except subprocess.TimeoutExpired:
-        pass
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the pool's workers, in the session we started
-    except (ProcessLookupError, PermissionError):
-        pass
-    return True
+def _kill_when(proc: subprocess.Popen, ready, timeout: float = 120) -> bool:
+    """kill -9 the prepare as soon as `ready()` is true; True if it was killed, False if it
+    finished first. Its pool workers (same session) are killed right after it."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        try:
+            hit = ready()
+        except OSError:  # a folder vanished between two looks: look again
+            hit = False
+        if hit or time.monotonic() > deadline:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            assert hit, "prepare ran past the test's timeout"
+            return True
+        time.sleep(0.0005)
+    return False
+
+
+def _after(seconds: float):
+    end = time.monotonic() + seconds
+    return lambda: time.monotonic() >= end
+
+
+def _any(data: Path, pattern: str):
+    return lambda: next(data.glob(pattern), None) is not None
+
+
+def _gone_or_replaced(path: Path):
+    """True once `path` no longer exists or is another folder (a new inode) than now."""
+    inode = path.stat().st_ino if path.exists() else None
+
+    def check() -> bool:
+        try:
+            return path.stat().st_ino != inode
+        except FileNotFoundError:
+            return True
+
+    return check
 
 
 def test_given_prepare_is_killed_at_any_moment_then_no_half_split_is_taken_as_finished(tmp_path):
-    # given: a data folder, and prepares killed with SIGKILL at several points of their run
+    # given: a data folder, and prepares killed with SIGKILL at points spread over their run
     data = tmp_path / "data"
-    killed = 0
-    for delay in (0.4, 0.9):  # while generating or extracting the synthetic archive
-        killed += _kill_after(_start(data, seed=0), delay)
+    fresh_points = {  # a first prepare: nothing there yet
+        "generating the archive": _any(data, "downloads/*"),
+        "extracting": _any(data, "extracted/*"),
+        "writing images (the staging folder is a hidden one)": _any(data, ".*/standard/*/*/*.jpg"),
+    }
+    killed = []
+    for what, ready in fresh_points.items():
+        if _kill_when(_start(data, seed=0), ready):
+            killed.append(what)
         assert_never_half_finished(data)
-    t0 = time.monotonic()
     first = _start(data, seed=0)
     assert first.wait(timeout=120) == 0
     manifest0 = load_manifest(data)
     assert manifest0 is not None
-    t1 = time.monotonic()
-    rebuild = _start(data, seed=1)  # a rebuild over a finished prepare: the run we cut up
-    assert rebuild.wait(timeout=120) == 0
-    duration = time.monotonic() - t1
-    assert duration < time.monotonic() - t0
+    started = time.monotonic()
+    assert _start(data, seed=1).wait(timeout=120) == 0  # a full rebuild, timed
+    duration = time.monotonic() - started
 
-    # when: further rebuilds (each with a new seed) are killed at fractions of that duration
-    for i, fraction in enumerate((0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.95, 1.0)):
-        killed += _kill_after(_start(data, seed=10 + i), fraction * duration)
+    # when: rebuilds over that finished prepare (each with a new seed) are killed while they
+    # swap the new folders in, and at fractions of a rebuild's duration
+    rebuild_points = {
+        "the old manifest is withdrawn": lambda: not (data / "manifest.json").exists(),
+        "standard/ is swapped": _gone_or_replaced(data / "standard"),
+        "augmented/ is swapped": _gone_or_replaced(data / "augmented"),
+        **{f"{f:.0%} of a rebuild": f for f in (0.3, 0.6, 0.9)},
+    }
+    for i, (what, ready) in enumerate(rebuild_points.items()):
+        proc = _start(data, seed=10 + i)
+        if _kill_when(proc, _after(ready * duration) if isinstance(ready, float) else ready):
+            killed.append(what)
         # then: whatever is visible as finished matches its files exactly
         assert_never_half_finished(data)
-    assert killed >= 6  # most runs were really cut off
+    assert len(killed) >= 7, killed  # most points were really reached and cut
 
     # and a later prepare completes, consistent, with the same choice as before for seed 0
-    final = _start(data, seed=0)
-    assert final.wait(timeout=120) == 0
+    assert _start(data, seed=0).wait(timeout=120) == 0
     manifest = load_manifest(data)
     assert manifest is not None and manifest["params"]["seed"] == 0
     assert manifest["chosen"] == manifest0["chosen"]

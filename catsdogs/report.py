@@ -1,0 +1,697 @@
+"""The report of one sweep: figures and tables, read from the results store and nothing else.
+
+Three layers, each usable alone:
+
+- loading: `load_trials(store_path, name)` returns the sweep's trial rows (dicts, as the store
+  gives them);
+- pure transformations: `summarize(trials)` sorts the trials into the report's figures, and
+  `cells(...)` turns one figure's trials into rows, one per (series, batch size) cell, with the
+  mean, the standard deviation and a 95% Student-t confidence interval over the seeds, and the
+  count of every trial that did not finish well (failed, oom) or not yet (pending, running);
+- drawing: `plot_accuracy(ax, rows, ...)` draws such rows on a matplotlib axis;
+  `make_figure(table)` builds a whole figure (matplotlib's `Figure`: no pyplot, no global state).
+
+`report(name, out)` does all three and writes OUT/NAME/figures/*.png|svg, OUT/NAME/results.md
+and OUT/NAME/summary.csv, each atomically (a temporary file, then os.replace).
+
+Accuracies are fractions (0..1) in the rows and in summary.csv, percentages in the figures and
+in results.md. This module must not import TensorFlow, Keras or the trainer: a report is
+made on any machine that has the store.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import statistics
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import NullLocator
+
+from catsdogs import config
+from catsdogs.errors import CatsdogsError
+from catsdogs.store import Store
+
+# What the article reports, read from its text (PROTOCOL.md, "The two figures"): each value is
+# one training run, so it has no spread. "About 62%" etc., as fractions of the 400 test images.
+# Keyed by (optimizer, dataset, batch size); all with the article's protocol, 5 epochs.
+ARTICLE_ACCURACY: dict[tuple[str, str, int], float] = {
+    ("sgd", "standard", 16): 0.62,  # "SGD about 62% at batch size 16"
+    ("adam", "standard", 64): 0.67,  # "Adam still about 67% around batch size 64"
+    ("adam", "augmented", 128): 0.58,  # "with augmented data, 58% at batch size 128"
+    ("adam", "augmented", 256): 0.575,  # "... and 57.5% at 256"
+}
+ARTICLE_LABEL = "article (single run)"
+
+LEVEL = 0.95  # confidence level of the intervals
+
+# The protocol columns of the store, and the values TrialConfig gives them by default.
+PROTOCOL_DEFAULTS = {
+    "lr": None, "lr_scaling": "none", "base_batch_size": 32, "warmup_epochs": 0.0,
+    "budget": "epochs", "accumulate": 1, "precision": "float32", "strategy": "none",
+}
+# The article's protocol: Keras' default learning rate, no scaling or warm-up, n // batch size
+# updates per epoch, no accumulation, float32, one device. base_batch_size has no effect under
+# it, so it is not part of it.
+ARTICLE_PROTOCOL = {
+    "lr": None, "lr_scaling": "none", "warmup_epochs": 0.0, "budget": "epochs",
+    "accumulate": 1, "precision": "float32", "strategy": "none",
+}
+
+OPTIMIZER_NAMES = {"sgd": "SGD", "adam": "Adam"}
+FIGURE_TITLES = {
+    "optimizers": "Test accuracy vs batch size: SGD and Adam, standard data",
+    "augmentation": "Test accuracy vs batch size: standard and augmented data, Adam",
+    "protocols": "Test accuracy vs batch size, by training protocol",
+    "accumulation": "Test accuracy vs effective batch size: plain batches and gradient accumulation",
+}
+BATCH_LABEL = "batch size (log scale)"
+EFFECTIVE_BATCH_LABEL = "effective batch size = batch size × accumulation steps (log scale)"
+NOT_DONE = ("failed", "oom", "pending", "running")
+
+CSV_COLUMNS = [
+    "figure", "series", "optimizer", "dataset", "protocol", "epochs", "image_size",
+    "batch_size", "accumulate", "effective_batch_size", "n_done", "mean", "ci_low", "ci_high",
+    "ci_half_width", "sd", "t", "n_failed", "n_oom", "n_pending", "n_running", "article",
+    "accuracies", "seeds",
+]
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t with `df` (whole) degrees of freedom, for p in (0.5, 1).
+
+    Exact: the t distribution's CDF has a finite closed form for whole df (Abramowitz and
+    Stegun 26.7.3-4), inverted by bisection. Past 10,000 df, the normal quantile."""
+    if not 0.5 < p < 1:
+        raise ValueError(f"p must be in (0.5, 1), got {p}")
+    if df < 1 or int(df) != df:
+        raise ValueError(f"df must be a whole number >= 1, got {df}")
+    df = int(df)
+    mass = 2 * p - 1  # P(|T| <= t)
+    cdf = _normal_two_sided if df > 10_000 else (lambda t: _t_two_sided(t, df))
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < mass:
+        lo, hi = hi, hi * 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if cdf(mid) < mass:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12:
+            break
+    return (lo + hi) / 2
+
+
+def _t_two_sided(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with whole df (A&S 26.7.3 for odd df, 26.7.4 for even)."""
+    theta = math.atan(t / math.sqrt(df))
+    s, c = math.sin(theta), math.cos(theta)
+    c2 = c * c
+    if df % 2 == 1:
+        if df == 1:
+            return 2 * theta / math.pi
+        term = total = c
+        for k in range(1, (df - 3) // 2 + 1):
+            term *= (2 * k) / (2 * k + 1) * c2
+            total += term
+        return 2 / math.pi * (theta + s * total)
+    term = total = 1.0
+    for k in range(1, (df - 2) // 2 + 1):
+        term *= (2 * k - 1) / (2 * k) * c2
+        total += term
+    return s * total
+
+
+def _normal_two_sided(z: float) -> float:
+    return math.erf(z / math.sqrt(2))
+
+
+def mean_ci(values: Iterable[float], level: float = LEVEL) -> dict:
+    """Mean, sample sd and the Student-t interval mean ± t_{(1+level)/2, n-1} · sd / √n.
+
+    n = 0: everything None. n = 1: the mean only; one run gives no interval (and no sd)."""
+    v = [float(x) for x in values]
+    n = len(v)
+    out = {"n": n, "mean": None, "sd": None, "t": None, "ci_low": None, "ci_high": None,
+           "ci_half_width": None}
+    if n == 0:
+        return out
+    out["mean"] = statistics.fmean(v)
+    if n == 1:
+        return out
+    sd = statistics.stdev(v)
+    t = t_quantile((1 + level) / 2, n - 1)
+    half = t * sd / math.sqrt(n)
+    out.update(sd=sd, t=t, ci_low=out["mean"] - half, ci_high=out["mean"] + half, ci_half_width=half)
+    return out
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def load_trials(store_path: Path | str, name: str) -> list[dict]:
+    """Every trial of sweep `name` in the store at `store_path`, in the sweep's order."""
+    store_path = Path(store_path)
+    if not store_path.is_file():
+        raise CatsdogsError(f"no results store at {store_path}: run `catsdogs sweep` first "
+                            "(or give the --out it used)")
+    with Store(store_path) as store:
+        names = store.sweeps()
+        if name not in names:
+            known = ", ".join(names) if names else "none yet"
+            raise CatsdogsError(f"no sweep named {name!r} in {store_path}; sweeps there: {known}")
+        return store.trials(name)
+
+
+# --- one trial's fields ----------------------------------------------------------------------
+
+
+def field(trial: dict, key: str, default=None):
+    """A configuration value: its store column, else the config dict, else `default`."""
+    value = trial.get(key)
+    if value is None:
+        value = (trial.get("config") or {}).get(key)
+    return default if value is None else value
+
+
+def protocol_of(trial: dict) -> dict:
+    """The trial's protocol settings, normalized (base_batch_size None where it has no effect)."""
+    p = {k: field(trial, k, d) for k, d in PROTOCOL_DEFAULTS.items()}
+    p["lr"] = None if p["lr"] is None else float(p["lr"])
+    p["warmup_epochs"] = float(p["warmup_epochs"])
+    p["accumulate"] = int(p["accumulate"])
+    p["base_batch_size"] = int(p["base_batch_size"])
+    if p["lr_scaling"] == "none" and p["budget"] == "epochs":
+        p["base_batch_size"] = None  # it scales nothing and budgets nothing
+    return p
+
+
+def is_article_protocol(trial: dict) -> bool:
+    """True for the article's protocol (ARTICLE_PROTOCOL): the trials of its two figures."""
+    p = protocol_of(trial)
+    return all(p[k] == v for k, v in ARTICLE_PROTOCOL.items())
+
+
+def protocol_label(p: dict, accumulate: bool = True) -> str:
+    """A readable name: "article protocol", "linear lr scaling", "linear lr + equal updates"."""
+    parts: list[tuple[str, str]] = []  # (alone, in a combination)
+    if p["lr"] is not None:
+        parts.append((f"lr {p['lr']:g}", f"lr {p['lr']:g}"))
+    if p["lr_scaling"] == "linear":
+        parts.append(("linear lr scaling", "linear lr"))
+    elif p["lr_scaling"] != "none":
+        parts.append((f"{p['lr_scaling']} lr scaling", f"{p['lr_scaling']} lr"))
+    if p["budget"] == "steps":
+        parts.append(("equal updates (steps budget)", "equal updates"))
+    elif p["budget"] != "epochs":
+        parts.append((f"{p['budget']} budget", f"{p['budget']} budget"))
+    if p["warmup_epochs"]:
+        parts.append((f"{p['warmup_epochs']:g}-epoch warm-up", f"{p['warmup_epochs']:g}-epoch warm-up"))
+    if accumulate and p["accumulate"] > 1:
+        parts.append((f"gradient accumulation ×{p['accumulate']}", f"accumulation ×{p['accumulate']}"))
+    if p["precision"] != "float32":
+        name = p["precision"].replace("_", " ")
+        parts.append((name, name))
+    if p["strategy"] != "none":
+        parts.append((f"{p['strategy']} strategy", p["strategy"]))
+    if not parts:
+        label = "article protocol"
+    elif len(parts) == 1:
+        label = parts[0][0]
+    else:
+        label = " + ".join(short for _, short in parts)
+    if p.get("base_batch_size") not in (None, PROTOCOL_DEFAULTS["base_batch_size"]):
+        label += f", base batch {p['base_batch_size']}"
+    return label
+
+
+def _without_accumulate(p: dict) -> tuple:
+    q = dict(p, accumulate=1)
+    if q["lr_scaling"] == "none" and q["budget"] == "epochs":
+        q["base_batch_size"] = None
+    return tuple(q.items())
+
+
+def _accuracy(trial: dict) -> float | None:
+    a = trial.get("test_accuracy")
+    return None if a is None else float(a)
+
+
+# --- pure transformations --------------------------------------------------------------------
+
+
+def cells(trials: Iterable[dict], series_of: Callable[[dict], str | None],
+          x_of: Callable[[dict], int] | None = None, series: list[str] | None = None,
+          article: Callable[[dict], float | None] | None = None) -> list[dict]:
+    """One row per (series, x) cell: who is in it, how each trial ended, and the statistics.
+
+    series_of(trial): the trial's series label, or None to leave it out; x_of(trial): its x
+    (the batch size unless told); article(trial): the article's value for its cell, if any.
+    Rows come in the order of `series` (first appearance if not given), then of x."""
+    x_of = x_of or (lambda t: int(field(t, "batch_size")))
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for t in trials:
+        s = series_of(t)
+        if s is not None:
+            groups.setdefault((s, x_of(t)), []).append(t)
+    order = list(series or [])
+    order += [s for s, _ in groups if s not in order]
+    rows = []
+    for (s, x), members in sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
+        first = members[0]
+        p = protocol_of(first)
+        status = [m["status"] for m in members]
+        finished = [m for m in members if m["status"] == "done" and _accuracy(m) is not None]
+        finished.sort(key=lambda m: (field(m, "seed", 0), m.get("key") or ""))
+        # a trial marked done without an accuracy is counted with the failed, never dropped
+        no_accuracy = sum(1 for m in members if m["status"] == "done" and _accuracy(m) is None)
+        stats = mean_ci(_accuracy(m) for m in finished)
+        rows.append({
+            "series": s, "x": x,
+            "optimizer": field(first, "optimizer"), "dataset": field(first, "dataset"),
+            "protocol": protocol_label(p), "epochs": field(first, "epochs"),
+            "image_size": field(first, "image_size"),
+            "batch_size": int(field(first, "batch_size")), "accumulate": p["accumulate"],
+            "effective_batch_size": int(field(first, "batch_size")) * p["accumulate"],
+            "n_trials": len(members), "n_done": stats["n"],
+            "n_failed": status.count("failed") + no_accuracy, "n_oom": status.count("oom"),
+            "n_pending": status.count("pending"), "n_running": status.count("running"),
+            "mean": stats["mean"], "sd": stats["sd"], "t": stats["t"],
+            "ci_low": stats["ci_low"], "ci_high": stats["ci_high"],
+            "ci_half_width": stats["ci_half_width"],
+            "accuracies": [_accuracy(m) for m in finished],
+            "seeds": [field(m, "seed") for m in finished],
+            "errors": [m.get("error") for m in members if m["status"] in ("failed", "oom") and m.get("error")],
+            "article": article(first) if article else None,
+        })
+    return rows
+
+
+def _article_value(trial: dict) -> float | None:
+    if not is_article_protocol(trial):
+        return None
+    return ARTICLE_ACCURACY.get((field(trial, "optimizer"), field(trial, "dataset"),
+                                 int(field(trial, "batch_size"))))
+
+
+def _context_suffixer(trials: list[dict]) -> Callable[[dict], str]:
+    """Labels gain ", 3 epochs" (or px, or data) only where the figure mixes several of them."""
+    varying = [k for k in ("epochs", "image_size", "data")
+               if len({field(t, k) for t in trials}) > 1]
+    units = {"epochs": lambda v: f"{v} epochs", "image_size": lambda v: f"{v} px",
+             "data": lambda v: f"data {str(v)[:8]}"}
+
+    def suffix(t: dict) -> str:
+        return "".join(", " + units[k](field(t, k)) for k in varying)
+    return suffix
+
+
+def _setting(trials: list[dict]) -> str:
+    """What all of a figure's trials share, for its subtitle: "5 epochs, 200 px"."""
+    bits = []
+    for key, unit in (("epochs", "epochs"), ("image_size", "px")):
+        values = {field(t, key) for t in trials}
+        if len(values) == 1 and None not in values:
+            bits.append(f"{values.pop()} {unit}")
+    return ", ".join(bits)
+
+
+def _article_points(rows: list[dict]) -> list[dict]:
+    return [{"series": r["series"], "x": r["x"], "value": r["article"]}
+            for r in rows if r["article"] is not None]
+
+
+def _table(name: str, title: str, trials: list[dict], series_of, series: list[str],
+           xlabel: str = BATCH_LABEL, x_of=None, article=None) -> dict:
+    rows = cells(trials, series_of, x_of=x_of, series=series, article=article)
+    present = [s for s in series if any(r["series"] == s for r in rows)]
+    present += [r["series"] for r in rows if r["series"] not in present]
+    present = list(dict.fromkeys(present))
+    members = [t for t in trials if series_of(t) is not None]
+    return {"name": name, "title": title, "xlabel": xlabel, "series": present, "rows": rows,
+            "article": _article_points(rows), "setting": _setting(members),
+            "keys": {t.get("key") for t in members}}
+
+
+def summarize(trials: list[dict]) -> dict:
+    """Sort a sweep's trials into the report's figures.
+
+    Returns {"figures": [table, ...], "unused": [trial, ...]}, a table being {"name", "title",
+    "xlabel", "series", "rows", "article", "setting", "keys"}. Figures without trials are left out:
+    optimizers (article protocol, standard data, by optimizer); augmentation (article protocol,
+    Adam, by data set; only with augmented trials); protocols (accumulate 1, by protocol, for
+    each optimizer and data set that has a variant); accumulation (by accumulation steps, x the
+    effective batch size, where accumulated trials exist)."""
+    trials = list(trials)
+    article = [t for t in trials if is_article_protocol(t)]
+    tables = []
+
+    # 1. the article's first figure
+    std = [t for t in article if field(t, "dataset") == "standard"]
+    if std:
+        sfx = _context_suffixer(std)
+        opts = sorted({field(t, "optimizer") for t in std}, key=lambda o: (o != "sgd", o != "adam", o))
+        names = [OPTIMIZER_NAMES.get(o, o) for o in opts]
+
+        def by_optimizer(t):
+            if not (is_article_protocol(t) and field(t, "dataset") == "standard"):
+                return None
+            o = field(t, "optimizer")
+            return OPTIMIZER_NAMES.get(o, o) + sfx(t)
+        tables.append(_table("optimizers", FIGURE_TITLES["optimizers"], std, by_optimizer, names,
+                             article=_article_value))
+
+    # 2. the article's second figure (only when there are augmented trials to compare)
+    adam = [t for t in article if field(t, "optimizer") == "adam"]
+    if any(field(t, "dataset") == "augmented" for t in adam):
+        sfx = _context_suffixer(adam)
+
+        def by_dataset(t):
+            if not (is_article_protocol(t) and field(t, "optimizer") == "adam"):
+                return None
+            return f"{field(t, 'dataset')} data" + sfx(t)
+        tables.append(_table("augmentation", FIGURE_TITLES["augmentation"], adam, by_dataset,
+                             ["standard data", "augmented data"], article=_article_value))
+
+    # 3. beyond the article: other protocols, without accumulation
+    plain = [t for t in trials if protocol_of(t)["accumulate"] == 1]
+    combos = sorted({(field(t, "optimizer"), field(t, "dataset")) for t in plain
+                     if not is_article_protocol(t)}, key=lambda c: (c != ("adam", "standard"), c))
+    if combos:
+        chosen = [t for t in plain if (field(t, "optimizer"), field(t, "dataset")) in combos]
+        sfx = _context_suffixer(chosen)
+        many = len(combos) > 1
+
+        def by_protocol(t):
+            combo = (field(t, "optimizer"), field(t, "dataset"))
+            if protocol_of(t)["accumulate"] != 1 or combo not in combos:
+                return None
+            prefix = f"{OPTIMIZER_NAMES.get(combo[0], combo[0])}, {combo[1]}: " if many else ""
+            return prefix + protocol_label(protocol_of(t)) + sfx(t)
+        labels = sorted({by_protocol(t) for t in chosen},
+                        key=lambda s: ("article protocol" not in s, s))
+        what = ("; ".join(f"{OPTIMIZER_NAMES.get(o, o)}, {d} data" for o, d in combos))
+        tables.append(_table("protocols", f"{FIGURE_TITLES['protocols']}: {what}", chosen,
+                             by_protocol, labels, article=_article_value))
+
+    # 4. beyond the article: gradient accumulation against the plain batch it stands for
+    groups = {(field(t, "optimizer"), field(t, "dataset"), _without_accumulate(protocol_of(t)))
+              for t in trials if protocol_of(t)["accumulate"] > 1}
+    if groups:
+        chosen = [t for t in trials if (field(t, "optimizer"), field(t, "dataset"),
+                                        _without_accumulate(protocol_of(t))) in groups]
+        sfx = _context_suffixer(chosen)
+        many_combos = len({g[:2] for g in groups}) > 1
+
+        def by_accumulation(t):
+            g = (field(t, "optimizer"), field(t, "dataset"), _without_accumulate(protocol_of(t)))
+            if g not in groups:
+                return None
+            p = protocol_of(t)
+            rest = protocol_label(dict(g[2]), accumulate=False)
+            prefix = f"{OPTIMIZER_NAMES.get(g[0], g[0])}, {g[1]}: " if many_combos else ""
+            prefix += "" if rest == "article protocol" else f"{rest}: "
+            what = "plain batches" if p["accumulate"] == 1 else f"gradient accumulation ×{p['accumulate']}"
+            return prefix + what + sfx(t)
+        labels = sorted({by_accumulation(t) for t in chosen},
+                        key=lambda s: (s.split(":")[0], "plain batches" not in s, _accum_steps(s), s))
+        combos_text = "; ".join(sorted({f"{OPTIMIZER_NAMES.get(o, o)}, {d} data" for o, d, _ in groups}))
+        tables.append(_table("accumulation", f"{FIGURE_TITLES['accumulation']}: {combos_text}", chosen,
+                             by_accumulation, labels, xlabel=EFFECTIVE_BATCH_LABEL,
+                             x_of=lambda t: int(field(t, "batch_size")) * protocol_of(t)["accumulate"],
+                             article=_article_value))
+
+    used = set().union(*(tb["keys"] for tb in tables)) if tables else set()
+    return {"figures": tables, "unused": [t for t in trials if t.get("key") not in used]}
+
+
+def _accum_steps(label: str) -> int:
+    tail = label.rsplit("×", 1)
+    digits = "".join(ch for ch in tail[-1] if ch.isdigit()) if len(tail) == 2 else ""
+    return int(digits) if digits else 0
+
+
+def status_counts(rows: list[dict]) -> dict[str, int]:
+    """Totals over a table's rows: done, failed, oom, pending, running."""
+    return {k: sum(r[f"n_{k}"] for r in rows) for k in ("done", *NOT_DONE)}
+
+
+def incomplete_note(rows: list[dict]) -> str:
+    """'incomplete: 3 pending, 1 running', or '' when nothing is left to run."""
+    c = status_counts(rows)
+    left = [f"{c[k]} {k}" for k in ("pending", "running") if c[k]]
+    return f"incomplete: {', '.join(left)}" if left else ""
+
+
+def _problems(row: dict) -> str:
+    return ", ".join(f"{row[f'n_{k}']} {k}" for k in ("failed", "oom") if row[f"n_{k}"])
+
+
+# --- drawing ---------------------------------------------------------------------------------
+
+
+def plot_accuracy(ax, rows: list[dict], series: list[str] | None = None,
+                  article: list[dict] | None = None, xlabel: str = BATCH_LABEL,
+                  dodge: float = 0.12, spread: float = 0.09) -> dict:
+    """Draw accuracy (%) against x on a log2 axis: per series the seeds, the mean and its CI.
+
+    Each series is shifted by `dodge` octaves from its neighbours so that intervals do not hide
+    each other; each seed's point by up to ±spread/2 octaves within its cell. Cells with failed
+    or out-of-memory trials get a note in the series colour at the bottom of the axis
+    ("1 oom"); `article` points ({"series", "x", "value"}) are stars. Returns the artists:
+    {series: {"mean", "seeds", "ci", "notes", "shift"}, "article": PathCollection or None}."""
+    series = list(series or dict.fromkeys(r["series"] for r in rows))
+    article = [a for a in (article or []) if a["series"] in series]
+    xs = sorted({r["x"] for r in rows} | {a["x"] for a in article})
+    k = len(series)
+    colors = {s: f"C{i % 10}" for i, s in enumerate(series)}
+    shifts = {s: 2 ** ((i - (k - 1) / 2) * dodge) for i, s in enumerate(series)}
+    out: dict = {}
+    for i, s in enumerate(series):
+        srows = sorted((r for r in rows if r["series"] == s), key=lambda r: r["x"])
+        shift, color = shifts[s], colors[s]
+        done = [r for r in srows if r["n_done"]]
+        (mean,) = ax.plot([r["x"] * shift for r in done], [100 * r["mean"] for r in done],
+                          "-o", color=color, markersize=6, linewidth=1.8, label=s, zorder=4)
+        px, py = [], []
+        for r in done:
+            n = len(r["accuracies"])
+            for j, acc in enumerate(r["accuracies"]):
+                offset = (j / (n - 1) - 0.5) * spread if n > 1 else 0.0
+                px.append(r["x"] * shift * 2 ** offset)
+                py.append(100 * acc)
+        seeds = ax.scatter(px, py, s=18, color=color, alpha=0.45, linewidths=0, zorder=3)
+        with_ci = [r for r in done if r["ci_low"] is not None]
+        ci = None
+        if with_ci:
+            ci = ax.errorbar([r["x"] * shift for r in with_ci], [100 * r["mean"] for r in with_ci],
+                             yerr=[[100 * (r["mean"] - r["ci_low"]) for r in with_ci],
+                                   [100 * (r["ci_high"] - r["mean"]) for r in with_ci]],
+                             fmt="none", ecolor=color, elinewidth=1.4, capsize=4, zorder=3)
+        notes = []
+        for r in srows:
+            text = _problems(r)
+            if text:
+                notes.append(ax.text(r["x"] * shift, 0.03 + 0.065 * i, text, color=color,
+                                     transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                                     fontsize=8, fontweight="bold", zorder=6,
+                                     bbox={"boxstyle": "round,pad=0.2", "facecolor": "white",
+                                           "edgecolor": color, "linewidth": 0.8}))
+        out[s] = {"mean": mean, "seeds": seeds, "ci": ci, "notes": notes, "shift": shift}
+    out["article"] = None
+    if article:
+        out["article"] = ax.scatter([a["x"] * shifts[a["series"]] for a in article],
+                                    [100 * a["value"] for a in article], marker="*", s=190,
+                                    c=[colors[a["series"]] for a in article], edgecolors="black",
+                                    linewidths=0.9, zorder=7, label=ARTICLE_LABEL)
+    ax.axhline(50, color="0.55", linestyle=":", linewidth=1, zorder=1)
+    ax.set_xscale("log", base=2)
+    if xs:
+        ax.set_xticks(xs, labels=[str(x) for x in xs])
+        ax.set_xlim(min(xs) / 2 ** 0.45, max(xs) * 2 ** 0.45)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("test accuracy (%)")
+    ax.margins(y=0.18)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.grid(True, axis="x", alpha=0.15)
+    handles = [out[s]["mean"] for s in series]
+    handles.append(Line2D([], [], linestyle="none", marker="o", color="0.4", alpha=0.5,
+                          markersize=5, label="each seed"))
+    handles.append(Line2D([], [], linestyle="none", marker="|", color="0.2", markersize=14,
+                          markeredgewidth=1.4, label=f"{LEVEL:.0%} CI (Student t on the seeds)"))
+    if out["article"] is not None:
+        handles.append(out["article"])
+    handles.append(Line2D([], [], linestyle=":", color="0.55", label="chance (50%)"))
+    out["legend"] = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                              borderaxespad=0.0, fontsize=9, frameon=False)
+    return out
+
+
+def figure_title(table: dict, note: str | None = None) -> str:
+    """The title, and a second line: the note, what is drawn, and whether trials are missing."""
+    c = status_counts(table["rows"])
+    ns = sorted({r["n_done"] for r in table["rows"] if r["n_done"]})
+    seeds = (f"{ns[0]} seeds per point" if len(ns) == 1 else
+             f"{ns[0]}-{ns[-1]} seeds per point" if ns else "no finished trial yet")
+    if ns == [1]:
+        seeds = "1 seed per point: no interval"
+    bits = [b for b in (note, table.get("setting"), f"mean and {LEVEL:.0%} CI, {seeds}",
+                        incomplete_note(table["rows"])) if b]
+    if c["failed"] or c["oom"]:
+        bits.append(", ".join(f"{c[k]} {k}" for k in ("failed", "oom") if c[k]) + " (noted at their x)")
+    return table["title"] + "\n" + " · ".join(bits)
+
+
+def make_figure(table: dict, note: str | None = None) -> tuple[Figure, dict]:
+    """A whole figure for one table (matplotlib Figure; no pyplot, no global state)."""
+    width = 10.5 if max((len(s) for s in table["series"]), default=0) > 28 else 9.5
+    fig = Figure(figsize=(width, 5.0), layout="constrained")
+    ax = fig.add_subplot()
+    artists = plot_accuracy(ax, table["rows"], series=table["series"], article=table["article"],
+                            xlabel=table["xlabel"])
+    ax.set_title(figure_title(table, note), fontsize=10.5, loc="left")
+    return fig, artists
+
+
+# --- tables ----------------------------------------------------------------------------------
+
+
+def _pct(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{100 * v:.{digits}f}"
+
+
+def markdown(name: str, summary: dict, note: str | None = None) -> str:
+    """results.md: one section per figure, one row per cell."""
+    lines = [f"# Sweep `{name}`: results", ""]
+    if note:
+        lines += [f"*{note}*", ""]
+    lines += [
+        f"Test accuracy in %, over the seeds of each cell: the mean, its {LEVEL:.0%} confidence "
+        "interval (Student t: mean ± t·sd/√n, t the 0.975 quantile with n − 1 degrees of freedom) "
+        "and the sample standard deviation (sd, in points). A cell with one finished seed has no "
+        "interval (marked n=1). *article*: the value the article reports (its text, one run). "
+        "failed / oom / pending / running: trials of the cell that did not finish, or not yet; "
+        "none is dropped.", ""]
+    if not summary["figures"]:
+        lines += ["No figure: the sweep has no trial that any figure shows.", ""]
+    for table in summary["figures"]:
+        lines += [f"## {table['name']}", "", table["title"] + (f" ({table['setting']})" if table["setting"] else ""), "",
+                  f"![{table['name']}](figures/{table['name']}.png)", ""]
+        left = incomplete_note(table["rows"])
+        if left:
+            lines += [f"**{left}.**", ""]
+        x_name = "effective batch" if table["name"] == "accumulation" else "batch size"
+        head = ["series", x_name, "n done", "mean", "95% CI low", "95% CI high", "sd",
+                "failed", "oom", "pending", "running", "article"]
+        if table["name"] == "accumulation":
+            head.insert(2, "batch × steps")
+        lines += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
+        for r in table["rows"]:
+            if r["n_done"] == 1:
+                low = high = "— (n=1)"
+            else:
+                low, high = _pct(r["ci_low"]), _pct(r["ci_high"])
+            cols = [r["series"], str(r["x"]), str(r["n_done"]), _pct(r["mean"]), low, high,
+                    _pct(r["sd"], 2), *(str(r[f"n_{k}"]) for k in NOT_DONE), _pct(r["article"])]
+            if table["name"] == "accumulation":
+                cols.insert(2, f"{r['batch_size']} × {r['accumulate']}")
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cols) + " |")
+        errors = sorted({e.strip().splitlines()[-1][:160] for r in table["rows"] for e in r["errors"] if e.strip()})
+        if errors:
+            lines += ["", "Errors of the failed / out-of-memory trials:", ""]
+            lines += [f"- `{e}`" for e in errors]
+        lines.append("")
+    unused = summary["unused"]
+    if unused:
+        kinds: dict[str, int] = {}
+        for t in unused:
+            what = (f"{field(t, 'optimizer')}, {field(t, 'dataset')} data, "
+                    f"{protocol_label(protocol_of(t))}, status {t['status']}")
+            kinds[what] = kinds.get(what, 0) + 1
+        lines += ["## Not in any figure", "",
+                  f"{len(unused)} trials of this sweep belong to none of the figures above:", ""]
+        lines += [f"- {n} × {what}" for what, n in sorted(kinds.items())]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def csv_text(summary: dict) -> str:
+    """summary.csv: the rows of every figure, one per cell, with a `figure` column."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for table in summary["figures"]:
+        for r in table["rows"]:
+            row = {k: r.get(k) for k in CSV_COLUMNS}
+            row["figure"] = table["name"]
+            row["accuracies"] = ";".join(f"{a:.6g}" for a in r["accuracies"])
+            row["seeds"] = ";".join(str(s) for s in r["seeds"])
+            for k in ("mean", "ci_low", "ci_high", "ci_half_width", "sd", "t", "article"):
+                row[k] = "" if r[k] is None else f"{r[k]:.6g}"
+            w.writerow(row)
+    return buf.getvalue()
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def _atomic(path: Path, write: Callable[[Path], None]) -> Path:
+    """write(tmp) then os.replace(tmp, path): a reader sees the old file or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def save_figure(fig: Figure, stem: Path) -> dict[str, Path]:
+    """stem.png (150 dpi) and stem.svg, each written atomically."""
+    paths = {}
+    for fmt in ("png", "svg"):
+        kwargs = {"dpi": 150} if fmt == "png" else {"metadata": {"Date": None}}
+        paths[fmt] = _atomic(stem.with_suffix(f".{fmt}"),
+                             lambda tmp, fmt=fmt, kw=kwargs: fig.savefig(tmp, format=fmt, **kw))
+    return paths
+
+
+def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = None,
+           log: Callable[[str], None] = print) -> dict:
+    """Write the figures and tables of sweep `name` from OUT/results.sqlite; return the paths:
+    {"figures": {figure: {"png": path, "svg": path}}, "results_md": path, "summary_csv": path}."""
+    out = Path(out)
+    trials = load_trials(out / config.STORE_FILE, name)
+    summary = summarize(trials)
+    folder = out / name
+    paths: dict = {"figures": {}}
+    for table in summary["figures"]:
+        fig, _ = make_figure(table, note)
+        paths["figures"][table["name"]] = save_figure(fig, folder / "figures" / table["name"])
+        c = status_counts(table["rows"])
+        extra = "".join(f", {c[k]} {k}" for k in NOT_DONE if c[k])
+        log(f"{table['name']}: {len(table['rows'])} cells, {c['done']} trials done{extra} -> "
+            f"{paths['figures'][table['name']]['png']} (and .svg)")
+    if not summary["figures"]:
+        log(f"no figure: none of the {len(trials)} trials of {name!r} belongs to one")
+    if summary["unused"]:
+        log(f"{len(summary['unused'])} trials are in no figure (listed in results.md)")
+    paths["results_md"] = _atomic(folder / "results.md",
+                                  lambda tmp: tmp.write_text(markdown(name, summary, note), encoding="utf-8"))
+    paths["summary_csv"] = _atomic(folder / "summary.csv",
+                                   lambda tmp: tmp.write_text(csv_text(summary), encoding="utf-8"))
+    log(f"tables: {paths['results_md']}, {paths['summary_csv']}")
+    return paths

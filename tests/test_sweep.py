@@ -1,0 +1,256 @@
+"""The trainer: one trial, the grid, the store, resuming, failures, and the sweep command."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from catsdogs.cli import cli
+from catsdogs.prepare import prepare
+from catsdogs.store import CSV_COLUMNS, Store
+from catsdogs.trial import TrialConfig, learning_rate, plan_steps
+
+SIZE = 32
+FAST = ["--epochs", "1", "--seeds", "1"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """Given: a small prepared synthetic data set (32 px, 24/8/8 images per class)."""
+    d = tmp_path_factory.mktemp("data")
+    prepare(source="synthetic", data_dir=d, per_class=40, split=(24, 8, 8), size=SIZE,
+            log=lambda *a: None, progress=False)
+    return d
+
+
+def sweep_args(data_dir, out, name="s", *extra):
+    return ["sweep", "--data-dir", str(data_dir), "--out", str(out), "--name", name, *FAST, *extra]
+
+
+def rows(out: Path, name: str) -> list[dict]:
+    with open(out / name / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+# --- one trial ------------------------------------------------------------------------------
+
+
+def test_article_model_has_40961153_parameters_at_200px():
+    # given the article's model at its input size, built but not trained
+    from catsdogs.model import build_model, parameter_count
+
+    model = build_model(200)
+    # then its parameter count is the article's, layer by layer
+    assert model.count_params() == 40_961_153 == parameter_count(200)
+    assert [layer.count_params() for layer in model.layers] == [0, 896, 0, 0, 40_960_128, 129]
+    assert model.output_shape == (None, 1)
+
+
+def test_same_trial_twice_gives_the_same_test_accuracy(data_dir):
+    from catsdogs.trial import run_trial
+
+    # given one configuration, when it is trained twice in the same process
+    cfg = TrialConfig("adam", 8, "standard", seed=3, epochs=2, image_size=SIZE)
+    a, b = run_trial(cfg, data_dir), run_trial(cfg, data_dir)
+    # then every number of the result is the same
+    assert a["test_accuracy"] == b["test_accuracy"]
+    assert a["test_loss"] == b["test_loss"]
+    assert [h["loss"] for h in a["history"]] == [h["loss"] for h in b["history"]]
+    # and the article's protocol holds: 48 // 8 = 6 updates per epoch, all 16 test images
+    assert a["steps"] == 2 * 6 and a["n_test"] == 16 and a["n_validation"] == 16
+    assert {"loss", "accuracy", "val_loss", "val_accuracy", "seconds"} <= set(a["history"][0])
+    assert a["peak_memory_mb"] > 0 and a["env"]["tensorflow"] and a["env"]["device"]
+
+
+def test_different_seed_gives_a_different_trial(data_dir):
+    from catsdogs.trial import run_trial
+
+    a = run_trial(TrialConfig("sgd", 16, "standard", seed=0, epochs=1, image_size=SIZE), data_dir)
+    b = run_trial(TrialConfig("sgd", 16, "standard", seed=1, epochs=1, image_size=SIZE), data_dir)
+    assert a["history"][0]["loss"] != b["history"][0]["loss"]
+
+
+def test_protocol_arithmetic():
+    # the article: n // batch size steps per epoch, the Keras default learning rates
+    cfg = TrialConfig("sgd", 256, "standard", 0)
+    assert plan_steps(cfg, 1200) == (4, 5) and learning_rate(cfg) == 0.01
+    # the steps budget gives every batch size the base batch size's updates
+    assert plan_steps(TrialConfig("adam", 256, "standard", 0, budget="steps"), 1200) == (37, 5)
+    # linear scaling from the base batch size 32
+    assert learning_rate(TrialConfig("adam", 256, "standard", 0, lr_scaling="linear")) == pytest.approx(0.008)
+    # the key names the configuration: equal configs, equal keys; any change, another key
+    assert TrialConfig("adam", 32, "standard", 0).key() == TrialConfig("adam", 32, "standard", 0).key()
+    assert TrialConfig("adam", 32, "standard", 0).key() != TrialConfig("adam", 32, "standard", 1).key()
+
+
+# --- the sweep ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sweep_of_2_optimizers_by_2_batch_sizes_gives_4_done_rows(data_dir, tmp_path):
+    # when a 2 x 2 sweep runs
+    result = CliRunner().invoke(cli, sweep_args(data_dir, tmp_path, "grid", "--opt", "adam", "sgd",
+                                                "--batch-size", "8", "16"))
+    assert result.exit_code == 0, result.output
+    # then the CSV has exactly 4 done rows, one per cell, with the promised columns
+    table = rows(tmp_path, "grid")
+    assert len(table) == 4 and {r["status"] for r in table} == {"done"}
+    assert {(r["optimizer"], r["batch_size"]) for r in table} == {
+        ("adam", "8"), ("adam", "16"), ("sgd", "8"), ("sgd", "16")}
+    assert list(table[0])[:12] == CSV_COLUMNS[:12]
+    assert all(0 <= float(r["test_accuracy"]) <= 1 and int(r["steps"]) > 0 for r in table)
+    assert (tmp_path / "grid" / "sweep.json").exists()
+
+    # when the same command runs again, then nothing is trained again
+    again = CliRunner().invoke(cli, sweep_args(data_dir, tmp_path, "grid", "--opt", "adam", "sgd",
+                                               "--batch-size", "8", "16"))
+    assert again.exit_code == 0 and "4 of 4 trials already finished" in again.output
+    assert "epoch 1/1" not in again.output
+    with Store(tmp_path / "results.sqlite") as store:
+        assert [t["attempts"] for t in store.trials("grid")] == [1, 1, 1, 1]
+
+    # when another sweep shares a trial, then the shared trial is not run again
+    other = CliRunner().invoke(cli, sweep_args(data_dir, tmp_path, "other", "--opt", "adam",
+                                               "--batch-size", "8", "--dataset", "standard", "augmented"))
+    assert other.exit_code == 0, other.output
+    assert other.output.count("epoch 1/1") == 1  # only the augmented trial trained
+    with Store(tmp_path / "results.sqlite") as store:
+        assert len(store.trials()) == 5 and len(store.trials("other")) == 2
+
+
+@pytest.mark.slow
+def test_a_failing_trial_is_recorded_and_the_others_finish(data_dir, tmp_path):
+    # given a batch size larger than the 48 training images: no full batch to train on
+    result = CliRunner().invoke(cli, sweep_args(data_dir, tmp_path, "f", "--opt", "sgd",
+                                                "--batch-size", "64", "16"))
+    # then the sweep goes on, reports failure in its exit code, and records the error text
+    assert result.exit_code == 1
+    table = {r["batch_size"]: r for r in rows(tmp_path, "f")}
+    assert table["16"]["status"] == "done"
+    assert table["64"]["status"] == "failed" and "larger than the 48 training images" in table["64"]["error"]
+    with Store(tmp_path / "results.sqlite") as store:
+        failed = next(t for t in store.trials("f") if t["status"] == "failed")
+        assert "Traceback" in failed["error"]  # the full error text is kept in the store
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_with_kill_9_resumes_without_repeating_finished_trials(data_dir, tmp_path):
+    cmd = [sys.executable, "-m", "catsdogs", *sweep_args(data_dir, tmp_path, "k", "--opt", "adam", "sgd",
+                                                         "--batch-size", "8", "16")]
+    db = tmp_path / "results.sqlite"
+    # given a sweep running in the background, killed with SIGKILL once one trial is done
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    done_first = []
+    while time.time() < deadline and not done_first:
+        time.sleep(0.5)
+        if db.exists():
+            try:
+                done_first = _done_rows(db)
+            except sqlite3.OperationalError:
+                pass
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert done_first, "no trial finished in time"
+    time.sleep(1)  # the child trial dies with its parent (PR_SET_PDEATHSIG)
+    # when the same command runs again
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    # then every trial is done, and those done before the kill were not run again
+    after = {key: (finished, attempts) for key, finished, attempts in _done_rows(db)}
+    assert len(after) == 4
+    for key, finished, attempts in done_first:
+        assert after[key] == (finished, attempts) and attempts == 1
+
+
+def _done_rows(db: Path) -> list[tuple]:
+    with sqlite3.connect(db) as c:
+        return c.execute("SELECT key, finished_at, attempts FROM trials WHERE status='done'").fetchall()
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+def _planned(output: str) -> set[str]:
+    return {line.split(None, 2)[2] for line in output.splitlines() if len(line.split()) > 2 and "bs=" in line}
+
+
+def test_variadic_and_repeated_options_parse_the_same(data_dir, tmp_path):
+    base = ["sweep", "--data-dir", str(data_dir), "--out", str(tmp_path), "--dry-run"]
+    a = CliRunner().invoke(cli, [*base, "--opt", "adam", "sgd", "--batch-size", "16", "32", "--seeds", "2"])
+    b = CliRunner().invoke(cli, [*base, "--opt", "adam", "--opt", "sgd", "--batch-size", "16",
+                                 "--batch-size", "32", "--seeds", "2"])
+    assert a.exit_code == b.exit_code == 0
+    assert _planned(a.output) == _planned(b.output) and "8 trials" in a.output
+
+
+def test_the_default_sweep_is_the_articles_first_figure(data_dir, tmp_path):
+    result = CliRunner().invoke(cli, ["sweep", "--opt", "adam", "sgd", "--data-dir", str(data_dir),
+                                      "--out", str(tmp_path), "--dry-run"])
+    planned = _planned(result.output)
+    # 2 optimizers x 4 batch sizes x 3 seeds, standard data, 5 epochs
+    assert "24 trials" in result.output and len(planned) == 24
+    assert {p.split()[1] for p in planned} == {"bs=16", "bs=32", "bs=64", "bs=128"}
+    assert all("standard" in p and "epochs" not in p for p in planned)
+
+
+def test_a_toml_config_is_read_and_the_command_line_wins(data_dir, tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('opt = ["sgd"]\nbatch_size = [8, 16, 32]\nseeds = 1\nepochs = 2\n')
+    result = CliRunner().invoke(cli, ["sweep", "--config", str(cfg), "--batch-size", "64",
+                                      "--data-dir", str(data_dir), "--out", str(tmp_path), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert _planned(result.output) == {"sgd bs=64 standard seed=0 epochs=2"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--opt", "adamw"], "unknown optimizer 'adamw'"),
+    (["--dataset", "cats"], "unknown dataset 'cats'"),
+    (["--batch-size", "0"], "batch sizes must be whole numbers >= 1"),
+    (["--batch-size", "16", "-4"], "batch sizes must be whole numbers >= 1"),
+    (["--precision", "fp8"], "Invalid value for '--precision'"),
+])
+def test_bad_sweep_options_are_one_line_usage_errors(data_dir, tmp_path, args, message):
+    result = CliRunner().invoke(cli, ["sweep", "--data-dir", str(data_dir), "--out", str(tmp_path), *args])
+    assert result.exit_code == 2
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_an_unprepared_data_dir_is_a_usage_error(tmp_path):
+    result = CliRunner().invoke(cli, ["sweep", "--opt", "adam", "--data-dir", str(tmp_path / "empty")])
+    assert result.exit_code == 2 and "catsdogs prepare" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_bad_config_key_is_a_usage_error(data_dir, tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('optimizer = ["sgd"]\n')
+    result = CliRunner().invoke(cli, ["sweep", "--config", str(cfg), "--data-dir", str(data_dir)])
+    assert result.exit_code == 2 and "unknown key 'optimizer'" in result.output
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_and_gives_the_trial_back(data_dir, tmp_path):
+    cmd = [sys.executable, "-m", "catsdogs", *sweep_args(data_dir, tmp_path, "c", "--opt", "adam",
+                                                         "--batch-size", "8")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in proc.stdout:  # wait until the trial is running
+        if line.startswith("[1/1]"):
+            break
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130
+    assert "run the same command again to resume" in out and "Traceback" not in out
+    with Store(tmp_path / "results.sqlite") as store:
+        assert [t["status"] for t in store.trials("c")] == ["pending"]
