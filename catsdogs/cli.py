@@ -157,8 +157,12 @@ PROTOCOL_OPTIONS = [
                  help="Gradient accumulation: one update per N batches (effective batch N x batch size)."),
     click.option("--precision", type=click.Choice(["float32", "mixed_float16", "mixed_bfloat16"]),
                  default="float32", show_default=True, help="Keras mixed-precision policy."),
+    click.option("--strategy", type=click.Choice(["none", "mirrored"]), default="none", show_default=True,
+                 help="mirrored: each trial data-parallel over all visible GPUs (tf.distribute."
+                      "MirroredStrategy); the batch size is the global batch, split across replicas."),
 ]
-PROTOCOL_KEYS = ["lr", "lr_scaling", "base_batch_size", "warmup_epochs", "budget", "accumulate", "precision"]
+PROTOCOL_KEYS = ["lr", "lr_scaling", "base_batch_size", "warmup_epochs", "budget", "accumulate", "precision",
+                 "strategy"]
 
 
 def protocol_options(f):
@@ -219,6 +223,8 @@ def check_sweep_values(v: dict) -> None:
     for bs in v["batch_size"]:
         if not isinstance(bs, int) or bs < 1:
             raise click.BadParameter(f"batch sizes must be whole numbers >= 1, got {bs}", param_hint="'--batch-size'")
+    if v.get("workers", 1) > 1 and v.get("strategy") == "mirrored":
+        raise click.UsageError("--strategy mirrored uses every GPU for one trial: use it with --workers 1")
     if v["seeds"] < 1 or v["epochs"] < 1:
         raise click.UsageError("--seeds and --epochs must be at least 1")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v["name"]):
@@ -251,6 +257,9 @@ def sweep_options(f):
         click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default)."),
         click.option("--retry-failed", is_flag=True, help="Run failed and out-of-memory trials again."),
         click.option("--dry-run", is_flag=True, help="List the planned trials and their status; run nothing."),
+        click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Trials run at once, each in its own process: one per GPU where there are "
+                          "GPUs, else each on its share of the CPU cores."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -297,8 +306,32 @@ def sweep(ctx, **values):
     settings = {k: (list(x) if isinstance(x, tuple) else x) for k, x in v.items()
                 if k not in ("data_dir", "out", "config_file", "dry_run")}
     counts = sw.run_sweep(v["name"], grid, v["data_dir"], v["out"], overwrite=v["overwrite"],
-                          retry_failed=v["retry_failed"], log=click.echo, sweep_config={"settings": settings})
+                          retry_failed=v["retry_failed"], log=click.echo, sweep_config={"settings": settings},
+                          workers=v["workers"])
     return 0 if counts["done"] == len(grid) else 1
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--name", default="sweep", show_default=True,
+              help="The sweep to report on, as given to `catsdogs sweep --name`.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
+              show_default=True, help="Where the results store is; the report goes to OUT/NAME/.")
+@click.option("--title-note", default=None,
+              help="Added to every figure's title and to results.md, e.g. 'synthetic data'.")
+def report(name, out, title_note):
+    """Figures and tables of a sweep, read from OUT/results.sqlite alone (no TensorFlow).
+
+    Writes OUT/NAME/figures/optimizers and augmentation (the article's two figures: every
+    seed, the mean and a 95% confidence interval, the article's own values as stars), and
+    protocols and accumulation when the sweep has such trials, each as PNG and SVG; plus
+    OUT/NAME/results.md and OUT/NAME/summary.csv. Failed, out-of-memory and unfinished
+    trials are counted and shown, never dropped. Safe to run while a sweep is running."""
+    from catsdogs import report as rp
+
+    rp.report(name, out, note=title_note, log=click.echo)
 
 
 main = cli

@@ -41,3 +41,72 @@ def train_flops_per_image(size: int = 200) -> float:
     flat = (size // 2) * (size // 2) * 32
     dense = 2 * flat * 128 + 2 * 128
     return 3.0 * (conv + dense)
+
+
+# --- memory: an analytic model of one training step ---------------------------------------------
+# Bytes, by part. The prediction of the largest batch size that fits is
+#     fixed + per_image x batch <= cap,
+# where `per_image` comes from the architecture alone (below) and `fixed` is the model's state
+# (weights, gradients, optimizer slots) plus a runtime baseline (TensorFlow, CUDA/oneDNN
+# workspaces, the data held in memory, allocator slack) measured with a probe at a tiny batch
+# size: baseline = measured peak - state - per_image x tiny batch. Nothing per image is fitted.
+
+OPTIMIZER_SLOTS = {"sgd": 0, "adam": 2}  # float32 tensors of the weights' shape: Adam's m and v
+CPU_PIPELINE_BATCHES = 2  # input batches besides the one in the step that live in host memory:
+# the prefetched one and the one being gathered (profile's pipeline prefetches one batch)
+
+
+def _activation_bytes(precision: str) -> int:
+    return 2 if precision.startswith("mixed") else 4
+
+
+def state_bytes(size: int = 200, optimizer: str = "adam", precision: str = "float32") -> dict[str, int]:
+    """Batch-independent tensors: weights, their gradients, the optimizer's slots
+    (and under mixed precision the float16 copy of the weights each step casts)."""
+    p = parameter_count(size)
+    parts = {"weights": 4 * p, "gradients": 4 * p, "optimizer_slots": 4 * p * OPTIMIZER_SLOTS[optimizer]}
+    if precision.startswith("mixed"):
+        parts["weights_cast"] = 2 * p
+    return parts
+
+
+def activation_bytes_per_image(size: int = 200, precision: str = "float32",
+                               host_batches: int = 0) -> dict[str, int]:
+    """What one more image adds to the peak of a training step, by tensor.
+
+    The peak is in the backward pass, at the max-pool gradient: the forward tensors the
+    backward pass still needs are live (the uint8 input, the rescaled float input that the
+    convolution's weight gradient reads, the ReLU output that ReluGrad and MaxPoolGrad read,
+    the pooled output, which Flatten only reshapes), and so are the two backward temporaries
+    being made (the gradient reaching the pooled output and the one MaxPoolGrad writes at full
+    resolution). The convolution's pre-activation output is gone by then (ReLU's gradient reads
+    the ReLU output), and the forward pass peaks lower (input, rescaled, conv and relu outputs).
+    `host_batches`: extra uint8 input batches held in the same memory (the CPU input pipeline)."""
+    a = _activation_bytes(precision)
+    px, pooled = size * size, (size // 2) * (size // 2)
+    return {
+        "input_uint8": 3 * px,
+        "rescaled_input": 3 * px * a,
+        "conv_relu_output": 32 * px * a,
+        "pool_output": 32 * pooled * a,  # Flatten is a view of it
+        "dense_output": (128 + 1) * a,
+        "grad_pool_output": 32 * pooled * a,
+        "grad_relu_output": 32 * px * a,
+        "host_input_batches": host_batches * 3 * px,
+    }
+
+
+def predict_max_batch_size(cap_bytes: float, calibration_batch: int, calibration_peak_bytes: float,
+                           size: int = 200, optimizer: str = "adam", precision: str = "float32",
+                           host_batches: int = 0) -> dict:
+    """The largest batch size whose predicted peak stays under `cap_bytes`, the baseline
+    calibrated from one probe (`calibration_batch` images peaked at `calibration_peak_bytes`).
+
+    Returns the breakdown too: per_image, state, baseline (bytes) and max_batch_size (0 when
+    not even one image fits)."""
+    per_image = sum(activation_bytes_per_image(size, precision, host_batches).values())
+    state = sum(state_bytes(size, optimizer, precision).values())
+    baseline = calibration_peak_bytes - state - per_image * calibration_batch
+    room = cap_bytes - baseline - state
+    return {"max_batch_size": max(0, int(room // per_image)), "per_image_bytes": per_image,
+            "state_bytes": state, "baseline_bytes": baseline, "cap_bytes": cap_bytes}

@@ -25,6 +25,7 @@ import csv
 import io
 import math
 import os
+import re
 import statistics
 import uuid
 from collections.abc import Callable, Iterable
@@ -68,8 +69,8 @@ OPTIMIZER_NAMES = {"sgd": "SGD", "adam": "Adam"}
 FIGURE_TITLES = {
     "optimizers": "Test accuracy vs batch size: SGD and Adam, standard data",
     "augmentation": "Test accuracy vs batch size: standard and augmented data, Adam",
-    "protocols": "Test accuracy vs batch size, by training protocol",
-    "accumulation": "Test accuracy vs effective batch size: plain batches and gradient accumulation",
+    "protocols": "Test accuracy vs batch size by training protocol",
+    "accumulation": "Test accuracy vs effective batch size: plain and accumulated batches",
 }
 BATCH_LABEL = "batch size (log scale)"
 EFFECTIVE_BATCH_LABEL = "effective batch size = batch size × accumulation steps (log scale)"
@@ -401,7 +402,7 @@ def summarize(trials: list[dict]) -> dict:
         labels = sorted({by_protocol(t) for t in chosen},
                         key=lambda s: ("article protocol" not in s, s))
         what = ("; ".join(f"{OPTIMIZER_NAMES.get(o, o)}, {d} data" for o, d in combos))
-        tables.append(_table("protocols", f"{FIGURE_TITLES['protocols']}: {what}", chosen,
+        tables.append(_table("protocols", f"{FIGURE_TITLES['protocols']} ({what})", chosen,
                              by_protocol, labels, article=_article_value))
 
     # 4. beyond the article: gradient accumulation against the plain batch it stands for
@@ -424,9 +425,9 @@ def summarize(trials: list[dict]) -> dict:
             what = "plain batches" if p["accumulate"] == 1 else f"gradient accumulation ×{p['accumulate']}"
             return prefix + what + sfx(t)
         labels = sorted({by_accumulation(t) for t in chosen},
-                        key=lambda s: (s.split(":")[0], "plain batches" not in s, _accum_steps(s), s))
+                        key=lambda s: (s.rpartition(": ")[0], "plain batches" not in s, _accum_steps(s), s))
         combos_text = "; ".join(sorted({f"{OPTIMIZER_NAMES.get(o, o)}, {d} data" for o, d, _ in groups}))
-        tables.append(_table("accumulation", f"{FIGURE_TITLES['accumulation']}: {combos_text}", chosen,
+        tables.append(_table("accumulation", f"{FIGURE_TITLES['accumulation']} ({combos_text})", chosen,
                              by_accumulation, labels, xlabel=EFFECTIVE_BATCH_LABEL,
                              x_of=lambda t: int(field(t, "batch_size")) * protocol_of(t)["accumulate"],
                              article=_article_value))
@@ -436,9 +437,8 @@ def summarize(trials: list[dict]) -> dict:
 
 
 def _accum_steps(label: str) -> int:
-    tail = label.rsplit("×", 1)
-    digits = "".join(ch for ch in tail[-1] if ch.isdigit()) if len(tail) == 2 else ""
-    return int(digits) if digits else 0
+    m = re.search(r"accumulation ×(\d+)", label)
+    return int(m.group(1)) if m else 0
 
 
 def status_counts(rows: list[dict]) -> dict[str, int]:
@@ -462,13 +462,14 @@ def _problems(row: dict) -> str:
 
 def plot_accuracy(ax, rows: list[dict], series: list[str] | None = None,
                   article: list[dict] | None = None, xlabel: str = BATCH_LABEL,
-                  dodge: float = 0.12, spread: float = 0.09) -> dict:
+                  dodge: float = 0.12, spread: float = 0.09, label_accumulated: bool = False) -> dict:
     """Draw accuracy (%) against x on a log2 axis: per series the seeds, the mean and its CI.
 
     Each series is shifted by `dodge` octaves from its neighbours so that intervals do not hide
     each other; each seed's point by up to ±spread/2 octaves within its cell. Cells with failed
     or out-of-memory trials get a note in the series colour at the bottom of the axis
-    ("1 oom"); `article` points ({"series", "x", "value"}) are stars. Returns the artists:
+    ("1 oom"); `article` points ({"series", "x", "value"}) are stars; with label_accumulated,
+    accumulated cells are labelled "batch×steps" ("32×8") above their interval. Returns the artists:
     {series: {"mean", "seeds", "ci", "notes", "shift"}, "article": PathCollection or None}."""
     series = list(series or dict.fromkeys(r["series"] for r in rows))
     article = [a for a in (article or []) if a["series"] in series]
@@ -498,6 +499,15 @@ def plot_accuracy(ax, rows: list[dict], series: list[str] | None = None,
                              yerr=[[100 * (r["mean"] - r["ci_low"]) for r in with_ci],
                                    [100 * (r["ci_high"] - r["mean"]) for r in with_ci]],
                              fmt="none", ecolor=color, elinewidth=1.4, capsize=4, zorder=3)
+        if label_accumulated:
+            for r in done:
+                if r["accumulate"] > 1:
+                    top = max([r["ci_high"] or r["mean"], *r["accuracies"]])
+                    ax.annotate(f"{r['batch_size']}×{r['accumulate']}", (r["x"] * shift, 100 * top),
+                                xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
+                                fontsize=8, color=color, zorder=6,
+                                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white",
+                                      "edgecolor": "none", "alpha": 0.75})
         notes = []
         for r in srows:
             text = _problems(r)
@@ -549,7 +559,7 @@ def figure_title(table: dict, note: str | None = None) -> str:
     bits = [b for b in (note, table.get("setting"), f"mean and {LEVEL:.0%} CI, {seeds}",
                         incomplete_note(table["rows"])) if b]
     if c["failed"] or c["oom"]:
-        bits.append(", ".join(f"{c[k]} {k}" for k in ("failed", "oom") if c[k]) + " (noted at their x)")
+        bits.append(", ".join(f"{c[k]} {k}" for k in ("failed", "oom") if c[k]) + " (marked at the bottom)")
     return table["title"] + "\n" + " · ".join(bits)
 
 
@@ -559,7 +569,7 @@ def make_figure(table: dict, note: str | None = None) -> tuple[Figure, dict]:
     fig = Figure(figsize=(width, 5.0), layout="constrained")
     ax = fig.add_subplot()
     artists = plot_accuracy(ax, table["rows"], series=table["series"], article=table["article"],
-                            xlabel=table["xlabel"])
+                            xlabel=table["xlabel"], label_accumulated=table["name"] == "accumulation")
     ax.set_title(figure_title(table, note), fontsize=10.5, loc="left")
     return fig, artists
 
@@ -586,7 +596,7 @@ def markdown(name: str, summary: dict, note: str | None = None) -> str:
     if not summary["figures"]:
         lines += ["No figure: the sweep has no trial that any figure shows.", ""]
     for table in summary["figures"]:
-        lines += [f"## {table['name']}", "", table["title"] + (f" ({table['setting']})" if table["setting"] else ""), "",
+        lines += [f"## {table['name']}", "", table["title"] + (f" · {table['setting']}" if table["setting"] else ""), "",
                   f"![{table['name']}](figures/{table['name']}.png)", ""]
         left = incomplete_note(table["rows"])
         if left:

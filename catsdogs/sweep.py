@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -61,7 +62,8 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def run_child(cfg: TrialConfig, data_dir: Path, workdir: Path, on_epoch=None, env=None) -> dict:
+def run_child(cfg: TrialConfig, data_dir: Path, workdir: Path, on_epoch=None, env=None,
+              on_start=None) -> dict:
     """Run one trial in a fresh Python process; always return a record with a status."""
     key = cfg.key()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -76,6 +78,8 @@ def run_child(cfg: TrialConfig, data_dir: Path, workdir: Path, on_epoch=None, en
             stdout=subprocess.PIPE, stderr=log_file, text=True, env=child_env,
             start_new_session=True,  # Ctrl-C reaches the sweep, which stops the child itself
             preexec_fn=_die_with_parent)
+        if on_start:
+            on_start(proc)
         try:
             for line in proc.stdout:
                 if line.startswith(PROGRESS_PREFIX):
@@ -121,10 +125,60 @@ def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def slot_env(slot: int, workers: int) -> dict:
+    """What a child in worker slot `slot` of `workers` sees: its own GPU, or its share of cores."""
+    gpus = visible_gpus()
+    if gpus:
+        return {"CUDA_VISIBLE_DEVICES": gpus[slot % len(gpus)]} if workers > 1 else {}
+    if workers == 1:
+        return {}
+    threads = max(1, (os.cpu_count() or 1) // workers)  # N trainers on N x fewer threads, not N x all
+    return {"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1"}
+
+
+def visible_gpus() -> list[str]:
+    """NVIDIA GPU ids this process may use, without importing TensorFlow in the sweep process."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g for g in env.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
+
+
+class _Board:
+    """What the workers share: counts for the progress lines and the ETA, all under one lock."""
+
+    def __init__(self, total: int, finished: int, workers: int, log):
+        self.lock = threading.Lock()
+        self.total, self.finished, self.workers, self.log = total, finished, workers, log
+        self.durations: list[float] = []
+        self.base, self.started = finished, 0
+        self.attempted: set[str] = set()  # each trial runs at most once per invocation
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.stop = threading.Event()
+
+    def eta(self) -> str:
+        if not self.durations:
+            return ""
+        left = self.total - self.finished
+        mean = sum(self.durations) / len(self.durations)
+        return f", ETA {_fmt_seconds(mean * left / min(self.workers, max(left, 1)))}"
+
+    # (each worker adds its start under the lock; `finished` counts outcomes recorded)
+
+
 def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
               overwrite: bool = False, retry_failed: bool = False, log=print,
-              sweep_config: dict | None = None, child_env: dict | None = None) -> dict:
-    """Run every trial of `grid` not finished yet; return the status counts."""
+              sweep_config: dict | None = None, child_env: dict | None = None,
+              workers: int = 1, runner=None) -> dict:
+    """Run every trial of `grid` not finished yet, up to `workers` at once; return status counts.
+
+    `runner(cfg, data_dir, workdir, on_epoch, env, on_start)` runs one trial and returns its
+    record; the default runs a local child process. Whatever runs the trial, only this process
+    writes the store, one transaction per outcome."""
     out = Path(out)
     sweep_dir = out / name
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -135,55 +189,106 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
         "trials": [asdict(c) for c in grid], "versions": versions(),
     }
     write_json_atomic(sweep_dir / "sweep.json", resolved)
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     with Store(store_path(out)) as store:
         keys = store.register_sweep(name, resolved, [asdict(c) for c in grid], overwrite=overwrite)
-        by_key = {c.key(): c for c in grid}
         csv_path = store.export_csv(name, sweep_dir / "results.csv")
         counts = store.counts(keys)
-        total = len(keys)
-        already = sum(counts[s] for s in ("done", "failed", "oom"))
-        if already:
-            log(f"Sweep {name}: {already} of {total} trials already finished, resuming.")
-        log(f"Sweep {name}: {total} trials; results in {store.path} and {csv_path}")
-        durations: list[float] = []
-        attempted: set[str] = set()  # each trial runs at most once per invocation, retried or not
-        current = None
-        try:
-            while (row := store.claim([k for k in keys if k not in attempted],
-                                      retry_failed=retry_failed)) is not None:
-                current = row["key"]
-                attempted.add(current)
-                cfg = by_key[current]
-                finished = sum(store.counts(keys)[s] for s in ("done", "failed", "oom"))
-                left = total - finished
-                eta = f", ETA {_fmt_seconds(sum(durations) / len(durations) * left)}" if durations else ""
-                log(f"[{finished + 1}/{total}] {cfg.label()}{eta}")
-                t0 = time.time()
-                record = run_child(cfg, data_dir, out / ".work", on_epoch=_epoch_logger(log), env=child_env)
-                durations.append(time.time() - t0)
-                store.finish(current, record)
-                current = None
-                store.export_csv(name, sweep_dir / "results.csv")
-                log(_outcome_line(record, durations[-1]))
-        except KeyboardInterrupt:
-            if current:
-                store.release(current)
+    total = len(keys)
+    already = sum(counts[s] for s in ("done", "failed", "oom"))
+    if already:
+        log(f"Sweep {name}: {already} of {total} trials already finished, resuming.")
+    log(f"Sweep {name}: {total} trials, {workers} at a time; results in {store_path(out)} and {csv_path}")
+    board = _Board(total, already, workers, log)
+    by_key = {c.key(): c for c in grid}
+    work = dict(keys=keys, by_key=by_key, data_dir=data_dir, out=out, name=name, board=board,
+                retry_failed=retry_failed, child_env=child_env or {}, runner=runner or run_child)
+    # Each worker sets its event when it ends. Waiting on events rather than Thread.join:
+    # a join cut short by Ctrl-C can leave the thread looking finished when it is not.
+    ended = [threading.Event() for _ in range(max(1, workers))]
+    threads = [threading.Thread(target=_worker, args=(slot, ended[slot]), kwargs=work, daemon=True)
+               for slot in range(max(1, workers))]
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        for t in threads:
+            t.start()
+        for e in ended:
+            while not e.wait(0.2):  # short waits, so Ctrl-C reaches this thread at once
+                pass
+    except KeyboardInterrupt:
+        board.stop.set()
+        with board.lock:
+            running = list(board.procs.values())
+        for proc in running:
+            _stop(proc)
+        for e in ended:
+            e.wait()
+        with Store(store_path(out)) as store:
             counts = store.counts(keys)
-            log(f"Interrupted: {counts['done']} of {total} trials done; run the same command again to resume.")
-            raise
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        log(f"Interrupted: {counts['done']} of {total} trials done; run the same command again to resume.")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    with Store(store_path(out)) as store:
         counts = store.counts(keys)
     log(f"Sweep {name} finished: {counts['done']} done, {counts['failed']} failed, "
         f"{counts['oom']} out of memory, of {total}.")
     return counts
 
 
-def _epoch_logger(log):
+def _worker(slot: int, ended: threading.Event, **work) -> None:
+    try:
+        _work(slot, **work)
+    finally:
+        ended.set()
+
+
+def _work(slot: int, *, keys, by_key, data_dir, out, name, board: _Board, retry_failed,
+          child_env, runner) -> None:
+    """Claim, run, record; until nothing is left or the sweep is stopped."""
+    tag = f"[w{slot}] " if board.workers > 1 else ""
+    with Store(store_path(out)) as store:
+        while not board.stop.is_set():
+            with board.lock:
+                row = store.claim([k for k in keys if k not in board.attempted], retry_failed=retry_failed)
+                if row is None:
+                    return
+                board.attempted.add(row["key"])
+                board.started += 1
+                position = board.base + board.started
+                eta = board.eta()
+            cfg = by_key[row["key"]]
+            board.log(f"{tag}[{min(position, board.total)}/{board.total}] {cfg.label()}{eta}")
+            t0 = time.time()
+
+            def on_start(proc, slot=slot):
+                with board.lock:
+                    board.procs[slot] = proc
+                if board.stop.is_set():  # stopped between the claim and the start
+                    _stop(proc)
+
+            try:
+                record = runner(cfg, data_dir, out / ".work", on_epoch=_epoch_logger(board.log, tag),
+                                env={**slot_env(slot, board.workers), **child_env}, on_start=on_start)
+            finally:
+                with board.lock:
+                    board.procs.pop(slot, None)
+            if board.stop.is_set() or record.get("status") == "lost":
+                store.release(row["key"])  # interrupted or lost with its worker: to be run again
+                if record.get("status") == "lost":
+                    board.log(f"{tag}    lost: {record.get('error', '')}; left pending")
+                continue
+            store.finish(row["key"], record)
+            with board.lock:
+                board.durations.append(time.time() - t0)
+                board.finished += 1
+                store.export_csv(name, out / name / "results.csv")
+            board.log(f"{tag}{_outcome_line(record, time.time() - t0)}")
+
+
+def _epoch_logger(log, tag: str = ""):
     def on_epoch(e):
         val = f" val_acc {e['val_accuracy']:.3f}" if "val_accuracy" in e else ""
-        log(f"    epoch {e['epoch']}/{e['epochs']}: loss {e['loss']:.4f} acc {e['accuracy']:.3f}{val} "
+        log(f"{tag}    epoch {e['epoch']}/{e['epochs']}: loss {e['loss']:.4f} acc {e['accuracy']:.3f}{val} "
             f"({e['seconds']:.1f} s)")
     return on_epoch
 

@@ -69,6 +69,7 @@ SYNTHETIC_KINDS = BAD_KINDS + ODD_KINDS + EXTRA_KINDS
 ODD_MODES = {"grayscale": "L", "cmyk": "CMYK", "palette-png": "P", "rgba-png": "RGBA"}
 
 N_SPECIAL = len(BAD_KINDS) + len(ODD_KINDS)  # special .jpg names per class
+N_BAD = len(BAD_KINDS)  # .jpg names per class beyond n_valid
 MIN_SIDE, MAX_SIDE = 100, 500  # image width and height, drawn independently
 JPEG_QUALITY = 88
 BOMB_SIDE = 40_000  # 1.6 gigapixels: far past Pillow's and catsdogs' limits
@@ -105,12 +106,12 @@ class ClassSignal:
     0 = horizontal stripes.
     """
 
-    hue_mean: tuple[float, float] = (0.06, 0.14)  # (cat, dog): orange vs yellow-olive
+    hue_mean: tuple[float, float] = (0.05, 0.15)  # (cat, dog): orange vs yellow-olive
     hue_sd: float = 0.045
     angle_mean: tuple[float, float] = (0.0, 90.0)  # (cat, dog): horizontal vs vertical
     angle_sd: float = 30.0
     clutter: tuple[int, int] = (2, 5)  # soft background blobs, low and high (inclusive)
-    scale: tuple[float, float] = (0.15, 0.35)  # animal semi-major axis / shorter image side
+    scale: tuple[float, float] = (0.25, 0.45)  # animal semi-major axis / shorter image side
 
 
 DEFAULT_SIGNAL = ClassSignal()
@@ -137,7 +138,7 @@ def make_synthetic_archive(
     noise = _noise_tile(np.random.default_rng([seed, 99]))
     for label, cls in enumerate(CLASS_NAMES):
         specials = _special_indices(n_valid, np.random.default_rng([seed, label, 7]))
-        for index in range(n_valid + N_SPECIAL):
+        for index in range(n_valid + N_BAD):
             name = f"PetImages/{cls}/{index}.jpg"
             rng = np.random.default_rng([seed, label, index])
             kind = specials.get(index)
@@ -170,7 +171,7 @@ def make_synthetic_archive(
 
 def _special_indices(n_valid: int, rng: np.random.Generator) -> dict[int, str]:
     """Spread the 8 special kinds over the names: one per equal segment, never adjacent."""
-    total = n_valid + N_SPECIAL
+    total = n_valid + N_BAD
     order = [str(k) for k in rng.permutation(np.array(BAD_KINDS + ODD_KINDS))]
     seg = total // N_SPECIAL  # >= 1 because n_valid >= 4
     chosen: dict[int, str] = {}

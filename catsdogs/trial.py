@@ -171,6 +171,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
     if manifest["params"]["size"] != cfg.image_size:
         raise RuntimeError(f"data in {data_dir} is {manifest['params']['size']} px, trial wants {cfg.image_size}")
 
+    strategy = _strategy(cfg)  # first: logical devices must be set before TensorFlow starts
     keras.utils.set_random_seed(cfg.seed)
     tf.config.experimental.enable_op_determinism()
     keras.mixed_precision.set_dtype_policy(cfg.precision)
@@ -182,7 +183,6 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
         raise ValueError(f"batch size {cfg.batch_size} is larger than the {len(train)} training "
                          "images: not one full batch to train on")
 
-    strategy = _strategy(cfg)
     with strategy.scope():
         model = build_model(cfg.image_size)
         model.compile(optimizer=_make_optimizer(cfg, per_epoch), loss="binary_crossentropy",
@@ -231,7 +231,15 @@ def _strategy(cfg: TrialConfig):
     import tensorflow as tf
 
     if cfg.strategy == "mirrored":
-        return tf.distribute.MirroredStrategy()
+        if tf.config.list_physical_devices("GPU"):
+            return tf.distribute.MirroredStrategy()  # every visible GPU
+        # No GPU: mirror over logical CPU devices, CATSDOGS_LOGICAL_CPUS of them (default 2);
+        # this is how the strategy is tested without GPUs.
+        n = int(os.environ.get("CATSDOGS_LOGICAL_CPUS", "2"))
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        if len(tf.config.get_logical_device_configuration(cpu) or []) < n:
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
     return tf.distribute.get_strategy()  # the default: no distribution
 
 

@@ -348,10 +348,10 @@ def test_given_a_manifest_whose_files_went_missing_when_loading_then_it_is_not_t
     assert victim.exists() and again["chosen"] == manifest["chosen"]
 
 
-def _start(data: Path, seed: int, per_class: int = 150) -> subprocess.Popen:
+def _start(data: Path, seed: int, per_class: int = 80) -> subprocess.Popen:
     """`python -m catsdogs prepare --source synthetic` in its own session (so its workers too)."""
     args = [sys.executable, "-m", "catsdogs", "prepare", "--source", "synthetic", "--data-dir", str(data),
-            "--per-class", str(per_class), "--split", f"{per_class - 60},30,30", "--size", "64",
+            "--per-class", str(per_class), "--split", f"{per_class - 40},20,20", "--size", "64",
             "--seed", str(seed), "--quiet"]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -373,7 +373,7 @@ def _kill_when(proc: subprocess.Popen, ready, timeout: float = 120) -> bool:
                 os.killpg(proc.pid, signal.SIGKILL)
             assert hit, "prepare ran past the test's timeout"
             return True
-        time.sleep(0.0005)
+        time.sleep(0.001)
     return False
 
 

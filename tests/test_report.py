@@ -297,6 +297,10 @@ def test_given_protocol_variants_when_report_then_protocols_figure_has_one_serie
     # side by side: each series shifted to its own x near the batch size
     xs = [art[s]["mean"].get_xdata()[0] for s in legend[:4]]
     assert xs == sorted(xs) and len(set(xs)) == 4 and all(abs(math.log2(x) - 5) < 0.3 for x in xs)
+    # accumulation: the accumulated cell says which batch and steps make its effective batch
+    acc_fig, _ = rp.make_figure(next(t for t in summary["figures"] if t["name"] == "accumulation"))
+    assert "32×8" in [t.get_text() for t in acc_fig.axes[0].texts]
+    assert acc_fig.axes[0].get_xlabel().startswith("effective batch size")
     with open(paths["summary_csv"]) as f:
         figures = [r["figure"] for r in csv.DictReader(f)]
     assert figures.count("optimizers") == 2 and figures.count("protocols") == 8

@@ -13,7 +13,7 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 from catsdogs.synthetic import (
     BAD_KINDS,
     LICENSE_NAME,
-    N_SPECIAL,
+    N_BAD,
     ODD_KINDS,
     ODD_MODES,
     README_NAME,
@@ -82,13 +82,13 @@ def test_given_archive_when_listed_then_layout_matches_petimages(
     # Then: each class folder holds 0..n+3 .jpg and a Thumbs.db, and the two top-level files
     for cls in ("Cat", "Dog"):
         jpgs = {n for n in names if n.startswith(f"PetImages/{cls}/") and n.endswith(".jpg")}
-        assert jpgs == {f"PetImages/{cls}/{i}.jpg" for i in range(N_VALID + N_SPECIAL)}
+        assert jpgs == {f"PetImages/{cls}/{i}.jpg" for i in range(N_VALID + N_BAD)}
         assert f"PetImages/{cls}/Thumbs.db" in names
         assert kinds[f"PetImages/{cls}/Thumbs.db"] == "thumbs-db"
     assert LICENSE_NAME in names and README_NAME in names
     assert "synthetic" in _read(path, README_NAME).decode()
     assert "catsdogs" in _read(path, LICENSE_NAME).decode()
-    assert len(names) == 2 * (N_VALID + N_SPECIAL + 1) + 2
+    assert len(names) == 2 * (N_VALID + N_BAD + 1) + 2
     # and no file lies outside PetImages/ except the two placeholders
     assert {n for n in names if not n.startswith("PetImages/")} == {LICENSE_NAME, README_NAME}
 
