@@ -287,6 +287,14 @@ def grid_for(v: dict):
 
 @cli.command(cls=VariadicCommand)
 @sweep_options
+@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: child processes on this machine; ray: Ray tasks (one GPU, or CPU cores, "
+                   "each) on the cluster at --ray-address, else a local Ray (the catsdogs[ray] extra). "
+                   "With ray, --workers defaults to what the cluster runs at once.")
+@click.option("--ray-address", default=None,
+              help="Ray cluster to run on, e.g. auto or ray://head:10001 [default: $RAY_ADDRESS, "
+                   "else a local Ray started for the sweep]. The prepared data must be at the same "
+                   "path on every node.")
 @click.pass_context
 def sweep(ctx, **values):
     """Train the article's model over optimizers x batch sizes x datasets x seeds.
@@ -305,9 +313,19 @@ def sweep(ctx, **values):
         return 0
     settings = {k: (list(x) if isinstance(x, tuple) else x) for k, x in v.items()
                 if k not in ("data_dir", "out", "config_file", "dry_run")}
+    runner, workers = None, v["workers"]
+    if v["backend"] == "ray":
+        from click.core import ParameterSource
+
+        from catsdogs import ray_backend
+
+        explicit = workers != 1 or ctx.get_parameter_source("workers") not in (
+            ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+        runner, workers = ray_backend.sweep_runner(v["ray_address"], workers=workers if explicit else None,
+                                                   log=click.echo)
     counts = sw.run_sweep(v["name"], grid, v["data_dir"], v["out"], overwrite=v["overwrite"],
                           retry_failed=v["retry_failed"], log=click.echo, sweep_config={"settings": settings},
-                          workers=v["workers"])
+                          workers=workers, runner=runner)
     return 0 if counts["done"] == len(grid) else 1
 
 
@@ -332,6 +350,50 @@ def report(name, out, title_note):
     from catsdogs import report as rp
 
     rp.report(name, out, note=title_note, log=click.echo)
+
+
+# --- reproduce ------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The plan: a TOML file with [prepare] and [grids.NAME] sections "
+                   "[default: configs/article.toml, the article's full protocol; "
+                   "configs/quick.toml is a few-minute offline run].")
+@click.option("--source", default=None, help="Override the plan's source (URL, .zip, folder, 'synthetic').")
+@click.option("--seeds", type=click.IntRange(min=1), default=None, help="Override the plan's seeds per point.")
+@click.option("--name", default=None, help="Override the plan's name (the sweep; outputs in OUT/NAME/).")
+@data_dir_option
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
+              show_default=True, help="Where the results store and the sweep's folder go.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Trials run at once (see `catsdogs sweep --help`).")
+@click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default).")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def reproduce(config_file, source, seeds, name, data_dir, out, workers, overwrite, quiet):
+    """The whole article in one command: prepare, both figures' grids, report.
+
+    Trials the two figures share run once; run it again to resume. Figures and tables land
+    in OUT/NAME/ (see `catsdogs report --help`)."""
+    from catsdogs import reproduce as rp
+
+    path = config_file or rp.default_plan_path()
+    if not Path(path).is_file():
+        raise click.BadParameter(f"no such file: {path}", param_hint="'--config'")
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise click.BadParameter(f"{name!r}: use letters, digits, '.', '_' and '-'", param_hint="'--name'")
+    if source is not None and source != "synthetic" and not re.match(r"^https?://", source) \
+            and not Path(source).expanduser().exists():
+        raise click.BadParameter(f"no such file or folder: {source}", param_hint="'--source'")
+    try:
+        plan = rp.load_plan(path)
+    except CatsdogsError as e:
+        raise click.UsageError(str(e)) from None
+    result = rp.reproduce(plan, data_dir=resolved_data_dir(data_dir), out=out, name=name, seeds=seeds,
+                          source=source, workers=workers, overwrite=overwrite, log=click.echo,
+                          progress=not quiet and sys.stderr.isatty())
+    counts = result["counts"]
+    return 0 if counts["done"] == result["trials"] else 1
 
 
 main = cli

@@ -323,13 +323,21 @@ def run_probe(spec: dict, report: Callable[[str], None] = print) -> dict:
 
 
 def _peak_memory(kind: str) -> dict:
-    if kind == "gpu":
-        import tensorflow as tf
+    """Peak memory; on a GPU also the allocator's limit (the device memory TensorFlow may use)."""
+    if kind != "gpu":
+        return {"peak_memory_mb": _peak_rss_mb()}
+    import tensorflow as tf
 
-        with contextlib.suppress(Exception):
-            return {"peak_memory_mb": tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20}
-        return {}
-    return {"peak_memory_mb": _peak_rss_mb()}
+    out = {}
+    with contextlib.suppress(Exception):
+        out["peak_memory_mb"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    with contextlib.suppress(Exception):
+        from tensorflow.python.client import device_lib
+
+        limits = [d.memory_limit for d in device_lib.list_local_devices() if d.device_type == "GPU"]
+        if limits:
+            out["device_memory_limit_mb"] = limits[0] / 2**20
+    return out
 
 
 def run_peak(spec: dict, report: Callable[[str], None] = print) -> dict:
@@ -377,13 +385,14 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
 
 
 def run_child(spec: dict, workdir: Path, memory_cap_bytes: int | None = None,
-              on_line: Callable[[str], None] | None = None) -> dict:
+              on_line: Callable[[str], None] | None = None, cpu_cap_bytes: int | None = None) -> dict:
     """Run one probe (or the peak measurement) in a fresh Python process; always a record.
 
     With `memory_cap_bytes`, a child that reports running on the CPU is killed as soon as its
     peak resident memory (VmHWM) goes over the cap, and one that finished over it (between two
     looks) is also marked `oom`; its measurements are kept. On a GPU the child enforces the cap
-    itself (a logical device of that size)."""
+    itself (a logical device of that size). `cpu_cap_bytes` is a cap for the CPU only, used
+    when `memory_cap_bytes` is None (a GPU then keeps its whole memory)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     tag = f"{spec['kind']}-{spec.get('batch_size', 'x')}-{os.getpid()}-{time.monotonic_ns()}"
@@ -400,7 +409,8 @@ def run_child(spec: dict, workdir: Path, memory_cap_bytes: int | None = None,
                                 start_new_session=True, preexec_fn=_die_with_parent)
 
         def watch() -> None:
-            cap_kb = memory_cap_bytes / 1024 if memory_cap_bytes else None
+            cap = memory_cap_bytes or cpu_cap_bytes
+            cap_kb = cap / 1024 if cap else None
             while not stop.is_set() and proc.poll() is None:
                 hwm = _status_kb("VmHWM", proc.pid)
                 if hwm:
@@ -434,7 +444,8 @@ def run_child(spec: dict, workdir: Path, memory_cap_bytes: int | None = None,
             stop.set()
             watcher.join(timeout=5)
 
-    cap_mb = memory_cap_bytes / 2**20 if memory_cap_bytes else None
+    cap = memory_cap_bytes or (cpu_cap_bytes if state["device"] == "cpu" else None)
+    cap_mb = cap / 2**20 if cap else None
     if state["killed_kb"] is not None:
         record = {"status": "oom", "peak_memory_mb": state["killed_kb"] / 1024, "memory_kind": "cpu-rss",
                   "error": f"stopped: peak resident memory {state['killed_kb'] / 1024:.0f} MiB went over "

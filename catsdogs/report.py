@@ -174,6 +174,13 @@ def load_trials(store_path: Path | str, name: str) -> list[dict]:
         return store.trials(name)
 
 
+def data_source_kind(store_path: Path, name: str) -> str | None:
+    """'synthetic', 'url', 'zip' or 'folder': where the sweep's prepared data came from."""
+    with Store(store_path) as store:
+        cfg = store.sweep_config(name) or {}
+    return ((cfg.get("data") or {}).get("source") or {}).get("kind")
+
+
 # --- one trial's fields ----------------------------------------------------------------------
 
 
@@ -307,8 +314,11 @@ def _article_value(trial: dict) -> float | None:
 
 def _context_suffixer(trials: list[dict]) -> Callable[[dict], str]:
     """Labels gain ", 3 epochs" (or px, or data) only where the figure mixes several of them."""
-    varying = [k for k in ("epochs", "image_size", "data")
-               if len({field(t, k) for t in trials}) > 1]
+    varying = [k for k in ("epochs", "image_size") if len({field(t, k) for t in trials}) > 1]
+    # Each data set has its own fingerprint; only two fingerprints of one data set are worth a label.
+    if any(len({field(t, "data") for t in trials if field(t, "dataset") == d}) > 1
+           for d in {field(t, "dataset") for t in trials}):
+        varying.append("data")
     units = {"epochs": lambda v: f"{v} epochs", "image_size": lambda v: f"{v} px",
              "data": lambda v: f"data {str(v)[:8]}"}
 
@@ -496,8 +506,9 @@ def plot_accuracy(ax, rows: list[dict], series: list[str] | None = None,
         ci = None
         if with_ci:
             ci = ax.errorbar([r["x"] * shift for r in with_ci], [100 * r["mean"] for r in with_ci],
-                             yerr=[[100 * (r["mean"] - r["ci_low"]) for r in with_ci],
-                                   [100 * (r["ci_high"] - r["mean"]) for r in with_ci]],
+                             # drawn clipped to 0..100%: a t interval on 2 seeds can pass both
+                             yerr=[[100 * (r["mean"] - max(r["ci_low"], 0.0)) for r in with_ci],
+                                   [100 * (min(r["ci_high"], 1.0) - r["mean"]) for r in with_ci]],
                              fmt="none", ecolor=color, elinewidth=1.4, capsize=4, zorder=3)
         if label_accumulated:
             for r in done:
@@ -533,6 +544,9 @@ def plot_accuracy(ax, rows: list[dict], series: list[str] | None = None,
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy (%)")
     ax.margins(y=0.18)
+    ax.autoscale_view()
+    low, high = ax.get_ylim()
+    ax.set_ylim(max(low, -2.0), min(high, 104.0))  # accuracy lives in 0..100; notes sit below 0
     ax.grid(True, axis="y", alpha=0.3)
     ax.grid(True, axis="x", alpha=0.15)
     handles = [out[s]["mean"] for s in series]
@@ -685,6 +699,8 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
     {"figures": {figure: {"png": path, "svg": path}}, "results_md": path, "summary_csv": path}."""
     out = Path(out)
     trials = load_trials(out / config.STORE_FILE, name)
+    if note is None and data_source_kind(out / config.STORE_FILE, name) == "synthetic":
+        note = "synthetic data"  # a figure from the stand-in data set always says so
     summary = summarize(trials)
     folder = out / name
     paths: dict = {"figures": {}}

@@ -106,6 +106,9 @@ def run_child(cfg: TrialConfig, data_dir: Path, workdir: Path, on_epoch=None, en
 
 
 def _stop(proc: subprocess.Popen) -> None:
+    if hasattr(proc, "cancel"):  # a trial run elsewhere (ray_backend.RemoteTrial): cancel it
+        proc.cancel()
+        return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:

@@ -12,7 +12,8 @@ but valid like some real photos (a grayscale JPEG, a CMYK JPEG, a palette PNG an
 both PNGs under a ``.jpg`` name), and four bad files numbered in the same sequence: a 0-byte
 file, a JPEG cut to half its bytes (``verify()`` passes it, ``load()`` does not), a text file
 that is not an image, and a decompression bomb (a small JPEG whose frame header claims
-40000 x 40000 pixels). Their indices are drawn with the seed and never adjacent. The bytes are
+40000 x 40000 pixels). Their indices are drawn with the seed, one per eighth of the sequence, never adjacent
+once ``n_valid >= 12``. The bytes are
 a pure function of ``(n_valid, seed)`` on a given Pillow/libjpeg build: fixed member order,
 fixed timestamps and attributes, and every member stored uncompressed.
 

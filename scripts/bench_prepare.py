@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -56,16 +57,22 @@ def make_source(workdir: Path, n_valid: int) -> Path:
     return pets
 
 
-def run_prepare(pets: Path, out: Path, args) -> tuple[float, dict]:
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (prepare's pool workers)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def run_prepare(pets: Path, out: Path, args) -> tuple[float, float, dict]:
     shutil.rmtree(out, ignore_errors=True)
-    t0 = time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     manifest = prepare(source=str(pets), data_dir=out, sha256=None, per_class=args.per_class,
                        split=args.split, size=args.size, seed=args.seed, log=lambda *_: None,
                        progress=False)
-    return time.perf_counter() - t0, manifest
+    return time.perf_counter() - t0, cpu_seconds() - c0, manifest
 
 
-def run_article_loop(pets: Path, out: Path, chosen: dict, size: int) -> float:
+def run_article_loop(pets: Path, out: Path, chosen: dict, size: int) -> tuple[float, float]:
     """The article's sequential loop over the files prepare chose, in the same order."""
     from keras.utils import load_img, save_img  # imported before timing, not in prepare's workers
 
@@ -76,7 +83,7 @@ def run_article_loop(pets: Path, out: Path, chosen: dict, size: int) -> float:
             (out / "standard" / s / c).mkdir(parents=True)
             if s != "test":
                 (out / "augmented" / s / c).mkdir(parents=True)
-    t0 = time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     for c in config.CLASSES:
         for s in config.SPLIT_NAMES:
             for name in chosen[c][s]:
@@ -86,7 +93,7 @@ def run_article_loop(pets: Path, out: Path, chosen: dict, size: int) -> float:
                     save_img(out / "augmented" / s / c / name, photo)
                     augmented = photo.resize((big, big)).crop((0, 0, size, size))
                     save_img(out / "augmented" / s / c / f"augmented_{name}", augmented)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, cpu_seconds() - c0
 
 
 def tree_digest(root: Path) -> dict[str, str]:
@@ -119,6 +126,7 @@ def main(argv=None) -> int:
           f"size {args.size}: {n_images} images per run")
 
     times: dict[str, list[float]] = {"prepare": [], "article loop": []}
+    cpu: dict[str, list[float]] = {"prepare": [], "article loop": []}
     chosen = None
     for r in range(args.repeats):
         order = ["prepare", "article loop"] if r % 2 == 0 else ["article loop", "prepare"]
@@ -126,20 +134,28 @@ def main(argv=None) -> int:
             order = ["prepare", "article loop"]  # the loop needs prepare's choice
         for side in order:
             if side == "prepare":
-                seconds, manifest = run_prepare(pets, workdir / "out-prepare", args)
+                seconds, cpu_s, manifest = run_prepare(pets, workdir / "out-prepare", args)
                 chosen = manifest["chosen"]
             else:
-                seconds = run_article_loop(pets, workdir / "out-loop", chosen, args.size)
+                seconds, cpu_s = run_article_loop(pets, workdir / "out-loop", chosen, args.size)
             times[side].append(seconds)
-            print(f"  run {r + 1}: {side:12s} {seconds:7.2f} s  {n_images / seconds:7.1f} images/s",
-                  flush=True)
+            cpu[side].append(cpu_s)
+            print(f"  run {r + 1}: {side:12s} {seconds:7.2f} s  {n_images / seconds:7.1f} images/s"
+                  f"  (CPU {cpu_s:6.2f} s, {1000 * cpu_s / n_images:.2f} ms per image; "
+                  f"load {os.getloadavg()[0]:.1f})", flush=True)
 
     same = tree_digest(workdir / "out-prepare") == tree_digest(workdir / "out-loop")
     rate = {side: n_images / statistics.median(ts) for side, ts in times.items()}
+    ms = {side: 1000 * statistics.median(cs) / n_images for side, cs in cpu.items()}
     ratio = rate["prepare"] / rate["article loop"]
-    print(f"prepare:      {rate['prepare']:7.1f} images/s (median of {args.repeats})")
-    print(f"article loop: {rate['article loop']:7.1f} images/s (median of {args.repeats})")
+    for side in ("prepare", "article loop"):
+        print(f"{side + ':':13s} {rate[side]:7.1f} images/s, {ms[side]:.2f} CPU ms per image "
+              f"(medians of {args.repeats})")
     print(f"ratio: {ratio:.2f}x on {affinity} cores; outputs byte-identical: {same}")
+    # Wall-clock ratios need idle cores; CPU per image does not. With the cores to itself,
+    # prepare can reach about (cores x loop CPU / prepare CPU), its workers being parallel.
+    print(f"CPU per image, loop / prepare: {ms['article loop'] / ms['prepare']:.2f} "
+          f"(so at most ~{affinity * ms['article loop'] / ms['prepare']:.1f}x on {affinity} idle cores)")
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0 if same else 1

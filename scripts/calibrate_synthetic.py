@@ -60,7 +60,11 @@ def load_split(
     with zipfile.ZipFile(archive) as zf:
         for label, cls in enumerate(CLASS_NAMES):
             names = sorted(
-                (n for n in zf.namelist() if n.startswith(f"PetImages/{cls}/") and n.endswith(".jpg")),
+                (
+                    n
+                    for n in zf.namelist()
+                    if n.startswith(f"PetImages/{cls}/") and n.endswith(".jpg")
+                ),
                 key=lambda n: int(Path(n).stem),
             )
             valid = []
@@ -172,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"{args.size} {opt} {batch} {seed} {acc:.4f} {time.perf_counter() - t:.0f}",
                     flush=True,
                 )
-            print(f"# {args.size} {opt} {batch}: mean {np.mean(accs):.4f} over {len(accs)}", flush=True)
+            print(
+                f"# {args.size} {opt} {batch}: mean {np.mean(accs):.4f} over {len(accs)}",
+                flush=True,
+            )
     return 0
 
 

@@ -23,7 +23,7 @@ from PIL import Image
 from catsdogs import config
 from catsdogs.cli import cli
 from catsdogs.errors import ArchiveError, CatsdogsError, ChecksumError, DownloadError
-from catsdogs.prepare import load_manifest, prepare, require_prepared
+from catsdogs.prepare import folder_fingerprint, load_manifest, prepare, require_prepared
 
 CLASSES = config.CLASSES
 SPLITS = config.SPLIT_NAMES
@@ -159,11 +159,11 @@ def test_given_grayscale_cmyk_palette_and_alpha_images_when_preparing_then_they_
 # --- 2. the article's pixels --------------------------------------------------------------------
 
 
-def test_given_the_articles_load_and_save_when_comparing_bytes_then_every_prepared_file_is_identical(small_archive, tmp_path):
+@pytest.mark.parametrize("size", [40, 48])  # 40 -> 50 crops a whole-pixel box (as 200 -> 250); 48 -> 60 not
+def test_given_the_articles_load_and_save_when_comparing_bytes_then_every_prepared_file_is_identical(small_archive, tmp_path, size):
     # given: a prepare that keeps every valid image (odd modes included), and the article's calls
     keras = pytest.importorskip("keras")
-    size = 48  # 1.25 x 48 = 60: the augmented resize is a whole number, as 200 -> 250 is
-    big = (int(size * config.AUGMENT_SCALE),) * 2
+    big = (int(size * config.AUGMENT_SCALE),) * 2  # a whole number here, as 200 -> 250 is
     data = tmp_path / "data"
     manifest, _ = run(data, small_archive.path, per_class=small_archive.n_valid, split=(12, 6, 6), size=size)
     ref = tmp_path / "ref.jpg"
@@ -278,6 +278,11 @@ def test_given_a_split_when_preparing_then_every_folder_holds_the_right_count_of
         assert len(all_names) == len(set(all_names)) == sum(split)
     assert_folders_match_manifest(data, manifest, size)
     assert manifest["params"]["split"] == list(split)
+    # and the fingerprints name exactly the bytes on disk
+    assert manifest["fingerprint"] == {
+        "standard": folder_fingerprint(data, ["standard"]),
+        "augmented": folder_fingerprint(data, ["augmented", "standard/test"]),
+    }
     assert {"python", "pillow", "numpy"} <= set(manifest["versions"])
 
 

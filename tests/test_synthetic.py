@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import zipfile
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -105,7 +106,7 @@ def test_given_archive_when_kinds_counted_then_each_special_kind_once_per_class(
         assert jpg_kinds == sorted(BAD_KINDS + ODD_KINDS)
         # and no two special names are adjacent numbers
         indices = sorted(int(Path(n).stem) for n in in_class if n.endswith(".jpg"))
-        assert all(b - a >= 2 for a, b in zip(indices, indices[1:]))
+        assert all(b - a >= 2 for a, b in pairwise(indices))
 
 
 def test_given_archive_when_every_jpg_loaded_then_exactly_n_valid_decode_per_class(

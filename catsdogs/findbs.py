@@ -1,0 +1,381 @@
+"""The largest batch size that fits in memory, the fastest one, and which to train with.
+
+Every probe is a few training steps of the article's model at one batch size, in a fresh child
+process (`catsdogs.profile.run_child`), so one out-of-memory cannot poison the next probe:
+TensorFlow keeps device memory after an out-of-memory error, and a process killed for memory
+takes nothing else with it. Each probe is recorded as `fits`, `oom` or `failed`.
+
+The search (`search`, pure: it takes any probe function):
+- `power`: double from `start` until a probe does not fit (or `max` is reached; `max` itself is
+  probed when the doubling would pass it). If `start` does not fit, halve instead, down to 1.
+- `binsearch`: `power`, then bisect between the last size that fit and the first that did
+  not, until the gap is at most `resolution`; by default 8, or an eighth of the size that
+  fits when that is smaller (so 4 still bisects towards 7): memory varies by a few MiB from
+  run to run, so a finer answer would be noise, and the answer with a margin is rounded to a
+  multiple of 8 anyway.
+- A probe that fails for another reason than memory does not stop the search: while doubling
+  the search steps over it (two failed sizes in a row end the doubling), and while bisecting
+  it counts as an upper bound, so the answer is always a size that actually ran.
+
+The memory cap: on a GPU its memory (or `--memory-limit` as a logical device); on the CPU
+`--memory-limit` caps each probe's peak resident memory (see catsdogs.profile: the parent
+watches VmHWM and kills a probe that goes over), and without it 90% of the memory available
+when the search starts. "Fits" means the probe's peak memory stayed under the cap.
+
+Beside the measured answer: the analytic model's (catsdogs.model.predict_max_batch_size),
+its baseline calibrated by a probe at batch size 1, and how far apart they are.
+
+The margin: `margin` (e.g. 0.1) takes that fraction off the largest size that fits, then
+rounds down to a multiple of 8 (GPU kernels and tensor cores like multiples of 8), or to a
+power of two below 8. That size is probed too if it was not already ("confirm").
+
+The recommendation: of the sizes that fit and are no larger than the margin's, the fastest
+(images/s of the probes' median step); a smaller size within 5% of it wins, being as fast within
+the probes' noise and kinder to generalization. Its learning rate follows the linear scaling
+rule: the optimizer's Keras default (SGD 0.01, Adam 0.001) times batch size / 32.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from catsdogs import config
+from catsdogs.errors import CatsdogsError
+
+MODES = ("power", "binsearch")
+DEFAULT_START = 8
+DEFAULT_STEPS = 3  # timed steps per probe, after one warm-up step: the peak comes in the first
+DEFAULT_WARMUP = 1
+DEFAULT_MARGIN = 0.1
+DEFAULT_RESOLUTION = 8  # the bisection's final gap, or an eighth of the answer when smaller
+BASE_BATCH_SIZE = 32  # the batch size Keras' default learning rates go with here
+CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline comes from
+MAX_FAILED_IN_A_ROW = 2
+TIE = 0.05  # throughputs within 5% are the same, for the recommendation
+HOST_CAP_FRACTION = 0.9
+
+PROBE_COLUMNS = ["order", "phase", "batch_size", "status", "peak_memory_mb", "memory_cap_mb",
+                 "predicted_peak_mb", "images_per_second", "step_time_median_s", "baseline_rss_mb",
+                 "memory_kind", "device", "error"]
+
+
+# --- pure parts ----------------------------------------------------------------------------------
+
+
+@dataclass
+class SearchResult:
+    largest_fit: int | None  # the largest size that fit (None: not even 1)
+    first_failure: int | None  # the smallest size above it that did not (None: never failed)
+    order: list[int] = field(default_factory=list)  # batch sizes in the order probed
+    statuses: dict[int, str] = field(default_factory=dict)
+    reached_max: bool = False  # the search stopped at `max` with everything fitting
+
+
+def effective_resolution(resolution: int | None, largest_fit: int) -> int:
+    """The gap the bisection stops at: `resolution` when given; by default DEFAULT_RESOLUTION
+    or an eighth of the size that fits, whichever is smaller, and at least 1."""
+    if resolution is not None:
+        return int(resolution)
+    return max(1, min(DEFAULT_RESOLUTION, largest_fit // 8))
+
+
+def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DEFAULT_START,
+           max_batch: int | None = None, resolution: int | None = None) -> SearchResult:
+    """Find the largest batch size for which `probe(batch_size)` says 'fits'.
+
+    `probe` returns 'fits', 'oom' or 'failed' and is called at most once per batch size."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    if start < 1 or (max_batch is not None and max_batch < 1) or (resolution is not None and resolution < 1):
+        raise ValueError("start, max and resolution must be >= 1")
+    res = SearchResult(None, None)
+
+    def ask(b: int) -> str:
+        if b not in res.statuses:
+            res.order.append(b)
+            res.statuses[b] = probe(b)
+        return res.statuses[b]
+
+    b = min(start, max_batch) if max_batch is not None else start
+    lo = hi = None
+    if ask(b) == "fits":
+        lo = b
+    else:  # the start is too large: halve until something fits
+        hi = b
+        while b > 1:
+            b //= 2
+            if ask(b) == "fits":
+                lo = b
+                break
+            hi = b
+    if lo is None:
+        return res
+    if hi is None:  # double until out of memory, `max`, or failures in a row
+        b, failed_run = lo, []
+        while max_batch is None or b < max_batch:
+            b = b * 2 if max_batch is None else min(b * 2, max_batch)
+            status = ask(b)
+            if status == "fits":
+                lo, failed_run = b, []
+            elif status == "oom":
+                hi = failed_run[0] if failed_run else b
+                break
+            else:
+                failed_run.append(b)
+                if len(failed_run) >= MAX_FAILED_IN_A_ROW:
+                    hi = failed_run[0]
+                    break
+        else:
+            res.reached_max = not failed_run
+            if failed_run:
+                hi = failed_run[0]
+    if mode == "binsearch" and hi is not None:
+        while hi - lo > effective_resolution(resolution, lo):
+            mid = (lo + hi) // 2
+            if ask(mid) == "fits":
+                lo = mid
+            else:
+                hi = mid
+    res.largest_fit, res.first_failure = lo, hi
+    return res
+
+
+def apply_margin(largest: int, margin: float) -> int:
+    """`largest` less the fraction `margin`, rounded down to a multiple of 8 (a power of two
+    below 8). margin 0 returns `largest` itself, unrounded; never less than 1."""
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin must be in [0, 1), got {margin}")
+    if largest < 1:
+        raise ValueError(f"nothing to take a margin off: {largest}")
+    if margin == 0:
+        return largest
+    target = math.floor(largest * (1 - margin) + 1e-9)
+    if target >= 8:
+        return target // 8 * 8
+    return 2 ** int(math.log2(target)) if target >= 1 else 1
+
+
+def linear_scaled_lr(optimizer: str, batch_size: int, base_batch_size: int = BASE_BATCH_SIZE) -> float:
+    """The linear scaling rule: Keras' default lr (SGD 0.01, Adam 0.001) x batch / base batch."""
+    from catsdogs.trial import DEFAULT_LR
+
+    return DEFAULT_LR[optimizer] * batch_size / base_batch_size
+
+
+def recommend(probes: list[dict], safe: int) -> dict | None:
+    """The fastest probe that fit with batch size <= safe; a smaller one within TIE of it wins."""
+    fits = [p for p in probes if p["status"] == "fits" and p["batch_size"] <= safe
+            and p.get("images_per_second")]
+    if not fits:
+        return None
+    best = max(p["images_per_second"] for p in fits)
+    return min((p for p in fits if p["images_per_second"] >= (1 - TIE) * best), key=lambda p: p["batch_size"])
+
+
+def percent_apart(predicted: float, measured: float) -> float:
+    return 100.0 * (predicted - measured) / measured
+
+
+def host_memory_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+# --- the search, probing for real ------------------------------------------------------------------
+
+
+def _probe_line(p: dict) -> str:
+    parts = [f"{p['phase']:<9} batch size {p['batch_size']:>5}: {p['status']}"]
+    if p.get("peak_memory_mb") is not None:
+        cap = f" of {p['memory_cap_mb']:.0f}" if p.get("memory_cap_mb") else ""
+        parts.append(f"peak {p['peak_memory_mb']:.0f}{cap} MiB")
+    if p["status"] == "fits" and p.get("images_per_second"):
+        parts.append(f"{p['images_per_second']:.1f} images/s")
+    if p["status"] == "failed" and p.get("error"):
+        parts.append(p["error"].splitlines()[0][:200])
+    return ", ".join(parts)
+
+
+def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_OUT), *,
+                    mode: str = "binsearch", start: int = DEFAULT_START, max_batch: int | None = None,
+                    margin: float = DEFAULT_MARGIN, optimizer: str = "adam", dataset: str = "standard",
+                    precision: str = "float32", steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
+                    memory_cap_bytes: int | None = None, resolution: int | None = None,
+                    log: Callable[[str], None] = print) -> dict:
+    """Search, predict, recommend; write OUT/NAME/find_batch_size.json and .csv; return the summary.
+
+    Raises ValueError for impossible settings, CatsdogsError when the data is not prepared or
+    when not even batch size 1 fits (after writing the records)."""
+    from catsdogs import profile as prof
+    from catsdogs.model import CPU_PIPELINE_BATCHES, predict_max_batch_size
+    from catsdogs.prepare import require_prepared, versions
+
+    prof.check_settings([start], optimizer, dataset, precision, steps, warmup)
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    if max_batch is not None and max_batch < 1:
+        raise ValueError(f"--max must be >= 1, got {max_batch}")
+    if resolution is not None and resolution < 1:
+        raise ValueError(f"resolution must be >= 1, got {resolution}")
+    apply_margin(1, margin)  # validates the margin
+    manifest = require_prepared(Path(data_dir))
+    size = manifest["params"]["size"]
+    folder = Path(out) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    work = folder / ".work"
+    cpu_cap = None
+    if memory_cap_bytes is None:
+        avail = host_memory_available()
+        cpu_cap = int(HOST_CAP_FRACTION * avail) if avail else None
+    settings = {"name": name, "mode": mode, "start": start, "max": max_batch, "margin": margin,
+                "optimizer": optimizer, "dataset": dataset, "precision": precision, "steps": steps,
+                "warmup": warmup, "resolution": resolution, "memory_cap_bytes": memory_cap_bytes,
+                "cpu_cap_bytes_default": cpu_cap, "image_size": size,
+                "data_dir": str(Path(data_dir).resolve())}
+    cap_text = (f"each probe capped at {prof.format_bytes(memory_cap_bytes)}" if memory_cap_bytes else
+                "on a GPU its memory is the cap; on the CPU "
+                + (f"{prof.format_bytes(cpu_cap)} (90% of the memory available now)" if cpu_cap else "no cap"))
+    log(f"Find batch size {name}: {mode} from {start}{f' up to {max_batch}' if max_batch else ''}, "
+        f"{optimizer}, {dataset} data ({size} px), {precision}; {cap_text}")
+
+    probes: list[dict] = []
+
+    def run(bs: int, phase: str) -> dict:
+        for p in probes:
+            if p["batch_size"] == bs:
+                return p
+        spec = prof.probe_spec(bs, data_dir, optimizer=optimizer, dataset=dataset, precision=precision,
+                               steps=steps, warmup=warmup)
+        record = prof.run_child(spec, work, memory_cap_bytes, cpu_cap_bytes=cpu_cap)
+        status = {"ok": "fits"}.get(record["status"], record["status"])
+        p = {"order": len(probes) + 1, "phase": phase, "batch_size": bs, "status": status,
+             **{k: record.get(k) for k in ("peak_memory_mb", "memory_cap_mb", "images_per_second",
+                                           "step_time_median_s", "baseline_rss_mb", "memory_kind",
+                                           "device", "device_memory_limit_mb", "log")},
+             "error": record.get("error")}
+        probes.append(p)
+        log(_probe_line(p))
+        return p
+
+    calib = run(CALIBRATION_BATCH, "calibrate")
+    result = search(lambda b: run(b, "search")["status"], mode=mode, start=start,
+                    max_batch=max_batch, resolution=resolution)
+    summary: dict = {"settings": settings, "largest_fitting": result.largest_fit,
+                     "first_not_fitting": result.first_failure, "reached_max": result.reached_max}
+
+    if result.largest_fit is not None:
+        safe = apply_margin(result.largest_fit, margin)
+        summary["margin_batch_size"] = safe
+        if safe not in {p["batch_size"] for p in probes}:
+            run(safe, "confirm")
+        fits = [p for p in probes if p["status"] == "fits" and p.get("images_per_second")]
+        fastest = max(fits, key=lambda p: p["images_per_second"]) if fits else None
+        summary["fastest"] = ({"batch_size": fastest["batch_size"],
+                               "images_per_second": fastest["images_per_second"]} if fastest else None)
+        rec = recommend(probes, safe)
+        if rec:
+            summary["recommendation"] = {
+                "batch_size": rec["batch_size"], "images_per_second": rec["images_per_second"],
+                "learning_rate": linear_scaled_lr(optimizer, rec["batch_size"]),
+                "base_learning_rate": linear_scaled_lr(optimizer, BASE_BATCH_SIZE),
+                "base_batch_size": BASE_BATCH_SIZE}
+
+    # The analytic model, calibrated on the batch-1 probe.
+    summary["prediction"] = None
+    cap_mb = calib.get("memory_cap_mb") or calib.get("device_memory_limit_mb")
+    if calib["status"] == "fits" and calib.get("peak_memory_mb") and cap_mb:
+        host = CPU_PIPELINE_BATCHES if calib.get("memory_kind") == "cpu-rss" else 0
+        pred = predict_max_batch_size(cap_mb * 2**20, CALIBRATION_BATCH, calib["peak_memory_mb"] * 2**20,
+                                      size, optimizer, precision, host_batches=host)
+        for p in probes:
+            p["predicted_peak_mb"] = (pred["baseline_bytes"] + pred["state_bytes"]
+                                      + pred["per_image_bytes"] * p["batch_size"]) / 2**20
+        summary["prediction"] = {**pred, "calibration_batch_size": CALIBRATION_BATCH,
+                                 "calibration_peak_mb": calib["peak_memory_mb"]}
+        if result.largest_fit:
+            summary["prediction"]["percent_apart"] = percent_apart(pred["max_batch_size"], result.largest_fit)
+
+    summary["probes"] = probes
+    summary["versions"] = versions()
+    _write(folder, summary)
+    for line in summary_lines(summary):
+        log(line)
+    _remove_if_empty(work)
+    if result.largest_fit is None:
+        first = probes[0]
+        raise CatsdogsError(
+            f"no batch size fits: batch size {first['batch_size']} already {first['status']}"
+            f"{': ' + first['error'].splitlines()[0] if first.get('error') else ''} "
+            f"(records in {folder / 'find_batch_size.json'})")
+    return summary
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()  # empty unless a probe that did not fit left its log there
+    except OSError:
+        pass
+
+
+def _write(folder: Path, summary: dict) -> None:
+    from catsdogs.profile import write_csv
+
+    tmp = folder / ".find_batch_size.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, default=str))
+    os.replace(tmp, folder / "find_batch_size.json")
+    write_csv(summary["probes"], folder / "find_batch_size.csv", PROBE_COLUMNS)
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The end of the command's output: measured, predicted, margin, fastest, recommendation."""
+    s = summary["settings"]
+    lines = []
+    largest = summary["largest_fitting"]
+    probes = summary["probes"]
+    cap_mb = next((p.get("memory_cap_mb") or p.get("device_memory_limit_mb") for p in probes
+                   if p.get("memory_cap_mb") or p.get("device_memory_limit_mb")), None)
+    under = f" under {cap_mb:.0f} MiB" if cap_mb else ""
+    if largest is None:
+        lines.append(f"No batch size fits{under}.")
+    else:
+        nxt = summary["first_not_fitting"]
+        why = (f"; {nxt} did not" if nxt else
+               f"; every size up to --max {s['max']} fit" if summary["reached_max"] else "")
+        lines.append(f"Largest batch size that fits{under}: {largest} (measured{why}).")
+    pred = summary.get("prediction")
+    if pred:
+        apart = f" ({pred['percent_apart']:+.1f}% from the measured {largest})" if "percent_apart" in pred else ""
+        lines.append(
+            f"Analytic memory model predicts {pred['max_batch_size']}{apart}: "
+            f"{pred['per_image_bytes'] / 2**20:.2f} MiB per image, {pred['state_bytes'] / 2**20:.0f} MiB of "
+            f"weights, gradients and {s['optimizer']} slots, {pred['baseline_bytes'] / 2**20:.0f} MiB runtime "
+            f"baseline (from the batch-size-{pred['calibration_batch_size']} probe).")
+    if largest is None:
+        return lines
+    if summary.get("fastest"):
+        f = summary["fastest"]
+        lines.append(f"Fastest that fits: {f['batch_size']} at {f['images_per_second']:.1f} images/s "
+                     f"(median of {s['steps']} steps per probe).")
+    if s["margin"]:
+        lines.append(f"With a {s['margin']:.0%} margin: {summary['margin_batch_size']}.")
+    rec = summary.get("recommendation")
+    if rec:
+        lines.append(
+            f"Recommendation: batch size {rec['batch_size']}, {rec['images_per_second']:.1f} images/s, "
+            f"learning rate {rec['learning_rate']:.3g} ({s['optimizer']}'s default {rec['base_learning_rate']:g} "
+            f"x {rec['batch_size']}/{rec['base_batch_size']}, the linear scaling rule).")
+        lines.append("The linear scaling rule is a heuristic: check the accuracy, and consider a "
+                     "learning-rate warm-up at large batch sizes.")
+    else:
+        lines.append("No recommendation: no size at or below the margin's fit with a throughput measured.")
+    return lines

@@ -1,0 +1,144 @@
+"""Benchmark `catsdogs sweep --workers`: the same 4-trial sweep with 1 worker and with 2.
+
+On the same prepared synthetic data (64 px, 100 images per class by default: 60/20/20), a
+sweep of 2 optimizers x 2 batch sizes x 1 seed, 2 epochs each, runs as `python -m catsdogs sweep`
+into a fresh --out folder per run, once with each --workers value (alternating when repeated,
+so a change in the machine's load hits both). It prints each run's wall time, the ratio, the
+per-trial figures from the results store (a trial's wall and training seconds, images/s), and
+what they say about the ratio.
+
+With the local backend, one worker trains on all the cores (TensorFlow's default thread pools);
+N workers each get cores // N intra-op threads and one inter-op thread (`sweep.slot_env`). With
+`--backend ray` the same split comes from the CPUs each Ray task asks for, and every sweep starts
+its own local Ray (about 10 s, counted in its wall time).
+
+    python scripts/bench_workers.py                         # local backend, 1 vs 2 workers
+    python scripts/bench_workers.py --backend ray --repeat 2
+    python scripts/bench_workers.py --work /tmp/bw --keep   # keep the data and the outputs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def prepare_data(data_dir: Path, size: int, per_class: int) -> None:
+    from catsdogs.prepare import prepare
+
+    train = per_class * 6 // 10
+    val = (per_class - train) // 2
+    prepare(source="synthetic", data_dir=data_dir, per_class=per_class,
+            split=(train, val, per_class - train - val), size=size, log=lambda *a: None, progress=False)
+
+
+def run_sweep(data_dir: Path, out: Path, workers: int, epochs: int, backend: str) -> float:
+    """One sweep in a fresh process; its wall time in seconds (start-up and Ray start included)."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "catsdogs", "sweep", "--data-dir", str(data_dir), "--out", str(out),
+           "--name", "bench", "--opt", "adam", "sgd", "--batch-size", "16", "32", "--seeds", "1",
+           "--epochs", str(epochs), "--workers", str(workers), "--backend", backend]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local Ray, not a cluster
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    (out / "sweep.log").parent.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        sys.exit(f"the sweep with --workers {workers} failed (exit {proc.returncode}):\n"
+                 f"{(proc.stdout + proc.stderr)[-3000:]}")
+    return wall
+
+
+def trial_stats(out: Path) -> dict:
+    with sqlite3.connect(out / "results.sqlite") as db:
+        rows = db.execute("SELECT status, wall_seconds, train_seconds, images_per_second FROM trials").fetchall()
+    if len(rows) != 4 or {r[0] for r in rows} != {"done"}:
+        sys.exit(f"expected 4 done trials in {out}, got {rows}")
+    return {"wall": statistics.mean(r[1] for r in rows), "train": statistics.mean(r[2] for r in rows),
+            "ips": statistics.mean(r[3] for r in rows)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=int, default=64, help="image side in pixels [64]")
+    ap.add_argument("--per-class", type=int, default=100, help="images per class, split 60/20/20 [100]")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs per trial [2]")
+    ap.add_argument("--backend", choices=["local", "ray"], default="local")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each --workers value [1]")
+    ap.add_argument("--work", type=Path, default=None, help="folder for the data and outputs [a temp dir]")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = ap.parse_args()
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-workers-"))
+    work.mkdir(parents=True, exist_ok=True)
+    data_dir = work / "data"
+    cores = os.cpu_count() or 1
+    print(f"{cores} cores, backend {args.backend}; 4 trials (adam, sgd x batch 16, 32), {args.size} px, "
+          f"{args.per_class} images/class, {args.epochs} epochs; data in {data_dir}")
+    prepare_data(data_dir, args.size, args.per_class)
+
+    walls: dict[int, list[float]] = {1: [], 2: []}
+    stats: dict[int, list[dict]] = {1: [], 2: []}
+    for i in range(args.repeat):
+        for workers in ((1, 2) if i % 2 == 0 else (2, 1)):
+            out = work / f"out-w{workers}-{i}"
+            load = os.getloadavg()[0]
+            wall = run_sweep(data_dir, out, workers, args.epochs, args.backend)
+            walls[workers].append(wall)
+            stats[workers].append(trial_stats(out))
+            print(f"  --workers {workers}: {wall:6.1f} s   (load average before: {load:.1f})")
+
+    t1, t2 = statistics.median(walls[1]), statistics.median(walls[2])
+    s1 = {k: statistics.median(s[k] for s in stats[1]) for k in stats[1][0]}
+    s2 = {k: statistics.median(s[k] for s in stats[2]) for k in stats[2][0]}
+    threads2 = max(1, cores // 2)
+    print()
+    print(f"wall time, --workers 1: {t1:.1f} s; --workers 2: {t2:.1f} s; "
+          f"ratio (1 worker / 2 workers): {t1 / t2:.2f}x")
+    print(f"per trial, --workers 1 ({cores} threads):  {s1['wall']:.1f} s in the trial, "
+          f"{s1['train']:.1f} s training, {s1['ips']:.0f} images/s")
+    print(f"per trial, --workers 2 ({threads2} thread(s) each): {s2['wall']:.1f} s in the trial, "
+          f"{s2['train']:.1f} s training, {s2['ips']:.0f} images/s")
+    print()
+    print(explain(t1, t2, s1, s2, cores))
+    if not args.keep and args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def explain(t1: float, t2: float, s1: dict, s2: dict, cores: int) -> str:
+    thread_gain = s2["train"] / s1["train"] if s1["train"] else float("nan")
+    fixed1 = s1["wall"] - s1["train"]
+    lines = [
+        "Why this ratio:",
+        f"- One trainer with {cores} threads trains only {thread_gain:.2f}x as fast as one with "
+        f"{max(1, cores // 2)}: at this size the model's ops (small convolutions, a dense layer "
+        "on a small batch) are too small to split well across threads, so the extra thread is "
+        "largely idle or spent on synchronisation. Two single-thread trainers side by side use "
+        "both cores fully.",
+        f"- Each trial also spends ~{fixed1:.0f} s of its {s1['wall']:.0f} s outside training "
+        "(TensorFlow import, loading the images, building and tracing the model, validation and "
+        "test), plus the Python start-up of its process: mostly single-threaded work that a "
+        "second worker overlaps with the other trial's.",
+        "- What keeps it under 2x: the two trainers share memory bandwidth and caches, each "
+        "trial is slower on its own (compare the per-trial seconds above), the sweep ends only "
+        "when its slowest pair finishes, and this machine's cores are shared with other work "
+        "(see the load averages).",
+    ]
+    if t1 / t2 < 1:
+        lines.append("- Here 2 workers were slower: the threads of one trainer did scale, or the "
+                     "machine was busy; on a quiet machine with more cores per worker, compare again.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The Ray backend: a sweep's trials as Ray tasks on a local Ray, results in the same store.
+
+Skipped where Ray is not installed (`pip install 'catsdogs[ray]'`). One local Ray serves the
+whole module (started by the first sweep, about 10 s), and is shut down at its end.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from click.testing import CliRunner  # noqa: E402
+
+from catsdogs import ray_backend  # noqa: E402
+from catsdogs.cli import cli  # noqa: E402
+from catsdogs.prepare import prepare  # noqa: E402
+from catsdogs.store import Store  # noqa: E402
+from catsdogs.trial import TrialConfig  # noqa: E402
+
+SIZE = 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """A local Ray for this module, whatever RAY_ADDRESS says; shut down at the end."""
+    saved = os.environ.pop("RAY_ADDRESS", None)
+    try:
+        yield
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if saved is not None:
+            os.environ["RAY_ADDRESS"] = saved
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """Given: a small prepared synthetic data set (32 px, 24/8/8 images per class)."""
+    d = tmp_path_factory.mktemp("data")
+    prepare(source="synthetic", data_dir=d, per_class=40, split=(24, 8, 8), size=SIZE,
+            log=lambda *a: None, progress=False)
+    return d
+
+
+def ray_sweep(data_dir, out, name, *extra):
+    return ["sweep", "--backend", "ray", "--data-dir", str(data_dir), "--out", str(out), "--name", name,
+            "--opt", "adam", "--epochs", "1", "--seeds", "1", *extra]
+
+
+def csv_rows(out: Path, name: str) -> list[dict]:
+    with open(out / name / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def by_batch_size(out: Path, name: str) -> dict[int, dict]:
+    with Store(out / "results.sqlite") as store:
+        return {t["batch_size"]: t for t in store.trials(name)}
+
+
+# --- without a cluster ------------------------------------------------------------------------
+
+
+def test_without_ray_the_backend_is_a_one_line_error(data_dir, tmp_path, monkeypatch):
+    # given Ray cannot be imported
+    monkeypatch.setitem(sys.modules, "ray", None)
+    # when a sweep asks for the ray backend
+    result = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "n", "--batch-size", "8"))
+    # then one line says how to install it, and nothing ran
+    assert result.exit_code == 1
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert lines == ["Error: --backend ray needs Ray, which is not installed; "
+                     "install the extra: pip install 'catsdogs[ray]'"]
+    assert not (tmp_path / "results.sqlite").exists()
+
+
+def test_how_ray_errors_become_records():
+    ex = ray.exceptions
+    # a lost worker, a dead node, a cancelled task: lost, to be run again
+    assert ray_backend.outcome_of_error(ex.WorkerCrashedError(), ray)["status"] == "lost"
+    assert ray_backend.outcome_of_error(ex.NodeDiedError("node 1.2.3.4 died"), ray)["status"] == "lost"
+    assert ray_backend.outcome_of_error(ex.TaskCancelledError(), ray)["status"] == "lost"
+    # killed by Ray's memory monitor: out of memory, as a killed child process is locally
+    assert ray_backend.outcome_of_error(ex.OutOfMemoryError("memory used 96%"), ray)["status"] == "oom"
+    # the task's code raised (outside the trial's own guard): failed, with the error
+    failed = ray_backend.outcome_of_error(ex.RayTaskError("f", "Traceback ...", ImportError("no catsdogs")), ray)
+    assert failed["status"] == "failed" and "ImportError: no catsdogs" in failed["error"]
+    # a task error caused by a system failure: lost
+    crashed = ex.RayTaskError("f", "Traceback ...", ex.WorkerCrashedError())
+    assert ray_backend.outcome_of_error(crashed, ray)["status"] == "lost"
+
+
+# --- on a local Ray -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_sweep_on_local_ray_records_every_trial_in_the_store(data_dir, tmp_path):
+    # when a 2-trial sweep runs on a local Ray on this machine's cores
+    result = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "r", "--batch-size", "8", "16"))
+    assert result.exit_code == 0, result.output
+    # then Ray ran them (as many at once as the cores allow) and the sweep recorded both
+    assert "Ray: 1 node(s)" in result.output
+    assert f"{max(1, os.cpu_count() or 1)} at a time" in result.output
+    table = csv_rows(tmp_path, "r")
+    assert len(table) == 2 and {r["status"] for r in table} == {"done"}
+    assert all(0 <= float(r["test_accuracy"]) <= 1 and int(r["steps"]) > 0 for r in table)
+    trials = by_batch_size(tmp_path, "r")
+    assert [trials[b]["attempts"] for b in (8, 16)] == [1, 1]
+    assert all(t["history"] and t["env"]["tensorflow"] for t in trials.values())
+    # when the same command runs again, then nothing is trained again
+    again = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "r", "--batch-size", "8", "16"))
+    assert again.exit_code == 0 and "2 of 2 trials already finished" in again.output
+    assert [by_batch_size(tmp_path, "r")[b]["attempts"] for b in (8, 16)] == [1, 1]
+
+
+@pytest.mark.slow
+def test_a_lost_worker_never_leaves_a_half_result(data_dir, tmp_path, monkeypatch):
+    real = ray_backend._run_in_worker
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+
+    # given a task that kills its own worker process: the bs=8 trial's first attempt only,
+    # the bs=16 trial's every attempt (a node that keeps dying). Defined here, it travels
+    # to the workers by value; the attempt files are all that the test shares with them.
+    def dies(config, data_dir, env):
+        log = attempts / f"bs{config['batch_size']}"
+        with open(log, "a") as f:
+            f.write("attempt\n")
+        if config["batch_size"] == 16 or len(log.read_text().splitlines()) == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(config, data_dir, env)
+
+    monkeypatch.setattr(ray_backend, "_run_in_worker", dies)
+    # when the sweep runs
+    result = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "lost", "--batch-size", "8", "16"))
+    # then Ray ran the bs=8 trial again on a new worker, and it is done, once, in the store
+    assert result.exit_code == 1, result.output
+    trials = by_batch_size(tmp_path, "lost")
+    assert (attempts / "bs8").read_text().count("attempt") == 2
+    assert trials[8]["status"] == "done" and trials[8]["attempts"] == 1
+    # and the bs=16 trial, lost after every retry, is pending again with no result at all
+    assert (attempts / "bs16").read_text().count("attempt") == 1 + ray_backend.MAX_RETRIES
+    assert "lost: WorkerCrashedError" in result.output and "left pending" in result.output
+    lost = trials[16]
+    assert lost["status"] == "pending" and lost["attempts"] == 0
+    assert lost["test_accuracy"] is None and lost["history"] is None and lost["finished_at"] is None
+
+    # when the same command runs again with workers that live
+    monkeypatch.setattr(ray_backend, "_run_in_worker", real)
+    again = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "lost", "--batch-size", "8", "16"))
+    # then only the lost trial runs, and now every trial is done
+    assert again.exit_code == 0, again.output
+    assert "1 of 2 trials already finished" in again.output
+    trials = by_batch_size(tmp_path, "lost")
+    assert {t["status"] for t in trials.values()} == {"done"}
+    assert trials[8]["attempts"] == 1 and trials[16]["attempts"] == 1
+    assert {r["status"] for r in csv_rows(tmp_path, "lost")} == {"done"}
+
+
+@pytest.mark.slow
+def test_a_cancelled_trial_comes_back_lost(data_dir, monkeypatch):
+    # given a trial that would run for a long time
+    def sleeps(config, data_dir, env):
+        import time
+
+        time.sleep(120)
+
+    monkeypatch.setattr(ray_backend, "_run_in_worker", sleeps)
+    runner, concurrency = ray_backend.make_ray_runner()
+    assert concurrency >= 1
+    started = threading.Event()
+    handles = []
+
+    def on_start(handle):
+        handles.append(handle)
+        started.set()
+
+    # when the sweep stops it (Ctrl-C), which cancels the task
+    threading.Timer(2, lambda: started.wait() and handles[0].cancel()).start()
+    record = runner(TrialConfig("adam", 8, "standard", 0, epochs=1, image_size=SIZE), data_dir,
+                    None, env={}, on_start=on_start)
+    # then the runner returns at once, the trial lost (given back), never a result
+    assert record["status"] == "lost" and "TaskCancelled" in record["error"]

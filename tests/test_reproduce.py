@@ -1,0 +1,70 @@
+"""`catsdogs reproduce`: the whole article, end to end, on configs/quick.toml."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from catsdogs.cli import cli
+from catsdogs.errors import CatsdogsError
+from catsdogs.reproduce import check_plan, default_plan_path, load_plan, plan_trials
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def test_the_default_plan_is_the_articles_full_protocol():
+    plan = load_plan(default_plan_path())
+    assert default_plan_path() == CONFIGS / "article.toml"
+    assert plan["seeds"] == 3 and plan["epochs"] == 5
+    assert plan["prepare"] == {"per_class": 1000, "split": "600,200,200", "size": 200, "seed": 0}
+    assert plan["grids"]["optimizers"]["batch_size"] == [16, 32, 64, 128]
+    assert plan["grids"]["augmentation"]["batch_size"] == [16, 32, 64, 128, 256]
+
+
+def test_a_plan_with_an_unknown_key_is_refused():
+    with pytest.raises(CatsdogsError, match="unknown key 'optimiser'"):
+        check_plan({"grids": {"g": {"optimiser": ["adam"], "batch_size": [8]}}}, "x.toml")
+    with pytest.raises(CatsdogsError, match="no \\[grids.NAME\\] section"):
+        check_plan({"name": "x"}, "x.toml")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "/no/such.toml"], "no such file"),
+    (["--source", "/no/such/archive.zip"], "no such file or folder"),
+    (["--seeds", "0"], "--seeds"),
+    (["--name", "../up"], "use letters"),
+])
+def test_bad_reproduce_options_are_one_line_usage_errors(tmp_path, args, message):
+    result = CliRunner().invoke(cli, ["reproduce", "--data-dir", str(tmp_path), "--out", str(tmp_path), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_reproduce_runs_the_quick_plan_end_to_end_and_shares_trials(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    # when the whole quick plan runs, two trials at a time
+    args = ["reproduce", "--config", str(CONFIGS / "quick.toml"), "--data-dir", str(data),
+            "--out", str(out), "--workers", "2", "--quiet"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    plan = load_plan(CONFIGS / "quick.toml")
+    # then the two grids' shared Adam / standard trials ran once: 8 cells x 3 seeds, not 10 x 3
+    trials = plan_trials(plan, data)
+    assert len(trials) == 24
+    with open(out / "quick" / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 24 and {r["status"] for r in rows} == {"done"}
+    # and both of the article's figures and the tables exist, marked as synthetic
+    for figure in ("optimizers", "augmentation"):
+        for ext in ("png", "svg"):
+            assert (out / "quick" / "figures" / f"{figure}.{ext}").stat().st_size > 1000
+    summary = (out / "quick" / "results.md").read_text()
+    assert "synthetic data" in summary and "| Adam | 64 | 3 |" in summary
+    # when it runs again, then nothing is trained again
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 0 and "24 of 24 trials already finished" in again.output
+    assert "nothing to do" in again.output and "epoch 1/" not in again.output
