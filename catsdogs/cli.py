@@ -261,9 +261,10 @@ def sweep_options(f):
                      help="Trials run at once, each in its own process: one per GPU where there are "
                           "GPUs, else each on its share of the CPU cores."),
     ]
+    f = protocol_options(f)  # listed after the grid's own options in --help
     for option in reversed(options):
         f = option(f)
-    return protocol_options(f)
+    return f
 
 
 def resolve_sweep(ctx: click.Context, values: dict) -> dict:

@@ -198,7 +198,8 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
     fit_seconds = time.time() - fit_started
     test_loss, test_acc = model.evaluate(data.eval_batches(test, cfg.batch_size), verbose=0)
 
-    batches = int(model.optimizer.iterations.numpy())
+    batches = per_epoch * len(hist.history["loss"])  # what fit ran: full batches only
+    updates = int(model.optimizer.iterations.numpy())  # Keras counts updates, not accumulated batches
     history = []
     for i in range(len(hist.history["loss"])):
         row = {k: float(v[i]) for k, v in hist.history.items()}
@@ -212,7 +213,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
         "test_accuracy": float(test_acc),
         "test_loss": float(test_loss),
         "history": history,
-        "steps": batches // cfg.accumulate,  # optimizer updates (weights changed)
+        "steps": updates,  # optimizer updates (weights changed)
         "batches": batches,
         "learning_rate": learning_rate(cfg),
         "n_train": len(train), "n_validation": len(val), "n_test": len(test),

@@ -116,27 +116,31 @@ def main() -> int:
 
 
 def explain(t1: float, t2: float, s1: dict, s2: dict, cores: int) -> str:
+    fixed = s1["wall"] - s1["train"]  # in the trial but not training: mostly one thread
+    start_up = t1 / 4 - s1["wall"]  # per trial, outside run_trial: process start, imports, store
     thread_gain = s2["train"] / s1["train"] if s1["train"] else float("nan")
-    fixed1 = s1["wall"] - s1["train"]
     lines = [
         "Why this ratio:",
-        f"- One trainer with {cores} threads trains only {thread_gain:.2f}x as fast as one with "
-        f"{max(1, cores // 2)}: at this size the model's ops (small convolutions, a dense layer "
-        "on a small batch) are too small to split well across threads, so the extra thread is "
-        "largely idle or spent on synchronisation. Two single-thread trainers side by side use "
-        "both cores fully.",
-        f"- Each trial also spends ~{fixed1:.0f} s of its {s1['wall']:.0f} s outside training "
-        "(TensorFlow import, loading the images, building and tracing the model, validation and "
-        "test), plus the Python start-up of its process: mostly single-threaded work that a "
-        "second worker overlaps with the other trial's.",
-        "- What keeps it under 2x: the two trainers share memory bandwidth and caches, each "
-        "trial is slower on its own (compare the per-trial seconds above), the sweep ends only "
-        "when its slowest pair finishes, and this machine's cores are shared with other work "
-        "(see the load averages).",
+        f"- Most of a trial here is not training: ~{fixed:.0f} s of its {s1['wall']:.0f} s go to "
+        "importing TensorFlow, loading the images, building and tracing the model, validation and "
+        f"test, and ~{max(start_up, 0):.0f} s more per trial outside it (starting its process, the "
+        "sweep's own start-up and bookkeeping); that work is mostly "
+        "single-threaded, so one worker leaves a core idle through it, and a second worker "
+        "overlaps it with the other trial's.",
+        f"- Training itself: {s1['train']:.1f} s per trial on {cores} threads alone against "
+        f"{s2['train']:.1f} s on {max(1, cores // 2)} thread beside the other trainer, so the extra "
+        f"thread bought only {thread_gain:.2f}x: at this size the ops (small convolutions, a "
+        "dense layer on a small batch) are too small to split well across threads, and a "
+        "multi-threaded op waits for its slowest thread, which on a busy machine is often "
+        "descheduled. Two single-thread trainers keep both cores busy instead.",
+        "- What keeps it under 2x: the two trainers share memory bandwidth and caches, so each is "
+        "slower than it would be alone (compare the per-trial seconds), the sweep ends when its "
+        "last trial does, and this machine's cores are shared with other work (see the load "
+        "averages: several runs of each setting and their medians are the fair comparison).",
     ]
     if t1 / t2 < 1:
         lines.append("- Here 2 workers were slower: the threads of one trainer did scale, or the "
-                     "machine was busy; on a quiet machine with more cores per worker, compare again.")
+                     "machine was busy; on a quiet machine, compare again.")
     return "\n".join(lines)
 
 

@@ -353,10 +353,10 @@ def test_given_a_manifest_whose_files_went_missing_when_loading_then_it_is_not_t
     assert victim.exists() and again["chosen"] == manifest["chosen"]
 
 
-def _start(data: Path, seed: int, per_class: int = 80) -> subprocess.Popen:
+def _start(data: Path, seed: int, per_class: int = 40) -> subprocess.Popen:
     """`python -m catsdogs prepare --source synthetic` in its own session (so its workers too)."""
     args = [sys.executable, "-m", "catsdogs", "prepare", "--source", "synthetic", "--data-dir", str(data),
-            "--per-class", str(per_class), "--split", f"{per_class - 40},20,20", "--size", "64",
+            "--per-class", str(per_class), "--split", f"{per_class // 2},{per_class // 4},{per_class // 4}", "--size", "64",
             "--seed", str(seed), "--quiet"]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -417,8 +417,7 @@ def test_given_prepare_is_killed_at_any_moment_then_no_half_split_is_taken_as_fi
         if _kill_when(_start(data, seed=0), ready):
             killed.append(what)
         assert_never_half_finished(data)
-    first = _start(data, seed=0)
-    assert first.wait(timeout=120) == 0
+    assert _start(data, seed=0).wait(timeout=120) == 0
     manifest0 = load_manifest(data)
     assert manifest0 is not None
     started = time.monotonic()
@@ -426,20 +425,20 @@ def test_given_prepare_is_killed_at_any_moment_then_no_half_split_is_taken_as_fi
     duration = time.monotonic() - started
 
     # when: rebuilds over that finished prepare (each with a new seed) are killed while they
-    # swap the new folders in, and at fractions of a rebuild's duration
+    # swap the new folders in, and half-way through
     rebuild_points = {
         "the old manifest is withdrawn": lambda: not (data / "manifest.json").exists(),
         "standard/ is swapped": _gone_or_replaced(data / "standard"),
         "augmented/ is swapped": _gone_or_replaced(data / "augmented"),
-        **{f"{f:.0%} of a rebuild": f for f in (0.3, 0.6, 0.9)},
+        "half-way": _after(duration / 2),
     }
     for i, (what, ready) in enumerate(rebuild_points.items()):
-        proc = _start(data, seed=10 + i)
-        if _kill_when(proc, _after(ready * duration) if isinstance(ready, float) else ready):
+        if _kill_when(_start(data, seed=10 + i), ready):
             killed.append(what)
         # then: whatever is visible as finished matches its files exactly
         assert_never_half_finished(data)
-    assert len(killed) >= 7, killed  # most points were really reached and cut
+    # (a point missed because the run outran the polling is no failure, but most must be hit)
+    assert len(killed) >= len(fresh_points) + len(rebuild_points) - 2, killed
 
     # and a later prepare completes, consistent, with the same choice as before for seed 0
     assert _start(data, seed=0).wait(timeout=120) == 0

@@ -1,0 +1,92 @@
+"""Beyond the article: learning-rate scaling, equal-update budgets, accumulation, precision.
+
+Each option is off by default (the article's protocol) and is part of the trial's identity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from catsdogs.prepare import prepare
+from catsdogs.store import CSV_COLUMNS
+from catsdogs.trial import TrialConfig, run_trial
+
+SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("data")
+    prepare(source="synthetic", data_dir=d, per_class=40, split=(32, 4, 4), size=SIZE,
+            log=lambda *a: None, progress=False)
+    return d
+
+
+def trial(data_dir, **kw):
+    base = dict(optimizer="adam", batch_size=16, dataset="standard", seed=0, epochs=1, image_size=SIZE)
+    return run_trial(TrialConfig(**{**base, **kw}), data_dir)
+
+
+def test_defaults_are_the_articles_protocol():
+    cfg = TrialConfig("adam", 64, "standard", 0)
+    assert (cfg.lr, cfg.lr_scaling, cfg.budget, cfg.accumulate, cfg.precision, cfg.strategy,
+            cfg.warmup_epochs) == (None, "none", "epochs", 1, "float32", "none", 0.0)
+    # and every option is a column of the results CSV
+    assert {"lr", "lr_scaling", "budget", "accumulate", "precision", "strategy"} <= set(CSV_COLUMNS)
+
+
+@pytest.mark.parametrize("change", [{"lr": 0.01}, {"lr_scaling": "linear"}, {"budget": "steps"},
+                                    {"accumulate": 2}, {"precision": "mixed_bfloat16"},
+                                    {"warmup_epochs": 1.0}, {"strategy": "mirrored"}])
+def test_every_option_changes_the_trial_key(change):
+    assert TrialConfig("adam", 64, "standard", 0).key() != TrialConfig("adam", 64, "standard", 0, **change).key()
+
+
+def test_gradient_accumulation_updates_once_per_n_batches(data_dir):
+    # given 64 training images, batches of 8, accumulation over 4 batches
+    r = trial(data_dir, batch_size=8, accumulate=4)
+    # then 8 batches were seen but the weights changed twice (an effective batch of 32)
+    assert r["batches"] == 8 and r["steps"] == 2
+
+
+def test_accumulated_small_batches_match_the_large_batch_they_stand_for(data_dir):
+    # SGD on a mean loss: 2 x 16 accumulated is one update on the mean gradient of 32 images,
+    # the same as one batch of 32, up to float rounding; the first update starts equal
+    big = trial(data_dir, optimizer="sgd", batch_size=32, epochs=1)
+    acc = trial(data_dir, optimizer="sgd", batch_size=16, accumulate=2, epochs=1)
+    assert big["steps"] == acc["steps"] == 2
+    assert acc["history"][0]["loss"] == pytest.approx(big["history"][0]["loss"], rel=0.05)
+
+
+def test_the_steps_budget_gives_every_batch_size_the_base_updates(data_dir):
+    # base batch size 8 on 64 images: 8 updates per epoch, whatever the batch size
+    small = trial(data_dir, batch_size=8, budget="steps", base_batch_size=8)
+    large = trial(data_dir, batch_size=32, budget="steps", base_batch_size=8)
+    assert small["steps"] == large["steps"] == 8
+    # while the article's budget gives the large batch a quarter of them
+    assert trial(data_dir, batch_size=32)["steps"] == 2
+
+
+def test_learning_rate_scaling_is_recorded(data_dir):
+    r = trial(data_dir, optimizer="sgd", batch_size=64 // 2, lr_scaling="linear", base_batch_size=8)
+    assert r["learning_rate"] == pytest.approx(0.01 * 32 / 8)
+    assert trial(data_dir, lr=0.003)["learning_rate"] == 0.003
+
+
+def test_bfloat16_mixed_precision_trains_with_a_float32_output(data_dir):
+    r = trial(data_dir, precision="mixed_bfloat16")
+    assert r["status"] == "done" and r["steps"] == 4
+    assert 0.0 <= r["test_accuracy"] <= 1.0 and r["test_loss"] == r["test_loss"]  # not NaN
+
+
+def test_mirrored_strategy_splits_the_global_batch_over_two_cpu_replicas(data_dir, tmp_path):
+    from catsdogs.sweep import run_child
+
+    # given no GPU, two logical CPU devices stand in for two GPUs (a fresh process: TensorFlow
+    # fixes its devices when it starts)
+    cfg = TrialConfig("adam", 16, "standard", 0, epochs=1, image_size=SIZE, strategy="mirrored")
+    r = run_child(cfg, data_dir, tmp_path, env={"CATSDOGS_LOGICAL_CPUS": "2"})
+    # then one trial trains on both replicas, the batch of 16 being the global batch
+    assert r["status"] == "done", r.get("error")
+    assert r["replicas"] == 2 and r["steps"] == 64 // 16
