@@ -6,6 +6,7 @@ Every error the user can fix is one line on stderr and a non-zero exit: 2 for us
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -390,6 +391,8 @@ def reproduce(config_file, source, seeds, name, data_dir, out, workers, overwrit
         plan = rp.load_plan(path)
     except CatsdogsError as e:
         raise click.UsageError(str(e)) from None
+    if data_dir is None and plan.get("data_dir") and not os.environ.get(config.DATA_DIR_ENV):
+        data_dir = Path(plan["data_dir"])  # a plan at other sizes keeps its images apart
     result = rp.reproduce(plan, data_dir=resolved_data_dir(data_dir), out=out, name=name, seeds=seeds,
                           source=source, workers=workers, overwrite=overwrite, log=click.echo,
                           progress=not quiet and sys.stderr.isatty())

@@ -18,7 +18,6 @@ Pillow's default filter and cropped to its top-left size x size, saved the same 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import functools
 import hashlib
@@ -398,7 +397,7 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
     n_augmented = params.split[0] + params.split[1]  # the first this many valid go to train/validation
     ctx = get_context("spawn")  # the caller may have imported TensorFlow; never fork it
     bar = _Progress(progress, total=params.per_class * len(config.CLASSES), what="images")
-    with ProcessPoolExecutor(WORKERS, mp_context=ctx, initializer=_worker_init) as pool, bar:
+    with ProcessPoolExecutor(WORKERS, mp_context=ctx) as pool, bar:
         for ci, c in enumerate(config.CLASSES):
             names = sorted(os.listdir(pets / c), key=numeric_order)
             for n in names:
@@ -493,18 +492,6 @@ def in_order(pool, items, args_of, window: int = WORKERS * 16, batch=lambda in_f
 
 def process_batch(tasks: list[tuple]) -> list[tuple[str, object]]:
     return [process_image(*args) for args in tasks]
-
-
-def _worker_init() -> None:
-    """Runs once in each worker process.
-
-    glibc hands every freed block over 128 KiB (each decoded photo) straight back to the
-    system, so the next decode page-faults a fresh buffer in: a large share of a small
-    image's cost. Keeping freed memory for reuse changes no pixel, only the time."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: glibc's maximum on 64-bit
-        libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
 
 
 class _Progress:

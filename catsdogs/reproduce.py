@@ -3,6 +3,7 @@
 A plan is a TOML file (configs/article.toml is the article's full protocol):
 
     name = "article"          # the sweep; outputs go to OUT/NAME/
+    data_dir = "data/quick"   # optional: where this plan's images go (--data-dir wins)
     seeds = 3
     epochs = 5
     [prepare]                 # catsdogs prepare's options
@@ -26,7 +27,7 @@ from pathlib import Path
 from catsdogs import config
 from catsdogs.errors import CatsdogsError
 
-PLAN_KEYS = {"name", "seeds", "epochs", "note", "prepare", "grids"}
+PLAN_KEYS = {"name", "seeds", "epochs", "note", "data_dir", "prepare", "grids"}
 PREPARE_KEYS = {"source", "sha256", "verify", "per_class", "split", "size", "seed"}
 GRID_KEYS = {"opt", "batch_size", "dataset", "lr", "lr_scaling", "base_batch_size", "warmup_epochs",
              "budget", "accumulate", "precision", "strategy", "epochs"}
