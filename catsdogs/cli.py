@@ -132,6 +132,10 @@ def prepare(source, sha256, no_verify, data_dir, per_class, split, size, seed, q
     src = source
     if src not in ("synthetic",) and not re.match(r"^https?://", src) and not Path(src).expanduser().exists():
         raise click.BadParameter(f"no such file or folder: {src}", param_hint="'--source'")
+    if not no_verify and not re.fullmatch(r"[0-9A-Fa-f]{64}", sha256.strip()):
+        # An empty or mistyped hash must not pass for a verified archive (or waste a download).
+        raise click.BadParameter(f"expected 64 hexadecimal digits (or --no-verify), got {sha256!r}",
+                                 param_hint="'--sha256'")
     if no_verify:
         click.echo("Warning: SHA-256 verification skipped (--no-verify).", err=True)
     prep.prepare(source=src, data_dir=resolved_data_dir(data_dir), sha256=None if no_verify else sha256,
@@ -329,6 +333,131 @@ def sweep(ctx, **values):
                           retry_failed=v["retry_failed"], log=click.echo, sweep_config={"settings": settings},
                           workers=workers, runner=runner)
     return 0 if counts["done"] == len(grid) else 1
+
+
+# --- profile, find-batch-size -------------------------------------------------------------------
+
+
+def _memory_limit(ctx, param, value):
+    """--memory-limit 4GiB -> bytes; None when not given; a bad size is a usage error."""
+    if value is None:
+        return None
+    from catsdogs.profile import parse_memory
+
+    try:
+        return parse_memory(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _run_name(ctx, param, value):
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
+        raise click.BadParameter(f"{value!r}: use letters, digits, '.', '_' and '-'")
+    return value
+
+
+def _require_data(data_dir: Path | None) -> Path:
+    """The resolved data dir; an unprepared one is a usage error, as for sweep."""
+    from catsdogs.prepare import require_prepared
+
+    data_dir = resolved_data_dir(data_dir)
+    try:
+        require_prepared(data_dir)
+    except CatsdogsError as e:
+        raise click.UsageError(str(e)) from None
+    return data_dir
+
+
+def measurement_options(f):
+    """What profile and find-batch-size share: the model's training setup, the cap, the paths."""
+    options = [
+        click.option("--opt", type=click.Choice(config.OPTIMIZERS), default="adam", show_default=True,
+                     help="Optimizer, by Keras name (so its default learning rate)."),
+        click.option("--dataset", type=click.Choice(config.DATASETS), default="standard", show_default=True,
+                     help="Which prepared train split the batches are drawn from."),
+        click.option("--precision", type=click.Choice(["float32", "mixed_float16", "mixed_bfloat16"]),
+                     default="float32", show_default=True, help="Keras mixed-precision policy."),
+        click.option("--memory-limit", callback=_memory_limit, default=None, metavar="SIZE",
+                     help="Memory cap per probe, like 4GiB or 4096MB (KiB/MiB/GiB binary, KB/MB/GB "
+                          "decimal). CPU: the probe's peak resident memory; a probe that goes over is "
+                          "stopped and recorded as out of memory. GPU: a logical device of that size."),
+        data_dir_option,
+        click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
+                     show_default=True, help="Results go to OUT/NAME/."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+@cli.command(cls=VariadicCommand)
+@click.option("--batch-size", type=int, multiple=True, default=(4, 8, 16, 32, 64, 128, 256, 512, 1024),
+              show_default=True, help="Batch sizes: `--batch-size 4 8 16 32`.")
+@click.option("--steps", type=int, default=20, show_default=True,
+              help="Timed training steps per batch size, after the warm-up.")
+@click.option("--warmup", type=int, default=2, show_default=True,
+              help="Untimed warm-up steps (the first one traces and compiles).")
+@click.option("--name", default="profile", show_default=True, callback=_run_name,
+              help="Name of the run: OUT/NAME/profile.csv and OUT/NAME/figures/.")
+@measurement_options
+def profile(batch_size, steps, warmup, name, opt, dataset, precision, memory_limit, data_dir, out):
+    """Throughput, memory and utilization of the article's model at each batch size.
+
+    Each batch size runs in a fresh process: warm-up, then --steps timed training steps on the
+    prepared train split. Records the step time (median, mean), images/s, achieved FLOP/s and
+    its share of the device's measured matmul peak (MFU), peak memory (on a GPU also NVML's
+    utilization and memory, with the `nvml` extra). Out of memory is a recorded outcome.
+    Writes OUT/NAME/profile.csv and figures (PNG, SVG) in OUT/NAME/figures/."""
+    from catsdogs import profile as prof
+
+    try:
+        prof.check_settings(batch_size, opt, dataset, precision, steps, warmup)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    rows = prof.profile(name, batch_size, _require_data(data_dir), out, optimizer=opt, dataset=dataset,
+                        precision=precision, steps=steps, warmup=warmup, memory_cap_bytes=memory_limit,
+                        log=click.echo)
+    return 1 if any(r["status"] == "failed" for r in rows) else 0
+
+
+@cli.command("find-batch-size")
+@click.option("--mode", type=click.Choice(["power", "binsearch"]), default="binsearch", show_default=True,
+              help="power: double from --start until a probe runs out of memory; binsearch: then bisect "
+                   "between the last size that fit and the first that did not.")
+@click.option("--start", type=click.IntRange(min=1), default=8, show_default=True,
+              help="First batch size (halved while it does not fit).")
+@click.option("--max", "max_batch", type=click.IntRange(min=1), default=None,
+              help="Largest batch size to try (probed itself when doubling would pass it).")
+@click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+              help="Safety fraction taken off the largest size that fits, then rounded down to a "
+                   "multiple of 8 (a power of two below 8); 0 keeps the largest as is.")
+@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed training steps per probe, after one warm-up step.")
+@click.option("--resolution", type=click.IntRange(min=1), default=None,
+              help="Stop bisecting when the gap is this small [default: 8, or an eighth of the "
+                   "largest size that fits when smaller].")
+@click.option("--name", default="find-batch-size", show_default=True, callback=_run_name,
+              help="Name of the run: OUT/NAME/find_batch_size.json and .csv.")
+@measurement_options
+def find_batch_size(mode, start, max_batch, margin, steps, resolution, name, opt, dataset, precision,
+                    memory_limit, data_dir, out):
+    """The largest batch size that fits in memory, the fastest, and which to train with.
+
+    Every probe (a few training steps at one batch size) runs in a fresh process, so one out
+    of memory cannot poison the next. Prints the measured answer beside the analytic memory
+    model's, and a recommendation: batch size, throughput, and the learning rate the linear
+    scaling rule pairs with it. Without --memory-limit a GPU's own memory is the cap, and on
+    the CPU 90% of the memory available when the search starts."""
+    from catsdogs import findbs
+
+    try:
+        findbs.find_batch_size(name, _require_data(data_dir), out, mode=mode, start=start,
+                               max_batch=max_batch, margin=margin, optimizer=opt, dataset=dataset,
+                               precision=precision, steps=steps, memory_cap_bytes=memory_limit,
+                               resolution=resolution, log=click.echo)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    return 0
 
 
 # --- report ---------------------------------------------------------------------------------

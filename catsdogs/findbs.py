@@ -61,7 +61,7 @@ HOST_CAP_FRACTION = 0.9
 
 PROBE_COLUMNS = ["order", "phase", "batch_size", "status", "peak_memory_mb", "memory_cap_mb",
                  "predicted_peak_mb", "images_per_second", "step_time_median_s", "baseline_rss_mb",
-                 "memory_kind", "device", "error"]
+                 "allocator_peak_mb", "memory_kind", "device", "error"]
 
 
 # --- pure parts ----------------------------------------------------------------------------------
@@ -260,8 +260,8 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
         status = {"ok": "fits"}.get(record["status"], record["status"])
         p = {"order": len(probes) + 1, "phase": phase, "batch_size": bs, "status": status,
              **{k: record.get(k) for k in ("peak_memory_mb", "memory_cap_mb", "images_per_second",
-                                           "step_time_median_s", "baseline_rss_mb", "memory_kind",
-                                           "device", "device_memory_limit_mb", "log")},
+                                           "step_time_median_s", "baseline_rss_mb", "allocator_peak_mb",
+                                           "memory_kind", "device", "device_memory_limit_mb", "log")},
              "error": record.get("error")}
         probes.append(p)
         log(_probe_line(p))

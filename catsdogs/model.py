@@ -70,30 +70,50 @@ def state_bytes(size: int = 200, optimizer: str = "adam", precision: str = "floa
     return parts
 
 
-def activation_bytes_per_image(size: int = 200, precision: str = "float32",
-                               host_batches: int = 0) -> dict[str, int]:
-    """What one more image adds to the peak of a training step, by tensor.
+def activation_moments(size: int = 200, precision: str = "float32") -> dict[str, dict[str, int]]:
+    """Per image, the activation tensors live at each candidate peak moment of a training step.
 
-    The peak is in the backward pass, at the max-pool gradient: the forward tensors the
-    backward pass still needs are live (the uint8 input, the rescaled float input that the
-    convolution's weight gradient reads, the ReLU output that ReluGrad and MaxPoolGrad read,
-    the pooled output, which Flatten only reshapes), and so are the two backward temporaries
-    being made (the gradient reaching the pooled output and the one MaxPoolGrad writes at full
-    resolution). The convolution's pre-activation output is gone by then (ReLU's gradient reads
-    the ReLU output), and the forward pass peaks lower (input, rescaled, conv and relu outputs).
-    `host_batches`: extra uint8 input batches held in the same memory (the CPU input pipeline)."""
+    A tensor lives from the op that writes it to the last op that reads it. The uint8 batch
+    lives through the whole step (it is the step's argument); the rescaled float input until
+    the convolution's weight gradient has read it; the ReLU output until ReluGrad (which reads
+    the ReLU output, not its input, so the convolution's pre-activation output dies in the
+    forward pass); the pooled output (Flatten only reshapes it) until MaxPoolGrad. Backward
+    temporaries: the gradient reaching the pooled output, MaxPoolGrad's full-resolution
+    output, and ReluGrad's output, a new buffer (TensorFlow's ReluGrad, oneDNN's included,
+    does not overwrite its input), read by the bias and weight gradients. The Dense layers'
+    128-wide activations are a rounding error and left out."""
     a = _activation_bytes(precision)
     px, pooled = size * size, (size // 2) * (size // 2)
+    uint8, rescaled = 3 * px, 3 * px * a
+    full, half = 32 * px * a, 32 * pooled * a  # one 32-channel map, before and after pooling
     return {
-        "input_uint8": 3 * px,
-        "rescaled_input": 3 * px * a,
-        "conv_relu_output": 32 * px * a,
-        "pool_output": 32 * pooled * a,  # Flatten is a view of it
-        "dense_output": (128 + 1) * a,
-        "grad_pool_output": 32 * pooled * a,
-        "grad_relu_output": 32 * px * a,
-        "host_input_batches": host_batches * 3 * px,
+        "forward: relu": {"input_uint8": uint8, "rescaled_input": rescaled, "conv_output": full,
+                          "relu_output": full},
+        "backward: max-pool gradient": {"input_uint8": uint8, "rescaled_input": rescaled,
+                                        "relu_output": full, "pool_output": half,
+                                        "grad_pool_output": half, "grad_relu_output": full},
+        "backward: relu gradient": {"input_uint8": uint8, "rescaled_input": rescaled, "relu_output": full,
+                                    "grad_relu_output": full, "grad_conv_output": full},
+        "backward: conv weight gradient": {"input_uint8": uint8, "rescaled_input": rescaled,
+                                           "grad_conv_output": full},
     }
+
+
+def peak_moment(size: int = 200, precision: str = "float32") -> str:
+    moments = activation_moments(size, precision)
+    return max(moments, key=lambda m: sum(moments[m].values()))
+
+
+def activation_bytes_per_image(size: int = 200, precision: str = "float32",
+                               host_batches: int = 0) -> dict[str, int]:
+    """What one more image adds to the peak of a training step, by tensor: the tensors live at
+    the peak moment (`peak_moment`: ReLU's gradient, for this network: the uint8 input, the
+    rescaled input, the ReLU output, and three full-resolution 32-channel maps' worth of those
+    and of the gradients), plus `host_batches` extra uint8 input batches held in the same
+    memory (the CPU input pipeline's; 0 on a GPU, whose memory holds only the step's batch)."""
+    parts = dict(activation_moments(size, precision)[peak_moment(size, precision)])
+    parts["host_input_batches"] = host_batches * 3 * size * size
+    return parts
 
 
 def predict_max_batch_size(cap_bytes: float, calibration_batch: int, calibration_peak_bytes: float,

@@ -29,6 +29,7 @@ import platform
 import re
 import shutil
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -49,6 +50,8 @@ from catsdogs.errors import ArchiveError, CatsdogsError
 MANIFEST = "manifest.json"
 FORMAT = 1  # bump when the prepared layout or pixels change, so old folders get rebuilt
 WORKERS = os.cpu_count() or 1  # one decode process per core: decoding is the cost
+BATCH = 8  # candidates per task sent to a worker, at most (fewer round trips)
+WINDOW = WORKERS * 16  # candidates in flight, at most (what an early stop may waste)
 
 
 @dataclass(frozen=True)
@@ -109,15 +112,17 @@ def article_jpeg(img: Image.Image) -> bytes:
     a = np.asarray(img)  # uint8, H x W x 3
     lut = _stretch_lut(int(a.min()), int(a.max()))
     if lut is not None:
-        img = Image.fromarray(np.take(lut, a), "RGB")
+        img = img.point(lut)  # the same table for R, G and B, as keras stretches them together
     buf = io.BytesIO()
     img.save(buf, format="JPEG", quality=config.JPEG_QUALITY)
     return buf.getvalue()
 
 
 @functools.cache
-def _stretch_lut(lo: int, hi: int) -> np.ndarray | None:
-    """keras' float32 min-max stretch as a table over lo..hi (None when it changes nothing)."""
+def _stretch_lut(lo: int, hi: int) -> list[int] | None:
+    """keras' float32 min-max stretch as an RGB table for Image.point (None if it changes nothing).
+
+    Entries outside lo..hi are never looked up (no pixel has those values); they are 0."""
     x = np.arange(256, dtype=np.float32)[lo : hi + 1]  # the values an image with this min, max holds
     x = x - np.float32(lo)  # x - np.min(x)
     x_max = np.float32(hi - lo)  # np.max(x), exactly: small whole numbers are exact in float32
@@ -126,7 +131,9 @@ def _stretch_lut(lo: int, hi: int) -> np.ndarray | None:
     x *= 255
     lut = np.zeros(256, dtype=np.uint8)
     lut[lo : hi + 1] = x.astype("uint8")
-    return None if np.array_equal(lut[lo : hi + 1], np.arange(lo, hi + 1)) else lut
+    if np.array_equal(lut[lo : hi + 1], np.arange(lo, hi + 1)):
+        return None
+    return lut.tolist() * 3
 
 
 def resize_like_article(img: Image.Image, size: int) -> Image.Image:
@@ -182,6 +189,27 @@ def process_image(path: str, size: int, max_pixels: int, augment: bool = True) -
     except (OSError, SyntaxError, ValueError, EOFError) as e:
         return "rejected", f"undecodable: {e}"
     return "ok", (standard, augmented, mode)
+
+
+def process_and_write(path: str, size: int, max_pixels: int, augment: bool, pending: str) -> tuple[str, object]:
+    """process_image(), then write its JPEGs to `pending` + '.std.jpg' and, when augmented, to
+    '.orig.jpg' (the same bytes, for the augmented folder) and '.aug.jpg'.
+
+    ('ok', (standard SHA-256, augmented SHA-256 or None, mode)) or ('rejected', reason). Writing
+    in the workers spreads the cost of creating files over them; the main process only renames
+    each file into place once it knows the image's split."""
+    status, payload = process_image(path, size, max_pixels, augment)
+    if status != "ok":
+        return status, payload
+    standard, augmented, mode = payload
+    outputs = [(".std.jpg", standard)]
+    if augmented is not None:
+        outputs += [(".orig.jpg", standard), (".aug.jpg", augmented)]
+    for suffix, data in outputs:
+        with open(pending + suffix, "wb") as f:
+            f.write(data)
+    digest = hashlib.sha256(standard).digest()
+    return "ok", (digest, augmented and hashlib.sha256(augmented).digest(), mode)
 
 
 # --- source -> PetImages folder --------------------------------------------------------------
@@ -383,21 +411,23 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
     checked: dict = {}
     modes: Counter = Counter()
     digests: dict[PurePosixPath, bytes] = {}
+    pending = staging / ".pending"  # where the workers write; removed with the staging folder
     for c in config.CLASSES:
+        (pending / c).mkdir(parents=True)
         for s in config.SPLIT_NAMES:
             (staging / "standard" / s / c).mkdir(parents=True)
             if s != "test":
                 (staging / "augmented" / s / c).mkdir(parents=True)
 
-    def write(rel: str, data: bytes, digest: bytes | None = None) -> bytes:
-        (staging / rel).write_bytes(data)
-        digests[PurePosixPath(rel)] = digest = digest or hashlib.sha256(data).digest()
-        return digest
+    def place(written: str, rel: str, digest: bytes) -> None:
+        os.rename(written, staging / rel)
+        digests[PurePosixPath(rel)] = digest
 
     n_augmented = params.split[0] + params.split[1]  # the first this many valid go to train/validation
     ctx = get_context("spawn")  # the caller may have imported TensorFlow; never fork it
     bar = _Progress(progress, total=params.per_class * len(config.CLASSES), what="images")
-    with ProcessPoolExecutor(WORKERS, mp_context=ctx) as pool, bar:
+    with ProcessPoolExecutor(WORKERS, mp_context=ctx, initializer=_worker_init,
+                             initargs=(os.getpid(),)) as pool, bar:
         for ci, c in enumerate(config.CLASSES):
             names = sorted(os.listdir(pets / c), key=numeric_order)
             for n in names:
@@ -411,31 +441,33 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
                 # test image (or not chosen at all): skip its augmented copy. Before that,
                 # the decodes still in flight may be rejected, so make it to be safe.
                 augment = counted["valid"] < n_augmented
-                return str(pets / c / name), params.size, config.MAX_IMAGE_PIXELS, augment
+                return (str(pets / c / name), params.size, config.MAX_IMAGE_PIXELS, augment,
+                        str(pending / c / name))
 
             def batch(in_flight, counted=counted):
                 # Big batches while many images are still needed, single ones near the end,
                 # so that what is decoded after the last valid image stays little.
                 wanted = params.per_class - counted["valid"] - in_flight
-                return max(1, min(8, wanted // (2 * WORKERS)))
+                return max(1, min(BATCH, wanted // (2 * WORKERS)))
 
             n_checked = 0
-            results = in_order(pool, order, args_of, batch=batch)
+            results = in_order(pool, order, args_of, window=WINDOW, batch=batch)
             for name, (status, payload) in results:
                 n_checked += 1
                 if status != "ok":
                     rejected.append({"file": f"{c}/{name}", "reason": payload})
                     continue
-                standard, augmented, mode = payload
+                standard, augmented, mode = payload  # their SHA-256s: the files are written
                 modes[mode] += 1
                 s = split_of(counted["valid"], params.split)
                 chosen[c][s].append(name)
-                digest = write(f"standard/{s}/{c}/{name}", standard)
+                written = str(pending / c / name)
+                place(written + ".std.jpg", f"standard/{s}/{c}/{name}", standard)
                 if s != "test":
                     if augmented is None:  # cannot happen: see args_of
                         raise RuntimeError(f"no augmented copy made for {c}/{name} ({s})")
-                    write(f"augmented/{s}/{c}/{name}", standard, digest)
-                    write(f"augmented/{s}/{c}/augmented_{name}", augmented)
+                    place(written + ".orig.jpg", f"augmented/{s}/{c}/{name}", standard)
+                    place(written + ".aug.jpg", f"augmented/{s}/{c}/augmented_{name}", augmented)
                 bar.advance()
                 counted["valid"] += 1
                 if counted["valid"] == params.per_class:
@@ -461,8 +493,8 @@ def fingerprint_of(digests: dict[PurePosixPath, bytes], dirs: list[str]) -> str:
     return h.hexdigest()
 
 
-def in_order(pool, items, args_of, window: int = WORKERS * 16, batch=lambda in_flight: 1):
-    """Yield (item, process_image(*args_of(item))) in the items' order, a bounded window ahead.
+def in_order(pool, items, args_of, window: int = WINDOW, batch=lambda in_flight: 1):
+    """Yield (item, process_and_write(*args_of(item))) in the items' order, a bounded window ahead.
 
     In order, so the choice is the same whatever the timing; bounded, so stopping early
     after `per_class` valid images wastes little: at most `window` items are in flight, and
@@ -491,7 +523,19 @@ def in_order(pool, items, args_of, window: int = WORKERS * 16, batch=lambda in_f
 
 
 def process_batch(tasks: list[tuple]) -> list[tuple[str, object]]:
-    return [process_image(*args) for args in tasks]
+    return [process_and_write(*args) for args in tasks]
+
+
+def _worker_init(parent: int) -> None:
+    """Make each worker exit soon after the main process dies, even by kill -9: otherwise
+    it would wait for work forever, an orphan."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="catsdogs-parent-watch", daemon=True).start()
 
 
 class _Progress:
@@ -533,6 +577,10 @@ def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None
     check_params(per_class, split, size)
     if source == "synthetic":
         sha256 = None  # we make it ourselves; its hash is recorded, not checked
+    elif sha256 is not None:
+        if not re.fullmatch(r"[0-9A-Fa-f]{64}", sha256.strip()):  # "" must not count as verified
+            raise CatsdogsError(f"--sha256 must be 64 hexadecimal digits, got {sha256!r}")
+        sha256 = sha256.strip().lower()
     params = PrepareParams(source, sha256, per_class, split, size, seed)  # type: ignore[arg-type]
 
     existing = load_manifest(data_dir)
@@ -541,8 +589,12 @@ def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None
         return existing
 
     with prepare_lock(data_dir):
-        for stale in data_dir.glob(".staging-*"):  # left by a killed prepare; the lock says none runs
+        # Left by a killed prepare (the lock says none runs now): half-built folders, half
+        # an extraction (up to the archive's size each time), a half-written manifest.
+        for stale in [*data_dir.glob(".staging-*"), *data_dir.glob("extracted/.tmp-*")]:
             shutil.rmtree(stale, ignore_errors=True)
+        for stale in data_dir.glob(f".{MANIFEST}.*.tmp"):
+            stale.unlink(missing_ok=True)
         started = time.time()
         pets, origin = resolve_source(params, data_dir, log, progress)
         staging = data_dir / f".staging-{uuid.uuid4().hex[:8]}"

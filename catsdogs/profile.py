@@ -14,16 +14,30 @@ Memory. On a GPU the peak is TensorFlow's allocator peak (`get_memory_info`), an
 (utilization, memory used) is sampled in the background when `nvidia-ml-py` is installed. On the
 CPU it is the child's peak resident set (VmHWM), which includes the TensorFlow runtime and the
 data held in memory; the resident set just before the model is built is recorded too
-(`baseline_rss_mb`), so the increment the model and the batch add is visible.
+(`baseline_rss_mb`), so the increment the model and the batch add is visible, and so is the
+peak of TensorFlow's own CPU allocator where it has one (`allocator_peak_mb`: oneDNN builds).
 
-A memory cap (`memory_cap_bytes`) makes the child's memory stand in for a device's: on the CPU
-the parent watches the child's peak resident set (VmHWM in /proc/PID/status, every 20 ms)
-and kills it the moment it goes over the cap; a child that ends between two looks is judged
-by its own final peak (ru_maxrss), so "fits" means exactly "peak resident memory <= cap". On a
-GPU the cap becomes a logical device's memory limit, and TensorFlow's own out-of-memory error
-decides. (Why not setrlimit: RLIMIT_AS and RLIMIT_DATA limit virtual memory, which TensorFlow
-reserves well beyond what it touches: a batch-1 probe of the 200 px model maps ~4 GiB, 2.6 GiB
-of it data segments, with 1.7 GiB resident. cgroups would be exact but need root.)
+A memory cap (`memory_cap_bytes`) makes the child's memory stand in for a device's. On the CPU
+the parent watches the child's peak resident set (VmHWM in /proc/PID/status, every 20 ms) and
+kills it the moment it goes over the cap; a child that ends between two looks is judged by its
+own final peak (ru_maxrss). So "fits" means exactly "peak resident memory <= cap", whatever the
+memory is (tensors, runtime, data, allocator slack), and the kill is ours, never a crash. On a
+GPU the cap becomes a logical device's memory limit and TensorFlow's out-of-memory error decides.
+
+What else was measured, and why not (TensorFlow 2.21, Linux x86-64, the 200 px model):
+- RLIMIT_AS / RLIMIT_DATA limit virtual memory, which TensorFlow maps far beyond what it
+  touches: a batch-1 probe maps 4.0 GiB with 1.7 GiB resident, and RLIMIT_AS = 3 GiB fails it
+  (ResourceExhaustedError); at 128 images the data segments are 4.6 GiB for 3.4 GiB resident
+  (the allocator's reserved, untouched regions), so RLIMIT_DATA caps a number nobody reads.
+- TF_MKL_ALLOC_MAX_BYTES, the limit of TensorFlow's oneDNN CPU allocator, would make the CPU
+  fail like a GPU (ResourceExhaustedError), and does at some sizes; at others (176, 200, 256
+  images under 3 GiB) oneDNN kernels segfault when an allocation fails.
+- cgroups (memory.limit_in_bytes) need root and a writable cgroup tree: not on CI.
+One property of the resident set to know: with oneDNN, TensorFlow's CPU allocator is a BFC
+allocator that grows its pool by regions of doubling size and keeps them, so peak RSS is a
+staircase in batch size, and one batch size near a step can land on either side of it from one
+run to the next (200 px, 144 images: 3.6 or 4.4 GiB). The answer near a cap is honest for the
+run that measured it, and a margin is wise.
 
 Memory figures are MiB (2**20 bytes), named `_mb` as everywhere in catsdogs.
 """
@@ -65,7 +79,7 @@ THESIS_GPU_MEMORY_MB = (694.274, 665.804, 649.137, 620.909, 694.563, 641.000, 54
 PROFILE_COLUMNS = [
     "batch_size", "status", "step_time_median_s", "step_time_mean_s", "images_per_second",
     "flops_per_second", "peak_flops_per_second", "mfu_percent", "peak_memory_mb", "memory_kind",
-    "baseline_rss_mb", "memory_above_baseline_mb", "nvml_gpu_util_mean_percent",
+    "baseline_rss_mb", "memory_above_baseline_mb", "allocator_peak_mb", "nvml_gpu_util_mean_percent",
     "nvml_gpu_util_max_percent", "nvml_memory_used_mb", "device", "precision", "optimizer",
     "dataset", "image_size", "steps", "warmup", "memory_cap_mb", "error",
 ]
@@ -324,13 +338,17 @@ def run_probe(spec: dict, report: Callable[[str], None] = print) -> dict:
 
 def _peak_memory(kind: str) -> dict:
     """Peak memory; on a GPU also the allocator's limit (the device memory TensorFlow may use)."""
-    if kind != "gpu":
-        return {"peak_memory_mb": _peak_rss_mb()}
     import tensorflow as tf
 
+    if kind != "gpu":
+        out = {"peak_memory_mb": _peak_rss_mb()}
+        with contextlib.suppress(Exception):  # oneDNN builds: TensorFlow's own CPU allocator (BFC)
+            out["allocator_peak_mb"] = tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
+        return out
     out = {}
     with contextlib.suppress(Exception):
-        out["peak_memory_mb"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+        out["peak_memory_mb"] = out["allocator_peak_mb"] = (
+            tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20)
     with contextlib.suppress(Exception):
         from tensorflow.python.client import device_lib
 
@@ -706,18 +724,24 @@ def plot_throughput(ax, table: list[dict]) -> dict:
 
 
 def plot_memory(ax, table: list[dict], reference: bool = True) -> dict:
-    """Peak memory against batch size; on the CPU the resident set before the model too;
-    NVML's memory used when sampled; the thesis's GPU memory (MB) as a reference series."""
+    """Peak memory against batch size; on the CPU also the resident set before the model and
+    the peak of TensorFlow's CPU allocator (the tensors alone); NVML's memory used when sampled;
+    the thesis's GPU memory (MB) as a reference series, on the same axis (MiB)."""
     out = {}
     kinds = {r.get("memory_kind") for r in table if r.get("memory_kind")}
     what = "GPU, TensorFlow allocator peak" if kinds == {"gpu"} else "process peak RSS" \
         if kinds == {"cpu-rss"} else "peak"
     xs, ys = _series(table, "peak_memory_mb")
     (out["peak"],) = ax.plot(xs, ys, marker="o", color="tab:purple", label=f"peak memory ({what})")
-    xs, ys = _series(table, "baseline_rss_mb")
-    if ys and kinds == {"cpu-rss"}:
-        (out["baseline"],) = ax.plot(xs, ys, linestyle=":", marker=".", color="tab:purple", alpha=0.7,
-                                     label="RSS before the model (runtime + data)")
+    if kinds == {"cpu-rss"}:
+        xs, ys = _series(table, "baseline_rss_mb")
+        if ys:
+            (out["baseline"],) = ax.plot(xs, ys, linestyle=":", marker=".", color="tab:purple", alpha=0.7,
+                                         label="RSS before the model (runtime + data)")
+        xs, ys = _series(table, "allocator_peak_mb")
+        if ys:
+            (out["allocator"],) = ax.plot(xs, ys, linestyle="--", marker=".", color="tab:blue", alpha=0.8,
+                                          label="TensorFlow CPU allocator peak (tensors)")
     xs, ys = _series(table, "nvml_memory_used_mb")
     if ys:
         (out["nvml"],) = ax.plot(xs, ys, marker="^", color="tab:green", label="NVML memory used")

@@ -57,18 +57,20 @@ def make_source(workdir: Path, n_valid: int) -> Path:
     return pets
 
 
-def cpu_seconds() -> float:
-    """CPU time of this process and of its finished children (prepare's pool workers)."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+def cpu_seconds(who=resource.RUSAGE_SELF) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
-def run_prepare(pets: Path, out: Path, args) -> tuple[float, float, dict]:
-    c0, t0 = cpu_seconds(), time.perf_counter()
+def run_prepare(pets: Path, out: Path, args) -> tuple[float, float, dict, str]:
+    """prepare()'s wall time, CPU time (its own and its pool workers'), manifest, CPU split."""
+    c0, w0, t0 = cpu_seconds(), cpu_seconds(resource.RUSAGE_CHILDREN), time.perf_counter()
     manifest = prepare(source=str(pets), data_dir=out, sha256=None, per_class=args.per_class,
                        split=args.split, size=args.size, seed=args.seed, log=lambda *_: None,
                        progress=False)
-    return time.perf_counter() - t0, cpu_seconds() - c0, manifest
+    seconds = time.perf_counter() - t0
+    main, workers = cpu_seconds() - c0, cpu_seconds(resource.RUSAGE_CHILDREN) - w0  # workers: reaped
+    return seconds, main + workers, manifest, f"; main {main:.2f} s + workers {workers:.2f} s"
 
 
 def run_article_loop(pets: Path, out: Path, chosen: dict, size: int) -> tuple[float, float]:
@@ -81,7 +83,7 @@ def run_article_loop(pets: Path, out: Path, chosen: dict, size: int) -> tuple[fl
             (out / "standard" / s / c).mkdir(parents=True)
             if s != "test":
                 (out / "augmented" / s / c).mkdir(parents=True)
-    c0, t0 = cpu_seconds(), time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()  # the loop runs in this process alone
     for c in config.CLASSES:
         for s in config.SPLIT_NAMES:
             for name in chosen[c][s]:
@@ -138,28 +140,32 @@ def main(argv=None) -> int:
             # which would tax whichever side ran after a clean-up.
             out = outputs / f"{side.replace(' ', '-')}-{r + 1}"
             if side == "prepare":
-                seconds, cpu_s, manifest = run_prepare(pets, out, args)
+                seconds, cpu_s, manifest, detail = run_prepare(pets, out, args)
                 chosen = manifest["chosen"]
             else:
                 seconds, cpu_s = run_article_loop(pets, out, chosen, args.size)
+                detail = ""
             last[side] = out
             times[side].append(seconds)
             cpu[side].append(cpu_s)
             print(f"  run {r + 1}: {side:12s} {seconds:7.2f} s  {n_images / seconds:7.1f} images/s"
-                  f"  (CPU {cpu_s:6.2f} s, {1000 * cpu_s / n_images:.2f} ms per image; "
+                  f"  (CPU {cpu_s:6.2f} s, {1000 * cpu_s / n_images:.2f} ms per image{detail}; "
                   f"load {os.getloadavg()[0]:.1f})", flush=True)
 
     same = tree_digest(last["prepare"]) == tree_digest(last["article loop"])
     shutil.rmtree(outputs, ignore_errors=True)
     rate = {side: n_images / statistics.median(ts) for side, ts in times.items()}
+    best = {side: n_images / min(ts) for side, ts in times.items()}
     ms = {side: 1000 * statistics.median(cs) / n_images for side, cs in cpu.items()}
     ratio = rate["prepare"] / rate["article loop"]
     for side in ("prepare", "article loop"):
-        print(f"{side + ':':13s} {rate[side]:7.1f} images/s, {ms[side]:.2f} CPU ms per image "
-              f"(medians of {args.repeats})")
-    print(f"ratio: {ratio:.2f}x on {affinity} cores; outputs byte-identical: {same}")
-    # Wall-clock ratios need idle cores; CPU per image does not. With the cores to itself,
-    # prepare can reach about (cores x loop CPU / prepare CPU), its workers being parallel.
+        print(f"{side + ':':13s} {rate[side]:7.1f} images/s (best {best[side]:.1f}), "
+              f"{ms[side]:.2f} CPU ms per image (medians of {args.repeats})")
+    print(f"ratio: {ratio:.2f}x on {affinity} cores (of the best runs: "
+          f"{best['prepare'] / best['article loop']:.2f}x); outputs byte-identical: {same}")
+    # Wall-clock ratios need idle cores (other work on the machine shows in the load average
+    # printed with each run); CPU per image does not. With the cores to itself, prepare can
+    # reach about (cores x loop CPU / prepare CPU), its workers running in parallel.
     print(f"CPU per image, loop / prepare: {ms['article loop'] / ms['prepare']:.2f} "
           f"(so at most ~{affinity * ms['article loop'] / ms['prepare']:.1f}x on {affinity} idle cores)")
     if not args.workdir:

@@ -52,7 +52,10 @@ VARIANT_PARTS = {
     "nodet": "no tf.config.experimental.enable_op_determinism()",
     "jit": "model.compile(jit_compile=True) (XLA); Keras ignores it while op determinism is on",
     "f32in": "the pipeline hands float32 pixels in 0..1 to a model without Rescaling",
+    "pildecode": "load_split: Pillow in os.cpu_count() threads into a preallocated array",
+    "tfdecode": "load_split: tf.io.decode_jpeg(dct_method='INTEGER_ACCURATE') in tf.data",
 }
+PIPE_PARTS = {"pildecode", "tfdecode"}  # variants with only these run on (a), not (b)
 
 
 # --- children: one measurement each, printed as one JSON line -----------------------------
@@ -83,6 +86,7 @@ def child_pipe_ours(args) -> dict:
     from catsdogs import data
 
     set_threads(args.threads)
+    _apply_variant(args.variant)
     t0, c0 = time.perf_counter(), time.process_time()
     train = data.load_split(Path(args.data_dir) / "standard" / "train")
     decode, decode_cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -164,12 +168,62 @@ def fused_adam_class():
     return FusedAdam
 
 
+def _fast_load_split(use_tf: bool):
+    """A drop-in for catsdogs.data.load_split that decodes faster to the same pixels.
+
+    Pillow's decoder and tf.io.decode_jpeg with dct_method='INTEGER_ACCURATE' (libjpeg's
+    ISLOW DCT, fancy upsampling) give identical pixels on images prepare wrote (checked on all
+    5,200 synthetic ones); TF's default DCT ('INTEGER_FAST') does not."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    from PIL import Image
+
+    from catsdogs import config, data
+
+    def load_split(folder):
+        paths, labels = [], []
+        for label, cls in enumerate(config.CLASSES):
+            files = sorted((Path(folder) / cls).glob("*.jpg"))
+            paths += files
+            labels += [label] * len(files)
+        if not paths:
+            raise FileNotFoundError(f"no images under {folder}")
+        if use_tf:
+            import tensorflow as tf
+
+            ds = tf.data.Dataset.from_tensor_slices([str(p) for p in paths]).map(
+                lambda p: tf.io.decode_jpeg(tf.io.read_file(p), channels=3, dct_method="INTEGER_ACCURATE"),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(len(paths))
+            images = next(iter(ds)).numpy()
+        else:
+            with Image.open(paths[0]) as img:
+                w, h = img.size
+            images = np.empty((len(paths), h, w, 3), np.uint8)
+
+            def decode_into(i):
+                with Image.open(paths[i]) as img:
+                    img = img if img.mode == "RGB" else img.convert("RGB")
+                    images[i] = np.asarray(img)
+
+            with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+                list(pool.map(decode_into, range(len(paths))))
+        return data.Split(images, np.asarray(labels, dtype=np.float32),
+                          [str(p.relative_to(folder)) for p in paths])
+
+    return load_split
+
+
 def _apply_variant(variant: str) -> set[str]:
     """Monkeypatch catsdogs / Keras for a what-if run of our trial."""
     import keras
     import tensorflow as tf
 
     parts = set(variant.split("+")) if variant else set()
+    if parts & PIPE_PARTS:
+        from catsdogs import data
+
+        data.load_split = _fast_load_split("tfdecode" in parts)
     if "fused" in parts:
         from catsdogs import trial
 
@@ -256,6 +310,7 @@ def child_trial_ours(args) -> dict:
     import keras  # noqa: F401
     import tensorflow as tf  # noqa: F401
 
+    from catsdogs.model import train_flops_per_image
     from catsdogs.trial import TrialConfig, run_trial
 
     set_threads(args.threads)
@@ -272,7 +327,8 @@ def child_trial_ours(args) -> dict:
             "train_s": rec["train_seconds"], "fit_s": rec["fit_seconds"],
             "batches": rec["batches"], "test_accuracy": rec["test_accuracy"],
             "epoch_train_s": [e["train_seconds"] for e in rec["history"]],
-            "threads": thread_info(), "variant": args.variant}
+            "threads": thread_info(), "variant": args.variant,
+            "flops_per_image": train_flops_per_image(SIZE)}
 
 
 def child_trial_article(args) -> dict:
@@ -401,9 +457,12 @@ def _steady(r: dict, key: str) -> list[float]:
 
 
 def parent(args) -> int:
-    import platform
-    from importlib import metadata
-
+    if args.from_json:  # re-print the table of an earlier run
+        saved = json.loads(Path(args.from_json).read_text())
+        for k in ("batch_size", "epochs", "repeats", "matmul_n"):
+            setattr(args, k, int(saved["args"][k]))
+        args.optimizer = saved["args"]["optimizer"]
+        return table(args, saved["results"], saved["variants"], saved["minutes"])
     variants = [v for v in args.variants.split(",") if v] if args.variants else []
     for v in variants:
         for part in v.split("+"):
@@ -418,7 +477,10 @@ def parent(args) -> int:
     for v in variants:
         print(f"  variant {v}: " + "; ".join(VARIANT_PARTS[p] for p in v.split("+")))
     res: dict[str, list[dict]] = {k: [] for k in SIDES}
-    res.update({f"trial-ours[{v}]": [] for v in variants})
+    pipe_variants = [v for v in variants if set(v.split("+")) & PIPE_PARTS]
+    trial_variants = [v for v in variants if set(v.split("+")) - PIPE_PARTS]
+    res.update({f"pipe-ours[{v}]": [] for v in pipe_variants})
+    res.update({f"trial-ours[{v}]": [] for v in trial_variants})
     started = time.perf_counter()
     for r in range(args.repeats):
         print(f"repeat {r + 1}/{args.repeats}", flush=True)
@@ -426,10 +488,24 @@ def parent(args) -> int:
         for a, b in (("pipe-ours", "pipe-article"), ("trial-ours", "trial-article")):
             for side in ((a, b) if r % 2 == 0 else (b, a)):  # alternate who goes first
                 res[side].append(run_child(args, side))
-        for v in variants:
+        for v in pipe_variants:
+            res[f"pipe-ours[{v}]"].append(run_child(args, "pipe-ours", v))
+        for v in trial_variants:
             res[f"trial-ours[{v}]"].append(run_child(args, "trial-ours", v))
         res["matmul"].append(run_child(args, "matmul"))  # the peak before and after the trials
+        if args.json:  # after every repeat, so an interrupted run keeps what it measured
+            Path(args.json).write_text(json.dumps(
+                {"results": res, "variants": variants, "minutes": (time.perf_counter() - started) / 60,
+                 "args": {k: str(v) for k, v in vars(args).items()}}, indent=1))
+    return table(args, res, variants, (time.perf_counter() - started) / 60)
 
+
+def table(args, res: dict, variants: list[str], minutes: float) -> int:
+    import platform
+    from importlib import metadata
+
+    pipe_variants = [v for v in variants if set(v.split("+")) & PIPE_PARTS]
+    trial_variants = [v for v in variants if set(v.split("+")) - PIPE_PARTS]
     bs, epochs = args.batch_size, args.epochs
     rows: list[tuple[str, str, str, str]] = []
 
@@ -451,14 +527,24 @@ def parent(args) -> int:
         med([per_epoch / max(med(_steady(r, "epoch_cpu_s")), 1e-9) for r in pa]), ",.0f")
     row("  first epoch, s (wall)", med([r["epoch_s"][0] for r in po]), med([r["epoch_s"][0] for r in pa]),
         ".2f", higher_is_better=False)
-    row("  one-time decode (ours) / iterator setup, s", med([r["decode_s"] for r in po]),
-        med([r["setup_s"] for r in pa]), ".2f", higher_is_better=False)
+    rows.append(("  one-time decode (ours) / iterator setup, s", f"{med([r['decode_s'] for r in po]):.2f}",
+                 f"{med([r['setup_s'] for r in pa]):.2f}", ""))
     ours_whole = med([total / (r["decode_s"] + sum(r["epoch_s"])) for r in po])
     art_whole = med([total / (r["setup_s"] + sum(r["epoch_s"])) for r in pa])
     row("  images/s, whole trial's input work (wall)", ours_whole, art_whole, ",.0f")
     row("  images/s, whole trial's input work (per CPU-s)",
         med([total / (r["decode_cpu_s"] + sum(r["epoch_cpu_s"])) for r in po]),
         med([total / (r["setup_cpu_s"] + sum(r["epoch_cpu_s"])) for r in pa]), ",.0f")
+    for v in pipe_variants:
+        pv = res[f"pipe-ours[{v}]"]
+        row(f"  ours[{v}] one-time decode, s (wall)", med([r["decode_s"] for r in pv]),
+            med([r["decode_s"] for r in po]), ".2f", higher_is_better=False)
+        row(f"  ours[{v}] one-time decode, CPU s", med([r["decode_cpu_s"] for r in pv]),
+            med([r["decode_cpu_s"] for r in po]), ".2f", higher_is_better=False)
+        row(f"  ours[{v}] images/s, whole trial's input work", med([total / (r["decode_s"] + sum(r["epoch_s"])) for r in pv]),
+            art_whole, ",.0f")
+    if pipe_variants:
+        rows.append(("  (decode rows: ours[variant] vs ours as is)", "", "", ""))
     rows.append((f"  (batches: ours {po[0]['dtype']}, article {pa[0]['dtype']} scaled to 0..1)", "", "", ""))
 
     # (b) the whole trial
@@ -471,7 +557,7 @@ def parent(args) -> int:
         row(f"  {name}", med([r[key] for r in to]), med([r[key] for r in ta]), ".1f", higher_is_better=False)
     rows.append(("  test accuracy (median)", f"{med([r['test_accuracy'] for r in to]):.3f}",
                  f"{med([r['test_accuracy'] for r in ta]):.3f}", ""))
-    for v in variants:
+    for v in trial_variants:
         tv = res[f"trial-ours[{v}]"]
         for key, name in (("train_s", "training, s (wall)"), ("train_cpu_s", "training, CPU s"),
                           ("work_s", "trial excl. imports, s (wall)")):
@@ -480,12 +566,10 @@ def parent(args) -> int:
         rows.append((f"  ours[{v}] test accuracy", f"{med([r['test_accuracy'] for r in tv]):.3f}", "", ""))
 
     # (c) achieved FLOP/s
-    from catsdogs.model import train_flops_per_image
-
     mm = res["matmul"]
     peak = med([r["flops_per_call"] / t for r in mm for t in r["times_s"]])
     peak_cpu = med([r["flops_per_call"] / max(c, 1e-9) for r in mm for c in r["cpu_s"]])
-    fpi = train_flops_per_image(SIZE)
+    fpi = to[0]["flops_per_image"]
 
     def achieved(runs, key):
         return med([fpi * r["batches"] * bs / r[key] for r in runs])
@@ -499,23 +583,21 @@ def parent(args) -> int:
                  f"{achieved(ta, 'train_s') / peak:.1%}", ""))
     rows.append(("  fraction of peak (per CPU-s)", f"{achieved(to, 'train_cpu_s') / peak_cpu:.1%}",
                  f"{achieved(ta, 'train_cpu_s') / peak_cpu:.1%}", ""))
-    for v in variants:
+    for v in trial_variants:
         tv = res[f"trial-ours[{v}]"]
         rows.append((f"  ours[{v}] fraction of peak (wall / CPU-s)",
                      f"{achieved(tv, 'train_s') / peak:.1%} / {achieved(tv, 'train_cpu_s') / peak_cpu:.1%}", "", ""))
 
-    import tensorflow as tf  # only for the versions line; after the children
-
     th = to[0]["threads"]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print()
-    print(f"cores: {os.cpu_count()} ({_cpu_name()}); TF {tf.__version__}, Keras {metadata.version('keras')}, "
+    print(f"cores: {os.cpu_count()} ({_cpu_name()}); TF {metadata.version('tensorflow')}, Keras {metadata.version('keras')}, "
           f"tf_keras {metadata.version('tf_keras')}, Python {platform.python_version()}; "
           f"TF threads intra={th['intra']} inter={th['inter']} (0 = TF default: one per core)")
     print(f"batch size {bs}, {epochs} epochs, {args.optimizer}, float32 unless a variant says otherwise; "
           f"medians of {args.repeats} repeat(s), each side in its own process; imports excluded unless "
           f"stated; ratio = how many times ours is faster; load average at the end {load:.1f}; "
-          f"bench took {(time.perf_counter() - started) / 60:.1f} min")
+          f"bench took {minutes:.1f} min")
     w = max(len(r[0]) for r in rows) + 2
     print(f"{'':<{w}}{'ours':>14}{'article way':>14}{'ratio':>10}")
     for name, a, b, c in rows:
@@ -529,9 +611,8 @@ def parent(args) -> int:
           f"{'met' if pipe_ratio >= 20 else 'MISSED'} (whole trial's input work {ours_whole / art_whole:.1f}x); "
           f"(b) training >= 1.5x: {train_ratio:.2f}x wall, {train_cpu_ratio:.2f}x CPU "
           f"{'met' if min(train_ratio, train_cpu_ratio) >= 1.5 else 'MISSED'}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-        print(f"raw results: {args.json}")
+    if args.json and not args.from_json:
+        print(f"raw results: {args.json} (re-print with --from-json)")
     return 0
 
 
@@ -562,6 +643,7 @@ def main(argv=None) -> int:
     p.add_argument("--matmul-n", type=int, default=2048)
     p.add_argument("--matmul-reps", type=int, default=10)
     p.add_argument("--json", help="write the raw per-run results here")
+    p.add_argument("--from-json", help="print the table of results an earlier --json run saved")
     p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--variant", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

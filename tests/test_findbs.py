@@ -23,7 +23,9 @@ from catsdogs.findbs import (
 )
 from catsdogs.model import (
     activation_bytes_per_image,
+    activation_moments,
     parameter_count,
+    peak_moment,
     predict_max_batch_size,
     state_bytes,
 )
@@ -207,16 +209,20 @@ def test_recommendation_is_the_fastest_at_or_below_the_margin_smaller_on_a_tie()
 
 
 def test_memory_model_arithmetic_at_200px():
+    moments = activation_moments(200)
+    full, half = 200 * 200 * 32 * 4, 100 * 100 * 32 * 4  # a 32-channel float32 map, before/after pooling
+    assert sum(moments["forward: relu"].values()) == 120_000 + 480_000 + 2 * full
+    assert sum(moments["backward: max-pool gradient"].values()) == 120_000 + 480_000 + 2 * full + 2 * half
+    assert sum(moments["backward: relu gradient"].values()) == 120_000 + 480_000 + 3 * full
+    assert peak_moment(200) == peak_moment(64) == "backward: relu gradient"
     per = activation_bytes_per_image(200)
-    assert per["input_uint8"] == 120_000
-    assert per["rescaled_input"] == 480_000
-    assert per["conv_relu_output"] == per["grad_relu_output"] == 200 * 200 * 32 * 4
-    assert per["pool_output"] == per["grad_pool_output"] == 100 * 100 * 32 * 4
+    assert per["input_uint8"] == 120_000 and per["rescaled_input"] == 480_000
+    assert per["relu_output"] == per["grad_relu_output"] == per["grad_conv_output"] == full
     assert per["host_input_batches"] == 0
-    assert sum(per.values()) == 13_400_516
+    assert sum(per.values()) == 15_960_000
     assert activation_bytes_per_image(200, host_batches=2)["host_input_batches"] == 240_000
-    half = activation_bytes_per_image(200, "mixed_float16")
-    assert half["input_uint8"] == 120_000 and half["conv_relu_output"] == 200 * 200 * 32 * 2
+    half_precision = activation_bytes_per_image(200, "mixed_float16")
+    assert half_precision["input_uint8"] == 120_000 and half_precision["relu_output"] == full // 2
     p = parameter_count(200)
     assert sum(state_bytes(200, "adam").values()) == 16 * p  # weights, gradients, m, v
     assert sum(state_bytes(200, "sgd").values()) == 8 * p

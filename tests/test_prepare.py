@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from catsdogs import config
+from catsdogs import prepare as prep_module
 from catsdogs.cli import cli
 from catsdogs.errors import ArchiveError, CatsdogsError, ChecksumError, DownloadError
 from catsdogs.prepare import folder_fingerprint, load_manifest, prepare, require_prepared
@@ -125,7 +126,8 @@ def test_given_every_bad_kind_when_preparing_then_each_is_rejected_with_its_reas
         reason = rejected.get(rel(member), "")
         assert any(word in reason for word in REASON_WORDS[kind]), (member, kind, reason)
     assert len(rejected) == len(bad)  # nothing good was rejected
-    assert manifest["checked"] == {c: n + 4 for c in CLASSES}  # every .jpg name was decoded
+    # every .jpg name was decoded
+    assert manifest["checked"] == {c: len(list((small_archive.pets / c).glob("*.jpg"))) for c in CLASSES}
     # and a one-line summary says how many were rejected
     summary = [line for line in lines if line.startswith("Prepared")]
     assert len(summary) == 1 and f"rejected {len(bad)}" in summary[0]
@@ -159,13 +161,35 @@ def test_given_grayscale_cmyk_palette_and_alpha_images_when_preparing_then_they_
 # --- 2. the article's pixels --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("size", [40, 48])  # 40 -> 50 crops a whole-pixel box (as 200 -> 250); 48 -> 60 not
-def test_given_the_articles_load_and_save_when_comparing_bytes_then_every_prepared_file_is_identical(small_archive, tmp_path, size):
+@pytest.mark.parametrize(
+    "size, window",
+    [(40, None), (48, None), (40, 4)],
+    # 40 -> 50 crops a whole-pixel box (as 200 -> 250 does), 48 -> 60 does not; a narrow
+    # window submits the last candidates once train and validation are full, so they skip
+    # the augmented copy a test image does not need
+    ids=["size-40", "size-48", "size-40-narrow-window"],
+)
+def test_given_the_articles_load_and_save_when_comparing_bytes_then_every_prepared_file_is_identical(small_archive, tmp_path, monkeypatch, size, window):
     # given: a prepare that keeps every valid image (odd modes included), and the article's calls
     keras = pytest.importorskip("keras")
     big = (int(size * config.AUGMENT_SCALE),) * 2  # a whole number here, as 200 -> 250 is
     data = tmp_path / "data"
+    augment_flags: list[bool] = []
+    if window:
+        wide_in_order = prep_module.in_order
+
+        def narrow_in_order(pool, items, args_of, **kw):
+            def spy(name):
+                args = args_of(name)
+                augment_flags.append(args[3])  # process_and_write(path, size, max_pixels, augment, ...)
+                return args
+
+            return wide_in_order(pool, items, spy, **{**kw, "window": window})
+
+        monkeypatch.setattr(prep_module, "in_order", narrow_in_order)
     manifest, _ = run(data, small_archive.path, per_class=small_archive.n_valid, split=(12, 6, 6), size=size)
+    if window:
+        assert False in augment_flags and True in augment_flags
     ref = tmp_path / "ref.jpg"
 
     def article_bytes(img) -> bytes:
@@ -333,6 +357,14 @@ def test_given_a_file_that_is_not_a_zip_when_preparing_then_a_clear_archive_erro
     assert load_manifest(tmp_path / "data") is None
 
 
+@pytest.mark.parametrize("sha256", ["", "not-a-hash"])
+def test_given_a_malformed_sha256_when_preparing_then_an_error_not_a_silently_unverified_archive(small_archive, tmp_path, sha256):
+    # given / when / then: an empty hash must not pass for a verified one
+    with pytest.raises(CatsdogsError, match="64 hexadecimal"):
+        run(tmp_path / "data", small_archive.path, sha256=sha256, per_class=20, split=(12, 4, 4), size=32)
+    assert load_manifest(tmp_path / "data") is None
+
+
 def test_given_an_empty_folder_when_requiring_prepared_data_then_catsdogs_error(tmp_path):
     # given / when / then
     with pytest.raises(CatsdogsError, match="prepare"):
@@ -364,7 +396,7 @@ def _start(data: Path, seed: int, per_class: int = 40) -> subprocess.Popen:
 
 def _kill_when(proc: subprocess.Popen, ready, timeout: float = 120) -> bool:
     """kill -9 the prepare as soon as `ready()` is true; True if it was killed, False if it
-    finished first. Its pool workers (same session) are killed right after it."""
+    finished first. Its pool workers must then go away by themselves (no orphans)."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None:
         try:
@@ -374,12 +406,26 @@ def _kill_when(proc: subprocess.Popen, ready, timeout: float = 120) -> bool:
         if hit or time.monotonic() > deadline:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+            orphans = _wait_for_group_to_end(proc.pid, seconds=10)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever is left, so the test leaks nothing
             assert hit, "prepare ran past the test's timeout"
+            assert not orphans, "prepare's workers outlived it"
             return True
         time.sleep(0.001)
     return False
+
+
+def _wait_for_group_to_end(pgid: int, seconds: float) -> bool:
+    """Wait until no process is left in the process group; True if some still are."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _after(seconds: float):
@@ -447,7 +493,9 @@ def test_given_prepare_is_killed_at_any_moment_then_no_half_split_is_taken_as_fi
     assert manifest["chosen"] == manifest0["chosen"]
     assert manifest["fingerprint"] == manifest0["fingerprint"]
     assert_folders_match_manifest(data, manifest, 64)
-    assert list(data.glob(".staging-*")) == []
+    # and what the killed runs left half-done was cleared away
+    assert [p.name for p in data.glob(".staging-*")] == []
+    assert [p.name for p in data.glob("extracted/.tmp-*")] == []
 
 
 # --- 7. download end to end ---------------------------------------------------------------------
@@ -513,8 +561,11 @@ def test_given_a_url_that_answers_404_when_preparing_then_download_error(tmp_pat
         (["--per-class", "20", "--split", "10,5,4"], "adds up to 19"),
         (["--source", "/missing/path"], "no such file"),
         (["--size", "0"], "--size"),
+        (["--sha256", ""], "64 hexadecimal digits"),
+        (["--sha256", "abc123"], "64 hexadecimal digits"),
     ],
-    ids=["per-class-0", "split-two-counts", "split-not-a-number", "split-sum", "missing-source", "size-0"],
+    ids=["per-class-0", "split-two-counts", "split-not-a-number", "split-sum", "missing-source", "size-0",
+         "sha256-empty", "sha256-short"],
 )
 def test_given_a_bad_option_when_running_prepare_then_exit_2_and_one_error_line(tmp_path, args, words):
     # given

@@ -100,6 +100,10 @@ def test_the_figures_draw_the_table_and_the_thesis_reference(profiled):
     fig, art = make_figure("memory", rows)
     ax = fig.axes[0]
     assert list(art["peak"].get_ydata()) == [r["peak_memory_mb"] for r in rows]
+    if rows[0]["memory_kind"] == "cpu-rss":
+        assert list(art["baseline"].get_ydata()) == [r["baseline_rss_mb"] for r in rows]
+        if rows[0]["allocator_peak_mb"] is not None:
+            assert list(art["allocator"].get_ydata()) == [r["allocator_peak_mb"] for r in rows]
     ref = by_label(ax.get_lines(), THESIS_LABEL)  # MiB and MB: the same axis
     assert list(ref.get_xdata()) == list(THESIS_BATCH_SIZES)
     assert list(ref.get_ydata()) == list(THESIS_GPU_MEMORY_MB)
