@@ -90,3 +90,24 @@ def test_mirrored_strategy_splits_the_global_batch_over_two_cpu_replicas(data_di
     # then one trial trains on both replicas, the batch of 16 being the global batch
     assert r["status"] == "done", r.get("error")
     assert r["replicas"] == 2 and r["steps"] == 64 // 16
+
+
+def test_the_fused_adam_update_equals_keras_adam():
+    import keras
+    import numpy as np
+
+    from catsdogs.trial import fused_adam_class
+
+    # given the same weights and gradients, when both optimizers take three steps
+    rng = np.random.default_rng(0)
+    w0, grads = rng.normal(size=(50, 7)), [rng.normal(size=(50, 7)) for _ in range(3)]
+    out = []
+    for cls in (keras.optimizers.Adam, fused_adam_class()):
+        w = keras.Variable(w0.astype("float32"))
+        opt = cls(learning_rate=0.01)
+        for g in grads:
+            opt.apply_gradients([(keras.ops.convert_to_tensor(g.astype("float32")), w)])
+        out.append(np.asarray(w))
+    # then the weights agree to float32 rounding
+    np.testing.assert_allclose(out[0], out[1], rtol=0, atol=1e-6)
+    assert not np.allclose(out[0], w0)
