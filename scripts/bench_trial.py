@@ -24,7 +24,7 @@ included, is shown as well.
 
     python scripts/bench_trial.py --data-dir /tmp/bdata              # the full run
     python scripts/bench_trial.py --data-dir /tmp/bdata --quick      # a shorter one
-    python scripts/bench_trial.py --data-dir /tmp/bdata --variants fused,bf16+fused  # what-ifs
+    python scripts/bench_trial.py --data-dir /tmp/bdata --variants kerasadam,bf16  # what-ifs
 """
 
 from __future__ import annotations
@@ -45,14 +45,14 @@ SIZE = 200
 SIDES = ("pipe-ours", "pipe-article", "trial-ours", "trial-article", "matmul")
 
 # What-if changes to our trial, applied by monkeypatching in the child (catsdogs is not edited).
-# Parts combine with '+', e.g. "bf16+fused".
+# Parts combine with '+', e.g. "bf16+kerasadam".
 VARIANT_PARTS = {
-    "fused": "Adam's update as TF's fused ResourceApplyAdam kernel (FusedAdam below)",
+    "kerasadam": "Keras 3's own Adam (a dozen element-wise passes per variable) instead of our fused one",
     "bf16": "precision mixed_bfloat16 instead of float32 (changes the numerics)",
     "nodet": "no tf.config.experimental.enable_op_determinism()",
     "jit": "model.compile(jit_compile=True) (XLA); Keras ignores it while op determinism is on",
     "f32in": "the pipeline hands float32 pixels in 0..1 to a model without Rescaling",
-    "pildecode": "load_split: Pillow in os.cpu_count() threads into a preallocated array",
+    "pildecode": "load_split: Pillow in os.cpu_count() threads into a preallocated array (catsdogs' own now)",
     "tfdecode": "load_split: tf.io.decode_jpeg(dct_method='INTEGER_ACCURATE') in tf.data",
 }
 PIPE_PARTS = {"pildecode", "tfdecode"}  # variants with only these run on (a), not (b)
@@ -137,37 +137,6 @@ def child_pipe_article(args) -> dict:
             "dtype": str(x.dtype), "threads": thread_info()}
 
 
-def fused_adam_class():
-    """keras.optimizers.Adam whose dense update is one fused kernel (TensorFlow backend).
-
-    Keras 3's Adam (like tf_keras' new optimizer on CPU) updates each variable with a dozen
-    separate element-wise ops, each a full pass over the 41M-parameter Dense kernel and its
-    two slots; tf.raw_ops.ResourceApplyAdam does the same arithmetic (lr_t = lr *
-    sqrt(1 - b2^t) / (1 - b1^t); m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2);
-    w -= lr_t m / (sqrt(v) + eps)) in one pass."""
-    import keras
-    import tensorflow as tf
-
-    def handle(v):
-        return v.value.handle if isinstance(v, keras.Variable) else v.handle
-
-    class FusedAdam(keras.optimizers.Adam):
-        def update_step(self, gradient, variable, learning_rate):
-            if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
-                return super().update_step(gradient, variable, learning_rate)
-            dtype = variable.dtype
-            step = tf.cast(self.iterations + 1, dtype)
-            b1, b2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
-            i = self._get_variable_index(variable)
-            tf.raw_ops.ResourceApplyAdam(
-                var=handle(variable), m=handle(self._momentums[i]), v=handle(self._velocities[i]),
-                beta1_power=tf.pow(b1, step), beta2_power=tf.pow(b2, step),
-                lr=tf.cast(learning_rate, dtype), beta1=b1, beta2=b2,
-                epsilon=tf.cast(self.epsilon, dtype), grad=tf.cast(gradient, dtype))
-
-    return FusedAdam
-
-
 def _fast_load_split(use_tf: bool):
     """A drop-in for catsdogs.data.load_split that decodes faster to the same pixels.
 
@@ -224,19 +193,16 @@ def _apply_variant(variant: str) -> set[str]:
         from catsdogs import data
 
         data.load_split = _fast_load_split("tfdecode" in parts)
-    if "fused" in parts:
+    if "kerasadam" in parts:
         from catsdogs import trial
 
         make = trial._make_optimizer
-        fused = fused_adam_class()
 
-        def make_fused(cfg, steps_per_epoch):
+        def make_plain(cfg, steps_per_epoch):
             opt = make(cfg, steps_per_epoch)
-            if cfg.optimizer != "adam":
-                return opt
-            return fused.from_config(opt.get_config())
+            return keras.optimizers.Adam.from_config(opt.get_config()) if cfg.optimizer == "adam" else opt
 
-        trial._make_optimizer = make_fused
+        trial._make_optimizer = make_plain
     if "nodet" in parts:
         tf.config.experimental.enable_op_determinism = lambda: None
     if "jit" in parts:

@@ -51,6 +51,29 @@ def small_archive(tmp_path_factory: pytest.TempPathFactory) -> SyntheticArchive:
     return build_synthetic_archive(tmp_path_factory.mktemp("small-archive"), SMALL_N_VALID)
 
 
+# --- small prepared data sets, shared by every test module that trains ------------------------
+
+
+@pytest.fixture(scope="session")
+def prepared_data(tmp_path_factory: pytest.TempPathFactory):
+    """prepared_data(size, split=(24, 8, 8)) -> a data dir prepared from the synthetic source.
+
+    Prepared once per (size, split) per session; tests only read it."""
+    from catsdogs.prepare import prepare
+
+    made: dict = {}
+
+    def get(size: int, split: tuple[int, int, int] = (24, 8, 8)) -> Path:
+        if (size, split) not in made:
+            d = tmp_path_factory.mktemp(f"data-{size}px")
+            prepare(source="synthetic", data_dir=d, per_class=sum(split), split=split, size=size,
+                    log=lambda *a: None, progress=False)
+            made[(size, split)] = d
+        return made[(size, split)]
+
+    return get
+
+
 # --- a local HTTP file server ------------------------------------------------------------------
 
 

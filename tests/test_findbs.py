@@ -29,7 +29,6 @@ from catsdogs.model import (
     predict_max_batch_size,
     state_bytes,
 )
-from catsdogs.prepare import prepare
 from catsdogs.profile import format_bytes, parse_memory, probe_spec, run_child
 
 SIZE = 64
@@ -246,12 +245,9 @@ def test_prediction_recovers_the_baseline_from_the_calibration_probe():
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def data_dir(prepared_data) -> Path:
     """Given: a small prepared synthetic data set (64 px, 24 training images per class)."""
-    d = tmp_path_factory.mktemp("data")
-    prepare(source="synthetic", data_dir=d, per_class=40, split=(24, 8, 8), size=SIZE,
-            log=lambda *a: None, progress=False)
-    return d
+    return prepared_data(SIZE, (24, 8, 8))
 
 
 @pytest.mark.slow

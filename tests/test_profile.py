@@ -11,7 +11,6 @@ from click.testing import CliRunner
 
 from catsdogs import profile as prof
 from catsdogs.cli import cli
-from catsdogs.prepare import prepare
 from catsdogs.profile import (
     PROFILE_COLUMNS,
     THESIS_BATCH_SIZES,
@@ -27,12 +26,9 @@ BATCHES = (2, 64)  # 64 is more than the 48 training images: batches repeat them
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def data_dir(prepared_data) -> Path:
     """Given: a small prepared synthetic data set (64 px, 24 training images per class)."""
-    d = tmp_path_factory.mktemp("data")
-    prepare(source="synthetic", data_dir=d, per_class=40, split=(24, 8, 8), size=SIZE,
-            log=lambda *a: None, progress=False)
-    return d
+    return prepared_data(SIZE, (24, 8, 8))
 
 
 @pytest.fixture(scope="module")

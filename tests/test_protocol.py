@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from catsdogs.prepare import prepare
 from catsdogs.store import CSV_COLUMNS
 from catsdogs.trial import TrialConfig, run_trial
 
@@ -16,11 +15,8 @@ SIZE = 32
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("data")
-    prepare(source="synthetic", data_dir=d, per_class=40, split=(32, 4, 4), size=SIZE,
-            log=lambda *a: None, progress=False)
-    return d
+def data_dir(prepared_data) -> Path:
+    return prepared_data(SIZE, (32, 4, 4))
 
 
 def trial(data_dir, **kw):

@@ -21,7 +21,6 @@ from click.testing import CliRunner  # noqa: E402
 
 from catsdogs import ray_backend  # noqa: E402
 from catsdogs.cli import cli  # noqa: E402
-from catsdogs.prepare import prepare  # noqa: E402
 from catsdogs.store import Store  # noqa: E402
 from catsdogs.trial import TrialConfig  # noqa: E402
 
@@ -42,12 +41,9 @@ def local_ray():
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def data_dir(prepared_data) -> Path:
     """Given: a small prepared synthetic data set (32 px, 24/8/8 images per class)."""
-    d = tmp_path_factory.mktemp("data")
-    prepare(source="synthetic", data_dir=d, per_class=40, split=(24, 8, 8), size=SIZE,
-            log=lambda *a: None, progress=False)
-    return d
+    return prepared_data(SIZE, (24, 8, 8))
 
 
 def ray_sweep(data_dir, out, name, *extra):

@@ -15,7 +15,6 @@ import pytest
 from click.testing import CliRunner
 
 from catsdogs.cli import cli
-from catsdogs.prepare import prepare
 from catsdogs.store import CSV_COLUMNS, Store
 from catsdogs.trial import TrialConfig, learning_rate, plan_steps
 
@@ -24,12 +23,9 @@ FAST = ["--epochs", "1", "--seeds", "1"]
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def data_dir(prepared_data) -> Path:
     """Given: a small prepared synthetic data set (32 px, 24/8/8 images per class)."""
-    d = tmp_path_factory.mktemp("data")
-    prepare(source="synthetic", data_dir=d, per_class=40, split=(24, 8, 8), size=SIZE,
-            log=lambda *a: None, progress=False)
-    return d
+    return prepared_data(SIZE, (24, 8, 8))
 
 
 def sweep_args(data_dir, out, name="s", *extra):
