@@ -114,12 +114,12 @@ def environment() -> dict:
         details = tf.config.experimental.get_device_details(gpus[0])
         device = f"{len(gpus)} x {details.get('device_name', 'GPU')}"
     else:
-        device = f"CPU: {_cpu_name()} ({os.cpu_count()} cores)"
+        device = f"CPU: {cpu_name()} ({os.cpu_count()} cores)"
     return {"tensorflow": tf.__version__, "keras": keras.__version__,
             "python": platform.python_version(), "device": device, "host": platform.node()}
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

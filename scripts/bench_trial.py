@@ -38,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 
+from catsdogs.trial import cpu_name
+
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 
 PREFIX = "@@bench "
@@ -557,7 +559,7 @@ def table(args, res: dict, variants: list[str], minutes: float) -> int:
     th = to[0]["threads"]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print()
-    print(f"cores: {os.cpu_count()} ({_cpu_name()}); TF {metadata.version('tensorflow')}, Keras {metadata.version('keras')}, "
+    print(f"cores: {os.cpu_count()} ({cpu_name()}); TF {metadata.version('tensorflow')}, Keras {metadata.version('keras')}, "
           f"tf_keras {metadata.version('tf_keras')}, Python {platform.python_version()}; "
           f"TF threads intra={th['intra']} inter={th['inter']} (0 = TF default: one per core)")
     print(f"batch size {bs}, {epochs} epochs, {args.optimizer}, float32 unless a variant says otherwise; "
@@ -580,18 +582,6 @@ def table(args, res: dict, variants: list[str], minutes: float) -> int:
     if args.json and not args.from_json:
         print(f"raw results: {args.json} (re-print with --from-json)")
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def main(argv=None) -> int:
