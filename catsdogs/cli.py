@@ -15,6 +15,7 @@ import click
 
 from catsdogs import __version__, config
 from catsdogs.errors import CatsdogsError
+from catsdogs.trial import PROTOCOL_FIELDS
 
 
 class OneLineErrors(click.Group):
@@ -75,6 +76,20 @@ def _is_value(arg: str) -> bool:
     return not arg.startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", arg) is not None
 
 
+def check_name(value: str, hint: str | None = "'--name'") -> str:
+    """A run's name becomes a folder under --out: no separators, no leading dot."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
+        raise click.BadParameter(f"{value!r}: use letters, digits, '.', '_' and '-'", param_hint=hint)
+    return value
+
+
+def check_source(source: str) -> str:
+    """'synthetic', an http(s) URL, or a path that exists."""
+    if source != "synthetic" and not re.match(r"^https?://", source) and not Path(source).expanduser().exists():
+        raise click.BadParameter(f"no such file or folder: {source}", param_hint="'--source'")
+    return source
+
+
 def data_dir_option(f):
     return click.option(
         "--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -129,9 +144,7 @@ def prepare(source, sha256, no_verify, data_dir, per_class, split, size, seed, q
         prep.check_params(per_class, split_counts, size)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    src = source
-    if src not in ("synthetic",) and not re.match(r"^https?://", src) and not Path(src).expanduser().exists():
-        raise click.BadParameter(f"no such file or folder: {src}", param_hint="'--source'")
+    src = check_source(source)
     if not no_verify and not re.fullmatch(r"[0-9A-Fa-f]{64}", sha256.strip()):
         # An empty or mistyped hash must not pass for a verified archive (or waste a download).
         raise click.BadParameter(f"expected 64 hexadecimal digits (or --no-verify), got {sha256!r}",
@@ -166,8 +179,6 @@ PROTOCOL_OPTIONS = [
                  help="mirrored: each trial data-parallel over all visible GPUs (tf.distribute."
                       "MirroredStrategy); the batch size is the global batch, split across replicas."),
 ]
-PROTOCOL_KEYS = ["lr", "lr_scaling", "base_batch_size", "warmup_epochs", "budget", "accumulate", "precision",
-                 "strategy"]
 
 
 def protocol_options(f):
@@ -177,16 +188,12 @@ def protocol_options(f):
 
 
 def load_toml(path: Path) -> dict:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
+    from catsdogs.reproduce import read_toml
+
     try:
-        return tomllib.loads(Path(path).read_text())
-    except OSError as e:
-        raise click.BadParameter(f"cannot read {path}: {e.strerror}", param_hint="'--config'") from None
-    except tomllib.TOMLDecodeError as e:
-        raise click.BadParameter(f"{path} is not valid TOML: {e}", param_hint="'--config'") from None
+        return read_toml(path)
+    except CatsdogsError as e:
+        raise click.BadParameter(str(e), param_hint="'--config'") from None
 
 
 def merge_config(ctx: click.Context, values: dict, file_values: dict, section: str | None = None) -> dict:
@@ -232,11 +239,10 @@ def check_sweep_values(v: dict) -> None:
         raise click.UsageError("--strategy mirrored uses every GPU for one trial: use it with --workers 1")
     if v["seeds"] < 1 or v["epochs"] < 1:
         raise click.UsageError("--seeds and --epochs must be at least 1")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v["name"]):
-        raise click.BadParameter(f"{v['name']!r}: use letters, digits, '.', '_' and '-'", param_hint="'--name'")
+    check_name(v["name"])
     try:
         TrialConfig(v["opt"][0], v["batch_size"][0], v["dataset"][0], 0, v["epochs"],
-                    **{k: v[k] for k in PROTOCOL_KEYS}).check()
+                    **{k: v[k] for k in PROTOCOL_FIELDS}).check()
     except ValueError as e:
         raise click.UsageError(str(e)) from None
 
@@ -286,7 +292,7 @@ def grid_for(v: dict):
 
     try:
         return sw.plan(v["opt"], v["batch_size"], v["dataset"], v["seeds"], v["epochs"], v["data_dir"],
-                       **{k: v[k] for k in PROTOCOL_KEYS})
+                       **{k: v[k] for k in PROTOCOL_FIELDS})
     except CatsdogsError as e:  # an unprepared data dir is a usage error here
         raise click.UsageError(str(e)) from None
 
@@ -351,9 +357,7 @@ def _memory_limit(ctx, param, value):
 
 
 def _run_name(ctx, param, value):
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
-        raise click.BadParameter(f"{value!r}: use letters, digits, '.', '_' and '-'")
-    return value
+    return check_name(value, hint=None)  # click names the option itself
 
 
 def _require_data(data_dir: Path | None) -> Path:
@@ -511,11 +515,10 @@ def reproduce(config_file, source, seeds, name, data_dir, out, workers, overwrit
     path = config_file or rp.default_plan_path()
     if not Path(path).is_file():
         raise click.BadParameter(f"no such file: {path}", param_hint="'--config'")
-    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise click.BadParameter(f"{name!r}: use letters, digits, '.', '_' and '-'", param_hint="'--name'")
-    if source is not None and source != "synthetic" and not re.match(r"^https?://", source) \
-            and not Path(source).expanduser().exists():
-        raise click.BadParameter(f"no such file or folder: {source}", param_hint="'--source'")
+    if name is not None:
+        check_name(name)
+    if source is not None:
+        check_source(source)
     try:
         plan = rp.load_plan(path)
     except CatsdogsError as e:

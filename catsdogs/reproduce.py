@@ -26,12 +26,11 @@ from pathlib import Path
 
 from catsdogs import config
 from catsdogs.errors import CatsdogsError
+from catsdogs.trial import PROTOCOL_FIELDS
 
 PLAN_KEYS = {"name", "seeds", "epochs", "note", "data_dir", "prepare", "grids"}
 PREPARE_KEYS = {"source", "sha256", "verify", "per_class", "split", "size", "seed"}
-GRID_KEYS = {"opt", "batch_size", "dataset", "lr", "lr_scaling", "base_batch_size", "warmup_epochs",
-             "budget", "accumulate", "precision", "strategy", "epochs"}
-PROTOCOL_KEYS = GRID_KEYS - {"opt", "batch_size", "dataset", "epochs"}
+GRID_KEYS = {"opt", "batch_size", "dataset", "epochs", *PROTOCOL_FIELDS}
 
 
 def default_plan_path() -> Path:
@@ -39,17 +38,22 @@ def default_plan_path() -> Path:
     return Path(__file__).resolve().parent.parent / "configs" / "article.toml"
 
 
-def load_plan(path: Path) -> dict:
+def read_toml(path: Path) -> dict:
+    """A TOML file as a dict; an unreadable or invalid file is a one-line CatsdogsError."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
         import tomli as tomllib
     try:
-        plan = tomllib.loads(Path(path).read_text())
+        return tomllib.loads(Path(path).read_text())
     except OSError as e:
         raise CatsdogsError(f"cannot read {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise CatsdogsError(f"{path} is not valid TOML: {e}") from None
+
+
+def load_plan(path: Path) -> dict:
+    plan = read_toml(path)
     check_plan(plan, str(path))
     return plan
 
@@ -83,7 +87,7 @@ def plan_trials(plan: dict, data_dir: Path, seeds: int | None = None) -> list:
     trials = []
     seeds = seeds if seeds is not None else plan.get("seeds", config.SEEDS)
     for grid in plan["grids"].values():
-        protocol_lists = {k: _as_list(grid[k]) for k in PROTOCOL_KEYS if k in grid}
+        protocol_lists = {k: _as_list(grid[k]) for k in PROTOCOL_FIELDS if k in grid}
         for combo in itertools.product(*protocol_lists.values()):
             protocol = dict(zip(protocol_lists, combo, strict=True))
             try:

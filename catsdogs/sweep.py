@@ -170,8 +170,6 @@ class _Board:
         mean = sum(self.durations) / len(self.durations)
         return f", ETA {_fmt_seconds(mean * left / min(self.workers, max(left, 1)))}"
 
-    # (each worker adds its start under the lock; `finished` counts outcomes recorded)
-
 
 def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
               overwrite: bool = False, retry_failed: bool = False, log=print,

@@ -27,6 +27,10 @@ BUDGETS = ("epochs", "steps")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 STRATEGIES = ("none", "mirrored")
 PROGRESS_PREFIX = "@@progress "  # how a child trial reports epochs to the sweep on stdout
+# The TrialConfig fields beyond the grid's own (optimizer, batch size, data set, seed, epochs):
+# the protocol options of `sweep` and the protocol keys a `reproduce` grid may vary.
+PROTOCOL_FIELDS = ("lr", "lr_scaling", "base_batch_size", "warmup_epochs", "budget", "accumulate",
+                   "precision", "strategy")
 
 
 @dataclass(frozen=True)
