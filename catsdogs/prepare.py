@@ -111,8 +111,10 @@ def article_jpeg(img: Image.Image) -> bytes:
     results (bytes included), without float copies of the whole image."""
     a = np.asarray(img)  # uint8, H x W x 3
     lut = _stretch_lut(int(a.min()), int(a.max()))
-    if lut is not None:
-        img = img.point(lut)  # the same table for R, G and B, as keras stretches them together
+    if lut is not None:  # the same table for R, G and B, as keras stretches them together
+        # Image.point() would first round all 768 entries in Python, which costs more than
+        # the lookup itself; the table is already whole numbers, so hand it to the core.
+        img = img._new(img.im.point(lut, None))
     buf = io.BytesIO()
     img.save(buf, format="JPEG", quality=config.JPEG_QUALITY)
     return buf.getvalue()
@@ -191,23 +193,31 @@ def process_image(path: str, size: int, max_pixels: int, augment: bool = True) -
     return "ok", (standard, augmented, mode)
 
 
-def process_and_write(path: str, size: int, max_pixels: int, augment: bool, pending: str) -> tuple[str, object]:
-    """process_image(), then write its JPEGs to `pending` + '.std.jpg' and, when augmented, to
-    '.orig.jpg' (the same bytes, for the augmented folder) and '.aug.jpg'.
+def write_file(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def process_and_write(path: str, size: int, max_pixels: int, augment: bool,
+                      targets: tuple[str, str, str]) -> tuple[str, object]:
+    """process_image(), then write its JPEGs to targets = (standard, augmented folder's original,
+    augmented copy); the original is a hard link to the standard file where the filesystem
+    allows: creating a file can cost more CPU than encoding it, a link next to nothing.
 
     ('ok', (standard SHA-256, augmented SHA-256 or None, mode)) or ('rejected', reason). Writing
-    in the workers spreads the cost of creating files over them; the main process only renames
-    each file into place once it knows the image's split."""
+    in the workers spreads the cost of creating files over them."""
     status, payload = process_image(path, size, max_pixels, augment)
     if status != "ok":
         return status, payload
     standard, augmented, mode = payload
-    outputs = [(".std.jpg", standard)]
+    std_path, orig_path, aug_path = targets
+    write_file(std_path, standard)
     if augmented is not None:
-        outputs += [(".orig.jpg", standard), (".aug.jpg", augmented)]
-    for suffix, data in outputs:
-        with open(pending + suffix, "wb") as f:
-            f.write(data)
+        try:
+            os.link(std_path, orig_path)
+        except OSError:  # a filesystem without hard links
+            write_file(orig_path, standard)
+        write_file(aug_path, augmented)
     digest = hashlib.sha256(standard).digest()
     return "ok", (digest, augmented and hashlib.sha256(augmented).digest(), mode)
 
@@ -410,7 +420,7 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
     rejected: list[dict] = []
     checked: dict = {}
     modes: Counter = Counter()
-    digests: dict[PurePosixPath, bytes] = {}
+    digests: dict[str, bytes] = {}  # by path relative to staging, '/'-separated
     pending = staging / ".pending"  # where the workers write; removed with the staging folder
     for c in config.CLASSES:
         (pending / c).mkdir(parents=True)
@@ -419,9 +429,11 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
             if s != "test":
                 (staging / "augmented" / s / c).mkdir(parents=True)
 
-    def place(written: str, rel: str, digest: bytes) -> None:
-        os.rename(written, staging / rel)
-        digests[PurePosixPath(rel)] = digest
+    root = str(staging)  # plain strings here: pathlib would cost the main process a tenth of its CPU
+
+    def final_paths(c: str, s: str, name: str) -> tuple[str, str, str]:
+        return (f"standard/{s}/{c}/{name}", f"augmented/{s}/{c}/{name}",
+                f"augmented/{s}/{c}/augmented_{name}")
 
     n_augmented = params.split[0] + params.split[1]  # the first this many valid go to train/validation
     # Forking is nearly free and spares each worker re-importing numpy and Pillow (a tenth of
@@ -439,13 +451,22 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
             order = seeded_order([n for n in names if n.endswith(".jpg")], params.seed, ci)
             counted = {"valid": 0}  # read when a candidate is submitted, a window ahead
 
-            def args_of(name, c=c, counted=counted):
+            def args_of(name, ahead, c=c, counted=counted):
+                # With `ahead` candidates still in flight before this one, its index among the
+                # valid images, if it is valid, lies in valid .. valid + ahead. When that range
+                # is inside one split, the worker writes straight into the split's folders (the
+                # usual case: rejections are rare); otherwise into `pending`, and the files are
+                # renamed into place once the split is known.
+                lo, hi = counted["valid"], counted["valid"] + ahead
                 # A candidate submitted once `n_augmented` are already valid can only be a
                 # test image (or not chosen at all): skip its augmented copy. Before that,
                 # the decodes still in flight may be rejected, so make it to be safe.
-                augment = counted["valid"] < n_augmented
-                return (str(pets / c / name), params.size, config.MAX_IMAGE_PIXELS, augment,
-                        str(pending / c / name))
+                augment = lo < n_augmented
+                if hi < params.per_class and split_of(lo, params.split) == split_of(hi, params.split):
+                    targets = tuple(f"{root}/{rel}" for rel in final_paths(c, split_of(lo, params.split), name))
+                else:
+                    targets = tuple(f"{pending}/{c}/{name}{x}" for x in (".std.jpg", ".orig.jpg", ".aug.jpg"))
+                return (f"{pets}/{c}/{name}", params.size, config.MAX_IMAGE_PIXELS, augment, targets)
 
             def batch(in_flight, counted=counted):
                 # Big batches while many images are still needed, single ones near the end,
@@ -455,7 +476,7 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
 
             n_checked = 0
             results = in_order(pool, order, args_of, window=WINDOW, batch=batch)
-            for name, (status, payload) in results:
+            for name, args, (status, payload) in results:
                 n_checked += 1
                 if status != "ok":
                     rejected.append({"file": f"{c}/{name}", "reason": payload})
@@ -464,13 +485,15 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
                 modes[mode] += 1
                 s = split_of(counted["valid"], params.split)
                 chosen[c][s].append(name)
-                written = str(pending / c / name)
-                place(written + ".std.jpg", f"standard/{s}/{c}/{name}", standard)
-                if s != "test":
-                    if augmented is None:  # cannot happen: see args_of
-                        raise RuntimeError(f"no augmented copy made for {c}/{name} ({s})")
-                    place(written + ".orig.jpg", f"augmented/{s}/{c}/{name}", standard)
-                    place(written + ".aug.jpg", f"augmented/{s}/{c}/augmented_{name}", augmented)
+                if s != "test" and augmented is None:  # cannot happen: see args_of
+                    raise RuntimeError(f"no augmented copy made for {c}/{name} ({s})")
+                files = zip(args[4], final_paths(c, s, name), (standard, standard, augmented), strict=True)
+                for written, rel, digest in itertools.islice(files, 1 if s == "test" else 3):
+                    if written != f"{root}/{rel}":  # in `pending`: its split was not yet known
+                        if not written.startswith(f"{pending}/"):  # cannot happen: see args_of
+                            raise RuntimeError(f"{c}/{name} was written to the wrong split")
+                        os.rename(written, f"{root}/{rel}")
+                    digests[rel] = digest
                 bar.advance()
                 counted["valid"] += 1
                 if counted["valid"] == params.per_class:
@@ -486,24 +509,27 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
             "digests": digests}
 
 
-def fingerprint_of(digests: dict[PurePosixPath, bytes], dirs: list[str]) -> str:
-    """folder_fingerprint() of the files whose SHA-256 digests we already have (same order)."""
+def fingerprint_of(digests: dict[str, bytes], dirs: list[str]) -> str:
+    """folder_fingerprint() of the files whose SHA-256 digests we already have (same order:
+    paths sort part by part, as pathlib sorts them)."""
     h = hashlib.sha256()
     for d in dirs:
-        for rel in sorted(p for p in digests if p.is_relative_to(d) and p.suffix == ".jpg"):
-            h.update(str(rel).encode() + b"\0")
+        inside = (r for r in digests if r.startswith(d + "/") and r.endswith(".jpg"))
+        for rel in sorted(inside, key=lambda r: r.split("/")):
+            h.update(rel.encode() + b"\0")
             h.update(digests[rel])
     return h.hexdigest()
 
 
 def in_order(pool, items, args_of, window: int = WINDOW, batch=lambda in_flight: 1):
-    """Yield (item, process_and_write(*args_of(item))) in the items' order, a bounded window ahead.
+    """Yield (item, args, process_and_write(*args)) in the items' order, a bounded window ahead,
+    where args = args_of(item, number of items in flight before it).
 
     In order, so the choice is the same whatever the timing; bounded, so stopping early
     after `per_class` valid images wastes little: at most `window` items are in flight, and
     those not yet handed to a worker are cancelled. Items travel in batches of
     `batch(in_flight)`, which saves a round trip between processes per item."""
-    pending: deque = deque()  # (items, future of their results)
+    pending: deque = deque()  # (items, their args, future of their results)
     in_flight = 0
     rest = iter(items)
     try:
@@ -513,15 +539,16 @@ def in_order(pool, items, args_of, window: int = WINDOW, batch=lambda in_flight:
                 chunk = list(itertools.islice(rest, n))
                 if not chunk:
                     break
-                pending.append((chunk, pool.submit(process_batch, [args_of(x) for x in chunk])))
+                args = [args_of(x, in_flight + k) for k, x in enumerate(chunk)]
+                pending.append((chunk, args, pool.submit(process_batch, args)))
                 in_flight += len(chunk)
             if not pending:
                 return
-            chunk, fut = pending.popleft()
+            chunk, args, fut = pending.popleft()
             in_flight -= len(chunk)
-            yield from zip(chunk, fut.result(), strict=True)
+            yield from zip(chunk, args, fut.result(), strict=True)
     finally:
-        for _, fut in pending:
+        for _, _, fut in pending:
             fut.cancel()
 
 

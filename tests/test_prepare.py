@@ -175,13 +175,15 @@ def test_given_the_articles_load_and_save_when_comparing_bytes_then_every_prepar
     big = (int(size * config.AUGMENT_SCALE),) * 2  # a whole number here, as 200 -> 250 is
     data = tmp_path / "data"
     augment_flags: list[bool] = []
+    to_pending: list[bool] = []  # written to the pending folder (split not yet certain) or in place
     if window:
         wide_in_order = prep_module.in_order
 
         def narrow_in_order(pool, items, args_of, **kw):
-            def spy(name):
-                args = args_of(name)
-                augment_flags.append(args[3])  # process_and_write(path, size, max_pixels, augment, ...)
+            def spy(name, ahead):
+                args = args_of(name, ahead)
+                augment_flags.append(args[3])  # process_and_write(path, size, max_pixels, augment, targets)
+                to_pending.append("/.pending/" in args[4][0])
                 return args
 
             return wide_in_order(pool, items, spy, **{**kw, "window": window})
@@ -190,6 +192,7 @@ def test_given_the_articles_load_and_save_when_comparing_bytes_then_every_prepar
     manifest, _ = run(data, small_archive.path, per_class=small_archive.n_valid, split=(12, 6, 6), size=size)
     if window:
         assert False in augment_flags and True in augment_flags
+        assert False in to_pending and True in to_pending  # both ways of placing files are checked
     ref = tmp_path / "ref.jpg"
 
     def article_bytes(img) -> bytes:
@@ -296,6 +299,9 @@ def test_given_a_split_when_preparing_then_every_folder_holds_the_right_count_of
                 aug = jpgs(data / "augmented" / s / c)
                 assert len(aug) == 2 * n
                 assert sum(name.startswith("augmented_") for name in aug) == n
+                # the augmented folder's originals are the standard files, hard-linked
+                for name in manifest["chosen"][c][s]:
+                    assert (data / "augmented" / s / c / name).samefile(data / "standard" / s / c / name)
     # no file chosen twice, none in two splits, and every file is size x size RGB
     for c in CLASSES:
         all_names = [n for s in SPLITS for n in manifest["chosen"][c][s]]
