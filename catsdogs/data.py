@@ -2,9 +2,9 @@
 
 Each image is decoded once, with Pillow (as Keras 2's flow_from_directory did, so the pixels
 the model sees are the article's), and kept as uint8: 200 x 200 x 3 bytes, a quarter of
-float32. An epoch is a seeded shuffle of indices, cut into full batches (the last partial
-batch is dropped, as `steps_per_epoch = n // batch_size` did), each batch gathered from memory
-in one op and prefetched, so the device never waits for the host.
+float32. An epoch is a seeded permutation of the images, cut into full batches (the last
+partial batch is dropped, as `steps_per_epoch = n // batch_size` did), each batch gathered from
+memory in one op and prefetched, so the device never waits for the host.
 """
 
 from __future__ import annotations
@@ -67,22 +67,40 @@ def load_dataset(data_dir: Path, dataset: str) -> dict[str, Split]:
     return {split: load_split(Path(data_dir) / sub) for split, sub in FOLDERS[dataset].items()}
 
 
-def train_batches(split: Split, batch_size: int, seed: int, epochs: int | None = None):
-    """Reshuffled every epoch (seeded), full batches only, prefetched.
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of the n training images in one epoch: a permutation drawn from the trial's
+    seed and the epoch's number alone, so it cannot depend on how often an iterator restarts."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
 
-    With `epochs` given the dataset repeats that many times (for a step budget that crosses
-    epoch boundaries); otherwise it is one epoch and Keras iterates it anew each epoch."""
+
+def batch_schedule(n: int, batch_size: int, seed: int, n_batches: int, cross_epochs: bool = False) -> np.ndarray:
+    """(n_batches, batch_size) image indices, epoch after epoch.
+
+    The article's protocol: each epoch's order cut into n // batch_size full batches, the
+    remainder dropped. With `cross_epochs` (the step budget) the orders are joined first, so a
+    batch may span two epochs and nothing but the very end is dropped."""
+    if cross_epochs:
+        n_epochs = -(-n_batches * batch_size // n)
+        flat = np.concatenate([epoch_order(n, seed, e) for e in range(n_epochs)])
+        return flat[: n_batches * batch_size].reshape(n_batches, batch_size)
+    per_epoch = n // batch_size
+    n_epochs = -(-n_batches // per_epoch)
+    epochs = [epoch_order(n, seed, e)[: per_epoch * batch_size].reshape(per_epoch, batch_size)
+              for e in range(n_epochs)]
+    return np.concatenate(epochs)[:n_batches]
+
+
+def train_batches(split: Split, batch_size: int, seed: int, n_batches: int, cross_epochs: bool = False):
+    """The batches of batch_schedule(), each gathered from memory in one op (inline: a thread
+    pool would cost more than the copy), prefetched so the device never waits for the host.
+    Reading them costs no shuffle buffer and no per-image work."""
     import tensorflow as tf
 
     images = tf.constant(split.images)
     labels = tf.constant(split.labels)
-    n = len(split)
-    ds = tf.data.Dataset.range(n).shuffle(n, seed=seed, reshuffle_each_iteration=True)
-    if epochs is not None:
-        ds = ds.repeat(epochs)
-    ds = ds.batch(batch_size, drop_remainder=True)
-    ds = ds.map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx)),
-                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    schedule = batch_schedule(len(split), batch_size, seed, n_batches, cross_epochs)
+    ds = tf.data.Dataset.from_tensor_slices(schedule)
+    ds = ds.map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx)))
     return ds.prefetch(tf.data.AUTOTUNE)
 
 

@@ -19,7 +19,7 @@ import traceback
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from catsdogs import config
+from catsdogs import __version__, config
 
 DEFAULT_LR = {"sgd": 0.01, "adam": 0.001}  # Keras' defaults: what optimizer="sgd"/"adam" gives
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -119,7 +119,7 @@ def environment() -> dict:
         device = f"{len(gpus)} x {details.get('device_name', 'GPU')}"
     else:
         device = f"CPU: {cpu_name()} ({os.cpu_count()} cores)"
-    return {"tensorflow": tf.__version__, "keras": keras.__version__,
+    return {"catsdogs": __version__, "tensorflow": tf.__version__, "keras": keras.__version__,
             "python": platform.python_version(), "device": device, "host": platform.node()}
 
 
@@ -224,13 +224,12 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
         model = build_model(cfg.image_size)
         model.compile(optimizer=_make_optimizer(cfg, per_epoch), loss="binary_crossentropy",
                       metrics=["accuracy"])
-    repeat = None if cfg.budget == "epochs" else math.ceil(per_epoch * epochs * cfg.batch_size / len(train)) + 1
-    train_ds = data.train_batches(train, cfg.batch_size, cfg.seed, epochs=repeat)
+    train_ds = data.train_batches(train, cfg.batch_size, cfg.seed, n_batches=per_epoch * epochs,
+                                  cross_epochs=cfg.budget == "steps")
     val_ds = data.eval_batches(val, cfg.batch_size) if len(val) else None
     timer = _epoch_timer(epochs, on_epoch)
     fit_started = time.time()
-    hist = model.fit(train_ds, validation_data=val_ds, epochs=epochs,
-                     steps_per_epoch=per_epoch if cfg.budget == "steps" else None,
+    hist = model.fit(train_ds, validation_data=val_ds, epochs=epochs, steps_per_epoch=per_epoch,
                      callbacks=[timer], shuffle=False, verbose=0)  # the dataset shuffles
     fit_seconds = time.time() - fit_started
     test_loss, test_acc = model.evaluate(data.eval_batches(test, cfg.batch_size), verbose=0)
