@@ -582,10 +582,13 @@ def table(args, res: dict, variants: list[str], minutes: float) -> int:
         found.append(f"(a) pipeline steady state >= 20x: {pipe_ratio:.1f}x "
                      f"{'met' if pipe_ratio >= 20 else 'MISSED'} (whole trial's input work {ours_whole / art_whole:.1f}x)")
     if to:
-        train_ratio = med([r["train_s"] for r in ta]) / med([r["train_s"] for r in to])
-        train_cpu_ratio = med([r["train_cpu_s"] for r in ta]) / med([r["train_cpu_s"] for r in to])
-        found.append(f"(b) training >= 1.5x: {train_ratio:.2f}x wall, {train_cpu_ratio:.2f}x CPU "
-                     f"{'met' if min(train_ratio, train_cpu_ratio) >= 1.5 else 'MISSED'}")
+        def ratio(key):
+            return med([r[key] for r in ta]) / med([r[key] for r in to])
+
+        found.append(f"(b) whole trial >= 1.5x faster: {ratio('work_s'):.2f}x wall "
+                     f"{'met' if ratio('work_s') >= 1.5 else 'MISSED'} ({ratio('process_wall_s'):.2f}x with "
+                     f"imports; CPU time {ratio('work_cpu_s'):.2f}x; training alone {ratio('train_s'):.2f}x wall, "
+                     f"{ratio('train_cpu_s'):.2f}x CPU)")
     print("targets: " + "; ".join(found))
     if args.json and not args.from_json:
         print(f"raw results: {args.json} (re-print with --from-json)")
