@@ -84,24 +84,28 @@ def batch_schedule(n: int, batch_size: int, seed: int, n_batches: int, cross_epo
         flat = np.concatenate([epoch_order(n, seed, e) for e in range(n_epochs)])
         return flat[: n_batches * batch_size].reshape(n_batches, batch_size)
     per_epoch = n // batch_size
+    if per_epoch == 0:
+        raise ValueError(f"batch size {batch_size} is larger than the {n} images: no full batch per epoch")
     n_epochs = -(-n_batches // per_epoch)
     epochs = [epoch_order(n, seed, e)[: per_epoch * batch_size].reshape(per_epoch, batch_size)
               for e in range(n_epochs)]
     return np.concatenate(epochs)[:n_batches]
 
 
-def train_batches(split: Split, batch_size: int, seed: int, n_batches: int, cross_epochs: bool = False):
+def train_batches(split: Split, batch_size: int, seed: int, n_batches: int, cross_epochs: bool = False,
+                  prefetch: int = 2):
     """The batches of batch_schedule(), each gathered from memory in one op (inline: a thread
-    pool would cost more than the copy), prefetched so the device never waits for the host.
-    Reading them costs no shuffle buffer and no per-image work."""
+    pool would cost more than the copy), `prefetch` of them ready so the device never waits for
+    the host. Reading them costs no shuffle buffer and no per-image work."""
     import tensorflow as tf
 
-    images = tf.constant(split.images)
-    labels = tf.constant(split.labels)
+    with tf.device("/CPU:0"):  # the images stay in host memory; only batches go to a GPU
+        images = tf.constant(split.images)
+        labels = tf.constant(split.labels)
     schedule = batch_schedule(len(split), batch_size, seed, n_batches, cross_epochs)
     ds = tf.data.Dataset.from_tensor_slices(schedule)
     ds = ds.map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx)))
-    return fixed_prefetch(ds)
+    return fixed_prefetch(ds, prefetch)
 
 
 def eval_batches(split: Split, batch_size: int):

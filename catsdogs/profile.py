@@ -48,7 +48,6 @@ import contextlib
 import csv
 import ctypes
 import json
-import math
 import os
 import resource
 import signal
@@ -262,22 +261,13 @@ class NvmlSampler:
 def probe_batches(images, labels, batch_size: int, n_batches: int, seed: int):
     """`n_batches` batches of `batch_size` images, gathered from memory on the host.
 
-    Each pass over the split is a seeded permutation; passes are concatenated, so a batch
-    larger than the split holds every image at least once and some twice or more. One batch
-    is prefetched (model.CPU_PIPELINE_BATCHES counts what the pipeline holds)."""
-    import numpy as np
-    import tensorflow as tf
+    Seeded permutations of the split joined end to end, so a batch larger than the split holds
+    every image at least once and some twice or more. One batch is prefetched
+    (model.CPU_PIPELINE_BATCHES counts what the pipeline holds)."""
+    from catsdogs import data
 
-    n = len(labels)
-    rng = np.random.default_rng(seed)
-    passes = math.ceil(batch_size * n_batches / n)
-    idx = np.concatenate([rng.permutation(n) for _ in range(passes)])[: batch_size * n_batches]
-    idx = idx.reshape(n_batches, batch_size)
-    with tf.device("/CPU:0"):
-        x_all, y_all = tf.constant(images), tf.constant(labels)
-    ds = tf.data.Dataset.from_tensor_slices(idx)
-    ds = ds.map(lambda i: (tf.gather(x_all, i), tf.gather(y_all, i)))
-    return ds.prefetch(1)
+    split = data.Split(images, labels, [])
+    return data.train_batches(split, batch_size, seed, n_batches, cross_epochs=True, prefetch=1)
 
 
 def run_probe(spec: dict, report: Callable[[str], None] = print) -> dict:

@@ -68,3 +68,14 @@ def test_given_a_split_when_reading_the_training_batches_then_each_holds_its_sch
         assert x.dtype == np.uint8 and x.shape == (6, 4, 4, 3)
         assert x[:, 0, 0, 0].tolist() == idx.tolist()
         assert y.tolist() == (idx % 2).astype(np.float32).tolist()
+
+
+def test_given_a_batch_larger_than_the_split_when_scheduling_then_across_epochs_it_repeats_images_and_per_epoch_it_refuses():
+    # given 10 images and batches of 25 (a memory probe's batch can exceed the split)
+    # when the epochs are joined: every batch holds every image
+    schedule = batch_schedule(10, 25, 0, n_batches=2, cross_epochs=True)
+    assert schedule.shape == (2, 25)
+    assert all(set(row.tolist()) == set(range(10)) for row in schedule)
+    # when each epoch must hold whole batches: a clear error, not a division by zero
+    with pytest.raises(ValueError, match="larger than the 10 images"):
+        batch_schedule(10, 25, 0, n_batches=2)
