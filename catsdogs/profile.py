@@ -700,16 +700,30 @@ def _reference(ax, values: Sequence[float], unit: str, our_unit: str, ylabel: st
     return target, line
 
 
+def _finish_axes(ax, table: list[dict], what: str, ylabel: str, thesis: tuple | None = None,
+                 legend_loc: str = "best"):
+    """What every profile figure ends with: out-of-memory sizes marked, the thesis series when
+    given (as _reference's arguments; the batch axis then spans its sizes too), the log2 batch
+    axis, labels and the legend. Returns the thesis line, or None."""
+    _mark_oom(ax, table)
+    sizes = [r["batch_size"] for r in table]
+    line = None
+    if thesis is not None:
+        _, line = _reference(ax, *thesis)
+        sizes += list(THESIS_BATCH_SIZES)
+    _batch_axis(ax, sizes)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{what} vs batch size\n{_device_note(table)}", fontsize=10)
+    ax.legend(loc=legend_loc, fontsize=8)
+    return line
+
+
 def plot_throughput(ax, table: list[dict]) -> dict:
     """Images per second against batch size (median step time), out-of-memory sizes marked."""
     xs, ys = _series(table, "images_per_second")
     (line,) = ax.plot(xs, ys, marker="o", color="tab:blue", label="images/s (median step)")
-    _mark_oom(ax, table)
-    _batch_axis(ax, [r["batch_size"] for r in table])
-    ax.set_ylabel("training throughput (images/s)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"Throughput vs batch size\n{_device_note(table)}", fontsize=10)
-    ax.legend(loc="best", fontsize=8)
+    _finish_axes(ax, table, "Throughput", "training throughput (images/s)")
     return {"throughput": line}
 
 
@@ -738,17 +752,10 @@ def plot_memory(ax, table: list[dict], reference: bool = True) -> dict:
     caps = {r.get("memory_cap_mb") for r in table if r.get("memory_cap_mb")}
     if len(caps) == 1:
         out["cap"] = ax.axhline(caps.pop(), color="tab:red", linestyle="-.", linewidth=1, label="memory cap")
-    _mark_oom(ax, table)
-    sizes = [r["batch_size"] for r in table]
-    if reference:
-        target, out["reference"] = _reference(ax, THESIS_GPU_MEMORY_MB, "MiB", "MiB",
-                                              "thesis GPU memory (MB)")
-        sizes += list(THESIS_BATCH_SIZES)
-    _batch_axis(ax, sizes)
-    ax.set_ylabel("memory (MiB)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"Memory vs batch size\n{_device_note(table)}", fontsize=10)
-    ax.legend(loc="upper left", fontsize=8)
+    thesis = (THESIS_GPU_MEMORY_MB, "MiB", "MiB", "thesis GPU memory (MB)") if reference else None
+    line = _finish_axes(ax, table, "Memory", "memory (MiB)", thesis, legend_loc="upper left")
+    if line is not None:
+        out["reference"] = line
     return out
 
 
@@ -761,16 +768,10 @@ def plot_utilization(ax, table: list[dict], reference: bool = True) -> dict:
     xs, ys = _series(table, "nvml_gpu_util_mean_percent")
     if ys:
         (out["nvml"],) = ax.plot(xs, ys, marker="^", color="tab:green", label="NVML GPU utilization (mean)")
-    _mark_oom(ax, table)
-    sizes = [r["batch_size"] for r in table]
-    if reference:
-        target, out["reference"] = _reference(ax, THESIS_GPU_USAGE_PERCENT, "%", "%", "thesis GPU usage (%)")
-        sizes += list(THESIS_BATCH_SIZES)
-    _batch_axis(ax, sizes)
-    ax.set_ylabel("utilization (%)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"Utilization vs batch size\n{_device_note(table)}", fontsize=10)
-    ax.legend(loc="best", fontsize=8)
+    thesis = (THESIS_GPU_USAGE_PERCENT, "%", "%", "thesis GPU usage (%)") if reference else None
+    line = _finish_axes(ax, table, "Utilization", "utilization (%)", thesis)
+    if line is not None:
+        out["reference"] = line
     return out
 
 
