@@ -462,8 +462,9 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
                 # test image (or not chosen at all): skip its augmented copy. Before that,
                 # the decodes still in flight may be rejected, so make it to be safe.
                 augment = lo < n_augmented
-                if hi < params.per_class and split_of(lo, params.split) == split_of(hi, params.split):
-                    targets = tuple(f"{root}/{rel}" for rel in final_paths(c, split_of(lo, params.split), name))
+                first = split_of(lo, params.split)
+                if hi < params.per_class and first == split_of(hi, params.split):
+                    targets = tuple(f"{root}/{rel}" for rel in final_paths(c, first, name))
                 else:
                     targets = tuple(f"{pending}/{c}/{name}{x}" for x in (".std.jpg", ".orig.jpg", ".aug.jpg"))
                 return (f"{pets}/{c}/{name}", params.size, config.MAX_IMAGE_PIXELS, augment, targets)
@@ -487,7 +488,8 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
                 chosen[c][s].append(name)
                 if s != "test" and augmented is None:  # cannot happen: see args_of
                     raise RuntimeError(f"no augmented copy made for {c}/{name} ({s})")
-                files = zip(args[4], final_paths(c, s, name), (standard, standard, augmented), strict=True)
+                *_, targets = args  # where the worker wrote them
+                files = zip(targets, final_paths(c, s, name), (standard, standard, augmented), strict=True)
                 for written, rel, digest in itertools.islice(files, 1 if s == "test" else 3):
                     if written != f"{root}/{rel}":  # in `pending`: its split was not yet known
                         if not written.startswith(f"{pending}/"):  # cannot happen: see args_of
