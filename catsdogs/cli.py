@@ -13,9 +13,9 @@ from pathlib import Path
 
 import click
 
-from catsdogs import __version__, config
+from catsdogs import __version__, config, schema
 from catsdogs.errors import CatsdogsError
-from catsdogs.trial import PROTOCOL_FIELDS
+from catsdogs.schema import PROTOCOL_FIELDS
 
 
 class OneLineErrors(click.Group):
@@ -158,27 +158,22 @@ def prepare(source, sha256, no_verify, data_dir, per_class, split, size, seed, q
 
 # --- sweep ----------------------------------------------------------------------------------
 
+def _protocol_option(name: str):
+    """A sweep option for a protocol field, everything about it from catsdogs.schema."""
+    choices = schema.allowed_values(name)
+    default = schema.default(name)
+    return click.option(
+        "--" + name.replace("_", "-"), type=click.Choice(choices) if choices else schema.python_type(name),
+        default=default, show_default=default is not None, help=schema.option_help(name))
+
+
 # Protocol options beyond the article: each off by default, so the default is the article's.
-PROTOCOL_OPTIONS = [
-    click.option("--lr", type=float, default=None,
-                 help="Learning rate [default: the optimizer's Keras default, SGD 0.01, Adam 0.001]."),
-    click.option("--lr-scaling", type=click.Choice(["none", "linear", "sqrt"]), default="none",
-                 show_default=True, help="Scale the learning rate with batch size / --base-batch-size."),
-    click.option("--base-batch-size", type=int, default=32, show_default=True,
-                 help="Batch size the base learning rate (and the steps budget) belongs to."),
-    click.option("--warmup-epochs", type=float, default=0.0, show_default=True,
-                 help="Linear learning-rate warm-up over this many epochs."),
-    click.option("--budget", type=click.Choice(["epochs", "steps"]), default="epochs", show_default=True,
-                 help="epochs: the article's (n // batch size updates per epoch); steps: every batch "
-                      "size makes the updates the base batch size makes in --epochs."),
-    click.option("--accumulate", type=int, default=1, show_default=True,
-                 help="Gradient accumulation: one update per N batches (effective batch N x batch size)."),
-    click.option("--precision", type=click.Choice(["float32", "mixed_float16", "mixed_bfloat16"]),
-                 default="float32", show_default=True, help="Keras mixed-precision policy."),
-    click.option("--strategy", type=click.Choice(["none", "mirrored"]), default="none", show_default=True,
-                 help="mirrored: each trial data-parallel over all visible GPUs (tf.distribute."
-                      "MirroredStrategy); the batch size is the global batch, split across replicas."),
-]
+PROTOCOL_OPTIONS = [_protocol_option(name) for name in PROTOCOL_FIELDS]
+
+ISOLATE_OPTION = click.option(
+    "--isolate", is_flag=True,
+    help="Run each trial (or probe) in a fresh process, as catsdogs 0.2 did: slower (every trial "
+         "imports, loads its data and compiles again), for anyone who wants no process reused.")
 
 
 def protocol_options(f):
@@ -220,7 +215,7 @@ def merge_config(ctx: click.Context, values: dict, file_values: dict, section: s
 
 def check_sweep_values(v: dict) -> None:
     """The same checks for command-line and TOML values; each failure is a usage error."""
-    from catsdogs.trial import TrialConfig
+    from catsdogs.schema import TrialConfig
 
     if not v["opt"]:
         raise click.UsageError("give at least one optimizer, e.g. --opt adam sgd")
@@ -269,8 +264,10 @@ def sweep_options(f):
         click.option("--retry-failed", is_flag=True, help="Run failed and out-of-memory trials again."),
         click.option("--dry-run", is_flag=True, help="List the planned trials and their status; run nothing."),
         click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Trials run at once, each in its own process: one per GPU where there are "
-                          "GPUs, else each on its share of the CPU cores."),
+                     help="Worker processes running trials at once: one per GPU where there are "
+                          "GPUs, else each pinned to its share of the CPU cores. A worker runs trial "
+                          "after trial, reusing decoded data and compiled training steps."),
+        ISOLATE_OPTION,
     ]
     f = protocol_options(f)  # listed after the grid's own options in --help
     for option in reversed(options):
@@ -312,8 +309,10 @@ def sweep(ctx, **values):
     """Train the article's model over optimizers x batch sizes x datasets x seeds.
 
     With no other options, `catsdogs sweep --opt adam sgd` runs the article's first figure:
-    batch sizes 16-128, standard data, 5 epochs, 3 seeds. Each trial runs in its own process;
-    its outcome (done, failed, oom) goes to OUT/results.sqlite and OUT/NAME/results.csv.
+    batch sizes 16-128, standard data, 5 epochs, 3 seeds. Trials run in long-lived worker
+    processes that reuse decoded data and compiled steps (with identical results); a trial
+    that fails or runs out of memory takes its worker with it, and the next gets a fresh one.
+    Each outcome (done, failed, oom) goes to OUT/results.sqlite and OUT/NAME/results.csv.
     Run the same command again to resume."""
     from catsdogs import sweep as sw
 
@@ -325,7 +324,7 @@ def sweep(ctx, **values):
         return 0
     settings = {k: (list(x) if isinstance(x, tuple) else x) for k, x in v.items()
                 if k not in ("data_dir", "out", "config_file", "dry_run")}
-    runner, workers = None, v["workers"]
+    slots, workers = None, v["workers"]
     if v["backend"] == "ray":
         from click.core import ParameterSource
 
@@ -333,11 +332,11 @@ def sweep(ctx, **values):
 
         explicit = workers != 1 or ctx.get_parameter_source("workers") not in (
             ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
-        runner, workers = ray_backend.sweep_runner(v["ray_address"], workers=workers if explicit else None,
-                                                   log=click.echo)
+        slots, workers = ray_backend.make_slots(v["ray_address"], workers=workers if explicit else None,
+                                                 isolate=v["isolate"], log=click.echo)
     counts = sw.run_sweep(v["name"], grid, v["data_dir"], v["out"], overwrite=v["overwrite"],
                           retry_failed=v["retry_failed"], log=click.echo, sweep_config={"settings": settings},
-                          workers=workers, runner=runner)
+                          workers=workers, isolate=v["isolate"], slots=slots)
     return 0 if counts["done"] == len(grid) else 1
 
 
@@ -362,7 +361,7 @@ def _run_name(ctx, param, value):
 
 def _require_data(data_dir: Path | None) -> Path:
     """The resolved data dir; an unprepared one is a usage error, as for sweep."""
-    from catsdogs.prepare import require_prepared
+    from catsdogs.manifest import require_prepared
 
     data_dir = resolved_data_dir(data_dir)
     try:
@@ -379,8 +378,8 @@ def measurement_options(f):
                      help="Optimizer, by Keras name (so its default learning rate)."),
         click.option("--dataset", type=click.Choice(config.DATASETS), default="standard", show_default=True,
                      help="Which prepared train split the batches are drawn from."),
-        click.option("--precision", type=click.Choice(["float32", "mixed_float16", "mixed_bfloat16"]),
-                     default="float32", show_default=True, help="Keras mixed-precision policy."),
+        click.option("--precision", type=click.Choice(schema.PRECISIONS), default="float32",
+                     show_default=True, help="Keras mixed-precision policy."),
         click.option("--memory-limit", callback=_memory_limit, default=None, metavar="SIZE",
                      help="Memory cap per probe, like 4GiB or 4096MB (KiB/MiB/GiB binary, KB/MB/GB "
                           "decimal). CPU: the probe's peak resident memory; a probe that goes over is "
@@ -388,6 +387,7 @@ def measurement_options(f):
         data_dir_option,
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
                      show_default=True, help="Results go to OUT/NAME/."),
+        ISOLATE_OPTION,
     ]
     for option in reversed(options):
         f = option(f)
@@ -404,11 +404,12 @@ def measurement_options(f):
 @click.option("--name", default="profile", show_default=True, callback=_run_name,
               help="Name of the run: OUT/NAME/profile.csv and OUT/NAME/figures/.")
 @measurement_options
-def profile(batch_size, steps, warmup, name, opt, dataset, precision, memory_limit, data_dir, out):
+def profile(batch_size, steps, warmup, name, opt, dataset, precision, memory_limit, data_dir, out, isolate):
     """Throughput, memory and utilization of the article's model at each batch size.
 
-    Each batch size runs in a fresh process: warm-up, then --steps timed training steps on the
-    prepared train split. Records the step time (median, mean), images/s, achieved FLOP/s and
+    Each batch size is a probe of the sweep's own training step: warm-up, then --steps timed
+    steps on the prepared train split. A worker process is reused while the batch sizes grow
+    (a worker's memory only grows) and replaced after an out-of-memory probe. Records the step time (median, mean), images/s, achieved FLOP/s and
     its share of the device's measured matmul peak (MFU), peak memory (on a GPU also NVML's
     utilization and memory, with the `nvml` extra). Out of memory is a recorded outcome.
     Writes OUT/NAME/profile.csv and figures (PNG, SVG) in OUT/NAME/figures/."""
@@ -420,7 +421,7 @@ def profile(batch_size, steps, warmup, name, opt, dataset, precision, memory_lim
         raise click.UsageError(str(e)) from None
     rows = prof.profile(name, batch_size, _require_data(data_dir), out, optimizer=opt, dataset=dataset,
                         precision=precision, steps=steps, warmup=warmup, memory_cap_bytes=memory_limit,
-                        log=click.echo)
+                        isolate=isolate, log=click.echo)
     return 1 if any(r["status"] == "failed" for r in rows) else 0
 
 
@@ -444,11 +445,11 @@ def profile(batch_size, steps, warmup, name, opt, dataset, precision, memory_lim
               help="Name of the run: OUT/NAME/find_batch_size.json and .csv.")
 @measurement_options
 def find_batch_size(mode, start, max_batch, margin, steps, resolution, name, opt, dataset, precision,
-                    memory_limit, data_dir, out):
+                    memory_limit, data_dir, out, isolate):
     """The largest batch size that fits in memory, the fastest, and which to train with.
 
-    Every probe (a few training steps at one batch size) runs in a fresh process, so one out
-    of memory cannot poison the next. Prints the measured answer beside the analytic memory
+    Every probe is a few steps of the sweep's own training step at one batch size; one that
+    runs out of memory ends its worker process, so it cannot poison the next. Prints the measured answer beside the analytic memory
     model's, and a recommendation: batch size, throughput, and the learning rate the linear
     scaling rule pairs with it. Without --memory-limit a GPU's own memory is the cap, and on
     the CPU 90% of the memory available when the search starts."""
@@ -458,7 +459,7 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, name, opt
         findbs.find_batch_size(name, _require_data(data_dir), out, mode=mode, start=start,
                                max_batch=max_batch, margin=margin, optimizer=opt, dataset=dataset,
                                precision=precision, steps=steps, memory_cap_bytes=memory_limit,
-                               resolution=resolution, log=click.echo)
+                               resolution=resolution, isolate=isolate, log=click.echo)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     return 0
@@ -503,9 +504,10 @@ def report(name, out, title_note):
               show_default=True, help="Where the results store and the sweep's folder go.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Trials run at once (see `catsdogs sweep --help`).")
+@ISOLATE_OPTION
 @click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def reproduce(config_file, source, seeds, name, data_dir, out, workers, overwrite, quiet):
+def reproduce(config_file, source, seeds, name, data_dir, out, workers, isolate, overwrite, quiet):
     """The whole article in one command: prepare, both figures' grids, report.
 
     Trials the two figures share run once; run it again to resume. Figures and tables land
@@ -526,7 +528,7 @@ def reproduce(config_file, source, seeds, name, data_dir, out, workers, overwrit
     if data_dir is None and plan.get("data_dir") and not os.environ.get(config.DATA_DIR_ENV):
         data_dir = Path(plan["data_dir"])  # a plan at other sizes keeps its images apart
     result = rp.reproduce(plan, data_dir=resolved_data_dir(data_dir), out=out, name=name, seeds=seeds,
-                          source=source, workers=workers, overwrite=overwrite, log=click.echo,
+                          source=source, workers=workers, isolate=isolate, overwrite=overwrite, log=click.echo,
                           progress=not quiet and sys.stderr.isatty())
     counts = result["counts"]
     return 0 if counts["done"] == result["trials"] else 1

@@ -1,4 +1,7 @@
-"""Every default in one place, with why it is what it is (PROTOCOL.md is the specification)."""
+"""The defaults of the data and of a study, each with why it is what it is (PROTOCOL.md is the
+specification). A trial's own fields (optimizer, batch size, protocol options) and their defaults
+and allowed values are in catsdogs.schema; the engine's (how many compiled steps a worker keeps)
+in catsdogs.engine; a probe's (steps, warm-up) in catsdogs.profile and catsdogs.findbs."""
 
 import os
 from pathlib import Path

@@ -1,10 +1,11 @@
-"""The input pipeline: prepared folders -> uint8 arrays in memory -> tf.data batches.
+"""The input data: prepared folders -> uint8 arrays in memory -> each epoch's batch order.
 
 Each image is decoded once, with Pillow (as Keras 2's flow_from_directory did, so the pixels
 the model sees are the article's), and kept as uint8: 200 x 200 x 3 bytes, a quarter of
 float32. An epoch is a seeded permutation of the images, cut into full batches (the last
 partial batch is dropped, as `steps_per_epoch = n // batch_size` did), each batch gathered from
-memory in one op and prefetched, so the device never waits for the host.
+memory in one op and prefetched, so the device never waits for the host (the backend's
+`train_batches`: catsdogs.backends). Nothing here imports a framework.
 """
 
 from __future__ import annotations
@@ -90,40 +91,3 @@ def batch_schedule(n: int, batch_size: int, seed: int, n_batches: int, cross_epo
     epochs = [epoch_order(n, seed, e)[: per_epoch * batch_size].reshape(per_epoch, batch_size)
               for e in range(n_epochs)]
     return np.concatenate(epochs)[:n_batches]
-
-
-def train_batches(split: Split, batch_size: int, seed: int, n_batches: int, cross_epochs: bool = False,
-                  prefetch: int = 2):
-    """The batches of batch_schedule(), each gathered from memory in one op (inline: a thread
-    pool would cost more than the copy), `prefetch` of them ready so the device never waits for
-    the host. Reading them costs no shuffle buffer and no per-image work."""
-    import tensorflow as tf
-
-    with tf.device("/CPU:0"):  # the images stay in host memory; only batches go to a GPU
-        images = tf.constant(split.images)
-        labels = tf.constant(split.labels)
-    schedule = batch_schedule(len(split), batch_size, seed, n_batches, cross_epochs)
-    ds = tf.data.Dataset.from_tensor_slices(schedule)
-    ds = ds.map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx)))
-    return fixed_prefetch(ds, prefetch)
-
-
-def eval_batches(split: Split, batch_size: int):
-    """Every image once, in order, the last batch partial: accuracy over the whole split."""
-    import tensorflow as tf
-
-    ds = tf.data.Dataset.from_tensor_slices((split.images, split.labels))
-    return fixed_prefetch(ds.batch(batch_size))
-
-
-def fixed_prefetch(ds, batches: int = 2):
-    """Prefetch a fixed number of batches, with tf.data's autotuning off.
-
-    The autotuner's background thread wakes ever less often as a pipeline runs, and deleting
-    the iterator waits for its next wake-up: at the end of a 5-epoch trial here, 40 seconds of
-    doing nothing. One batch in the step and one ready are all a step-bound pipeline needs."""
-    import tensorflow as tf
-
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return ds.prefetch(batches).with_options(options)

@@ -1,9 +1,11 @@
 """The largest batch size that fits in memory, the fastest one, and which to train with.
 
-Every probe is a few training steps of the article's model at one batch size, in a fresh child
-process (`catsdogs.profile.run_child`), so one out-of-memory cannot poison the next probe:
-TensorFlow keeps device memory after an out-of-memory error, and a process killed for memory
-takes nothing else with it. Each probe is recorded as `fits`, `oom` or `failed`.
+Every probe is a few training steps of the article's model at one batch size: the sweep's own
+training step (catsdogs.engine.run_probe), run by catsdogs.worker.Prober. A probe that does not
+fit ends its worker, so one out-of-memory cannot poison the next probe (TensorFlow keeps device
+memory after an out-of-memory error, and a process killed for memory takes nothing else with
+it); a worker is reused only while the batch sizes grow, since its memory only grows. Each
+probe ends `done` (it fits), `oom` or `failed` (schema.STATUSES).
 
 The search (`search`, pure: it takes any probe function):
 - `power`: double from `start` until a probe does not fit (or `max` is reached; `max` itself is
@@ -37,17 +39,17 @@ rule: the optimizer's Keras default (SGD 0.01, Adam 0.001) times batch size / 32
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from catsdogs import config
 from catsdogs.errors import CatsdogsError
+from catsdogs.files import write_json_atomic
 
 MODES = ("power", "binsearch")
+FITS = "done"  # a probe that fits ran its steps under the cap: the status every study uses
 DEFAULT_START = 8
 DEFAULT_STEPS = 3  # timed steps per probe, after one warm-up step: the peak comes in the first
 DEFAULT_WARMUP = 1
@@ -86,9 +88,9 @@ def effective_resolution(resolution: int | None, largest_fit: int) -> int:
 
 def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DEFAULT_START,
            max_batch: int | None = None, resolution: int | None = None) -> SearchResult:
-    """Find the largest batch size for which `probe(batch_size)` says 'fits'.
+    """Find the largest batch size for which `probe(batch_size)` says 'done' (it fits).
 
-    `probe` returns 'fits', 'oom' or 'failed' and is called at most once per batch size."""
+    `probe` returns 'done' (fits), 'oom' or 'failed' and is called at most once per batch size."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     if start < 1 or (max_batch is not None and max_batch < 1) or (resolution is not None and resolution < 1):
@@ -103,13 +105,13 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
 
     b = min(start, max_batch) if max_batch is not None else start
     lo = hi = None
-    if ask(b) == "fits":
+    if ask(b) == FITS:
         lo = b
     else:  # the start is too large: halve until something fits
         hi = b
         while b > 1:
             b //= 2
-            if ask(b) == "fits":
+            if ask(b) == FITS:
                 lo = b
                 break
             hi = b
@@ -120,7 +122,7 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
         while max_batch is None or b < max_batch:
             b = b * 2 if max_batch is None else min(b * 2, max_batch)
             status = ask(b)
-            if status == "fits":
+            if status == FITS:
                 lo, failed_run = b, []
             elif status == "oom":
                 hi = failed_run[0] if failed_run else b
@@ -137,7 +139,7 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
     if mode == "binsearch" and hi is not None:
         while hi - lo > effective_resolution(resolution, lo):
             mid = (lo + hi) // 2
-            if ask(mid) == "fits":
+            if ask(mid) == FITS:
                 lo = mid
             else:
                 hi = mid
@@ -162,14 +164,14 @@ def apply_margin(largest: int, margin: float) -> int:
 
 def linear_scaled_lr(optimizer: str, batch_size: int, base_batch_size: int = BASE_BATCH_SIZE) -> float:
     """The linear scaling rule: Keras' default lr (SGD 0.01, Adam 0.001) x batch / base batch."""
-    from catsdogs.trial import DEFAULT_LR
+    from catsdogs.schema import DEFAULT_LR
 
     return DEFAULT_LR[optimizer] * batch_size / base_batch_size
 
 
 def recommend(probes: list[dict], safe: int) -> dict | None:
     """The fastest probe that fit with batch size <= safe; a smaller one within TIE of it wins."""
-    fits = [p for p in probes if p["status"] == "fits" and p["batch_size"] <= safe
+    fits = [p for p in probes if p["status"] == FITS and p["batch_size"] <= safe
             and p.get("images_per_second")]
     if not fits:
         return None
@@ -199,7 +201,7 @@ def _probe_line(p: dict) -> str:
     if p.get("peak_memory_mb") is not None:
         cap = f" of {p['memory_cap_mb']:.0f}" if p.get("memory_cap_mb") else ""
         parts.append(f"peak {p['peak_memory_mb']:.0f}{cap} MiB")
-    if p["status"] == "fits" and p.get("images_per_second"):
+    if p["status"] == FITS and p.get("images_per_second"):
         parts.append(f"{p['images_per_second']:.1f} images/s")
     if p["status"] == "failed" and p.get("error"):
         parts.append(p["error"].splitlines()[0][:200])
@@ -211,14 +213,17 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
                     margin: float = DEFAULT_MARGIN, optimizer: str = "adam", dataset: str = "standard",
                     precision: str = "float32", steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
                     memory_cap_bytes: int | None = None, resolution: int | None = None,
-                    log: Callable[[str], None] = print) -> dict:
+                    isolate: bool = False, log: Callable[[str], None] = print) -> dict:
     """Search, predict, recommend; write OUT/NAME/find_batch_size.json and .csv; return the summary.
 
     Raises ValueError for impossible settings, CatsdogsError when the data is not prepared or
-    when not even batch size 1 fits (after writing the records)."""
+    when not even batch size 1 fits (after writing the records). `isolate`: a fresh worker
+    process for every probe."""
     from catsdogs import profile as prof
+    from catsdogs.manifest import require_prepared
     from catsdogs.model import CPU_PIPELINE_BATCHES, predict_max_batch_size
-    from catsdogs.prepare import require_prepared, versions
+    from catsdogs.provenance import versions
+    from catsdogs.worker import Prober
 
     prof.check_settings([start], optimizer, dataset, precision, steps, warmup)
     if mode not in MODES:
@@ -256,9 +261,8 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
                 return p
         spec = prof.probe_spec(bs, data_dir, optimizer=optimizer, dataset=dataset, precision=precision,
                                steps=steps, warmup=warmup)
-        record = prof.run_child(spec, work, memory_cap_bytes, cpu_cap_bytes=cpu_cap)
-        status = {"ok": "fits"}.get(record["status"], record["status"])
-        p = {"order": len(probes) + 1, "phase": phase, "batch_size": bs, "status": status,
+        record = prober.run(spec)
+        p = {"order": len(probes) + 1, "phase": phase, "batch_size": bs, "status": record["status"],
              **{k: record.get(k) for k in ("peak_memory_mb", "memory_cap_mb", "images_per_second",
                                            "step_time_median_s", "baseline_rss_mb", "allocator_peak_mb",
                                            "memory_kind", "device", "device_memory_limit_mb", "log")},
@@ -267,33 +271,19 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
         log(_probe_line(p))
         return p
 
-    calib = run(CALIBRATION_BATCH, "calibrate")
-    result = search(lambda b: run(b, "search")["status"], mode=mode, start=start,
-                    max_batch=max_batch, resolution=resolution)
-    summary: dict = {"settings": settings, "largest_fitting": result.largest_fit,
-                     "first_not_fitting": result.first_failure, "reached_max": result.reached_max}
-
-    if result.largest_fit is not None:
-        safe = apply_margin(result.largest_fit, margin)
-        summary["margin_batch_size"] = safe
-        if safe not in {p["batch_size"] for p in probes}:
-            run(safe, "confirm")
-        fits = [p for p in probes if p["status"] == "fits" and p.get("images_per_second")]
-        fastest = max(fits, key=lambda p: p["images_per_second"]) if fits else None
-        summary["fastest"] = ({"batch_size": fastest["batch_size"],
-                               "images_per_second": fastest["images_per_second"]} if fastest else None)
-        rec = recommend(probes, safe)
-        if rec:
-            summary["recommendation"] = {
-                "batch_size": rec["batch_size"], "images_per_second": rec["images_per_second"],
-                "learning_rate": linear_scaled_lr(optimizer, rec["batch_size"]),
-                "base_learning_rate": linear_scaled_lr(optimizer, BASE_BATCH_SIZE),
-                "base_batch_size": BASE_BATCH_SIZE}
-
+    prober = Prober(work, memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=isolate)
+    try:
+        calib = run(CALIBRATION_BATCH, "calibrate")
+        result = search(lambda b: run(b, "search")["status"], mode=mode, start=start,
+                        max_batch=max_batch, resolution=resolution)
+        summary = _decide(result, probes, run, margin, optimizer)
+    finally:
+        prober.close()
+    summary["settings"] = settings
     # The analytic model, calibrated on the batch-1 probe.
     summary["prediction"] = None
     cap_mb = calib.get("memory_cap_mb") or calib.get("device_memory_limit_mb")
-    if calib["status"] == "fits" and calib.get("peak_memory_mb") and cap_mb:
+    if calib["status"] == FITS and calib.get("peak_memory_mb") and cap_mb:
         host = CPU_PIPELINE_BATCHES if calib.get("memory_kind") == "cpu-rss" else 0
         pred = predict_max_batch_size(cap_mb * 2**20, CALIBRATION_BATCH, calib["peak_memory_mb"] * 2**20,
                                       size, optimizer, precision, host_batches=host)
@@ -310,7 +300,6 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     _write(folder, summary)
     for line in summary_lines(summary):
         log(line)
-    _remove_if_empty(work)
     if result.largest_fit is None:
         first = probes[0]
         raise CatsdogsError(
@@ -320,19 +309,35 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     return summary
 
 
-def _remove_if_empty(path: Path) -> None:
-    try:
-        path.rmdir()  # empty unless a probe that did not fit left its log there
-    except OSError:
-        pass
+def _decide(result: SearchResult, probes: list[dict], run, margin: float, optimizer: str) -> dict:
+    """The measured answer, the margin's size (probed to confirm it), fastest, recommendation."""
+    summary: dict = {"largest_fitting": result.largest_fit,
+                     "first_not_fitting": result.first_failure, "reached_max": result.reached_max}
+
+    if result.largest_fit is not None:
+        safe = apply_margin(result.largest_fit, margin)
+        summary["margin_batch_size"] = safe
+        if safe not in {p["batch_size"] for p in probes}:
+            run(safe, "confirm")
+        fits = [p for p in probes if p["status"] == FITS and p.get("images_per_second")]
+        fastest = max(fits, key=lambda p: p["images_per_second"]) if fits else None
+        summary["fastest"] = ({"batch_size": fastest["batch_size"],
+                               "images_per_second": fastest["images_per_second"]} if fastest else None)
+        rec = recommend(probes, safe)
+        if rec:
+            summary["recommendation"] = {
+                "batch_size": rec["batch_size"], "images_per_second": rec["images_per_second"],
+                "learning_rate": linear_scaled_lr(optimizer, rec["batch_size"]),
+                "base_learning_rate": linear_scaled_lr(optimizer, BASE_BATCH_SIZE),
+                "base_batch_size": BASE_BATCH_SIZE}
+
+    return summary
 
 
 def _write(folder: Path, summary: dict) -> None:
     from catsdogs.profile import write_csv
 
-    tmp = folder / ".find_batch_size.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, default=str))
-    os.replace(tmp, folder / "find_batch_size.json")
+    write_json_atomic(folder / "find_batch_size.json", summary, indent=2)
     write_csv(summary["probes"], folder / "find_batch_size.csv", PROBE_COLUMNS)
 
 

@@ -23,9 +23,7 @@ import functools
 import hashlib
 import io
 import itertools
-import json
 import os
-import platform
 import re
 import shutil
 import sys
@@ -37,18 +35,18 @@ import zipfile
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from multiprocessing import get_context
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from catsdogs import __version__, config
+from catsdogs import config
 from catsdogs.errors import ArchiveError, CatsdogsError
+from catsdogs.files import write_json_atomic
+from catsdogs.manifest import FORMAT, MANIFEST, count_files, load_manifest
+from catsdogs.provenance import versions
 
-MANIFEST = "manifest.json"
-FORMAT = 1  # bump when the prepared layout or pixels change, so old folders get rebuilt
 WORKERS = os.cpu_count() or 1  # one decode process per core: decoding is the cost
 BATCH = 8  # candidates per task sent to a worker, at most (fewer round trips)
 WINDOW = WORKERS * 16  # candidates in flight, at most (what an early stop may waste)
@@ -339,23 +337,6 @@ def split_of(i: int, split: tuple[int, int, int]) -> str:
     return "validation" if i < split[0] + split[1] else "test"
 
 
-def versions() -> dict:
-    out = {"python": platform.python_version(), "catsdogs": __version__}
-    for pkg in ("pillow", "numpy", "tensorflow", "keras"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[pkg] = metadata.version(pkg)
-    return out
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def folder_fingerprint(root: Path, dirs: list[str]) -> str:
     """SHA-256 over every prepared file's relative path and bytes: names the data of a trial."""
     h = hashlib.sha256()
@@ -364,40 +345,6 @@ def folder_fingerprint(root: Path, dirs: list[str]) -> str:
             h.update(str(p.relative_to(root)).encode() + b"\0")
             h.update(hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()
-
-
-def count_files(root: Path) -> dict:
-    counts: dict = {}
-    for dataset, splits in (("standard", config.SPLIT_NAMES), ("augmented", ("train", "validation"))):
-        for s in splits:
-            for c in config.CLASSES:
-                d = root / dataset / s / c
-                n = sum(1 for p in d.iterdir() if p.suffix == ".jpg") if d.is_dir() else 0
-                counts.setdefault(dataset, {}).setdefault(s, {})[c] = n
-    return counts
-
-
-def load_manifest(data_dir: Path) -> dict | None:
-    """The manifest of a finished prepare whose folders are all there, or None."""
-    try:
-        manifest = json.loads((Path(data_dir) / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    if not manifest.get("complete") or manifest.get("format") != FORMAT:
-        return None
-    if count_files(Path(data_dir)) != manifest.get("counts"):
-        return None
-    return manifest
-
-
-def require_prepared(data_dir: Path) -> dict:
-    manifest = load_manifest(data_dir)
-    if manifest is None:
-        raise CatsdogsError(
-            f"{data_dir} holds no finished prepared data set (no valid {MANIFEST}); "
-            f"run `catsdogs prepare --data-dir {data_dir}` first"
-        )
-    return manifest
 
 
 @contextlib.contextmanager
@@ -675,7 +622,7 @@ def _commit(staging: Path, data_dir: Path, manifest: dict) -> None:
             os.replace(old, trash)
             shutil.rmtree(trash, ignore_errors=True)
         os.replace(staging / name, old)
-    write_json_atomic(data_dir / MANIFEST, manifest)
+    write_json_atomic(data_dir / MANIFEST, manifest, fsync=True)
 
 
 def summary_line(manifest: dict) -> str:

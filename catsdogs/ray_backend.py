@@ -1,16 +1,18 @@
-"""Run a sweep's trials as Ray tasks: `catsdogs sweep --backend ray` (the `catsdogs[ray]` extra).
+"""Run a sweep's trials on Ray: `catsdogs sweep --backend ray` (the `catsdogs[ray]` extra).
 
-Each pending trial becomes one Ray task asking for one GPU where the cluster has GPUs (all of a
-node's GPUs for `--strategy mirrored`), else for `num_cpus_per_trial` CPU cores (by default
-1, or this machine's share when `--workers` is given), with TensorFlow's thread pools sized to
-match. The sweep process is the Ray driver: it claims trials and writes every outcome to its
-own store exactly as with the local backend, so resuming, `report` and `reproduce` work
-unchanged; nothing is written on the other nodes but Ray's own logs.
+Each sweep slot holds one Ray actor, a worker: a process that imports the framework once and
+runs trial after trial with catsdogs.engine, keeping decoded data and compiled training steps
+as a local worker (catsdogs.worker) does. An actor asks for one GPU where the cluster has GPUs
+(all of a node's GPUs for `--strategy mirrored`), else for `num_cpus_per_trial` CPU cores (by
+default 1, or this machine's share when `--workers` is given), with the framework's thread
+pools sized to match. The sweep process is the Ray driver: it claims trials and writes every
+outcome to its own store exactly as with the local backend, so resuming, `report` and
+`reproduce` work unchanged; nothing is written on the other nodes but Ray's own logs.
 
-Where the tasks run: the cluster at `address`, else $RAY_ADDRESS (e.g. "auto" on a node of a
+Where the actors run: the cluster at `address`, else $RAY_ADDRESS (e.g. "auto" on a node of a
 cluster started with `ray start`, or "ray://head:10001" with Ray Client, which needs
 `ray[client]`), else a local Ray started for the sweep on this machine's cores and GPUs, which
-stops when the sweep process ends (a driver killed with kill -9 takes its tasks with it).
+stops when the sweep process ends (a driver killed with kill -9 takes its actors with it).
 
 On a cluster every node needs catsdogs and its dependencies installed, and **the prepared data
 at the same absolute path as on the driver**: a shared filesystem (NFS, a mounted bucket), or the
@@ -19,21 +21,19 @@ fingerprint against the one the sweep was planned with, so a node with other dat
 fails the trial loudly (its record names the node) rather than recording a result trained on
 the wrong images.
 
-What comes back:
-- the trial's record (`run_trial`), as the local child process gives it;
-- an exception inside the trial: a `failed` or `oom` record, classified and worded as the
-  child process does (`classify_error`, the error and its traceback);
-- a task killed by Ray's memory monitor: `oom`, as a killed child process is locally;
-- a worker process or node lost mid-trial (crash, kill, node down): Ray runs the task again
-  (`max_retries`); lost again, the runner returns `{"status": "lost"}` and the sweep gives the
-  trial back to pending, to be run by the next run of the same command. Never a half result:
-  a record exists only when the trial's function returned one.
+What comes back, and what becomes of the actor:
+- the trial's record (`engine.run_task`), as a local worker gives it; one that is not `done`
+  (an exception in the trial, `failed` or `oom`) ends the actor, and the slot's next trial
+  gets a fresh one, as locally;
+- an actor killed by Ray's memory monitor: `oom`, as a killed worker is locally;
+- an actor or node lost mid-trial (crash, kill, node down): the slot runs the trial again on a
+  fresh actor, up to MAX_RETRIES times; lost every time, the slot returns `{"status": "lost"}`
+  and the sweep gives the trial back to pending, to be run by the next run of the same
+  command. Never a half result: a record exists only when the trial's function returned one.
 
-Per-epoch progress does not stream back from a Ray task: the sweep logs each trial's start and
-end only. TensorFlow's output goes to Ray's worker logs (/tmp/ray/session_latest/logs on each
-node), not to the terminal. Every task runs in a fresh worker process (`max_calls=1`):
-TensorFlow does not give device memory back, and the thread settings must be in place before
-TensorFlow starts.
+Per-epoch progress does not stream back from an actor: the sweep logs each trial's start and
+end only. The framework's output goes to Ray's worker logs (/tmp/ray/session_latest/logs on
+each node), not to the terminal.
 """
 
 from __future__ import annotations
@@ -42,18 +42,19 @@ import contextlib
 import logging
 import os
 import platform
-import traceback
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 from catsdogs.errors import CatsdogsError
+from catsdogs.schema import LOST
 
 INSTALL_HINT = "install the extra: pip install 'catsdogs[ray]'"
-MAX_RETRIES = 2  # Ray's re-runs of a task whose worker or node was lost (not of trial errors)
+MAX_RETRIES = 2  # runs again, on a fresh actor, of a trial whose actor or node was lost
 
 # What the local backend sets to place a child on this machine (its GPU, its share of the
 # cores); Ray places tasks itself, so these are dropped from what the sweep passes.
-_PLACEMENT_VARS = ("CUDA_VISIBLE_DEVICES", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+_PLACEMENT_VARS = ("CUDA_VISIBLE_DEVICES", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "CATSDOGS_CPUS")
 
 
 def import_ray():
@@ -85,16 +86,11 @@ def init_ray(address: str | None = None):
     return ray
 
 
-def make_ray_runner(address: str | None = None, num_cpus_per_trial: int | None = None, *,
-                    workers: int | None = None, max_retries: int = MAX_RETRIES):
-    """Initialize Ray; return `(runner, concurrency)`.
-
-    `runner` has the signature `run_sweep` expects and runs one trial as a Ray task, blocking
-    until its record comes back. `concurrency` is how many trials the cluster can run at once:
-    its GPUs, else its CPUs // CPUs per trial (node by node). Without GPUs a trial asks for
-    `num_cpus_per_trial` cores; left out, 1, or with `workers` given (an explicit --workers),
-    the cluster's cores // workers, so that one worker on two cores trains on both."""
-    ray = init_ray(address)
+def cluster_plan(ray, num_cpus_per_trial: int | None = None, workers: int | None = None) -> dict:
+    """What one actor asks for, and how many the cluster runs at once: its GPUs, else its
+    CPUs // CPUs per actor (node by node). Without GPUs an actor asks for `num_cpus_per_trial`
+    cores; left out, 1, or with `workers` given (an explicit --workers), the cluster's cores //
+    workers, so that one worker on two cores trains on both."""
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     node_gpus = [int(r.get("GPU", 0)) for r in nodes]
     node_cpus = [int(r.get("CPU", 0)) for r in nodes]
@@ -113,66 +109,120 @@ def make_ray_runner(address: str | None = None, num_cpus_per_trial: int | None =
                                 f"many (nodes: {node_cpus or 'none alive'})")
         concurrency = sum(c // cpus for c in node_cpus)
     concurrency = max(1, concurrency)
-    task = ray.remote(max_calls=1, max_retries=max_retries)(_run_in_worker)
+    return {"use_gpus": use_gpus, "cpus": cpus, "node_gpus": node_gpus, "concurrency": concurrency,
+            "description": (f"Ray: {len(nodes)} node(s), {sum(node_cpus)} CPUs, {sum(node_gpus)} GPUs; "
+                            f"each worker on {'1 GPU' if use_gpus else f'{cpus} CPU(s)'}, "
+                            f"{concurrency} at once")}
 
-    def runner(cfg, data_dir, workdir=None, on_epoch=None, env=None, on_start=None) -> dict:
-        worker_env = {k: v for k, v in (env or {}).items() if k not in _PLACEMENT_VARS}
-        if use_gpus:
-            gpus = max(node_gpus) if cfg.strategy == "mirrored" else 1
-            options = {"num_gpus": gpus, "num_cpus": cpus}
+
+class TrialActor:
+    """A worker as a Ray actor: the framework imported once, the engine's caches kept."""
+
+    def __init__(self, env: dict):
+        os.environ.update(env)  # before the framework starts: its thread pools are sized once
+        from catsdogs import backends
+
+        backends.current().start()
+
+    def run(self, fn, task: dict) -> dict:
+        from catsdogs import engine
+
+        return {"record": fn(task), "shapes": engine.STEPS.shapes()}
+
+
+def _run_in_worker(task: dict) -> dict:
+    """What an actor runs for a trial (passed to it, so a test can swap it); always a record."""
+    from catsdogs import engine
+
+    record = engine.run_task(task)
+    if record.get("traceback"):
+        record["error"] = f"{record.get('error', '')}\n{record.pop('traceback')}(Ray worker on {platform.node()})"
+    return record
+
+
+class RaySlot:
+    """One sweep slot on Ray: an actor, kept between trials, replaced after any that is not done."""
+
+    def __init__(self, ray, plan: dict, env: dict | None = None, isolate: bool = False,
+                 max_retries: int = MAX_RETRIES):
+        self.ray, self.plan, self.isolate, self.max_retries = ray, plan, isolate, max_retries
+        self.env = {k: v for k, v in (env or {}).items() if k not in _PLACEMENT_VARS}
+        self.actor = None
+        self._shapes: set[str] = set()
+        self._stopped = False
+
+    def shapes(self) -> set[str]:
+        return self._shapes if self.actor is not None else set()
+
+    def _new_actor(self, cfg):
+        from catsdogs import backends
+
+        backend = backends.current()
+        env = {**backend.process_env(), **self.env}
+        if self.plan["use_gpus"]:
+            gpus = max(self.plan["node_gpus"]) if cfg.strategy == "mirrored" else 1
+            options = {"num_gpus": gpus, "num_cpus": self.plan["cpus"]}
         else:
-            options = {"num_cpus": cpus}
-            worker_env.update(TF_NUM_INTRAOP_THREADS=str(cpus), TF_NUM_INTEROP_THREADS="1")
-        ref = task.options(name=f"catsdogs trial {cfg.key()}", **options).remote(
-            asdict(cfg), str(Path(data_dir).resolve()), worker_env)
-        if on_start:
-            on_start(RemoteTrial(ray, ref))
-        try:
-            return ray.get(ref)
-        except Exception as exc:  # noqa: BLE001 - every way a task can end becomes a record
-            return outcome_of_error(exc, ray)
+            options = {"num_cpus": self.plan["cpus"]}
+            env.update(backend.process_env(threads=self.plan["cpus"]))
+        cls = self.ray.remote(max_restarts=0, max_task_retries=0)(TrialActor)
+        return cls.options(name=f"catsdogs worker {id(self)}-{time.monotonic_ns()}", **options).remote(env)
 
-    runner.concurrency = concurrency
-    runner.description = (f"Ray: {len(nodes)} node(s), {sum(node_cpus)} CPUs, {sum(node_gpus)} GPUs; "
-                          f"each trial on {'1 GPU' if use_gpus else f'{cpus} CPU(s)'}, "
-                          f"{concurrency} at once")
-    return runner, concurrency
+    def run(self, cfg, data_dir, on_epoch=None) -> dict:
+        from catsdogs.sweep import needs_fresh_worker
+
+        task = {"kind": "trial", "config": asdict(cfg), "data_dir": str(Path(data_dir).resolve())}
+        record: dict = {}
+        for attempt in range(1 + self.max_retries):
+            if self.actor is not None and (self.isolate or needs_fresh_worker(cfg)):
+                self.close()
+            if self.actor is None:
+                self.actor = self._new_actor(cfg)
+            try:
+                out = self.ray.get(self.actor.run.remote(_current_trial_function(), task))
+            except Exception as exc:  # noqa: BLE001 - every way an actor call can end becomes a record
+                record = outcome_of_error(exc, self.ray)
+                self.close()
+                if record["status"] == LOST and not self._stopped and attempt < self.max_retries:
+                    continue  # the actor or its node was lost: again, on a fresh actor
+                return record
+            record, self._shapes = out["record"], set(out["shapes"])
+            if record.get("status") != "done" or self.isolate:
+                self.close()  # isolation: the next trial gets a fresh actor
+            return record
+        return record
+
+    def stop(self) -> None:
+        """From another thread (Ctrl-C): end the running trial now; run() returns it lost."""
+        self._stopped = True
+        self.close()
+
+    def close(self) -> None:
+        actor, self.actor, self._shapes = self.actor, None, set()
+        if actor is not None:
+            with contextlib.suppress(Exception):  # already dead, or Ray already gone
+                self.ray.kill(actor)
 
 
-def sweep_runner(address: str | None = None, workers: int | None = None, log=print):
-    """For the sweep command: `(runner, workers)`; `workers` given caps the cluster's
-    concurrency, left out (None) the cluster's concurrency is used."""
-    runner, concurrency = make_ray_runner(address, workers=workers)
-    log(runner.description + (f"; --workers {workers}" if workers else ""))
-    if workers and workers > concurrency:
-        log(f"Note: {workers} workers but the cluster runs {concurrency} trials at once now; "
+def _current_trial_function():
+    return _run_in_worker  # looked up at each call: tests replace it on this module
+
+
+def make_slots(address: str | None = None, workers: int | None = None, isolate: bool = False,
+               num_cpus_per_trial: int | None = None, log=print):
+    """Initialize Ray; `(make_slot, workers)`: a factory of RaySlots for sweep.run_sweep, and how
+    many to run: `workers` given caps the cluster's concurrency, left out (None) it is used."""
+    ray = init_ray(address)
+    plan = cluster_plan(ray, num_cpus_per_trial, workers)
+    log(plan["description"] + (f"; --workers {workers}" if workers else ""))
+    if workers and workers > plan["concurrency"]:
+        log(f"Note: {workers} workers but the cluster runs {plan['concurrency']} at once now; "
             "the others wait in Ray's queue.")
-    return runner, workers or concurrency
 
+    def make_slot(index: int, n: int, workdir=None) -> RaySlot:
+        return RaySlot(ray, plan, isolate=isolate)
 
-class RemoteTrial:
-    """What `on_start` gets for a trial running as a Ray task: `cancel()` stops it (Ctrl-C)."""
-
-    def __init__(self, ray, ref):
-        self.ray, self.ref = ray, ref
-
-    def cancel(self) -> None:
-        with contextlib.suppress(Exception):  # already finished, or Ray already gone
-            self.ray.cancel(self.ref, force=True)
-
-
-def _run_in_worker(config: dict, data_dir: str, env: dict) -> dict:
-    """The Ray task: one trial in a fresh worker process; always a record, as the child gives."""
-    os.environ.update(env)  # before TensorFlow starts: its thread pools are sized once
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from catsdogs.trial import TrialConfig, classify_error, run_trial
-
-    try:
-        return run_trial(TrialConfig.from_dict(config), Path(data_dir))
-    except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded trial status
-        error = f"{type(exc).__name__}: {exc}".strip()[:4000]
-        return {"status": classify_error(exc), "config": config,
-                "error": f"{error}\n{traceback.format_exc()[-8000:]}(Ray worker on {platform.node()})"}
+    return make_slot, workers or plan["concurrency"]
 
 
 def outcome_of_error(exc: BaseException, ray) -> dict:
@@ -186,12 +236,13 @@ def outcome_of_error(exc: BaseException, ray) -> dict:
             return _lost(cause or exc)
         # the task's code raised outside the trial's own guard, e.g. catsdogs missing on a node
         return {"status": "failed", "error": f"{type(cause).__name__}: {cause}\n{exc}"[:12000]}
-    return _lost(exc)  # a lost worker or node, a cancelled task, or anything else from Ray
+    return _lost(exc)  # a lost or killed actor, a lost node, or anything else from Ray
 
 
 def _is_system_error(exc: BaseException, ex) -> bool:
     system = (ex.WorkerCrashedError, ex.NodeDiedError, ex.ObjectLostError, ex.RaySystemError,
-              ex.LocalRayletDiedError, ex.TaskCancelledError, ex.TaskUnschedulableError)
+              ex.LocalRayletDiedError, ex.TaskCancelledError, ex.TaskUnschedulableError,
+              ex.RayActorError)
     return isinstance(exc, system)
 
 

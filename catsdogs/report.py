@@ -24,10 +24,8 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
 import re
 import statistics
-import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -37,6 +35,9 @@ from matplotlib.ticker import NullLocator
 
 from catsdogs import config
 from catsdogs.errors import CatsdogsError
+from catsdogs.figures import save_figure
+from catsdogs.files import write_text_atomic
+from catsdogs.schema import protocol_defaults
 from catsdogs.store import Store
 
 # What the article reports, read from its text (PROTOCOL.md, "The two figures"): each value is
@@ -53,10 +54,7 @@ ARTICLE_LABEL = "article (single run)"
 LEVEL = 0.95  # confidence level of the intervals
 
 # The protocol columns of the store, and the values TrialConfig gives them by default.
-PROTOCOL_DEFAULTS = {
-    "lr": None, "lr_scaling": "none", "base_batch_size": 32, "warmup_epochs": 0.0,
-    "budget": "epochs", "accumulate": 1, "precision": "float32", "strategy": "none",
-}
+PROTOCOL_DEFAULTS = protocol_defaults()
 # The article's protocol: Keras' default learning rate, no scaling or warm-up, n // batch size
 # updates per epoch, no accumulation, float32, one device. base_batch_size has no effect under
 # it, so it is not part of it.
@@ -670,29 +668,6 @@ def csv_text(summary: dict) -> str:
 # --- writing ---------------------------------------------------------------------------------
 
 
-def _atomic(path: Path, write: Callable[[Path], None]) -> Path:
-    """write(tmp) then os.replace(tmp, path): a reader sees the old file or the new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
-
-
-def save_figure(fig: Figure, stem: Path) -> dict[str, Path]:
-    """stem.png (150 dpi) and stem.svg, each written atomically."""
-    paths = {}
-    for fmt in ("png", "svg"):
-        kwargs = {"dpi": 150} if fmt == "png" else {"metadata": {"Date": None}}
-        paths[fmt] = _atomic(stem.with_suffix(f".{fmt}"),
-                             lambda tmp, fmt=fmt, kw=kwargs: fig.savefig(tmp, format=fmt, **kw))
-    return paths
-
-
 def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = None,
            log: Callable[[str], None] = print) -> dict:
     """Write the figures and tables of sweep `name` from OUT/results.sqlite; return the paths:
@@ -715,9 +690,7 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
         log(f"no figure: none of the {len(trials)} trials of {name!r} belongs to one")
     if summary["unused"]:
         log(f"{len(summary['unused'])} trials are in no figure (listed in results.md)")
-    paths["results_md"] = _atomic(folder / "results.md",
-                                  lambda tmp: tmp.write_text(markdown(name, summary, note), encoding="utf-8"))
-    paths["summary_csv"] = _atomic(folder / "summary.csv",
-                                   lambda tmp: tmp.write_text(csv_text(summary), encoding="utf-8"))
+    paths["results_md"] = write_text_atomic(folder / "results.md", markdown(name, summary, note))
+    paths["summary_csv"] = write_text_atomic(folder / "summary.csv", csv_text(summary))
     log(f"tables: {paths['results_md']}, {paths['summary_csv']}")
     return paths

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from catsdogs import config
 from catsdogs.errors import CatsdogsError
-from catsdogs.trial import PROTOCOL_FIELDS
+from catsdogs.schema import PROTOCOL_FIELDS
 
 PLAN_KEYS = {"name", "seeds", "epochs", "note", "data_dir", "prepare", "grids"}
 PREPARE_KEYS = {"source", "sha256", "verify", "per_class", "split", "size", "seed"}
@@ -100,8 +100,8 @@ def plan_trials(plan: dict, data_dir: Path, seeds: int | None = None) -> list:
 
 
 def reproduce(plan: dict, *, data_dir: Path, out: Path, name: str | None = None, seeds: int | None = None,
-              source: str | None = None, workers: int = 1, overwrite: bool = False, log=print,
-              progress: bool = False, runner=None) -> dict:
+              source: str | None = None, workers: int = 1, isolate: bool = False, overwrite: bool = False,
+              log=print, progress: bool = False, slots=None) -> dict:
     """prepare -> sweep (all grids, shared trials once) -> report; resumable like sweep."""
     from catsdogs.prepare import prepare
     from catsdogs.report import report
@@ -124,7 +124,7 @@ def reproduce(plan: dict, *, data_dir: Path, out: Path, name: str | None = None,
     trials = plan_trials(plan, data_dir, seeds)
     log(f"== sweep {name}: {len(trials)} trials")
     counts = run_sweep(name, trials, data_dir, out, overwrite=overwrite, log=log, workers=workers,
-                       sweep_config={"plan": plan, "seeds": seeds}, runner=runner)
+                       isolate=isolate, sweep_config={"plan": plan, "seeds": seeds}, slots=slots)
     note = plan.get("note") or ("synthetic data" if manifest["source"]["kind"] == "synthetic" else None)
     log("== report")
     paths = report(name, out, note=note, log=log)

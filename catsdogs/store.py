@@ -22,29 +22,27 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-STATUSES = ("pending", "running", "done", "failed", "oom")
-FINISHED = ("done", "failed", "oom")
+from catsdogs import schema
+from catsdogs.files import write_text_atomic
 
-# Configuration keys copied into their own columns (the full configuration is in `config`).
-CONFIG_COLUMNS = {
-    "optimizer": "TEXT", "batch_size": "INTEGER", "dataset": "TEXT", "seed": "INTEGER",
-    "epochs": "INTEGER", "image_size": "INTEGER", "lr": "REAL", "lr_scaling": "TEXT",
-    "base_batch_size": "INTEGER", "warmup_epochs": "REAL", "budget": "TEXT",
-    "accumulate": "INTEGER", "precision": "TEXT", "strategy": "TEXT",
-}
+STATUSES = tuple(schema.STATUSES)
+FINISHED = schema.FINISHED
+
+# Every configuration field in its own column (the full configuration is in `config` too).
+CONFIG_COLUMNS = schema.sql_columns()
 # Measurements a finished trial fills in.
 RESULT_COLUMNS = {
     "test_accuracy": "REAL", "test_loss": "REAL", "steps": "INTEGER", "batches": "INTEGER",
     "learning_rate": "REAL", "train_seconds": "REAL", "images_per_second": "REAL",
     "peak_memory_mb": "REAL", "memory_kind": "TEXT", "replicas": "INTEGER",
-    "wall_seconds": "REAL", "history": "TEXT", "env": "TEXT", "error": "TEXT",
+    "wall_seconds": "REAL", "fit_seconds": "REAL", "setup_seconds": "REAL", "step_reused": "INTEGER",
+    "weights_digest": "TEXT", "history": "TEXT", "env": "TEXT", "error": "TEXT",
 }
 CSV_COLUMNS = [
     "optimizer", "batch_size", "dataset", "seed", "status", "test_accuracy", "test_loss",
-    "epochs", "steps", "train_seconds", "images_per_second", "peak_memory_mb",
-    "lr", "learning_rate", "lr_scaling", "base_batch_size", "warmup_epochs", "budget",
-    "accumulate", "precision", "strategy", "replicas", "image_size", "memory_kind",
-    "wall_seconds", "attempts", "key", "error",
+    "epochs", "steps", "train_seconds", "images_per_second", "peak_memory_mb", "learning_rate",
+    *schema.PROTOCOL_FIELDS, "replicas", "image_size", "memory_kind", "wall_seconds",
+    "weights_digest", "attempts", "key", "error",
 ]
 
 
@@ -86,7 +84,17 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(_schema())  # IF NOT EXISTS: idempotent, safe to race
+        self._add_missing_columns()
         self._owner_lock = None
+
+    def _add_missing_columns(self) -> None:
+        """A store written by an older catsdogs lacks the newer columns: add them (empty), so its
+        rows read as they did and new rows fill them in."""
+        have = {r[1] for r in self.db.execute("PRAGMA table_info(trials)")}
+        for name, sql_type in {**CONFIG_COLUMNS, **RESULT_COLUMNS}.items():
+            if name not in have:
+                with contextlib.suppress(sqlite3.OperationalError):  # another process added it
+                    self.db.execute(f"ALTER TABLE trials ADD COLUMN {name} {sql_type}")
 
     def close(self) -> None:
         self.db.close()
@@ -149,8 +157,6 @@ class Store:
     def register_sweep(self, name: str, sweep_config: dict, configs: list[dict],
                        overwrite: bool = False) -> list[str]:
         """Add the sweep and its trials (pending unless known); return their keys in order."""
-        from catsdogs.trial import TrialConfig
-
         now = time.time()
         keys = []
         with self.transaction() as db:
@@ -158,7 +164,7 @@ class Store:
                        "ON CONFLICT(name) DO UPDATE SET config=excluded.config, updated_at=excluded.updated_at",
                        (name, json.dumps(sweep_config), now, now))
             for pos, c in enumerate(configs):
-                key = TrialConfig.from_dict(c).key()
+                key = schema.TrialConfig.from_dict(c).key()
                 keys.append(key)
                 cols = {k: c.get(k) for k in CONFIG_COLUMNS}
                 db.execute(
@@ -255,10 +261,7 @@ class Store:
         for t in self.trials(sweep):
             w.writerow({k: t.get(k) for k in CSV_COLUMNS})
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.write_text(buf.getvalue())
-        os.replace(tmp, path)
-        return path
+        return write_text_atomic(path, buf.getvalue())
 
 
 def _row(r: sqlite3.Row) -> dict:

@@ -1,4 +1,11 @@
-"""A sweep: the grid of trials, each in its own child process, its outcome in the store.
+"""A sweep: the grid of trials, run by workers, each outcome in the store.
+
+Each of the sweep's `workers` slots holds one worker process (catsdogs.worker) that runs trial
+after trial, reusing decoded data and compiled training steps; a trial that does not end
+`done` takes its worker with it and the slot starts a fresh one. A slot claims, among the
+trials of the lowest seed still pending, first those whose shape its worker has compiled: the
+order stays seed-major (a sweep stopped early still covers the whole figure) while steps are
+reused. `isolate` gives every trial a fresh worker (one process per trial).
 
 Resuming is the default: a finished trial (done, failed, out of memory) is never run again
 unless asked (`overwrite`, `retry_failed`); a trial left `running` by a sweep that died is
@@ -7,23 +14,20 @@ run again. One failed trial never stops the sweep.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import itertools
-import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from catsdogs import config
-from catsdogs.prepare import require_prepared, versions, write_json_atomic
+from catsdogs import backends, config
+from catsdogs.files import write_json_atomic
+from catsdogs.manifest import require_prepared
+from catsdogs.provenance import versions
+from catsdogs.schema import LOST, TrialConfig
 from catsdogs.store import Store
-from catsdogs.trial import PROGRESS_PREFIX, TrialConfig, looks_like_oom
+from catsdogs.worker import Worker, slot_env
 
 
 def plan(optimizers, batch_sizes, datasets, seeds: int, epochs: int, data_dir: Path,
@@ -55,68 +59,40 @@ def describe(grid: list[TrialConfig], out: Path) -> list[str]:
     return [*lines, f"{len(grid)} trials"]
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: be killed when the sweep dies, even by kill -9, so no
-    orphan trial runs on while the next sweep runs it again."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+class LocalSlot:
+    """One place where a sweep runs trials: a worker process on this machine."""
 
+    def __init__(self, slot: int, workers: int, workdir: Path, isolate: bool = False, env: dict | None = None):
+        self.env = {**slot_env(slot, workers), **(env or {})}
+        self.log_path = Path(workdir) / f"worker-{slot}.log"
+        self.worker = Worker(self.log_path, self.env)
+        self.isolate = isolate
 
-def run_child(cfg: TrialConfig, data_dir: Path, workdir: Path, on_epoch=None, env=None,
-              on_start=None) -> dict:
-    """Run one trial in a fresh Python process; always return a record with a status."""
-    key = cfg.key()
-    workdir.mkdir(parents=True, exist_ok=True)
-    spec, result, log = (workdir / f"{key}.spec.json", workdir / f"{key}.result.json",
-                         workdir / f"{key}.log")
-    result.unlink(missing_ok=True)
-    write_json_atomic(spec, {"config": asdict(cfg), "data_dir": str(Path(data_dir).resolve())})
-    child_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
-    with open(log, "w") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "catsdogs.trial", str(spec), str(result)],
-            stdout=subprocess.PIPE, stderr=log_file, text=True, env=child_env,
-            start_new_session=True,  # Ctrl-C reaches the sweep, which stops the child itself
-            preexec_fn=_die_with_parent)
-        if on_start:
-            on_start(proc)
-        try:
-            for line in proc.stdout:
-                if line.startswith(PROGRESS_PREFIX):
-                    if on_epoch:
-                        on_epoch(json.loads(line[len(PROGRESS_PREFIX):]))
-                else:
-                    log_file.write(line)
-            rc = proc.wait()
-        except BaseException:
-            _stop(proc)
-            raise
-    if result.exists():
-        record = json.loads(result.read_text())
-        if record.get("traceback"):
-            record["error"] = f"{record.get('error', '')}\n{record.pop('traceback')}"
+    def shapes(self) -> set[str]:
+        return self.worker.shapes if self.worker.alive else set()
+
+    def run(self, cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
+        fresh = self.isolate or needs_fresh_worker(cfg)
+        if fresh:
+            self.worker.close()
+            self.worker = Worker(self.log_path, {**self.env, **backends.current().strategy_env(cfg.strategy)})
+        task = {"kind": "trial", "config": asdict(cfg), "data_dir": str(Path(data_dir).resolve())}
+        record = self.worker.run(task, on_progress=on_epoch)
+        if fresh:
+            self.worker.close()
         return record
-    tail = log.read_text(errors="replace")[-4000:]
-    killed = rc < 0 and -rc == signal.SIGKILL
-    status = "oom" if killed or looks_like_oom(tail) else "failed"
-    why = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
-    last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "")
-    return {"status": status, "error": f"trial process {why} without a result"
-                                       f"{' (likely out of memory)' if killed else ''}: {last}\n{tail}"}
+
+    def stop(self) -> None:
+        """From another thread (Ctrl-C): end the trial now; run() returns it as lost."""
+        self.worker.kill()
+
+    def close(self) -> None:
+        self.worker.close()
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if hasattr(proc, "cancel"):  # a trial run elsewhere (ray_backend.RemoteTrial): cancel it
-        proc.cancel()
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def needs_fresh_worker(cfg: TrialConfig) -> bool:
+    """A distribution strategy sets devices up before the framework starts: its own process."""
+    return cfg.strategy != "none"
 
 
 def _fmt_seconds(s: float) -> str:
@@ -128,31 +104,8 @@ def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def slot_env(slot: int, workers: int) -> dict:
-    """What a child in worker slot `slot` of `workers` sees: its own GPU, or its share of cores."""
-    gpus = visible_gpus()
-    if gpus:
-        return {"CUDA_VISIBLE_DEVICES": gpus[slot % len(gpus)]} if workers > 1 else {}
-    if workers == 1:
-        return {}
-    threads = max(1, (os.cpu_count() or 1) // workers)  # N trainers on N x fewer threads, not N x all
-    return {"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1"}
-
-
-def visible_gpus() -> list[str]:
-    """NVIDIA GPU ids this process may use, without importing TensorFlow in the sweep process."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [g for g in env.split(",") if g.strip() and g.strip() != "-1"]
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
-
-
 class _Board:
-    """What the workers share: counts for the progress lines and the ETA, all under one lock."""
+    """What the slots share: counts for the progress lines and the ETA, all under one lock."""
 
     def __init__(self, total: int, finished: int, workers: int, log):
         self.lock = threading.Lock()
@@ -160,7 +113,6 @@ class _Board:
         self.durations: list[float] = []
         self.base, self.started = finished, 0
         self.attempted: set[str] = set()  # each trial runs at most once per invocation
-        self.procs: dict[int, subprocess.Popen] = {}
         self.stop = threading.Event()
 
     def eta(self) -> str:
@@ -173,13 +125,14 @@ class _Board:
 
 def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
               overwrite: bool = False, retry_failed: bool = False, log=print,
-              sweep_config: dict | None = None, child_env: dict | None = None,
-              workers: int = 1, runner=None) -> dict:
+              sweep_config: dict | None = None, worker_env: dict | None = None,
+              workers: int = 1, isolate: bool = False, slots=None) -> dict:
     """Run every trial of `grid` not finished yet, up to `workers` at once; return status counts.
 
-    `runner(cfg, data_dir, workdir, on_epoch, env, on_start)` runs one trial and returns its
-    record; the default runs a local child process. Whatever runs the trial, only this process
-    writes the store, one transaction per outcome."""
+    `slots(index, workers, workdir)` makes the object that runs slot `index`'s trials (its
+    `run(cfg, data_dir, on_epoch)` returns a record; `shapes()`, `stop()`, `close()`); by
+    default a LocalSlot, a worker process on this machine. Whatever runs the trials, only this
+    process writes the store, one transaction per outcome."""
     out = Path(out)
     sweep_dir = out / name
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -198,16 +151,19 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
     already = sum(counts[s] for s in ("done", "failed", "oom"))
     if already:
         log(f"Sweep {name}: {already} of {total} trials already finished, resuming.")
-    log(f"Sweep {name}: {total} trials, {workers} at a time; results in {store_path(out)} and {csv_path}")
+    how = "a fresh worker process per trial" if isolate else "long-lived worker processes"
+    log(f"Sweep {name}: {total} trials, {workers} at a time in {how}; results in {store_path(out)} "
+        f"and {csv_path}")
     board = _Board(total, already, workers, log)
-    by_key = {c.key(): c for c in grid}
-    work = dict(keys=keys, by_key=by_key, data_dir=data_dir, out=out, name=name, board=board,
-                retry_failed=retry_failed, child_env=child_env or {}, runner=runner or run_child)
-    # Each worker sets its event when it ends. Waiting on events rather than Thread.join:
-    # a join cut short by Ctrl-C can leave the thread looking finished when it is not.
-    ended = [threading.Event() for _ in range(max(1, workers))]
-    threads = [threading.Thread(target=_worker, args=(slot, ended[slot]), kwargs=work, daemon=True)
-               for slot in range(max(1, workers))]
+    make_slot = slots or (lambda i, n, workdir: LocalSlot(i, n, workdir, isolate=isolate, env=worker_env))
+    runners = [make_slot(i, max(1, workers), out / ".work") for i in range(max(1, workers))]
+    work = dict(keys=keys, by_key={c.key(): c for c in grid}, data_dir=data_dir, out=out, name=name,
+                board=board, retry_failed=retry_failed)
+    # Each slot's thread sets its event when it ends. Waiting on events rather than
+    # Thread.join: a join cut short by Ctrl-C can leave the thread looking finished when it is not.
+    ended = [threading.Event() for _ in runners]
+    threads = [threading.Thread(target=_slot_thread, args=(runner, i, ended[i]), kwargs=work, daemon=True)
+               for i, runner in enumerate(runners)]
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         for t in threads:
@@ -217,10 +173,8 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
                 pass
     except KeyboardInterrupt:
         board.stop.set()
-        with board.lock:
-            running = list(board.procs.values())
-        for proc in running:
-            _stop(proc)
+        for runner in runners:
+            runner.stop()
         for e in ended:
             e.wait()
         with Store(store_path(out)) as store:
@@ -229,6 +183,8 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+        for runner in runners:
+            runner.close()
     with Store(store_path(out)) as store:
         counts = store.counts(keys)
     log(f"Sweep {name} finished: {counts['done']} done, {counts['failed']} failed, "
@@ -236,21 +192,28 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
     return counts
 
 
-def _worker(slot: int, ended: threading.Event, **work) -> None:
+def claim_order(keys: list[str], by_key: dict[str, TrialConfig], shapes: set[str]) -> list[str]:
+    """The order a slot claims in: seed-major, and within a seed the trials whose compiled step
+    the slot's worker keeps first, then the rest in the grid's order."""
+    position = {k: i for i, k in enumerate(keys)}
+    return sorted(keys, key=lambda k: (by_key[k].seed, repr(by_key[k].shape()) not in shapes, position[k]))
+
+
+def _slot_thread(runner, slot: int, ended: threading.Event, **work) -> None:
     try:
-        _work(slot, **work)
+        _work(runner, slot, **work)
     finally:
         ended.set()
 
 
-def _work(slot: int, *, keys, by_key, data_dir, out, name, board: _Board, retry_failed,
-          child_env, runner) -> None:
+def _work(runner, slot: int, *, keys, by_key, data_dir, out, name, board: _Board, retry_failed) -> None:
     """Claim, run, record; until nothing is left or the sweep is stopped."""
     tag = f"[w{slot}] " if board.workers > 1 else ""
     with Store(store_path(out)) as store:
         while not board.stop.is_set():
             with board.lock:
-                row = store.claim([k for k in keys if k not in board.attempted], retry_failed=retry_failed)
+                left = [k for k in keys if k not in board.attempted]
+                row = store.claim(claim_order(left, by_key, runner.shapes()), retry_failed=retry_failed)
                 if row is None:
                     return
                 board.attempted.add(row["key"])
@@ -260,22 +223,10 @@ def _work(slot: int, *, keys, by_key, data_dir, out, name, board: _Board, retry_
             cfg = by_key[row["key"]]
             board.log(f"{tag}[{min(position, board.total)}/{board.total}] {cfg.label()}{eta}")
             t0 = time.time()
-
-            def on_start(proc, slot=slot):
-                with board.lock:
-                    board.procs[slot] = proc
-                if board.stop.is_set():  # stopped between the claim and the start
-                    _stop(proc)
-
-            try:
-                record = runner(cfg, data_dir, out / ".work", on_epoch=_epoch_logger(board.log, tag),
-                                env={**slot_env(slot, board.workers), **child_env}, on_start=on_start)
-            finally:
-                with board.lock:
-                    board.procs.pop(slot, None)
-            if board.stop.is_set() or record.get("status") == "lost":
+            record = runner.run(cfg, data_dir, on_epoch=_epoch_logger(board.log, tag))
+            if board.stop.is_set() or record.get("status") == LOST:
                 store.release(row["key"])  # interrupted or lost with its worker: to be run again
-                if record.get("status") == "lost":
+                if record.get("status") == LOST and not board.stop.is_set():
                     board.log(f"{tag}    lost: {record.get('error', '')}; left pending")
                 continue
             store.finish(row["key"], record)
@@ -296,7 +247,8 @@ def _epoch_logger(log, tag: str = ""):
 
 def _outcome_line(record: dict, seconds: float) -> str:
     if record["status"] == "done":
+        reused = ", step reused" if record.get("step_reused") else ""
         return (f"    done: test accuracy {record['test_accuracy']:.4f}, "
-                f"{record['images_per_second']:.0f} images/s, {seconds:.0f} s")
+                f"{record['images_per_second']:.0f} images/s, {seconds:.1f} s{reused}")
     first = (record.get("error") or "").splitlines()[0] if record.get("error") else ""
     return f"    {record['status']}: {first}"

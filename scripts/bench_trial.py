@@ -4,7 +4,7 @@ The article (Keras 2) read every batch from disk with
 ``ImageDataGenerator(rescale=1/255).flow_from_directory(..., class_mode='binary',
 target_size=(200, 200))`` and trained with ``model.fit(train_it, steps_per_epoch=n // bs, ...)``.
 catsdogs decodes each image once into uint8 memory and serves batches with tf.data
-(catsdogs.data), and trains with Keras 3 (catsdogs.trial.run_trial). This script measures, on
+(catsdogs.data), and trains with Keras 3 (catsdogs.engine.run_trial). This script measures, on
 the same prepared folder and this machine:
 
 (a) the input pipeline alone, the training folder, ``n // bs`` batches per epoch for the
@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from catsdogs.trial import cpu_name
+from catsdogs.provenance import cpu_name
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 
@@ -49,6 +49,8 @@ SIDES = ("pipe-ours", "pipe-article", "trial-ours", "trial-article", "matmul")
 # What-if changes to our trial, applied by monkeypatching in the child (catsdogs is not edited).
 # Parts combine with '+', e.g. "bf16+kerasadam".
 VARIANT_PARTS = {
+    "sysalloc": "TensorFlow's default CPU allocator (glibc malloc) instead of the BFC allocator catsdogs' workers use",
+    "jemalloc": "the BFC allocator off and jemalloc preloaded (LD_PRELOAD; Debian's libjemalloc2 must be installed)",
     "kerasadam": "Keras 3's own Adam (a dozen element-wise passes per variable) instead of our fused one",
     "bf16": "precision mixed_bfloat16 instead of float32 (changes the numerics)",
     "nodet": "no tf.config.experimental.enable_op_determinism()",
@@ -57,6 +59,7 @@ VARIANT_PARTS = {
     "pildecode": "load_split: Pillow in os.cpu_count() threads into a preallocated array (catsdogs' own now)",
     "tfdecode": "load_split: tf.io.decode_jpeg(dct_method='INTEGER_ACCURATE') in tf.data",
 }
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 PIPE_PARTS = {"pildecode", "tfdecode"}  # variants with only these run on (a), not (b)
 
 
@@ -197,15 +200,9 @@ def _apply_variant(variant: str) -> set[str]:
 
         data.load_split = _fast_load_split("tfdecode" in parts)
     if "kerasadam" in parts:
-        from catsdogs import trial
+        from catsdogs.backends import tensorflow as tf_backend
 
-        make = trial._make_optimizer
-
-        def make_plain(cfg, steps_per_epoch):
-            opt = make(cfg, steps_per_epoch)
-            return keras.optimizers.Adam.from_config(opt.get_config()) if cfg.optimizer == "adam" else opt
-
-        trial._make_optimizer = make_plain
+        tf_backend.adam_class = lambda fused: keras.optimizers.Adam
     if "nodet" in parts:
         tf.config.experimental.enable_op_determinism = lambda: None
     if "jit" in parts:
@@ -246,8 +243,8 @@ def _apply_variant(variant: str) -> set[str]:
 
 
 def _cpu_timer(cpu: dict):
-    """Wrap catsdogs.trial's epoch timer so it also sums the process CPU time of training."""
-    from catsdogs import trial
+    """Wrap catsdogs.engine's epoch timer so it also sums the process CPU time of training."""
+    from catsdogs import engine as trial
 
     make = trial._epoch_timer
 
@@ -279,8 +276,9 @@ def child_trial_ours(args) -> dict:
     import keras  # noqa: F401
     import tensorflow as tf  # noqa: F401
 
+    from catsdogs.engine import run_trial
     from catsdogs.model import train_flops_per_image
-    from catsdogs.trial import TrialConfig, run_trial
+    from catsdogs.schema import TrialConfig
 
     set_threads(args.threads)
     parts = _apply_variant(args.variant)
@@ -388,8 +386,18 @@ def run_child(args, side: str, variant: str = "") -> dict:
            "--matmul-n", str(args.matmul_n), "--matmul-reps", str(args.matmul_reps)]
     if variant:
         cmd += ["--variant", variant]
+    # Our side runs in the environment a catsdogs worker gets (its allocator), unless the
+    # variant asks for the system's; the article's side keeps TensorFlow's defaults.
+    from catsdogs.backends import tensorflow as tf_backend
+
+    env = dict(os.environ)
+    parts = set(variant.split("+"))
+    if side.endswith("-ours") and not parts & {"sysalloc", "jemalloc"}:
+        env.update(tf_backend.process_env())
+    if "jemalloc" in parts:
+        env["LD_PRELOAD"] = JEMALLOC
     t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(PREFIX)]
     if proc.returncode != 0 or not lines:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from catsdogs.data import Split, batch_schedule, epoch_order, train_batches
+from catsdogs.backends.tensorflow import train_batches
+from catsdogs.data import Split, batch_schedule, epoch_order
 
 
 def test_given_the_articles_protocol_when_scheduling_then_each_epoch_is_a_fresh_permutation_cut_into_full_batches():

@@ -29,7 +29,8 @@ from catsdogs.model import (
     predict_max_batch_size,
     state_bytes,
 )
-from catsdogs.profile import format_bytes, parse_memory, probe_spec, run_child
+from catsdogs.profile import format_bytes, parse_memory, probe_spec
+from catsdogs.worker import run_isolated
 
 SIZE = 64
 
@@ -110,7 +111,7 @@ class FakeDevice:
         self.calls.append(b)
         if b in self.failing:
             return "failed"
-        return "fits" if b <= self.limit else "oom"
+        return "done" if b <= self.limit else "oom"
 
 
 def test_power_mode_doubles_until_out_of_memory():
@@ -127,7 +128,7 @@ def test_binsearch_bisects_between_the_last_fit_and_the_first_failure():
     assert dev.calls[5] == 96  # the middle of 64 and 128
     assert r.largest_fit <= 100 < r.first_failure
     assert r.first_failure - r.largest_fit <= 8
-    assert r.statuses[r.largest_fit] == "fits" and r.statuses[r.first_failure] == "oom"
+    assert r.statuses[r.largest_fit] == "done" and r.statuses[r.first_failure] == "oom"
 
 
 def test_binsearch_with_resolution_1_finds_the_exact_limit_for_any_limit_and_start():
@@ -181,7 +182,7 @@ def test_a_failed_probe_does_not_stop_the_search():
     assert r.largest_fit == 100 and r.statuses[32] == "failed"
     dev = FakeDevice(100, failing={96})  # while bisecting: an upper bound, the answer ran
     r = search(dev, start=8, resolution=1)
-    assert r.largest_fit == 95 and r.statuses[95] == "fits"
+    assert r.largest_fit == 95 and r.statuses[95] == "done"
     dev = FakeDevice(100, failing={32, 64})  # two in a row end the doubling
     r = search(dev, start=8, resolution=1)
     assert 128 not in dev.calls and r.largest_fit == 31 and r.first_failure == 32
@@ -196,8 +197,8 @@ def test_a_bad_mode_or_start_is_refused():
 
 def test_recommendation_is_the_fastest_at_or_below_the_margin_smaller_on_a_tie():
     probes = [{"batch_size": b, "status": s, "images_per_second": ips} for b, s, ips in [
-        (8, "fits", 50.0), (16, "fits", 90.0), (32, "fits", 100.0), (64, "fits", 98.0),
-        (128, "fits", 120.0), (256, "oom", None)]]
+        (8, "done", 50.0), (16, "done", 90.0), (32, "done", 100.0), (64, "done", 98.0),
+        (128, "done", 120.0), (256, "oom", None)]]
     assert recommend(probes, safe=64)["batch_size"] == 32  # 64 is within 5% of 32: the smaller
     assert recommend(probes, safe=128)["batch_size"] == 128
     assert recommend(probes, safe=16)["batch_size"] == 16
@@ -253,8 +254,8 @@ def data_dir(prepared_data) -> Path:
 @pytest.mark.slow
 def test_a_search_under_a_small_cap_finds_a_size_that_fits_and_one_above_that_does_not(data_dir, tmp_path):
     # The runtime's own footprint differs from machine to machine: measure it, cap a little above.
-    base = run_child(probe_spec(1, data_dir, steps=1, warmup=0), tmp_path / "work")
-    assert base["status"] == "ok", base.get("error")
+    base = run_isolated(probe_spec(1, data_dir, steps=1, warmup=0), tmp_path / "w.log")
+    assert base["status"] == "done", base.get("error")
     if base["memory_kind"] != "cpu-rss":
         pytest.skip("the memory cap stands in for device memory on the CPU only")
     cap_mb = base["peak_memory_mb"] + 55  # about 40 more 64 px images, by the memory model
@@ -266,11 +267,11 @@ def test_a_search_under_a_small_cap_finds_a_size_that_fits_and_one_above_that_do
     largest, above = s["largest_fitting"], s["first_not_fitting"]
     # the found batch size ran under the cap; the next size up (by the resolution) did not
     assert largest is not None and above is not None and 0 < above - largest <= 16
-    assert by_size[largest]["status"] == "fits" and by_size[largest]["peak_memory_mb"] <= cap_mb
+    assert by_size[largest]["status"] == "done" and by_size[largest]["peak_memory_mb"] <= cap_mb
     assert by_size[above]["status"] == "oom" and by_size[above]["peak_memory_mb"] > cap_mb
-    for p in probes:  # "fits" means exactly: peak resident memory under the cap
-        assert p["status"] in ("fits", "oom"), p.get("error")
-        assert (p["peak_memory_mb"] <= cap_mb) == (p["status"] == "fits"), p
+    for p in probes:  # it fits (done) means exactly: peak resident memory under the cap
+        assert p["status"] in ("done", "oom"), p.get("error")
+        assert (p["peak_memory_mb"] <= cap_mb) == (p["status"] == "done"), p
     # a probe ran out of memory, was recorded, and the search went on
     first_oom = next(i for i, p in enumerate(probes) if p["status"] == "oom")
     assert first_oom < len(probes) - 1
@@ -286,7 +287,7 @@ def test_a_search_under_a_small_cap_finds_a_size_that_fits_and_one_above_that_do
     assert probes[0]["phase"] == "calibrate" and probes[0]["batch_size"] == 1
     assert s["prediction"]["max_batch_size"] > 0 and "percent_apart" in s["prediction"]
     rec = s["recommendation"]
-    assert by_size[rec["batch_size"]]["status"] == "fits" and rec["batch_size"] <= largest
+    assert by_size[rec["batch_size"]]["status"] == "done" and rec["batch_size"] <= largest
     assert rec["learning_rate"] == pytest.approx(0.001 * rec["batch_size"] / 32)
     text = "\n".join(lines)
     assert f"Largest batch size that fits under {cap_mb:.0f} MiB: {largest}" in text

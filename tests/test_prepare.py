@@ -24,7 +24,8 @@ from catsdogs import config
 from catsdogs import prepare as prep_module
 from catsdogs.cli import cli
 from catsdogs.errors import ArchiveError, CatsdogsError, ChecksumError, DownloadError
-from catsdogs.prepare import folder_fingerprint, load_manifest, prepare, require_prepared
+from catsdogs.manifest import load_manifest, require_prepared
+from catsdogs.prepare import folder_fingerprint, prepare
 
 CLASSES = config.CLASSES
 SPLITS = config.SPLIT_NAMES

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from catsdogs import figures
 from catsdogs import profile as prof
 from catsdogs.cli import cli
-from catsdogs.profile import (
-    PROFILE_COLUMNS,
+from catsdogs.figures import (
     THESIS_BATCH_SIZES,
     THESIS_GPU_MEMORY_MB,
     THESIS_GPU_USAGE_PERCENT,
     THESIS_LABEL,
     make_figure,
-    read_table,
 )
+from catsdogs.profile import PROFILE_COLUMNS, read_table
 
 SIZE = 64
 BATCHES = (2, 64)  # 64 is more than the 48 training images: batches repeat them
@@ -53,7 +53,7 @@ def test_profile_writes_one_csv_row_per_batch_size_with_every_measure(profiled):
     assert [int(r["batch_size"]) for r in raw] == list(BATCHES)
     table = read_table(profiled["out"] / "p" / "profile.csv")
     for row in table:
-        assert row["status"] == "ok", row["error"]
+        assert row["status"] == "done", row["error"]
         assert row["step_time_median_s"] > 0 and row["step_time_mean_s"] > 0
         assert row["images_per_second"] == pytest.approx(row["batch_size"] / row["step_time_median_s"], rel=1e-4)
         assert row["flops_per_second"] > 0 and row["peak_flops_per_second"] > 0
@@ -115,10 +115,10 @@ def test_the_figures_draw_the_table_and_the_thesis_reference(profiled):
 
 def test_figures_of_a_gpu_table_with_nvml_and_an_out_of_memory_row():
     table = [
-        {"batch_size": 256, "status": "ok", "images_per_second": 900.0, "peak_memory_mb": 3000.0,
+        {"batch_size": 256, "status": "done", "images_per_second": 900.0, "peak_memory_mb": 3000.0,
          "memory_kind": "gpu", "mfu_percent": 30.0, "nvml_gpu_util_mean_percent": 80.0,
          "nvml_memory_used_mb": 3500.0, "device": "1 x H100"},
-        {"batch_size": 512, "status": "ok", "images_per_second": 1000.0, "peak_memory_mb": 5800.0,
+        {"batch_size": 512, "status": "done", "images_per_second": 1000.0, "peak_memory_mb": 5800.0,
          "memory_kind": "gpu", "mfu_percent": 33.0, "nvml_gpu_util_mean_percent": 90.0,
          "nvml_memory_used_mb": 6400.0, "device": "1 x H100"},
         {"batch_size": 1024, "status": "oom", "memory_kind": "gpu", "device": "1 x H100",
@@ -140,9 +140,9 @@ def test_a_reference_in_other_units_goes_on_a_secondary_axis():
     from matplotlib.figure import Figure
 
     ax = Figure().add_subplot()
-    target, line = prof._reference(ax, THESIS_GPU_USAGE_PERCENT, "%", "images/s", "thesis GPU usage (%)")
+    target, line = figures._reference(ax, THESIS_GPU_USAGE_PERCENT, "%", "images/s", "thesis GPU usage (%)")
     assert target is not ax and line in target.get_lines() and line not in ax.get_lines()
-    target, line = prof._reference(ax, THESIS_GPU_MEMORY_MB, "MiB", "MiB", "memory")
+    target, line = figures._reference(ax, THESIS_GPU_MEMORY_MB, "MiB", "MiB", "memory")
     assert target is ax
 
 

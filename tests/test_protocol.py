@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from catsdogs.engine import run_trial
+from catsdogs.schema import TrialConfig
 from catsdogs.store import CSV_COLUMNS
-from catsdogs.trial import TrialConfig, run_trial
 
 SIZE = 32
 
@@ -77,12 +78,16 @@ def test_bfloat16_mixed_precision_trains_with_a_float32_output(data_dir):
 
 
 def test_mirrored_strategy_splits_the_global_batch_over_two_cpu_replicas(data_dir, tmp_path):
-    from catsdogs.sweep import run_child
+    from catsdogs.sweep import LocalSlot
 
-    # given no GPU, two logical CPU devices stand in for two GPUs (a fresh process: TensorFlow
-    # fixes its devices when it starts)
+    # given no GPU, two logical CPU devices stand in for two GPUs (a worker of its own:
+    # TensorFlow fixes its devices when it starts)
     cfg = TrialConfig("adam", 16, "standard", 0, epochs=1, image_size=SIZE, strategy="mirrored")
-    r = run_child(cfg, data_dir, tmp_path, env={"CATSDOGS_LOGICAL_CPUS": "2"})
+    slot = LocalSlot(0, 1, tmp_path, env={"CATSDOGS_LOGICAL_CPUS": "2"})
+    try:
+        r = slot.run(cfg, data_dir)
+    finally:
+        slot.close()
     # then one trial trains on both replicas, the batch of 16 being the global batch
     assert r["status"] == "done", r.get("error")
     assert r["replicas"] == 2 and r["steps"] == 64 // 16
@@ -92,13 +97,13 @@ def test_the_fused_adam_update_equals_keras_adam():
     import keras
     import numpy as np
 
-    from catsdogs.trial import fused_adam_class
+    from catsdogs.backends.tensorflow import adam_class
 
     # given the same weights and gradients, when both optimizers take three steps
     rng = np.random.default_rng(0)
     w0, grads = rng.normal(size=(50, 7)), [rng.normal(size=(50, 7)) for _ in range(3)]
     out = []
-    for cls in (keras.optimizers.Adam, fused_adam_class()):
+    for cls in (keras.optimizers.Adam, adam_class(fused=True)):
         w = keras.Variable(w0.astype("float32"))
         opt = cls(learning_rate=0.01)
         for g in grads:

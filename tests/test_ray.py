@@ -21,8 +21,8 @@ from click.testing import CliRunner  # noqa: E402
 
 from catsdogs import ray_backend  # noqa: E402
 from catsdogs.cli import cli  # noqa: E402
+from catsdogs.schema import TrialConfig  # noqa: E402
 from catsdogs.store import Store  # noqa: E402
-from catsdogs.trial import TrialConfig  # noqa: E402
 
 SIZE = 32
 
@@ -122,28 +122,28 @@ def test_a_lost_worker_never_leaves_a_half_result(data_dir, tmp_path, monkeypatc
     attempts = tmp_path / "attempts"
     attempts.mkdir()
 
-    # given a task that kills its own worker process: the bs=8 trial's first attempt only,
-    # the bs=16 trial's every attempt (a node that keeps dying). Defined here, it travels
-    # to the workers by value; the attempt files are all that the test shares with them.
-    def dies(config, data_dir, env):
-        log = attempts / f"bs{config['batch_size']}"
+    # given a trial function that kills its own actor's process: the bs=8 trial's first
+    # attempt only, the bs=16 trial's every attempt (a node that keeps dying). Defined here, it
+    # travels to the actors by value; the attempt files are all that the test shares with them.
+    def dies(task):
+        log = attempts / f"bs{task['config']['batch_size']}"
         with open(log, "a") as f:
             f.write("attempt\n")
-        if config["batch_size"] == 16 or len(log.read_text().splitlines()) == 1:
+        if task["config"]["batch_size"] == 16 or len(log.read_text().splitlines()) == 1:
             os.kill(os.getpid(), signal.SIGKILL)
-        return real(config, data_dir, env)
+        return real(task)
 
     monkeypatch.setattr(ray_backend, "_run_in_worker", dies)
     # when the sweep runs
     result = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "lost", "--batch-size", "8", "16"))
-    # then Ray ran the bs=8 trial again on a new worker, and it is done, once, in the store
+    # then the slot ran the bs=8 trial again on a new actor, and it is done, once, in the store
     assert result.exit_code == 1, result.output
     trials = by_batch_size(tmp_path, "lost")
     assert (attempts / "bs8").read_text().count("attempt") == 2
     assert trials[8]["status"] == "done" and trials[8]["attempts"] == 1
     # and the bs=16 trial, lost after every retry, is pending again with no result at all
     assert (attempts / "bs16").read_text().count("attempt") == 1 + ray_backend.MAX_RETRIES
-    assert "lost: WorkerCrashedError" in result.output and "left pending" in result.output
+    assert "lost: ActorDiedError" in result.output and "left pending" in result.output
     lost = trials[16]
     assert lost["status"] == "pending" and lost["attempts"] == 0
     assert lost["test_accuracy"] is None and lost["history"] is None and lost["finished_at"] is None
@@ -161,26 +161,33 @@ def test_a_lost_worker_never_leaves_a_half_result(data_dir, tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-def test_a_cancelled_trial_comes_back_lost(data_dir, monkeypatch):
+def test_a_stopped_trial_comes_back_lost(data_dir, monkeypatch):
     # given a trial that would run for a long time
-    def sleeps(config, data_dir, env):
+    def sleeps(task):
         import time
 
         time.sleep(120)
 
     monkeypatch.setattr(ray_backend, "_run_in_worker", sleeps)
-    runner, concurrency = ray_backend.make_ray_runner()
+    make_slot, concurrency = ray_backend.make_slots(log=lambda *_: None)
     assert concurrency >= 1
-    started = threading.Event()
-    handles = []
+    slot = make_slot(0, 1)
+    # when the sweep stops it (Ctrl-C), which kills its actor
+    threading.Timer(5, slot.stop).start()
+    record = slot.run(TrialConfig("adam", 8, "standard", 0, epochs=1, image_size=SIZE), data_dir)
+    # then the slot returns at once, the trial lost (given back), never a result
+    assert record["status"] == "lost" and "Actor" in record["error"]
 
-    def on_start(handle):
-        handles.append(handle)
-        started.set()
 
-    # when the sweep stops it (Ctrl-C), which cancels the task
-    threading.Timer(2, lambda: started.wait() and handles[0].cancel()).start()
-    record = runner(TrialConfig("adam", 8, "standard", 0, epochs=1, image_size=SIZE), data_dir,
-                    None, env={}, on_start=on_start)
-    # then the runner returns at once, the trial lost (given back), never a result
-    assert record["status"] == "lost" and "TaskCancelled" in record["error"]
+def test_a_slot_keeps_its_actor_between_trials_and_reuses_the_compiled_step(data_dir):
+    make_slot, _ = ray_backend.make_slots(log=lambda *_: None)
+    slot = make_slot(0, 1)
+    try:
+        # when one slot runs two seeds of one configuration
+        records = [slot.run(TrialConfig("adam", 8, "standard", seed, epochs=1, image_size=SIZE), data_dir)
+                   for seed in (0, 1)]
+    finally:
+        slot.close()
+    # then the second reused the first one's compiled step, in the same actor process
+    assert [r["status"] for r in records] == ["done", "done"]
+    assert [r["step_reused"] for r in records] == [False, True]

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from catsdogs.cli import cli
+from catsdogs.schema import TrialConfig, learning_rate, plan_steps
 from catsdogs.store import CSV_COLUMNS, Store
-from catsdogs.trial import TrialConfig, learning_rate, plan_steps
 
 SIZE = 32
 FAST = ["--epochs", "1", "--seeds", "1"]
@@ -52,7 +52,7 @@ def test_article_model_has_40961153_parameters_at_200px():
 
 
 def test_same_trial_twice_gives_the_same_test_accuracy(data_dir):
-    from catsdogs.trial import run_trial
+    from catsdogs.engine import run_trial
 
     # given one configuration, when it is trained twice in the same process
     cfg = TrialConfig("adam", 8, "standard", seed=3, epochs=2, image_size=SIZE)
@@ -68,7 +68,7 @@ def test_same_trial_twice_gives_the_same_test_accuracy(data_dir):
 
 
 def test_different_seed_gives_a_different_trial(data_dir):
-    from catsdogs.trial import run_trial
+    from catsdogs.engine import run_trial
 
     a = run_trial(TrialConfig("sgd", 16, "standard", seed=0, epochs=1, image_size=SIZE), data_dir)
     b = run_trial(TrialConfig("sgd", 16, "standard", seed=1, epochs=1, image_size=SIZE), data_dir)
@@ -154,10 +154,15 @@ def test_a_sweep_killed_with_kill_9_resumes_without_repeating_finished_trials(da
                 done_first = _done_rows(db)
             except sqlite3.OperationalError:
                 pass
+    workers = _children(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert done_first, "no trial finished in time"
-    time.sleep(1)  # the child trial dies with its parent (PR_SET_PDEATHSIG)
+    assert workers, "the sweep ran no worker process"
+    time.sleep(1)
+    # then its worker processes died with it (PR_SET_PDEATHSIG): none runs on
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
     # when the same command runs again
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
     # then every trial is done, and those done before the kill were not run again
@@ -165,6 +170,19 @@ def test_a_sweep_killed_with_kill_9_resumes_without_repeating_finished_trials(da
     assert len(after) == 4
     for key, finished, attempts in done_first:
         assert after[key] == (finished, attempts) and attempts == 1
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
 
 
 def _done_rows(db: Path) -> list[tuple]:
@@ -213,6 +231,7 @@ def test_a_toml_config_is_read_and_the_command_line_wins(data_dir, tmp_path):
     (["--batch-size", "0"], "batch sizes must be whole numbers >= 1"),
     (["--batch-size", "16", "-4"], "batch sizes must be whole numbers >= 1"),
     (["--precision", "fp8"], "Invalid value for '--precision'"),
+    (["--workers", "0"], "Invalid value for '--workers': 0 is not in the range x>=1"),
 ])
 def test_bad_sweep_options_are_one_line_usage_errors(data_dir, tmp_path, args, message):
     result = CliRunner().invoke(cli, ["sweep", "--data-dir", str(data_dir), "--out", str(tmp_path), *args])

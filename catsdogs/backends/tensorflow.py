@@ -1,0 +1,308 @@
+"""Keras 3 on TensorFlow: every TensorFlow-specific call catsdogs makes.
+
+The worker's process environment (`process_env`) is set before TensorFlow starts, since
+TensorFlow reads its thread counts and allocator choice once, at start-up.
+
+The CPU allocator. A training step of the article's model allocates the 41M-parameter Dense
+layer's gradient (164 MB at 200 px) and, with Keras's Adam, several temporaries of that size.
+TensorFlow's default CPU allocator hands each to glibc, which serves blocks above its mmap
+threshold (32 MiB at most) with fresh mmaps and unmaps them on free: every step, the kernel
+zeroes and maps hundreds of MB again, and a 200 px trial spent two thirds of its time in the
+kernel. TensorFlow's own BFC allocator keeps freed blocks in a pool instead
+(`TF_CPU_ALLOCATOR_USE_BFC`); scripts/bench_trial.py measures it (`--variants sysalloc` runs
+without it) and tests/test_engine.py checks that results are identical with and without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import time
+
+NAME = "tensorflow"
+LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many logical devices
+LOG_LEVEL = "2"  # TensorFlow's C++ logging: warnings and errors only
+
+
+def process_env(threads: int | None = None) -> dict[str, str]:
+    """Environment for a worker process, read by TensorFlow when it starts."""
+    env = {"TF_CPP_MIN_LOG_LEVEL": LOG_LEVEL, "TF_CPU_ALLOCATOR_USE_BFC": "true"}
+    if threads:
+        env.update(TF_NUM_INTRAOP_THREADS=str(threads), TF_NUM_INTEROP_THREADS="1")
+    return env
+
+
+def strategy_env(strategy: str) -> dict[str, str]:
+    """Environment for a worker started for a trial of this distribution strategy."""
+    if strategy == "mirrored":
+        return {LOGICAL_CPUS_ENV: os.environ.get(LOGICAL_CPUS_ENV, "2")}
+    return {}
+
+
+def start(deterministic: bool = True) -> str:
+    """Once per process, before any op: logical CPU devices where asked, determinism on;
+    'gpu' or 'cpu'."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", LOG_LEVEL)
+    import tensorflow as tf
+
+    n = int(os.environ.get(LOGICAL_CPUS_ENV) or 0)
+    if n > 1 and not tf.config.list_physical_devices("GPU"):
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        with contextlib.suppress(RuntimeError):  # already started: distribution() says so
+            if len(tf.config.get_logical_device_configuration(cpu) or []) < n:
+                tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+    return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
+def setup_device(memory_cap_bytes: int | None) -> str:
+    """Configure the GPU before TensorFlow touches it; 'gpu' or 'cpu'. With a cap, a GPU gets a
+    logical device of that size; without, memory growth, so NVML's 'memory used' shows what is
+    used rather than TensorFlow's up-front reservation. Only the first call of a process can
+    configure anything: later calls leave the devices as they are."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    with contextlib.suppress(RuntimeError, ValueError):  # already initialized: leave it
+        if gpus and memory_cap_bytes:
+            tf.config.set_logical_device_configuration(
+                gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=memory_cap_bytes // 2**20)])
+        else:
+            for gpu in gpus:
+                tf.config.experimental.set_memory_growth(gpu, True)
+    return "gpu" if gpus else "cpu"
+
+
+def device_description() -> str:
+    import tensorflow as tf
+
+    from catsdogs.provenance import cpu_name
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        details = tf.config.experimental.get_device_details(gpus[0])
+        return f"{len(gpus)} x {details.get('device_name', 'GPU')}"
+    return f"CPU: {cpu_name()} ({os.cpu_count()} cores)"
+
+
+def versions() -> dict:
+    import keras
+    import tensorflow as tf
+
+    return {"backend": NAME, "tensorflow": tf.__version__, "keras": keras.__version__}
+
+
+# --- input pipelines -------------------------------------------------------------------------
+
+
+def train_batches(split, batch_size: int, seed: int, n_batches: int, cross_epochs: bool = False,
+                  prefetch: int = 2):
+    """The batches of data.batch_schedule(), each gathered from memory in one op (inline: a
+    thread pool would cost more than the copy), `prefetch` of them ready so the device never
+    waits for the host. Reading them costs no shuffle buffer and no per-image work."""
+    import tensorflow as tf
+
+    from catsdogs.data import batch_schedule
+
+    with tf.device("/CPU:0"):  # the images stay in host memory; only batches go to a GPU
+        images = tf.constant(split.images)
+        labels = tf.constant(split.labels)
+    schedule = batch_schedule(len(split), batch_size, seed, n_batches, cross_epochs)
+    ds = tf.data.Dataset.from_tensor_slices(schedule)
+    ds = ds.map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx)))
+    return fixed_prefetch(ds, prefetch)
+
+
+def eval_batches(split, batch_size: int):
+    """Every image once, in order, the last batch partial: accuracy over the whole split."""
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((split.images, split.labels))
+    return fixed_prefetch(ds.batch(batch_size))
+
+
+def fixed_prefetch(ds, batches: int = 2):
+    """Prefetch a fixed number of batches, with tf.data's autotuning off.
+
+    The autotuner's background thread wakes ever less often as a pipeline runs, and deleting
+    the iterator waits for its next wake-up: at the end of a 5-epoch trial here, 40 seconds of
+    doing nothing. One batch in the step and one ready are all a step-bound pipeline needs."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.prefetch(batches).with_options(options)
+
+
+# --- the optimizer and the distribution strategy -----------------------------------------------
+
+
+def adam_class(fused: bool):
+    """Keras's Adam, or the same Adam with its dense update done by one fused TensorFlow kernel.
+
+    Keras 3's Adam updates each variable with a dozen element-wise ops, each a full pass over
+    the 41M-parameter Dense kernel and its two slots; tf.raw_ops.ResourceApplyAdam does the
+    same arithmetic in one pass: a third less CPU per training step here (scripts/bench_trial.py),
+    with weights equal to 1e-6 (tests/test_protocol.py). Not used under a distribution
+    strategy, whose per-replica variables the kernel would have to be handed one by one."""
+    import keras
+    import tensorflow as tf
+
+    if not fused:
+        return keras.optimizers.Adam
+
+    def handle(v):
+        return v.value.handle if isinstance(v, keras.Variable) else v.handle
+
+    class FusedAdam(keras.optimizers.Adam):
+        def update_step(self, gradient, variable, learning_rate):
+            if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
+                return super().update_step(gradient, variable, learning_rate)
+            dtype = variable.dtype
+            step = tf.cast(self.iterations + 1, dtype)
+            b1, b2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+            i = self._get_variable_index(variable)
+            tf.raw_ops.ResourceApplyAdam(
+                var=handle(variable), m=handle(self._momentums[i]), v=handle(self._velocities[i]),
+                beta1_power=tf.pow(b1, step), beta2_power=tf.pow(b2, step),
+                lr=tf.cast(learning_rate, dtype), beta1=b1, beta2=b2,
+                epsilon=tf.cast(self.epsilon, dtype), grad=tf.cast(gradient, dtype))
+
+    return FusedAdam
+
+
+def optimizer_class(name: str, strategy: str):
+    import keras
+
+    if name == "adam":
+        return adam_class(fused=strategy == "none")
+    return {"sgd": keras.optimizers.SGD}[name]
+
+
+def distribution(strategy: str):
+    """The tf.distribute strategy of a trial (the default one for 'none')."""
+    import tensorflow as tf
+
+    if strategy != "mirrored":
+        return tf.distribute.get_strategy()
+    if tf.config.list_physical_devices("GPU"):
+        return tf.distribute.MirroredStrategy()  # every visible GPU
+    # No GPU: mirror over logical CPU devices, CATSDOGS_LOGICAL_CPUS of them (default 2); this
+    # is how the strategy is tested without GPUs. Logical devices can only be made before
+    # TensorFlow starts (`start`), so such a trial gets a worker of its own (strategy_env).
+    n = int(os.environ.get(LOGICAL_CPUS_ENV, "2"))
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if len(tf.config.get_logical_device_configuration(cpu) or []) < n:
+        try:
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+        except RuntimeError:
+            raise RuntimeError(f"--strategy mirrored on the CPU needs {n} logical devices, set before "
+                               f"TensorFlow starts: run it in a worker started with {LOGICAL_CPUS_ENV}={n}") from None
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+
+def reset_peak_memory() -> None:
+    """Start a new peak: the allocator's statistics, and on Linux the resident set's
+    high-water mark (clear_refs 5), so a worker's next task measures its own peak."""
+    import tensorflow as tf
+
+    for device in ("GPU:0", "CPU:0"):
+        with contextlib.suppress(Exception):
+            tf.config.experimental.reset_memory_stats(device)
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_memory() -> dict:
+    """{'peak_memory_mb', 'memory_kind', 'allocator_peak_mb'?, 'device_memory_limit_mb'?}: on a
+    GPU TensorFlow's allocator peak and its limit; on the CPU the peak resident set since the
+    last reset (VmHWM), and TensorFlow's CPU allocator peak where it has one (BFC)."""
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        out = {"memory_kind": "gpu"}
+        with contextlib.suppress(Exception):
+            out["peak_memory_mb"] = out["allocator_peak_mb"] = (
+                tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20)
+        with contextlib.suppress(Exception):
+            from tensorflow.python.client import device_lib
+
+            limits = [d.memory_limit for d in device_lib.list_local_devices() if d.device_type == "GPU"]
+            if limits:
+                out["device_memory_limit_mb"] = limits[0] / 2**20
+        return out
+    from catsdogs.provenance import proc_status_kb
+
+    hwm = proc_status_kb("VmHWM")
+    peak = hwm / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out = {"peak_memory_mb": peak, "memory_kind": "cpu-rss"}
+    with contextlib.suppress(Exception):
+        out["allocator_peak_mb"] = tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
+    return out
+
+
+def memory_budget_bytes() -> int | None:
+    """What the memory that holds a model is: the GPU's (None: unknown) or the host's."""
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        with contextlib.suppress(Exception):
+            from tensorflow.python.client import device_lib
+
+            limits = [d.memory_limit for d in device_lib.list_local_devices() if d.device_type == "GPU"]
+            return int(limits[0]) if limits else None
+        return None
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+OOM_MARKERS = ("ResourceExhausted", "OOM when allocating", "out of memory", "std::bad_alloc",
+               "MemoryError", "Cannot allocate memory")
+
+
+def classify_error(exc: BaseException) -> str:
+    """'oom' for running out of memory (device or host), else 'failed'."""
+    import tensorflow as tf
+
+    if isinstance(exc, (tf.errors.ResourceExhaustedError, MemoryError)):
+        return "oom"
+    return "oom" if any(m in str(exc) for m in OOM_MARKERS) else "failed"
+
+
+# --- the device's matmul peak -------------------------------------------------------------------
+
+
+def matmul_peak(dtype: str, n: int | None = None, seconds: float = 1.0, repeats: int = 3) -> dict:
+    """FLOP/s of a loop of n x n matrix products in `dtype`: the best of `repeats` timings of
+    as many products as fill about `seconds`. On a GPU the products are queued eagerly and the
+    last one's value is read back, which waits for all of them."""
+    import tensorflow as tf
+
+    gpu = bool(tf.config.list_physical_devices("GPU"))
+    n = n or (8192 if gpu else 2048)
+    a = tf.cast(tf.random.stateless_normal((n, n), seed=[0, 1], dtype="float32"), dtype)
+    b = tf.cast(tf.random.stateless_normal((n, n), seed=[0, 2], dtype="float32"), dtype)
+
+    def run(k: int) -> float:
+        t0 = time.perf_counter()
+        c = None
+        for _ in range(k):
+            c = tf.matmul(a, b)
+        float(tf.cast(c[0, 0], "float32"))  # wait for every queued product
+        return time.perf_counter() - t0
+
+    run(2)  # warm up: kernels chosen, memory allocated
+    one = max(run(1), 1e-6)
+    k = max(1, min(10_000, int(seconds / one)))
+    best = min(run(k) for _ in range(repeats))
+    return {"peak_flops_per_second": 2.0 * n**3 * k / best, "matmul_size": n, "matmul_dtype": dtype,
+            "matmuls": k}

@@ -1,0 +1,458 @@
+"""The engine: the article's model trained and tested (a trial) or timed (a probe).
+
+Both are built by one function (`TrainingStep.build`): the same model, optimizer
+implementation (the backend's), precision, determinism settings and input pipeline, run by the
+same `model.fit`. A trial runs its protocol's epochs and tests; a probe runs a few steps and
+times each. They differ only in how many steps they run and what they record.
+
+The engine runs inside a worker process (catsdogs.worker), which keeps between tasks:
+- every prepared data set it has decoded, checked against the manifest's fingerprint before
+  each task, so data re-prepared under a worker is decoded again, never used stale;
+- the compiled training step of each trial shape it has run (`TrialConfig.shape()`: model,
+  optimizer, batch size and protocol; not the seed or the data set), up to a memory budget.
+  A trial of a known shape gets the weights a freshly built model of its seed has and zeroed
+  optimizer state, so its result is bit-identical to the same trial in a fresh process
+  (tests/test_engine.py), without building, compiling and tracing again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import statistics
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import asdict
+from pathlib import Path
+
+from catsdogs import backends, data
+from catsdogs.errors import CatsdogsError
+from catsdogs.manifest import require_prepared
+from catsdogs.model import OPTIMIZER_SLOTS, build_model, parameter_count, train_flops_per_image
+from catsdogs.provenance import environment, proc_status_kb
+from catsdogs.schema import TrialConfig, learning_rate, plan_steps
+
+# The compiled steps a worker keeps: at most this share of the memory that holds them (the
+# GPU's, else the host's). At 200 px one Adam step holds ~0.66 GB (weights, gradients, two
+# slots), so a 24 GiB host keeps 9 of the article's 14 shapes.
+STEP_CACHE_SHARE = 0.25
+STEP_CACHE_BYTES_ENV = "CATSDOGS_STEP_CACHE_BYTES"  # overrides the share, in bytes (0: no cache)
+
+
+class DataCache:
+    """Decoded data sets by (folder, data set), each with the fingerprint it was decoded at."""
+
+    def __init__(self):
+        self._sets: dict[tuple[str, str], tuple[str, dict]] = {}
+
+    def load(self, data_dir: Path, dataset: str, expect: str = "") -> tuple[dict, dict[str, data.Split]]:
+        """(manifest, splits). `expect`: the fingerprint the task was planned on; data that
+        changed since is an error, and data that changed since it was cached is decoded again."""
+        manifest = require_prepared(Path(data_dir))
+        fingerprint = manifest["fingerprint"][dataset]
+        if expect and fingerprint != expect:
+            raise CatsdogsError(f"the data in {data_dir} changed since this trial was planned "
+                                "(re-prepared?): plan the sweep again")
+        key = (str(Path(data_dir).resolve()), dataset)
+        cached = self._sets.get(key)
+        if cached is None or cached[0] != fingerprint:
+            self._sets[key] = (fingerprint, data.load_dataset(Path(data_dir), dataset))
+            # a file replaced mid-read: the fingerprint is checked once more after decoding
+            if require_prepared(Path(data_dir))["fingerprint"][dataset] != fingerprint:
+                del self._sets[key]
+                raise CatsdogsError(f"the data in {data_dir} changed while it was being read")
+        return manifest, self._sets[key][1]
+
+
+class TrainingStep:
+    """A compiled model of one shape, and how to give it a new trial's starting state."""
+
+    def __init__(self, cfg: TrialConfig, steps_per_epoch: int, backend):
+        import keras
+
+        self.shape = shape_of(cfg, steps_per_epoch)
+        self.trial_shape = repr(cfg.shape())  # what a sweep knows of it (worker.Worker.shapes)
+        self.strategy = backend.distribution(cfg.strategy)
+        keras.mixed_precision.set_dtype_policy(cfg.precision)
+        keras.utils.set_random_seed(cfg.seed)
+        with self.strategy.scope():
+            self.model = build_model(cfg.image_size)
+            self.model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, backend),
+                               loss="binary_crossentropy", metrics=["accuracy"])
+            self.model.optimizer.build(self.model.trainable_variables)
+        # The optimizer's starting state: zeros (slots, iterations) but for a few scalars.
+        self._opt_start = []
+        for v in self.model.optimizer.variables:
+            value = keras.ops.convert_to_numpy(v)
+            self._opt_start.append(value if value.any() else None)
+        self.nbytes = step_bytes(cfg)
+        self.trials = 1
+
+    def reset(self, cfg: TrialConfig) -> None:
+        """The state a freshly built model of `cfg.seed` starts from: its weights (drawn as a
+        new process draws them), the optimizer's variables as built."""
+        import keras
+        import numpy as np
+
+        keras.mixed_precision.set_dtype_policy(cfg.precision)
+        keras.utils.set_random_seed(cfg.seed)
+        fresh = build_model(cfg.image_size)
+        for target, source in zip(self.model.weights, fresh.weights, strict=True):
+            target.assign(source.value)
+        del fresh
+        for v, start in zip(self.model.optimizer.variables, self._opt_start, strict=True):
+            v.assign(np.zeros(v.shape, v.dtype) if start is None else start)
+        self.trials += 1
+
+
+def shape_of(cfg: TrialConfig, steps_per_epoch: int) -> tuple:
+    """The compiled step's identity; a warm-up schedule's length is compiled into it."""
+    return (*cfg.shape(), ("steps_per_epoch", steps_per_epoch if cfg.warmup_epochs else None))
+
+
+def step_bytes(cfg: TrialConfig) -> int:
+    """Memory a kept step holds: weights, gradients and the optimizer's slots, float32."""
+    return 4 * parameter_count(cfg.image_size) * (2 + OPTIMIZER_SLOTS[cfg.optimizer])
+
+
+def make_optimizer(cfg: TrialConfig, steps_per_epoch: int, backend):
+    import keras
+
+    lr = learning_rate(cfg)
+    warmup = int(round(cfg.warmup_epochs * steps_per_epoch / cfg.accumulate))
+    if warmup > 0:
+        lr = keras.optimizers.schedules.PolynomialDecay(  # a linear ramp 0 -> lr, then flat
+            initial_learning_rate=lr / warmup, decay_steps=warmup, end_learning_rate=lr, power=1.0)
+    kwargs = {"learning_rate": lr}
+    if cfg.accumulate > 1:
+        kwargs["gradient_accumulation_steps"] = cfg.accumulate
+    return backend.optimizer_class(cfg.optimizer, cfg.strategy)(**kwargs)
+
+
+class StepCache:
+    """Compiled steps by shape, least recently used first out, within a byte budget."""
+
+    def __init__(self):
+        self._steps: OrderedDict[tuple, TrainingStep] = OrderedDict()
+        self.budget: int | None = None
+
+    def shapes(self) -> list[str]:
+        """The trial shapes (`repr(TrialConfig.shape())`) whose steps are kept."""
+        return [step.trial_shape for step in self._steps.values()]
+
+    def get(self, cfg: TrialConfig, steps_per_epoch: int, backend, keep_others: bool = True) -> tuple[TrainingStep, bool]:
+        """(step, reused): the shape's kept step reset to `cfg`'s start, or a new one."""
+        shape = shape_of(cfg, steps_per_epoch)
+        step = self._steps.get(shape)
+        if step is not None:
+            self._steps.move_to_end(shape)
+            step.reset(cfg)
+            return step, True
+        if not keep_others:
+            self.clear()
+        budget = self._budget(backend)
+        while self._steps and sum(s.nbytes for s in self._steps.values()) + step_bytes(cfg) > budget:
+            self._steps.popitem(last=False)
+        step = TrainingStep(cfg, steps_per_epoch, backend)
+        if step.nbytes <= budget:
+            self._steps[shape] = step
+        return step, False
+
+    def clear(self) -> None:
+        import gc
+
+        self._steps.clear()
+        gc.collect()
+
+    def _budget(self, backend) -> int:
+        if self.budget is None:
+            override = os.environ.get(STEP_CACHE_BYTES_ENV)
+            if override is not None:
+                self.budget = int(override)
+            else:
+                total = backend.memory_budget_bytes()
+                self.budget = int(STEP_CACHE_SHARE * total) if total else 0
+        return self.budget
+
+
+# One of each per process: a worker's memory of what it has done.
+DATA = DataCache()
+STEPS = StepCache()
+
+
+def weights_digest(model) -> str:
+    """BLAKE2b of every weight's bytes, in order: names the trained model exactly."""
+    import keras
+
+    h = hashlib.blake2b(digest_size=16)
+    for w in model.weights:
+        h.update(keras.ops.convert_to_numpy(w).tobytes())
+    return h.hexdigest()
+
+
+# --- a trial -----------------------------------------------------------------------------------
+
+
+def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
+    """Train and test one configuration; return its record (status 'done')."""
+    cfg.check()
+    started = time.time()
+    backend = backends.current()
+    backend.start()
+    manifest, splits = DATA.load(Path(data_dir), cfg.dataset, expect=cfg.data)
+    if manifest["params"]["size"] != cfg.image_size:
+        raise CatsdogsError(f"data in {data_dir} is {manifest['params']['size']} px, trial wants {cfg.image_size}")
+    train, val, test = splits["train"], splits["validation"], splits["test"]
+    if len(train) // cfg.batch_size == 0:
+        raise CatsdogsError(f"batch size {cfg.batch_size} is larger than the {len(train)} training "
+                            "images: not one full batch to train on")
+    per_epoch, epochs = plan_steps(cfg, len(train))
+    built = time.time()
+    step, reused = STEPS.get(cfg, per_epoch, backend)
+    model = step.model
+    setup_seconds = time.time() - built
+
+    train_ds = backend.train_batches(train, cfg.batch_size, cfg.seed, n_batches=per_epoch * epochs,
+                                     cross_epochs=cfg.budget == "steps")
+    val_ds = backend.eval_batches(val, cfg.batch_size) if len(val) else None
+    timer = _epoch_timer(epochs, on_epoch)
+    fit_started = time.time()
+    hist = model.fit(train_ds, validation_data=val_ds, epochs=epochs, steps_per_epoch=per_epoch,
+                     callbacks=[timer], shuffle=False, verbose=0)  # the dataset shuffles
+    fit_seconds = time.time() - fit_started
+    test_loss, test_acc = model.evaluate(backend.eval_batches(test, cfg.batch_size), verbose=0)
+
+    batches = per_epoch * len(hist.history["loss"])  # what fit ran: full batches only
+    updates = int(model.optimizer.iterations.numpy())  # Keras counts updates, not accumulated batches
+    history = []
+    for i in range(len(hist.history["loss"])):
+        row = {k: float(v[i]) for k, v in hist.history.items()}
+        row.update(timer.epochs[i])
+        history.append(row)
+    train_seconds = sum(e["train_seconds"] for e in timer.epochs)
+    memory = backend.peak_memory()
+    return {
+        "status": "done",
+        "config": asdict(cfg),
+        "test_accuracy": float(test_acc),
+        "test_loss": float(test_loss),
+        "history": history,
+        "steps": updates,  # optimizer updates (weights changed)
+        "batches": batches,
+        "learning_rate": learning_rate(cfg),
+        "n_train": len(train), "n_validation": len(val), "n_test": len(test),
+        "train_seconds": round(train_seconds, 4),
+        "fit_seconds": round(fit_seconds, 4),
+        "setup_seconds": round(setup_seconds, 4),  # building and compiling, or resetting a kept step
+        "step_reused": reused,
+        "images_per_second": batches * cfg.batch_size / train_seconds if train_seconds else None,
+        "peak_memory_mb": round(memory["peak_memory_mb"], 1),
+        "memory_kind": memory["memory_kind"],
+        "replicas": step.strategy.num_replicas_in_sync,
+        "weights_digest": weights_digest(model),
+        "wall_seconds": round(time.time() - started, 3),
+        "env": environment(backend),
+    }
+
+
+def _epoch_timer(n_epochs: int, on_epoch):
+    """A callback timing the training and validation parts of each epoch, reporting each."""
+    import keras
+
+    class EpochTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epochs: list[dict] = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.t0, self.t_train = time.perf_counter(), None
+
+        def on_test_begin(self, logs=None):  # validation starts: training of the epoch is over
+            if self.t_train is None:
+                self.t_train = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            end = time.perf_counter()
+            row = {"epoch": epoch + 1, "train_seconds": (self.t_train or end) - self.t0,
+                   "seconds": end - self.t0}
+            self.epochs.append(row)
+            if on_epoch:
+                on_epoch({**row, "epochs": n_epochs, **{k: float(v) for k, v in (logs or {}).items()}})
+
+    return EpochTimer()
+
+
+# --- a probe -----------------------------------------------------------------------------------
+
+
+def run_probe(spec: dict) -> dict:
+    """Warm up, then time `steps` training steps at one batch size; measure memory. Always a
+    record: out of memory and failures are its status ('oom', 'failed'), with the error.
+
+    The step is the sweep's (`TrainingStep`), fed by the sweep's pipeline: batches of the
+    prepared train split, seeded permutations joined end to end (so a batch larger than the
+    split holds every image at least once). Only this probe's step is kept in memory."""
+    backend = backends.current()
+    kind = backend.start()
+    record = {k: spec[k] for k in ("batch_size", "precision", "optimizer", "dataset", "steps", "warmup")}
+    sampler = NvmlSampler() if kind == "gpu" else None
+    try:
+        manifest, splits = DATA.load(Path(spec["data_dir"]), spec["dataset"])
+        size = manifest["params"]["size"]
+        cfg = TrialConfig(spec["optimizer"], int(spec["batch_size"]), spec["dataset"], spec.get("seed", 0),
+                          epochs=1, image_size=size, data=manifest["fingerprint"][spec["dataset"]],
+                          precision=spec["precision"])
+        cfg.check()
+        n = spec["warmup"] + spec["steps"]
+        record.update(image_size=size, device=backend.device_description(),
+                      baseline_rss_mb=_rss_mb())  # before the model: runtime + data
+        step, _ = STEPS.get(cfg, n, backend, keep_others=False)
+        batches = backend.train_batches(splits["train"], cfg.batch_size, cfg.seed, n, cross_epochs=True)
+        timer = _step_timer(spec["warmup"], sampler.start if sampler else None)
+        step.model.fit(batches, epochs=1, steps_per_epoch=n, callbacks=[timer], shuffle=False, verbose=0)
+        nvml = sampler.stop() if sampler else {}
+        times = timer.times
+        median, mean = statistics.median(times), statistics.fmean(times)
+        record.update({"status": "done", "step_time_median_s": median, "step_time_mean_s": mean,
+                       "step_times_s": times, "images_per_second": cfg.batch_size / median,
+                       "flops_per_second": train_flops_per_image(size) * cfg.batch_size / median, **nvml})
+    except Exception as exc:  # noqa: BLE001 - out of memory and failures are recorded outcomes
+        if sampler:
+            record.update(sampler.stop())
+        record.update(_failure(exc, backend))
+        STEPS.clear()  # whatever the failed step allocated goes back before the next task
+    record.update(backend.peak_memory())
+    return record
+
+
+def _step_timer(warmup: int, on_timed_start=None):
+    """A callback timing each training step after `warmup` untimed ones; the loss is read back
+    at each step's end, which waits for the device to finish the step."""
+    import keras
+
+    class StepTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.times: list[float] = []
+            self.step = 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.step == warmup and on_timed_start:
+                on_timed_start()
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            float((logs or {}).get("loss", 0.0))  # synchronize
+            if self.step >= warmup:
+                self.times.append(time.perf_counter() - self.t0)
+            self.step += 1
+
+    return StepTimer()
+
+
+def _rss_mb() -> float | None:
+    kb = proc_status_kb("VmRSS")
+    return None if kb is None else kb / 1024
+
+
+class NvmlSampler:
+    """GPU utilization and memory used, sampled by NVML in a background thread.
+
+    Optional: without nvidia-ml-py, or without an NVIDIA GPU, `start()` returns False and
+    `stats()` returns {}. NVML numbers GPUs physically: the first CUDA_VISIBLE_DEVICES entry
+    (an index or a UUID) is the device TensorFlow calls GPU:0."""
+
+    def __init__(self, interval: float = 0.05):
+        self.interval = interval
+        self.util: list[float] = []
+        self.memory: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml = None
+        self._handle = None
+
+    def start(self) -> bool:
+        try:
+            import pynvml  # nvidia-ml-py: the optional extra `nvml`
+        except ImportError:
+            return False
+        try:
+            pynvml.nvmlInit()
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+            if visible.startswith("GPU-") or visible.startswith("MIG-"):
+                self._handle = pynvml.nvmlDeviceGetHandleByUUID(visible)
+            else:
+                self._handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)
+        except Exception:  # noqa: BLE001 - no driver, no device: NVML numbers are optional
+            return False
+        self._nvml = pynvml
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                self.util.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+                self.memory.append(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20)
+            self._stop.wait(self.interval)
+
+    def stop(self) -> dict:
+        if self._thread is None:
+            return {}
+        self._stop.set()
+        self._thread.join(timeout=2)
+        with contextlib.suppress(Exception):
+            self._nvml.nvmlShutdown()
+        self._thread = None
+        return self.stats()
+
+    def stats(self) -> dict:
+        if not self.util:
+            return {}
+        return {"nvml_gpu_util_mean_percent": statistics.fmean(self.util),
+                "nvml_gpu_util_max_percent": max(self.util),
+                "nvml_memory_used_mb": max(self.memory) if self.memory else None,
+                "nvml_samples": len(self.util)}
+
+
+def run_peak(spec: dict) -> dict:
+    """The device's matmul peak in the precision's compute dtype."""
+    backend = backends.current()
+    backend.start()
+    dtype = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[spec["precision"]]
+    result = backend.matmul_peak(dtype, n=spec.get("matmul_size"), seconds=spec.get("seconds", 1.0))
+    return {"status": "done", "device": backend.device_description(), "precision": spec["precision"], **result}
+
+
+# --- what a worker calls -------------------------------------------------------------------------
+
+TASKS = {"trial": lambda task, emit: run_trial(TrialConfig.from_dict(task["config"]), Path(task["data_dir"]),
+                                               on_epoch=lambda row: emit("progress", row)),
+         "probe": lambda task, emit: run_probe(task),
+         "peak": lambda task, emit: run_peak(task)}
+
+
+def _failure(exc: BaseException, backend=None) -> dict:
+    status = "failed"
+    try:
+        status = (backend or backends.current()).classify_error(exc)
+    except Exception:  # noqa: BLE001 - the backend itself failed to load: failed
+        pass
+    return {"status": status, "error": f"{type(exc).__name__}: {exc}".strip()[:4000],
+            "traceback": traceback.format_exc()[-8000:]}
+
+
+def run_task(task: dict, emit=lambda kind, payload: None) -> dict:
+    """Run one task ({'kind': 'trial' | 'probe' | 'peak', ...}); always return a record with a
+    status: a task's exception is its outcome (failed, or oom), never the worker's end."""
+    try:
+        return TASKS[task["kind"]](task, emit)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded status
+        record = _failure(exc)
+        if task["kind"] == "trial":
+            record["config"] = task["config"]
+        return record

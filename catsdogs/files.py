@@ -1,0 +1,56 @@
+"""Files that are either whole or absent: every result catsdogs writes goes through here.
+
+A reader (another process, a report run while a sweep runs, the next run after a kill -9)
+sees the old file or the new one, never half of one: each is written to a temporary name in
+the same folder, flushed, then renamed over the target, which POSIX makes atomic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+
+def temporary_sibling(path: Path) -> Path:
+    """A unique hidden name beside `path`: same file system, so the rename is atomic."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path | str, fsync: bool = False) -> Iterator[Path]:
+    """Yield a temporary path to write; on success it replaces `path`, on error it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(path)
+    try:
+        yield tmp
+        if fsync:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: Path | str, write: Callable[[Path], None]) -> Path:
+    """write(tmp), then tmp replaces `path`."""
+    with atomic_path(path) as tmp:
+        write(tmp)
+    return Path(path)
+
+
+def write_text_atomic(path: Path | str, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_json_atomic(path: Path | str, obj, indent: int | None = 1, fsync: bool = False) -> Path:
+    """JSON, atomically; `fsync` for the marks of finished work (a prepare's manifest)."""
+    with atomic_path(path, fsync=fsync) as tmp:
+        tmp.write_text(json.dumps(obj, indent=indent, default=str), encoding="utf-8")
+    return Path(path)

@@ -1,0 +1,51 @@
+"""The prepared data's manifest: the mark of a finished prepare, and the data's identity.
+
+`prepare` writes data/manifest.json last; everything downstream (the sweep's plan, the
+worker's data cache, profile, find-batch-size) reads it through `require_prepared`, and
+names the images a trial trained on by the manifest's fingerprints.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from catsdogs import config
+from catsdogs.errors import CatsdogsError
+
+MANIFEST = "manifest.json"
+FORMAT = 1  # bump when the prepared layout or pixels change, so old folders get rebuilt
+
+
+def count_files(root: Path) -> dict:
+    counts: dict = {}
+    for dataset, splits in (("standard", config.SPLIT_NAMES), ("augmented", ("train", "validation"))):
+        for s in splits:
+            for c in config.CLASSES:
+                d = root / dataset / s / c
+                n = sum(1 for p in d.iterdir() if p.suffix == ".jpg") if d.is_dir() else 0
+                counts.setdefault(dataset, {}).setdefault(s, {})[c] = n
+    return counts
+
+
+def load_manifest(data_dir: Path) -> dict | None:
+    """The manifest of a finished prepare whose folders are all there, or None."""
+    try:
+        manifest = json.loads((Path(data_dir) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not manifest.get("complete") or manifest.get("format") != FORMAT:
+        return None
+    if count_files(Path(data_dir)) != manifest.get("counts"):
+        return None
+    return manifest
+
+
+def require_prepared(data_dir: Path) -> dict:
+    manifest = load_manifest(data_dir)
+    if manifest is None:
+        raise CatsdogsError(
+            f"{data_dir} holds no finished prepared data set (no valid {MANIFEST}); "
+            f"run `catsdogs prepare --data-dir {data_dir}` first"
+        )
+    return manifest

@@ -1,0 +1,399 @@
+"""Workers: long-lived processes that run trials and probes, and the one way to run them.
+
+A worker (`python -m catsdogs.worker`) imports the framework once, then reads tasks from its
+stdin, one JSON line each, runs each with catsdogs.engine (which keeps decoded data and
+compiled training steps between tasks), and answers on its own channel with JSON lines:
+`ready`, then per task `started`, any number of `progress`, and one `result`. Anything else the
+process prints (TensorFlow's logs included) goes to its log file, never into the channel.
+
+`Worker` is the parent's handle on one. The rules of isolation:
+- A task whose outcome is not `done` ends its worker: the next task gets a fresh process, so
+  an out-of-memory error or a crash never leaks into another result.
+- A worker that dies mid-task (a crash, the OOM killer, a kill from outside) is a recorded
+  outcome of that task: `oom` when the kernel's OOM killer struck (its counter in
+  /proc/vmstat went up) or a memory cap was crossed, else `failed`, with the signal or exit
+  code and the log's last line.
+- Workers die with their parent, even one killed with kill -9 (PR_SET_PDEATHSIG), so no
+  orphan trial runs on while the next sweep runs it again; Ctrl-C stops them (`kill`).
+- `isolate`: a fresh worker for every task, the engine's old one-process-per-trial behaviour.
+- Memory caps (profile, find-batch-size): the worker resets its resident set's high-water
+  mark when a task starts, and the parent watches it (VmHWM) and kills the worker the moment
+  it goes over the cap. A worker's memory only grows (allocators keep what they freed), so a
+  probe reuses a worker only when it is larger than every probe that worker has run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from catsdogs import backends
+from catsdogs.provenance import proc_status_kb
+
+WATCH_INTERVAL = 0.02  # seconds between two looks at a capped worker's peak memory
+MEMORY_CAP_ENV = "CATSDOGS_MEMORY_CAP_BYTES"  # a GPU's logical device size, read at start
+CPUS_ENV = "CATSDOGS_CPUS"  # the cores a worker is pinned to, like "0,1"
+
+
+# --- the worker process ----------------------------------------------------------------------
+
+
+def _channel() -> callable:
+    """Keep the real stdout for messages and point fd 1 at stderr (the log): a framework that
+    prints must not corrupt the channel."""
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    out = os.fdopen(fd, "w", buffering=1)
+    sys.stdout = sys.stderr
+
+    def send(kind: str, payload: dict | None = None) -> None:
+        out.write(json.dumps({"type": kind, **(payload or {})}, default=str) + "\n")
+        out.flush()
+
+    return send
+
+
+def _pin_cpus() -> None:
+    cpus = os.environ.get(CPUS_ENV)
+    if cpus and hasattr(os, "sched_setaffinity"):
+        with contextlib.suppress(OSError, ValueError):
+            os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+
+
+def main() -> int:
+    send = _channel()
+    _pin_cpus()
+    backend = backends.current()
+    cap = int(os.environ.get(MEMORY_CAP_ENV) or 0) or None
+    device = backend.setup_device(cap)  # before the framework touches the GPU
+    backend.start()
+    from catsdogs import engine
+
+    send("ready", {"pid": os.getpid(), "device": device})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        task = json.loads(line)
+        backend.reset_peak_memory()
+        send("started", {"id": task.get("id")})
+        record = engine.run_task(task, emit=lambda kind, payload: send(kind, {"payload": payload}))
+        send("result", {"id": task.get("id"), "record": record,
+                        "shapes": engine.STEPS.shapes()})
+    return 0
+
+
+# --- the parent's handle ----------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: be killed when the parent dies, even by kill -9."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def oom_kills() -> int | None:
+    """The kernel's count of processes its OOM killer ended (None where it cannot be read)."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+class WorkerDied(Exception):
+    """The worker process ended before it answered."""
+
+
+class Worker:
+    """One worker process: start it, hand it tasks one at a time, stop it."""
+
+    def __init__(self, log_path: Path, env: dict | None = None):
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **backends.current().process_env(),
+                    **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.tasks = 0  # tasks this process has run
+        self.largest_batch = 0  # the largest probe it has run
+        self.shapes: set[str] = set()  # the compiled steps it keeps (engine.StepCache)
+        self.device: str | None = None  # 'cpu' or 'gpu', as the worker found it
+        self._stopped = False  # we ended it (Ctrl-C, a cap): its death is ours, not a crash
+        self._lock = threading.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        with self._lock:
+            self._stopped = False
+            log = open(self.log_path, "a")  # noqa: SIM115 - the child holds it; closed below
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "catsdogs.worker"], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=log, text=True, env=self.env, bufsize=1,
+                    start_new_session=True,  # Ctrl-C reaches the parent, which stops the worker
+                    preexec_fn=_die_with_parent)
+            finally:
+                log.close()
+        self.tasks, self.largest_batch, self.shapes = 0, 0, set()
+        self.device = self._expect("ready").get("device")
+
+    def _expect(self, kind: str, on_message=None) -> dict:
+        """Read messages until one of `kind`; WorkerDied when the channel closes first."""
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("type") == kind:
+                return msg
+            if on_message:
+                on_message(msg)
+        self.proc.wait()
+        raise WorkerDied()
+
+    def run(self, task: dict, on_progress=None, memory_cap_bytes: int | None = None) -> dict:
+        """Run `task` in this worker (started if needed); always a record with a status.
+
+        A worker that died, or whose task did not end `done`, is gone afterwards."""
+        if not self.alive:
+            self.start_or_record()
+            if not self.alive:
+                return self._death_record(kills_before=None, cap=None, hwm=None)
+        kills_before = oom_kills()
+        watcher = _Watcher(self, memory_cap_bytes) if memory_cap_bytes and self.device == "cpu" else None
+        try:
+            self.proc.stdin.write(json.dumps(task) + "\n")
+            self.proc.stdin.flush()
+            self._expect("started")
+            if watcher:
+                watcher.start()
+            msg = self._expect("result", on_message=lambda m: on_progress and m.get("type") == "progress"
+                               and on_progress(m["payload"]))
+        except (WorkerDied, BrokenPipeError, OSError):
+            if watcher:
+                watcher.stop()
+            record = self._death_record(kills_before, watcher.cap_bytes if watcher else None,
+                                        watcher.killed_at_kb if watcher else None)
+            self.close()
+            return record
+        if watcher:
+            watcher.stop()
+        record = msg["record"]
+        if record.get("traceback"):
+            record["error"] = f"{record.get('error', '')}\n{record.pop('traceback')}"
+        self.tasks += 1
+        self.largest_batch = max(self.largest_batch, int(task.get("batch_size") or 0))
+        self.shapes = set(msg.get("shapes") or [])
+        if record.get("status") != "done":
+            self.close()  # isolation: the next task gets a fresh process
+        return record
+
+    def start_or_record(self) -> None:
+        try:
+            self.start()
+        except WorkerDied:
+            pass
+
+    def _death_record(self, kills_before, cap, hwm) -> dict:
+        rc = self.proc.poll() if self.proc else None
+        if rc is None and self.proc is not None:
+            rc = self.proc.wait()
+        tail = ""
+        with contextlib.suppress(OSError):
+            tail = self.log_path.read_text(errors="replace")[-4000:]
+        last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "")
+        if hwm is not None:
+            return {"status": "oom", "peak_memory_mb": hwm / 1024, "memory_kind": "cpu-rss",
+                    "error": f"stopped: peak resident memory {hwm / 1024:.0f} MiB went over the "
+                             f"{cap / 2**20:.0f} MiB cap"}
+        if self._stopped:
+            return {"status": "lost", "error": "stopped by the sweep"}
+        signum = -rc if rc is not None and rc < 0 else None
+        why = (f"killed by signal {signum} ({signal.Signals(signum).name})" if signum
+               else f"exited with code {rc}")
+        kills_after = oom_kills()
+        if signum == signal.SIGKILL and kills_before is not None and kills_after is not None:
+            status = "oom" if kills_after > kills_before else "failed"
+            cause = " by the kernel's OOM killer" if status == "oom" else " (not by the OOM killer)"
+        elif signum == signal.SIGKILL:
+            status, cause = "oom", " (likely out of memory)"
+        else:
+            oom = any(m in tail for m in backends.current().OOM_MARKERS)
+            status, cause = ("oom" if oom else "failed"), ""
+        return {"status": status, "error": f"worker process {why}{cause} without a result: {last}\n"
+                                           f"(log: {self.log_path})"}
+
+    def kill(self) -> None:
+        """Stop the worker now (Ctrl-C, a memory cap); safe from any thread."""
+        self._stopped = True
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """End the worker: stdin closed (it exits), killed if it lingers."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.proc.wait()
+        with contextlib.suppress(OSError):
+            self.proc.stdout.close()
+        self.proc = None
+
+
+class _Watcher:
+    """Kills a worker whose resident set's high-water mark goes over a cap (CPU only: a GPU
+    enforces its cap itself, as a logical device of that size)."""
+
+    def __init__(self, worker: Worker, cap_bytes: int):
+        self.worker, self.cap_bytes = worker, cap_bytes
+        self.killed_at_kb: int | None = None
+        self.hwm_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        pid = self.worker.proc.pid
+        while not self._stop.is_set():
+            hwm = proc_status_kb("VmHWM", pid)
+            if hwm is None:
+                return
+            self.hwm_kb = max(self.hwm_kb, hwm)
+            if hwm * 1024 > self.cap_bytes:
+                self.killed_at_kb = hwm
+                self.worker.kill()
+                return
+            self._stop.wait(WATCH_INTERVAL)
+
+
+def run_isolated(task: dict, log_path: Path, env: dict | None = None, on_progress=None,
+                 memory_cap_bytes: int | None = None) -> dict:
+    """One task in a fresh worker that ends with it."""
+    worker = Worker(log_path, env)
+    try:
+        return worker.run(task, on_progress, memory_cap_bytes)
+    finally:
+        worker.close()
+
+
+class Prober:
+    """Runs probes (and the matmul peak) for profile and find-batch-size, in workers.
+
+    A worker is reused while the batch sizes grow and replaced otherwise (its memory only
+    grows), and after any probe that did not end `done`. `memory_cap_bytes` caps every probe
+    (the CPU: peak resident memory, watched; a GPU: a logical device of that size);
+    `cpu_cap_bytes` caps only probes that run on the CPU. `isolate`: a worker per probe."""
+
+    def __init__(self, workdir: Path, memory_cap_bytes: int | None = None, cpu_cap_bytes: int | None = None,
+                 isolate: bool = False):
+        self.workdir = Path(workdir)
+        self.memory_cap_bytes, self.cpu_cap_bytes, self.isolate = memory_cap_bytes, cpu_cap_bytes, isolate
+        env = {MEMORY_CAP_ENV: str(memory_cap_bytes)} if memory_cap_bytes else {}
+        self._started = 0
+        self._env = env
+        self.worker: Worker | None = None
+        self._clean = True  # every task of the current worker ended done: its log can go
+
+    def _fresh(self) -> Worker:
+        self._retire()
+        self._started += 1
+        self.worker = Worker(self.workdir / f"probe-worker-{os.getpid()}-{self._started}.log", self._env)
+        self._clean = True
+        return self.worker
+
+    def _retire(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            if self._clean:
+                self.worker.log_path.unlink(missing_ok=True)
+            self.worker = None
+
+    def run(self, task: dict) -> dict:
+        batch = int(task.get("batch_size") or 0)
+        worker = self.worker
+        if (worker is None or not worker.alive or self.isolate
+                or (worker.tasks and batch <= worker.largest_batch and task["kind"] == "probe")):
+            worker = self._fresh()
+        if not worker.alive:
+            worker.start_or_record()
+        cap = self.memory_cap_bytes or (self.cpu_cap_bytes if worker.device == "cpu" else None)
+        record = worker.run(task, memory_cap_bytes=cap)
+        cap_mb = cap / 2**20 if cap and (self.memory_cap_bytes or worker.device == "cpu") else None
+        peak = record.get("peak_memory_mb")
+        if (cap_mb and record.get("memory_kind") == "cpu-rss" and peak and peak > cap_mb
+                and record.get("status") == "done"):  # over the cap between two looks
+            record.update(status="oom", error=f"finished, but its peak resident memory {peak:.0f} MiB "
+                                              f"went over the {cap_mb:.0f} MiB cap")
+            worker.close()
+        record.setdefault("batch_size", task.get("batch_size"))
+        record["memory_cap_mb"] = cap_mb
+        if record.get("status") != "done":
+            self._clean = False
+            record["log"] = str(worker.log_path)
+        return record
+
+    def close(self) -> None:
+        self._retire()
+        with contextlib.suppress(OSError):
+            self.workdir.rmdir()  # empty unless a probe that did not end done left its log
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def slot_env(slot: int, workers: int) -> dict:
+    """What worker slot `slot` of `workers` sees: its own GPU, or its share of the cores (its
+    threads, and the cores themselves: pinned, so two workers never fight over one)."""
+    gpus = visible_gpus()
+    if gpus:
+        return {"CUDA_VISIBLE_DEVICES": gpus[slot % len(gpus)]} if workers > 1 else {}
+    if workers == 1:
+        return {}
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    share = max(1, len(cores) // workers)  # N trainers on N x fewer threads, not N x all
+    mine = cores[(slot * share) % len(cores):][:share]
+    return {**backends.current().process_env(threads=share), CPUS_ENV: ",".join(map(str, mine))}
+
+
+def visible_gpus() -> list[str]:
+    """NVIDIA GPU ids this process may use, without importing a framework."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g for g in env.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The trial engine against the old one: `reproduce --config configs/quick.toml`, whole command.
+
+Runs the same plan with this checkout's catsdogs (long-lived workers) and with another checkout's
+(`--old`, e.g. a `git worktree` of the commit before the engine: one process per trial), A B A B,
+each run into a fresh --out over one data folder prepared beforehand (so `prepare` is a no-op on
+both sides), and prints medians and their ratio. From the new runs' stores it also prints the
+per-trial overhead: a trial's wall time (claimed to recorded) less its `fit` time, for the first
+trial of each shape in a worker and for the later ones that reuse its compiled step.
+
+    git worktree add /tmp/old-catsdogs b4d70ad
+    python scripts/bench_engine.py --old /tmp/old-catsdogs --repeats 3
+    python scripts/bench_engine.py --old /tmp/old-catsdogs --isolate   # ours with --isolate too
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def run(checkout: Path, plan: Path, data: Path, out: Path, extra: list[str]) -> float:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "catsdogs", "reproduce", "--config", str(plan), "--data-dir", str(data),
+           "--out", str(out), "--quiet", *extra]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        raise SystemExit(f"{checkout}: reproduce failed (exit {proc.returncode})")
+    return seconds
+
+
+def overheads(store: Path) -> dict[str, list[float]]:
+    """Per trial: wall (started -> finished) less fit seconds, by whether its step was reused."""
+    db = sqlite3.connect(store)
+    out: dict[str, list[float]] = {"first of its shape": [], "step reused": []}
+    for started, finished, reused, fit in db.execute(
+            "SELECT started_at, finished_at, step_reused, fit_seconds FROM trials WHERE status='done'"):
+        if fit is None:
+            continue
+        out["step reused" if reused else "first of its shape"].append((finished - started) - fit)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--old", type=Path, required=True, help="a checkout of catsdogs before the engine")
+    ap.add_argument("--plan", default="configs/quick.toml", help="the plan, relative to each checkout")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--isolate", action="store_true", help="also time ours with --isolate")
+    ap.add_argument("--json", type=Path, default=None, help="write every figure here")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-engine-"))
+    data = work / "data"
+    print(f"preparing the plan's data once in {data} ...", flush=True)
+    run(HERE, HERE / args.plan, data, work / "warm", [])  # also warms the file cache
+    sides = {"new": (HERE, [])}
+    if args.isolate:
+        sides["new --isolate"] = (HERE, ["--isolate"])
+    sides["old"] = (args.old.resolve(), [])
+    times: dict[str, list[float]] = {s: [] for s in sides}
+    stores = []
+    for r in range(args.repeats):
+        for side, (checkout, extra) in sides.items():
+            out = work / f"{side.replace(' ', '')}-{r}"
+            seconds = run(checkout, checkout / args.plan, data, out, extra)
+            times[side].append(seconds)
+            if side == "new":
+                stores.append(out / "results.sqlite")
+            print(f"  round {r + 1}: {side:>14}: {seconds:6.1f} s", flush=True)
+    over = {"first of its shape": [], "step reused": []}
+    for store in stores:
+        for k, v in overheads(store).items():
+            over[k] += v
+
+    print(f"\n`catsdogs reproduce --config {args.plan}`, medians of {args.repeats} alternating runs:")
+    med = {s: statistics.median(t) for s, t in times.items()}
+    for side, m in med.items():
+        print(f"  {side:>14}: {m:6.1f} s   (min {min(times[side]):.1f}, max {max(times[side]):.1f})")
+    print(f"  speed-up, new against old: {med['old'] / med['new']:.2f}x   (target >= 3.5x)")
+    if "new --isolate" in med:
+        print(f"  new against new --isolate: {med['new --isolate'] / med['new']:.2f}x")
+    print("Per-trial overhead of the new engine (trial wall time less its fit):")
+    for k, v in over.items():
+        if v:
+            print(f"  {k:>18}: median {statistics.median(v):.2f} s, max {max(v):.2f} s over {len(v)} trials")
+    if over["step reused"]:
+        print(f"  target <= 1 s after a worker's first trial of a shape: "
+              f"{'met' if statistics.median(over['step reused']) <= 1 else 'missed'}")
+    if args.json:
+        args.json.write_text(json.dumps({"times": times, "overheads": over}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
