@@ -33,7 +33,8 @@ def run(checkout: Path, plan: Path, data: Path, out: Path, extra: list[str]) -> 
     cmd = [sys.executable, "-m", "catsdogs", "reproduce", "--config", str(plan), "--data-dir", str(data),
            "--out", str(out), "--quiet", *extra]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # from the checkout itself: `python -m` puts the working directory first on sys.path
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=checkout)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
@@ -77,9 +78,11 @@ def main() -> int:
             out = work / f"{side.replace(' ', '')}-{r}"
             seconds = run(checkout, checkout / args.plan, data, out, extra)
             times[side].append(seconds)
+            version = json.loads(sqlite3.connect(out / "results.sqlite").execute(
+                "SELECT env FROM trials LIMIT 1").fetchone()[0]).get("catsdogs")
             if side == "new":
                 stores.append(out / "results.sqlite")
-            print(f"  round {r + 1}: {side:>14}: {seconds:6.1f} s", flush=True)
+            print(f"  round {r + 1}: {side:>14}: {seconds:6.1f} s (catsdogs {version})", flush=True)
     over = {"first of its shape": [], "step reused": []}
     for store in stores:
         for k, v in overheads(store).items():
