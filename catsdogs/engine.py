@@ -1,6 +1,6 @@
 """The engine: the article's model trained and tested (a trial) or timed (a probe).
 
-Both are built by one function (`TrainingStep.build`): the same model, optimizer
+Both are built by one class (`TrainingStep`): the same model, optimizer
 implementation (the backend's), precision, determinism settings and input pipeline, run by the
 same `model.fit`. A trial runs its protocol's epochs and tests; a probe runs a few steps and
 times each. They differ only in how many steps they run and what they record.
@@ -89,7 +89,6 @@ class TrainingStep:
             value = keras.ops.convert_to_numpy(v)
             self._opt_start.append(value if value.any() else None)
         self.nbytes = step_bytes(cfg)
-        self.trials = 1
 
     def reset(self, cfg: TrialConfig) -> None:
         """The state a freshly built model of `cfg.seed` starts from: its weights (drawn as a
@@ -105,7 +104,6 @@ class TrainingStep:
         del fresh
         for v, start in zip(self.model.optimizer.variables, self._opt_start, strict=True):
             v.assign(np.zeros(v.shape, v.dtype) if start is None else start)
-        self.trials += 1
 
 
 def shape_of(cfg: TrialConfig, steps_per_epoch: int) -> tuple:

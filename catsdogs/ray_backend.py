@@ -131,7 +131,8 @@ class TrialActor:
 
 
 def _run_in_worker(task: dict) -> dict:
-    """What an actor runs for a trial (passed to it, so a test can swap it); always a record."""
+    """What an actor runs for a trial; always a record. Passed to the actor with each trial,
+    looked up on this module at the call, so a test can replace it."""
     from catsdogs import engine
 
     record = engine.run_task(task)
@@ -158,7 +159,7 @@ class RaySlot:
         from catsdogs import backends
 
         backend = backends.current()
-        env = {**backend.process_env(), **self.env}
+        env = {**backend.process_env(), **self.env, **backend.strategy_env(cfg.strategy)}
         if self.plan["use_gpus"]:
             gpus = max(self.plan["node_gpus"]) if cfg.strategy == "mirrored" else 1
             options = {"num_gpus": gpus, "num_cpus": self.plan["cpus"]}
@@ -172,14 +173,15 @@ class RaySlot:
         from catsdogs.sweep import needs_fresh_worker
 
         task = {"kind": "trial", "config": asdict(cfg), "data_dir": str(Path(data_dir).resolve())}
+        fresh = self.isolate or needs_fresh_worker(cfg)  # an actor started for it, ended with it
         record: dict = {}
         for attempt in range(1 + self.max_retries):
-            if self.actor is not None and (self.isolate or needs_fresh_worker(cfg)):
+            if self.actor is not None and fresh:
                 self.close()
             if self.actor is None:
                 self.actor = self._new_actor(cfg)
             try:
-                out = self.ray.get(self.actor.run.remote(_current_trial_function(), task))
+                out = self.ray.get(self.actor.run.remote(_run_in_worker, task))
             except Exception as exc:  # noqa: BLE001 - every way an actor call can end becomes a record
                 record = outcome_of_error(exc, self.ray)
                 self.close()
@@ -187,7 +189,7 @@ class RaySlot:
                     continue  # the actor or its node was lost: again, on a fresh actor
                 return record
             record, self._shapes = out["record"], set(out["shapes"])
-            if record.get("status") != "done" or self.isolate:
+            if record.get("status") != "done" or fresh:
                 self.close()  # isolation: the next trial gets a fresh actor
             return record
         return record
@@ -202,10 +204,6 @@ class RaySlot:
         if actor is not None:
             with contextlib.suppress(Exception):  # already dead, or Ray already gone
                 self.ray.kill(actor)
-
-
-def _current_trial_function():
-    return _run_in_worker  # looked up at each call: tests replace it on this module
 
 
 def make_slots(address: str | None = None, workers: int | None = None, isolate: bool = False,

@@ -65,28 +65,33 @@ class LocalSlot:
     def __init__(self, slot: int, workers: int, workdir: Path, isolate: bool = False, env: dict | None = None):
         self.env = {**slot_env(slot, workers), **(env or {})}
         self.log_path = Path(workdir) / f"worker-{slot}.log"
-        self.worker = Worker(self.log_path, self.env)
+        self.worker = Worker(self.log_path, self.env)  # the kept one, for trials that share it
+        self.running = self.worker  # the one running the current trial (what stop() ends)
         self.isolate = isolate
 
     def shapes(self) -> set[str]:
         return self.worker.shapes if self.worker.alive else set()
 
     def run(self, cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
-        fresh = self.isolate or needs_fresh_worker(cfg)
-        if fresh:
-            self.worker.close()
-            self.worker = Worker(self.log_path, {**self.env, **backends.current().strategy_env(cfg.strategy)})
         task = {"kind": "trial", "config": asdict(cfg), "data_dir": str(Path(data_dir).resolve())}
-        record = self.worker.run(task, on_progress=on_epoch)
-        if fresh:
-            self.worker.close()
-        return record
+        if not (self.isolate or needs_fresh_worker(cfg)):
+            self.running = self.worker
+            return self.worker.run(task, on_progress=on_epoch)
+        # A process of its own, started for this trial and ended with it; the kept worker is
+        # ended too, so the trial has the machine (all GPUs, for mirrored) to itself.
+        self.worker.close()
+        self.running = Worker(self.log_path, {**self.env, **backends.current().strategy_env(cfg.strategy)})
+        try:
+            return self.running.run(task, on_progress=on_epoch)
+        finally:
+            self.running.close()
 
     def stop(self) -> None:
         """From another thread (Ctrl-C): end the trial now; run() returns it as lost."""
-        self.worker.kill()
+        self.running.kill()
 
     def close(self) -> None:
+        self.running.close()
         self.worker.close()
 
 

@@ -128,24 +128,19 @@ class Worker:
         self.shapes: set[str] = set()  # the compiled steps it keeps (engine.StepCache)
         self.device: str | None = None  # 'cpu' or 'gpu', as the worker found it
         self._stopped = False  # we ended it (Ctrl-C, a cap): its death is ours, not a crash
-        self._lock = threading.Lock()
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
-        with self._lock:
-            self._stopped = False
-            log = open(self.log_path, "a")  # noqa: SIM115 - the child holds it; closed below
-            try:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "catsdogs.worker"], stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=log, text=True, env=self.env, bufsize=1,
-                    start_new_session=True,  # Ctrl-C reaches the parent, which stops the worker
-                    preexec_fn=_die_with_parent)
-            finally:
-                log.close()
+        self._stopped = False
+        with open(self.log_path, "a") as log:  # the child has its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "catsdogs.worker"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=log, text=True, env=self.env, bufsize=1,
+                start_new_session=True,  # Ctrl-C reaches the parent, which stops the worker
+                preexec_fn=_die_with_parent)
         self.tasks, self.largest_batch, self.shapes = 0, 0, set()
         self.device = self._expect("ready").get("device")
 
@@ -265,7 +260,6 @@ class _Watcher:
     def __init__(self, worker: Worker, cap_bytes: int):
         self.worker, self.cap_bytes = worker, cap_bytes
         self.killed_at_kb: int | None = None
-        self.hwm_kb = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -283,7 +277,6 @@ class _Watcher:
             hwm = proc_status_kb("VmHWM", pid)
             if hwm is None:
                 return
-            self.hwm_kb = max(self.hwm_kb, hwm)
             if hwm * 1024 > self.cap_bytes:
                 self.killed_at_kb = hwm
                 self.worker.kill()
@@ -343,7 +336,7 @@ class Prober:
             worker.start_or_record()
         cap = self.memory_cap_bytes or (self.cpu_cap_bytes if worker.device == "cpu" else None)
         record = worker.run(task, memory_cap_bytes=cap)
-        cap_mb = cap / 2**20 if cap and (self.memory_cap_bytes or worker.device == "cpu") else None
+        cap_mb = cap / 2**20 if cap else None
         peak = record.get("peak_memory_mb")
         if (cap_mb and record.get("memory_kind") == "cpu-rss" and peak and peak > cap_mb
                 and record.get("status") == "done"):  # over the cap between two looks

@@ -81,16 +81,24 @@ def test_mirrored_strategy_splits_the_global_batch_over_two_cpu_replicas(data_di
     from catsdogs.sweep import LocalSlot
 
     # given no GPU, two logical CPU devices stand in for two GPUs (a worker of its own:
-    # TensorFlow fixes its devices when it starts)
+    # TensorFlow fixes its devices when it starts; CATSDOGS_LOGICAL_CPUS defaults to 2)
     cfg = TrialConfig("adam", 16, "standard", 0, epochs=1, image_size=SIZE, strategy="mirrored")
-    slot = LocalSlot(0, 1, tmp_path, env={"CATSDOGS_LOGICAL_CPUS": "2"})
+    slot = LocalSlot(0, 1, tmp_path)
     try:
         r = slot.run(cfg, data_dir)
+        mirrored_worker = slot.running
+        # when a plain trial follows it in the same slot
+        plain = slot.run(TrialConfig("adam", 16, "standard", 0, epochs=1, image_size=SIZE), data_dir)
+        plain_worker = slot.running
     finally:
         slot.close()
     # then one trial trains on both replicas, the batch of 16 being the global batch
     assert r["status"] == "done", r.get("error")
     assert r["replicas"] == 2 and r["steps"] == 64 // 16
+    assert mirrored_worker.env["CATSDOGS_LOGICAL_CPUS"] == "2"
+    # and the plain trial ran in the slot's own worker, started without the logical devices
+    assert plain["status"] == "done" and plain["replicas"] == 1
+    assert plain_worker is slot.worker and "CATSDOGS_LOGICAL_CPUS" not in plain_worker.env
 
 
 def test_the_fused_adam_update_equals_keras_adam():
