@@ -196,9 +196,14 @@ def weights_digest(model) -> str:
 
 def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
     """Train and test one configuration; return its record (status 'done')."""
+    import keras
+
     cfg.check()
     started = time.time()
     backend = backends.current()
+    if cfg.backend != backend.NAME:
+        raise CatsdogsError(f"this trial was planned for KERAS_BACKEND={cfg.backend}, and this worker "
+                            f"runs {backend.NAME}: run the sweep with KERAS_BACKEND={cfg.backend}")
     backend.start()
     manifest, splits = DATA.load(Path(data_dir), cfg.dataset, expect=cfg.data)
     if manifest["params"]["size"] != cfg.image_size:
@@ -218,13 +223,15 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
     val_ds = backend.eval_batches(val, cfg.batch_size) if len(val) else None
     timer = _epoch_timer(epochs, on_epoch)
     fit_started = time.time()
-    hist = model.fit(train_ds, validation_data=val_ds, epochs=epochs, steps_per_epoch=per_epoch,
-                     callbacks=[timer], shuffle=False, verbose=0)  # the dataset shuffles
-    fit_seconds = time.time() - fit_started
-    test_loss, test_acc = model.evaluate(backend.eval_batches(test, cfg.batch_size), verbose=0)
+    with step.strategy.scope():  # JAX's trainer reads its distribution when fit runs
+        hist = model.fit(train_ds, validation_data=val_ds, epochs=epochs, steps_per_epoch=per_epoch,
+                         callbacks=[timer], shuffle=False, verbose=0)  # the dataset shuffles
+        fit_seconds = time.time() - fit_started
+        test_loss, test_acc = model.evaluate(backend.eval_batches(test, cfg.batch_size), verbose=0)
 
     batches = per_epoch * len(hist.history["loss"])  # what fit ran: full batches only
-    updates = int(model.optimizer.iterations.numpy())  # Keras counts updates, not accumulated batches
+    # Keras counts updates, not accumulated batches
+    updates = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
     history = []
     for i in range(len(hist.history["loss"])):
         row = {k: float(v[i]) for k, v in hist.history.items()}
@@ -302,15 +309,16 @@ def run_probe(spec: dict) -> dict:
         size = manifest["params"]["size"]
         cfg = TrialConfig(spec["optimizer"], int(spec["batch_size"]), spec["dataset"], spec.get("seed", 0),
                           epochs=1, image_size=size, data=manifest["fingerprint"][spec["dataset"]],
-                          precision=spec["precision"])
+                          precision=spec["precision"], backend=backend.NAME)
         cfg.check()
         n = spec["warmup"] + spec["steps"]
-        record.update(image_size=size, device=backend.device_description(),
+        record.update(image_size=size, device=backend.device_description(), backend=backend.NAME,
                       baseline_rss_mb=_rss_mb())  # before the model: runtime + data
         step, _ = STEPS.get(cfg, n, backend, keep_others=False)
         batches = backend.train_batches(splits["train"], cfg.batch_size, cfg.seed, n, cross_epochs=True)
         timer = _step_timer(spec["warmup"], sampler.start if sampler else None)
-        step.model.fit(batches, epochs=1, steps_per_epoch=n, callbacks=[timer], shuffle=False, verbose=0)
+        with step.strategy.scope():
+            step.model.fit(batches, epochs=1, steps_per_epoch=n, callbacks=[timer], shuffle=False, verbose=0)
         nvml = sampler.stop() if sampler else {}
         times = timer.times
         median, mean = statistics.median(times), statistics.fmean(times)
@@ -426,12 +434,36 @@ def run_peak(spec: dict) -> dict:
     return {"status": "done", "device": backend.device_description(), "precision": spec["precision"], **result}
 
 
+def run_memory_plan(spec: dict) -> dict:
+    """The largest batch size under `cap_bytes` by the compiler's memory plan (backends whose
+    compiler states one: JAX), its baseline from a measured probe (`calibration_peak_bytes` at
+    `calibration_batch`). Compiles the probe's step at a few batch sizes; runs nothing."""
+    from catsdogs.model import predict_max_batch_size_planned
+
+    backend = backends.current()
+    backend.start()
+    if backend.compiled_step_bytes is None:
+        raise CatsdogsError(f"{backend.NAME} states no memory plan: use catsdogs.model's analytic model")
+    manifest = require_prepared(Path(spec["data_dir"]))
+    size = manifest["params"]["size"]
+    cfg = TrialConfig(spec["optimizer"], int(spec["calibration_batch"]), spec["dataset"], 0, epochs=1,
+                      image_size=size, data=manifest["fingerprint"][spec["dataset"]],
+                      precision=spec["precision"], backend=backend.NAME)
+    step, _ = STEPS.get(cfg, 1, backend, keep_others=False)
+    with step.strategy.scope():
+        prediction = predict_max_batch_size_planned(
+            lambda b: backend.compiled_step_bytes(step.model, b, size), spec["cap_bytes"],
+            cfg.batch_size, spec["calibration_peak_bytes"])
+    return {"status": "done", **prediction}
+
+
 # --- what a worker calls -------------------------------------------------------------------------
 
 TASKS = {"trial": lambda task, emit: run_trial(TrialConfig.from_dict(task["config"]), Path(task["data_dir"]),
                                                on_epoch=lambda row: emit("progress", row)),
          "probe": lambda task, emit: run_probe(task),
-         "peak": lambda task, emit: run_peak(task)}
+         "peak": lambda task, emit: run_peak(task),
+         "memory": lambda task, emit: run_memory_plan(task)}
 
 
 def _failure(exc: BaseException, backend=None) -> dict:
@@ -445,7 +477,7 @@ def _failure(exc: BaseException, backend=None) -> dict:
 
 
 def run_task(task: dict, emit=lambda kind, payload: None) -> dict:
-    """Run one task ({'kind': 'trial' | 'probe' | 'peak', ...}); always return a record with a
+    """Run one task ({'kind': 'trial' | 'probe' | 'peak' | 'memory', ...}); always return a record with a
     status: a task's exception is its outcome (failed, or oom), never the worker's end."""
     try:
         return TASKS[task["kind"]](task, emit)

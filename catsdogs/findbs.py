@@ -24,8 +24,11 @@ The memory cap: on a GPU its memory (or `--memory-limit` as a logical device); o
 watches VmHWM and kills a probe that goes over), and without it 90% of the memory available
 when the search starts. "Fits" means the probe's peak memory stayed under the cap.
 
-Beside the measured answer: the analytic model's (catsdogs.model.predict_max_batch_size),
-its baseline calibrated by a probe at batch size 1, and how far apart they are.
+Beside the measured answer: the backend's memory model's, its baseline calibrated by a probe at
+batch size 1, and how far apart they are. On TensorFlow the analytic model of each tensor's
+lifetime (catsdogs.model.predict_max_batch_size); on JAX, whose compiler fuses ops and assigns
+buffers itself, XLA's own plan of the step (model.predict_max_batch_size_planned), compiled at a
+few batch sizes in a worker of its own.
 
 The margin: `margin` (e.g. 0.1) takes that fraction off the largest size that fits, then
 rounds down to a multiple of 8 (GPU kernels and tensor cores like multiples of 8), or to a
@@ -44,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from catsdogs import config
+from catsdogs import backends, config
 from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
 
@@ -63,7 +66,7 @@ HOST_CAP_FRACTION = 0.9
 
 PROBE_COLUMNS = ["order", "phase", "batch_size", "status", "peak_memory_mb", "memory_cap_mb",
                  "predicted_peak_mb", "images_per_second", "step_time_median_s", "baseline_rss_mb",
-                 "allocator_peak_mb", "memory_kind", "device", "error"]
+                 "allocator_peak_mb", "memory_kind", "device", "backend", "error"]
 
 
 # --- pure parts ----------------------------------------------------------------------------------
@@ -223,7 +226,7 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     from catsdogs.manifest import require_prepared
     from catsdogs.model import CPU_PIPELINE_BATCHES, predict_max_batch_size
     from catsdogs.provenance import versions
-    from catsdogs.worker import Prober
+    from catsdogs.worker import Prober, run_isolated
 
     prof.check_settings([start], optimizer, dataset, precision, steps, warmup)
     if mode not in MODES:
@@ -265,7 +268,7 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
         p = {"order": len(probes) + 1, "phase": phase, "batch_size": bs, "status": record["status"],
              **{k: record.get(k) for k in ("peak_memory_mb", "memory_cap_mb", "images_per_second",
                                            "step_time_median_s", "baseline_rss_mb", "allocator_peak_mb",
-                                           "memory_kind", "device", "device_memory_limit_mb", "log")},
+                                           "memory_kind", "device", "backend", "device_memory_limit_mb", "log")},
              "error": record.get("error")}
         probes.append(p)
         log(_probe_line(p))
@@ -280,13 +283,29 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     finally:
         prober.close()
     summary["settings"] = settings
-    # The analytic model, calibrated on the batch-1 probe.
+    # The backend's memory model, calibrated on the batch-1 probe: XLA's plan where the backend's
+    # compiler states one (JAX), else the analytic model of TensorFlow's tensors.
     summary["prediction"] = None
     cap_mb = calib.get("memory_cap_mb") or calib.get("device_memory_limit_mb")
     if calib["status"] == FITS and calib.get("peak_memory_mb") and cap_mb:
-        host = CPU_PIPELINE_BATCHES if calib.get("memory_kind") == "cpu-rss" else 0
-        pred = predict_max_batch_size(cap_mb * 2**20, CALIBRATION_BATCH, calib["peak_memory_mb"] * 2**20,
-                                      size, optimizer, precision, host_batches=host)
+        if backends.current().compiled_step_bytes is not None:
+            pred = run_isolated({"kind": "memory", "data_dir": str(data_dir), "optimizer": optimizer,
+                                 "dataset": dataset, "precision": precision, "cap_bytes": cap_mb * 2**20,
+                                 "calibration_batch": CALIBRATION_BATCH,
+                                 "calibration_peak_bytes": calib["peak_memory_mb"] * 2**20},
+                                work / "memory-plan.log")
+            if pred.get("status") != "done":
+                log(f"XLA's memory plan failed: {str(pred.get('error')).splitlines()[0]}")
+                pred = None
+            else:
+                (work / "memory-plan.log").unlink(missing_ok=True)
+                pred["planned_bytes"] = {int(b): v for b, v in pred["planned_bytes"].items()}
+        else:
+            host = CPU_PIPELINE_BATCHES if calib.get("memory_kind") == "cpu-rss" else 0
+            pred = {**predict_max_batch_size(cap_mb * 2**20, CALIBRATION_BATCH, calib["peak_memory_mb"] * 2**20,
+                                             size, optimizer, precision, host_batches=host),
+                    "method": "analytic"}
+    if calib["status"] == FITS and calib.get("peak_memory_mb") and cap_mb and pred:
         for p in probes:
             p["predicted_peak_mb"] = (pred["baseline_bytes"] + pred["state_bytes"]
                                       + pred["per_image_bytes"] * p["batch_size"]) / 2**20
@@ -360,11 +379,19 @@ def summary_lines(summary: dict) -> list[str]:
     pred = summary.get("prediction")
     if pred:
         apart = f" ({pred['percent_apart']:+.1f}% from the measured {largest})" if "percent_apart" in pred else ""
-        lines.append(
-            f"Analytic memory model predicts {pred['max_batch_size']}{apart}: "
-            f"{pred['per_image_bytes'] / 2**20:.2f} MiB per image, {pred['state_bytes'] / 2**20:.0f} MiB of "
-            f"weights, gradients and {s['optimizer']} slots, {pred['baseline_bytes'] / 2**20:.0f} MiB runtime "
-            f"baseline (from the batch-size-{pred['calibration_batch_size']} probe).")
+        if pred.get("method") == "xla":
+            lines.append(
+                f"XLA's memory plan predicts {pred['max_batch_size']}{apart}: "
+                f"{pred['per_image_bytes'] / 2**20:.2f} MiB per image, {pred['state_bytes'] / 2**20:.0f} MiB "
+                f"batch-independent, as compiled at batch sizes {', '.join(map(str, pred['planned_bytes']))}; "
+                f"{pred['baseline_bytes'] / 2**20:.0f} MiB runtime baseline "
+                f"(from the batch-size-{pred['calibration_batch_size']} probe).")
+        else:
+            lines.append(
+                f"Analytic memory model predicts {pred['max_batch_size']}{apart}: "
+                f"{pred['per_image_bytes'] / 2**20:.2f} MiB per image, {pred['state_bytes'] / 2**20:.0f} MiB of "
+                f"weights, gradients and {s['optimizer']} slots, {pred['baseline_bytes'] / 2**20:.0f} MiB runtime "
+                f"baseline (from the batch-size-{pred['calibration_batch_size']} probe).")
     if largest is None:
         return lines
     if summary.get("fastest"):

@@ -130,3 +130,47 @@ def predict_max_batch_size(cap_bytes: float, calibration_batch: int, calibration
     room = cap_bytes - baseline - state
     return {"max_batch_size": max(0, int(room // per_image)), "per_image_bytes": per_image,
             "state_bytes": state, "baseline_bytes": baseline, "cap_bytes": cap_bytes}
+
+
+# --- memory: a compiler's plan (Keras on JAX) -----------------------------------------------------
+# XLA fuses ops and assigns buffers itself, so on JAX the tensors live at the peak are the
+# compiler's choice, and the analytic model above does not speak for it (on a CPU at 40 px XLA's
+# step held three times the analytic per-image bytes). XLA states its plan instead: the bytes its
+# buffer assignment gives a step of a given batch size (backends.jax.compiled_step_bytes). The
+# prediction is then  baseline + plan(batch) <= cap,  the baseline calibrated as above.
+
+
+def predict_max_batch_size_planned(plan, cap_bytes: float, calibration_batch: int,
+                                   calibration_peak_bytes: float, second_batch: int = 64,
+                                   refinements: int = 3) -> dict:
+    """The largest batch size whose planned peak stays under `cap_bytes`; `plan(batch)` gives the
+    compiled step's bytes. A line through the plans at the calibration batch and `second_batch`
+    gives a first answer, then secant steps on the plan itself (up to `refinements` more
+    compilations) until the answer is within one image of the cap."""
+    planned: dict[int, int] = {}
+
+    def at(b: int) -> int:
+        if b not in planned:
+            planned[b] = int(plan(b))
+        return planned[b]
+
+    baseline = calibration_peak_bytes - at(calibration_batch)
+    room = cap_bytes - baseline  # what the step itself may take
+    a, b = calibration_batch, max(second_batch, calibration_batch + 1)
+    for _ in range(refinements + 1):
+        slope = (at(b) - at(a)) / (b - a) or 1.0
+        guess = max(1, int(b + (room - at(b)) // slope))
+        if guess in (a, b) or abs(at(guess) - room) < slope:
+            b = guess
+            break
+        a, b = b, guess
+    slope = (at(b) - at(calibration_batch)) / max(1, b - calibration_batch) or 1.0
+    best = b
+    if at(best) > room:  # over by a little: step down at the local slope
+        best = max(0, best - int(-(-(at(best) - room) // slope)))
+    if at(calibration_batch) > room:
+        best = 0
+    return {"max_batch_size": best, "per_image_bytes": slope, "method": "xla",
+            "planned_bytes": dict(sorted(planned.items())),
+            "state_bytes": at(calibration_batch) - slope * calibration_batch,
+            "baseline_bytes": baseline, "cap_bytes": cap_bytes}

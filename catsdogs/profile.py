@@ -60,7 +60,7 @@ PROFILE_COLUMNS = [
     "batch_size", "status", "step_time_median_s", "step_time_mean_s", "images_per_second",
     "flops_per_second", "peak_flops_per_second", "mfu_percent", "peak_memory_mb", "memory_kind",
     "baseline_rss_mb", "memory_above_baseline_mb", "allocator_peak_mb", "nvml_gpu_util_mean_percent",
-    "nvml_gpu_util_max_percent", "nvml_memory_used_mb", "device", "precision", "optimizer",
+    "nvml_gpu_util_max_percent", "nvml_memory_used_mb", "nvml_samples", "device", "backend", "precision", "optimizer",
     "dataset", "image_size", "steps", "warmup", "memory_cap_mb", "error",
 ]
 

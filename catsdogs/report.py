@@ -37,7 +37,7 @@ from catsdogs import config
 from catsdogs.errors import CatsdogsError
 from catsdogs.figures import save_figure
 from catsdogs.files import write_text_atomic
-from catsdogs.schema import protocol_defaults
+from catsdogs.schema import default, protocol_defaults
 from catsdogs.store import Store
 
 # What the article reports, read from its text (PROTOCOL.md, "The two figures"): each value is
@@ -64,6 +64,7 @@ ARTICLE_PROTOCOL = {
 }
 
 OPTIMIZER_NAMES = {"sgd": "SGD", "adam": "Adam"}
+BACKEND_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX"}  # where a figure mixes backends
 FIGURE_TITLES = {
     "optimizers": "Test accuracy vs batch size: SGD and Adam, standard data",
     "augmentation": "Test accuracy vs batch size: standard and augmented data, Adam",
@@ -311,17 +312,19 @@ def _article_value(trial: dict) -> float | None:
 
 
 def _context_suffixer(trials: list[dict]) -> Callable[[dict], str]:
-    """Labels gain ", 3 epochs" (or px, or data) only where the figure mixes several of them."""
-    varying = [k for k in ("epochs", "image_size") if len({field(t, k) for t in trials}) > 1]
+    """Labels gain ", 3 epochs" (or px, data, backend) only where the figure mixes several of
+    them: trials that differ in these never share a cell."""
+    varying = [k for k in ("epochs", "image_size", "backend")
+               if len({field(t, k, default(k)) for t in trials}) > 1]
     # Each data set has its own fingerprint; only two fingerprints of one data set are worth a label.
     if any(len({field(t, "data") for t in trials if field(t, "dataset") == d}) > 1
            for d in {field(t, "dataset") for t in trials}):
         varying.append("data")
     units = {"epochs": lambda v: f"{v} epochs", "image_size": lambda v: f"{v} px",
-             "data": lambda v: f"data {str(v)[:8]}"}
+             "data": lambda v: f"data {str(v)[:8]}", "backend": lambda v: BACKEND_NAMES.get(v, v)}
 
     def suffix(t: dict) -> str:
-        return "".join(", " + units[k](field(t, k)) for k in varying)
+        return "".join(", " + units[k](field(t, k, default(k))) for k in varying)
     return suffix
 
 

@@ -45,6 +45,7 @@ LR_SCALINGS = ("none", "linear", "sqrt")
 BUDGETS = ("epochs", "steps")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 STRATEGIES = ("none", "mirrored")
+BACKENDS = ("tensorflow", "jax")  # Keras's backends catsdogs runs on; chosen by KERAS_BACKEND
 
 
 def _protocol(help: str, choices: tuple | None = None, flag: str | None = None):
@@ -79,11 +80,18 @@ class TrialConfig:
     precision: str = field(default="float32", metadata=_protocol(
         "Keras mixed-precision policy.", PRECISIONS))
     strategy: str = field(default="none", metadata=_protocol(
-        "mirrored: each trial data-parallel over all visible GPUs (tf.distribute.MirroredStrategy); "
+        "mirrored: each trial data-parallel over all visible GPUs (TensorFlow: MirroredStrategy; "
+        "JAX: keras.distribution.DataParallel); "
         "the batch size is the global batch, split across replicas.", STRATEGIES))
+    # Not an option: the Keras backend the trial ran on (KERAS_BACKEND, catsdogs.backends). Part
+    # of the identity, so two backends' results never share a cell.
+    backend: str = field(default="tensorflow", metadata={"choices": BACKENDS})
 
     def key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        d = asdict(self)
+        if d["backend"] == "tensorflow":  # trials from before the field keep their keys
+            del d["backend"]
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def shape(self) -> tuple:

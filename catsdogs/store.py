@@ -41,7 +41,7 @@ RESULT_COLUMNS = {
 CSV_COLUMNS = [
     "optimizer", "batch_size", "dataset", "seed", "status", "test_accuracy", "test_loss",
     "epochs", "steps", "train_seconds", "images_per_second", "peak_memory_mb", "learning_rate",
-    *schema.PROTOCOL_FIELDS, "replicas", "image_size", "memory_kind", "wall_seconds",
+    *schema.PROTOCOL_FIELDS, "backend", "replicas", "image_size", "memory_kind", "wall_seconds",
     "weights_digest", "attempts", "key", "error",
 ]
 

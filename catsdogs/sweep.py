@@ -36,10 +36,12 @@ def plan(optimizers, batch_sizes, datasets, seeds: int, epochs: int, data_dir: P
     so a sweep stopped early still covers the whole figure."""
     manifest = require_prepared(Path(data_dir))
     size = manifest["params"]["size"]
+    backend = backends.check()  # the workers' backend: part of each trial's identity
     grid = []
     for seed, dataset, opt, bs in itertools.product(range(seeds), datasets, optimizers, batch_sizes):
         cfg = TrialConfig(optimizer=opt, batch_size=int(bs), dataset=dataset, seed=seed, epochs=epochs,
-                          image_size=size, data=manifest["fingerprint"][dataset], **protocol)
+                          image_size=size, data=manifest["fingerprint"][dataset], backend=backend,
+                          **protocol)
         cfg.check()
         grid.append(cfg)
     return list(dict.fromkeys(grid))  # the same trial asked twice runs once

@@ -7,6 +7,7 @@ serves whatever bytes a test hands it (a 404 for anything else).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import threading
 import zipfile
 from dataclasses import dataclass, field
@@ -72,6 +73,19 @@ def prepared_data(tmp_path_factory: pytest.TempPathFactory):
         return made[(size, split)]
 
     return get
+
+
+# --- the Keras backends -------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["tensorflow", "jax"])
+def keras_backend(request, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each Keras backend catsdogs runs on, as KERAS_BACKEND (which the workers inherit); a
+    backend whose framework is not installed is skipped (CI installs both)."""
+    if importlib.util.find_spec(request.param) is None:
+        pytest.skip(f"{request.param} is not installed (pip install -e '.[jax]')")
+    monkeypatch.setenv("KERAS_BACKEND", request.param)
+    return request.param
 
 
 # --- a local HTTP file server ------------------------------------------------------------------

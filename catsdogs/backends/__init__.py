@@ -10,12 +10,15 @@ TensorFlow, Keras's default. Importing this package imports no framework.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import sys
 from types import ModuleType
 
 from catsdogs.errors import CatsdogsError
+from catsdogs.schema import BACKENDS
 
-SUPPORTED = ("tensorflow",)
+SUPPORTED = BACKENDS
 DEFAULT = "tensorflow"
 
 
@@ -28,11 +31,17 @@ def check(backend: str | None = None) -> str:
     """The backend's name, or a one-line CatsdogsError naming the supported ones."""
     backend = backend or name()
     if backend not in SUPPORTED:
-        raise CatsdogsError(f"KERAS_BACKEND={backend} is not supported by catsdogs yet; "
+        raise CatsdogsError(f"KERAS_BACKEND={backend} is not supported by catsdogs; "
                             f"use {' or '.join(SUPPORTED)}")
     return backend
 
 
 def current() -> ModuleType:
-    """The backend module (catsdogs.backends.tensorflow, ...)."""
-    return importlib.import_module(f"catsdogs.backends.{check()}")
+    """The backend module (catsdogs.backends.tensorflow, ...), or a one-line CatsdogsError when
+    its framework is not installed."""
+    backend = check()
+    module = importlib.import_module(f"catsdogs.backends.{backend}")
+    if sys.modules.get(backend) is None and importlib.util.find_spec(backend) is None:
+        install = {"jax": "pip install 'catsdogs[jax]'", "tensorflow": "pip install tensorflow"}[backend]
+        raise CatsdogsError(f"KERAS_BACKEND={backend} needs {backend}, which is not installed: {install}")
+    return module

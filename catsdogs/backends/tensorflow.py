@@ -263,6 +263,11 @@ def memory_budget_bytes() -> int | None:
         return None
 
 
+# TensorFlow offers no memory plan before a step runs: catsdogs.model's analytic model (each
+# tensor's lifetime in TensorFlow's unfused graph) stands for it. See catsdogs.backends.jax.
+compiled_step_bytes = None
+
+
 # --- errors ------------------------------------------------------------------------------------
 
 OOM_MARKERS = ("ResourceExhausted", "OOM when allocating", "out of memory", "std::bad_alloc",

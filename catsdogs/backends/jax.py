@@ -1,0 +1,389 @@
+"""Keras 3 on JAX: every JAX-specific call catsdogs makes (`KERAS_BACKEND=jax`).
+
+The same functions as catsdogs.backends.tensorflow, so the engine cannot tell them apart. Where
+JAX differs, the choice is made here:
+
+- Nothing imports TensorFlow. `start` makes `import tensorflow` fail as if it were not
+  installed (`_NoTensorFlow`), so Keras's own optional uses of it (seeding
+  tf.random in `set_random_seed`, tf.data adapters) stay off even where TensorFlow is installed,
+  and a JAX process behaves as on the GPU machine, which has none.
+- The input pipeline: the decoded uint8 images are copied to the device once per data set and
+  each batch is gathered there by one jitted op, so only indices cross from the host. JAX
+  dispatches asynchronously, so the next batch's gather is queued while a step runs: the
+  prefetch is free. A data set larger than its share of device memory stays on the host and
+  each batch is gathered there (Keras's JAX trainer copies it one batch ahead).
+- Determinism: XLA's `--xla_gpu_deterministic_ops` (on the CPU XLA's kernels are deterministic
+  already), set in the worker's environment before JAX starts.
+- Memory: XLA's allocator peak (`memory_stats()["peak_bytes_in_use"]`) on a GPU. JAX cannot reset
+  it, so it is the worker's peak since it started (`memory_kind` "gpu-worker"): exact for a
+  probe, whose worker only ever grows its batch, an upper bound for a trial. On the CPU, the
+  resident set's high-water mark, as with TensorFlow. Preallocation is off, so XLA takes device
+  memory as it needs it and NVML's "memory used" means something.
+- Data parallelism: `--strategy mirrored` becomes `keras.distribution.DataParallel` over every
+  visible device; on a CPU, over `CATSDOGS_LOGICAL_CPUS` host devices XLA is told to make.
+- Adam: Keras's own. XLA compiles the whole update into a few fused loops, which is what the
+  fused TensorFlow kernel buys on that backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import resource
+import sys
+import time
+import weakref
+
+NAME = "jax"
+LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many host devices
+DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
+HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+DEVICE_DATA_SHARE = 0.25  # a data set stays on the device when it takes at most this share of it
+
+
+def _xla_flags(*extra: str) -> str:
+    """XLA_FLAGS as the user set them, plus ours (a flag the user set is left as they set it)."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    names = {f.split("=")[0] for f in flags}
+    return " ".join([*flags, *(f for f in extra if f.split("=")[0] not in names)])
+
+
+def process_env(threads: int | None = None) -> dict[str, str]:
+    """Environment for a worker process, read by JAX when it starts. (Threads: XLA's CPU thread
+    pool follows the worker's CPU affinity, which catsdogs.worker sets.)"""
+    return {"XLA_FLAGS": _xla_flags(DETERMINISTIC_FLAG), "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+            "TF_CPP_MIN_LOG_LEVEL": "2"}  # XLA's C++ logging reads TensorFlow's variable
+
+
+def strategy_env(strategy: str) -> dict[str, str]:
+    """Environment for a worker started for a trial of this distribution strategy."""
+    if strategy == "mirrored":
+        n = os.environ.get(LOGICAL_CPUS_ENV, "2")  # host devices; a GPU machine uses its GPUs
+        return {LOGICAL_CPUS_ENV: n, "XLA_FLAGS": _xla_flags(DETERMINISTIC_FLAG, f"{HOST_DEVICES_FLAG}={n}")}
+    return {}
+
+
+class _NoTensorFlow:
+    """A meta-path finder under which `import tensorflow` raises ModuleNotFoundError, as where
+    it is not installed. (Not `sys.modules["tensorflow"] = None`: Keras takes a name present in
+    sys.modules for an imported TensorFlow.)"""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            raise ModuleNotFoundError(f"No module named {name!r} (catsdogs runs on JAX)", name=name)
+        return None
+
+
+def _block_tensorflow() -> None:
+    if "tensorflow" not in sys.modules and not any(isinstance(f, _NoTensorFlow) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoTensorFlow())
+
+
+def _gpu_total_bytes() -> int | None:
+    """The first visible GPU's memory, from NVML, without starting JAX (None: no NVML or GPU)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        handle = (pynvml.nvmlDeviceGetHandleByUUID(visible) if visible.startswith(("GPU-", "MIG-"))
+                  else pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0))
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except Exception:  # noqa: BLE001 - no driver, no device
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def setup_device(memory_cap_bytes: int | None) -> str:
+    """Before JAX starts: a GPU memory cap becomes XLA's memory fraction (of the GPU's memory, as
+    NVML reports it); 'gpu' or 'cpu'. On a CPU the parent watches the cap (catsdogs.worker)."""
+    if memory_cap_bytes and "jax" not in sys.modules:
+        total = _gpu_total_bytes()
+        if total:
+            fraction = min(1.0, memory_cap_bytes / total)
+            os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{fraction:.4f}"
+    return start()
+
+
+def start(deterministic: bool = True) -> str:
+    """Once per process, before any op: TensorFlow kept out, determinism on; 'gpu' or 'cpu'."""
+    _block_tensorflow()
+    if "jax" not in sys.modules:
+        for key, value in process_env().items():
+            if key == "XLA_FLAGS" and not deterministic:
+                continue
+            os.environ.setdefault(key, value)
+    import jax
+
+    return "gpu" if jax.default_backend() == "gpu" else "cpu"
+
+
+def device_description() -> str:
+    import jax
+
+    from catsdogs.provenance import cpu_name
+
+    devices = jax.devices()
+    if jax.default_backend() != "cpu":
+        return f"{len(devices)} x {devices[0].device_kind}"
+    return f"CPU: {cpu_name()} ({os.cpu_count()} cores)"
+
+
+def versions() -> dict:
+    import jax
+    import jaxlib
+    import keras
+
+    return {"backend": NAME, "jax": jax.__version__, "jaxlib": jaxlib.__version__, "keras": keras.__version__}
+
+
+# --- input pipelines -------------------------------------------------------------------------
+
+_ON_DEVICE: dict[int, tuple] = {}  # id(split.images) -> (images, labels) on the device
+
+
+def _device_arrays(split):
+    """The split's images and labels on the device, copied once per decoded data set (dropped
+    when the data set is); None when they would take more than their share of device memory."""
+    import jax
+
+    key = id(split.images)
+    if key not in _ON_DEVICE:
+        limit = memory_budget_bytes()
+        if jax.default_backend() != "cpu" and limit and split.images.nbytes > DEVICE_DATA_SHARE * limit:
+            return None
+        _ON_DEVICE[key] = (jax.device_put(split.images), jax.device_put(split.labels))
+        weakref.finalize(split.images, _ON_DEVICE.pop, key, None)
+    return _ON_DEVICE[key]
+
+
+@functools.cache
+def _gather():
+    """One jitted op per batch: row i of the schedule, then those images and labels."""
+    import jax
+
+    def gather(images, labels, schedule, i):
+        idx = jax.lax.dynamic_index_in_dim(schedule, i, keepdims=False)
+        return images[idx], labels[idx]
+
+    return jax.jit(gather)
+
+
+def train_batches(split, batch_size: int, seed: int, n_batches: int, cross_epochs: bool = False,
+                  prefetch: int = 2):
+    """The batches of data.batch_schedule(), in order, as a Keras PyDataset. (`prefetch` is
+    TensorFlow's: here asynchronous dispatch queues the next gather while a step runs.)"""
+    import jax
+    import keras
+
+    from catsdogs.data import batch_schedule
+
+    schedule = batch_schedule(len(split), batch_size, seed, n_batches, cross_epochs).astype("int32")
+    on_device = _device_arrays(split)
+    gather = _gather()
+
+    class Batches(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__(workers=1, use_multiprocessing=False)
+            self.schedule = jax.device_put(schedule) if on_device else schedule
+
+        def __len__(self):
+            return len(schedule)
+
+        def __getitem__(self, i):
+            if on_device:
+                return gather(*on_device, self.schedule, i)
+            return split.images[schedule[i]], split.labels[schedule[i]]
+
+    return Batches()
+
+
+def eval_batches(split, batch_size: int):
+    """Every image once, in order, the last batch partial: accuracy over the whole split."""
+    import keras
+
+    arrays = _device_arrays(split) or (split.images, split.labels)
+    n = len(split)
+
+    class Batches(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__(workers=1, use_multiprocessing=False)
+
+        def __len__(self):
+            return -(-n // batch_size)
+
+        def __getitem__(self, i):
+            a, b = i * batch_size, min(n, (i + 1) * batch_size)
+            return arrays[0][a:b], arrays[1][a:b]
+
+    return Batches()
+
+
+# --- the optimizer and the distribution strategy -----------------------------------------------
+
+
+def adam_class(fused: bool):
+    """Keras's Adam: XLA fuses its element-wise update itself (`fused` is TensorFlow's)."""
+    import keras
+
+    return keras.optimizers.Adam
+
+
+def optimizer_class(name: str, strategy: str):
+    import keras
+
+    return {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD}[name]
+
+
+class Distribution:
+    """What the engine needs of a strategy: a scope to build and train in, and the replicas."""
+
+    def __init__(self, distribution=None, replicas: int = 1):
+        self.distribution, self.num_replicas_in_sync = distribution, replicas
+
+    def scope(self):
+        return self.distribution.scope() if self.distribution else contextlib.nullcontext()
+
+
+def distribution(strategy: str) -> Distribution:
+    """'none': no distribution; 'mirrored': keras.distribution.DataParallel over every device of
+    JAX's default backend (each GPU, or the host devices XLA_FLAGS asked for)."""
+    if strategy != "mirrored":
+        return Distribution()
+    import jax
+    import keras
+
+    devices = jax.devices()
+    if len(devices) < 2 and jax.default_backend() == "cpu":
+        n = os.environ.get(LOGICAL_CPUS_ENV, "2")
+        raise RuntimeError(f"--strategy mirrored on the CPU needs {n} host devices, made before JAX "
+                           f"starts: run it in a worker started with XLA_FLAGS={HOST_DEVICES_FLAG}={n}")
+    return Distribution(keras.distribution.DataParallel(devices=devices), len(devices))
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+
+def reset_peak_memory() -> None:
+    """Start a new peak where one can be started: the resident set's high-water mark. (XLA's
+    device allocator has no reset: a GPU peak is the worker's since it started.)"""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _stats() -> dict:
+    import jax
+
+    if jax.default_backend() == "cpu":
+        return {}
+    with contextlib.suppress(Exception):
+        return jax.devices()[0].memory_stats() or {}
+    return {}
+
+
+def peak_memory() -> dict:
+    """{'peak_memory_mb', 'memory_kind', 'allocator_peak_mb'?, 'device_memory_limit_mb'?}: on a
+    GPU XLA's allocator peak since the worker started ('gpu-worker') and its limit; on the CPU
+    the peak resident set since the last reset (VmHWM)."""
+    stats = _stats()
+    if stats:
+        out = {"memory_kind": "gpu-worker"}
+        if "peak_bytes_in_use" in stats:
+            out["peak_memory_mb"] = out["allocator_peak_mb"] = stats["peak_bytes_in_use"] / 2**20
+        if "bytes_limit" in stats:
+            out["device_memory_limit_mb"] = stats["bytes_limit"] / 2**20
+        return out
+    from catsdogs.provenance import proc_status_kb
+
+    hwm = proc_status_kb("VmHWM")
+    peak = hwm / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"peak_memory_mb": peak, "memory_kind": "cpu-rss"}
+
+
+def memory_budget_bytes() -> int | None:
+    """What the memory that holds a model is: the GPU's (XLA's limit) or the host's."""
+    stats = _stats()
+    if stats:
+        return int(stats["bytes_limit"]) if "bytes_limit" in stats else None
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def compiled_step_bytes(model, batch_size: int, image_size: int) -> int:
+    """The memory XLA plans for one training step of `model` at this batch size, from its buffer
+    assignment: the step's arguments (weights, optimizer state, the batch), its outputs that do
+    not reuse a donated argument, and its temporaries. Compiled, never run (on a GPU compiling
+    autotunes, whose scratch memory is not in the plan).
+
+    The memory model of this backend: XLA fuses ops and assigns buffers itself, so which
+    tensors live at the peak is the compiler's choice, not the layers' (catsdogs.model's
+    per-tensor accounting is TensorFlow's). Uses two Keras internals, the ones `fit` uses to
+    build the model's metrics and to gather its state."""
+    import jax
+    import jax.numpy as jnp
+
+    batch = (jax.ShapeDtypeStruct((batch_size, image_size, image_size, 3), jnp.uint8),
+             jax.ShapeDtypeStruct((batch_size,), jnp.float32))
+    model._symbolic_build(data_batch=batch)
+    state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,
+                                 optimizer_variables=True, metrics_variables=True)
+    plan = jax.jit(model.train_step, donate_argnums=0).lower(state, batch).compile().memory_analysis()
+    return int(plan.argument_size_in_bytes + plan.output_size_in_bytes - plan.alias_size_in_bytes
+               + plan.temp_size_in_bytes)
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+# XLA's out-of-memory texts. On the H100 a batch far too large did not fail to allocate but in
+# XLA's GEMM/convolution autotuner, whose every candidate failed for want of scratch memory:
+# "NOT_FOUND: Failed to get configs for: ... All configs failed during profiling or were
+# excluded" (../shared/GPU.md); the same process then trained a normal trial.
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "Failed to get configs",
+               "All configs failed during profiling", "std::bad_alloc", "MemoryError",
+               "Cannot allocate memory")
+
+
+def classify_error(exc: BaseException) -> str:
+    """'oom' for running out of memory (device or host), else 'failed'."""
+    if isinstance(exc, MemoryError):
+        return "oom"
+    return "oom" if any(m in str(exc) for m in OOM_MARKERS) else "failed"
+
+
+# --- the device's matmul peak -------------------------------------------------------------------
+
+
+def matmul_peak(dtype: str, n: int | None = None, seconds: float = 1.0, repeats: int = 3) -> dict:
+    """FLOP/s of a loop of n x n matrix products in `dtype`: the best of `repeats` timings of as
+    many products as fill about `seconds`, each product dispatched (asynchronously) by one jitted
+    call and the last one waited for."""
+    import jax
+    import jax.numpy as jnp
+
+    gpu = jax.default_backend() != "cpu"
+    n = n or (8192 if gpu else 2048)
+    a = jax.random.normal(jax.random.key(1), (n, n), "float32").astype(dtype)
+    b = jax.random.normal(jax.random.key(2), (n, n), "float32").astype(dtype)
+    matmul = jax.jit(jnp.matmul)
+
+    def run(k: int) -> float:
+        t0 = time.perf_counter()
+        c = None
+        for _ in range(k):
+            c = matmul(a, b)
+        c.block_until_ready()
+        return time.perf_counter() - t0
+
+    run(2)  # warm up: compiled, autotuned, memory allocated
+    one = max(run(1), 1e-6)
+    k = max(1, min(10_000, int(seconds / one)))
+    best = min(run(k) for _ in range(repeats))
+    return {"peak_flops_per_second": 2.0 * n**3 * k / best, "matmul_size": n, "matmul_dtype": dtype,
+            "matmuls": k}
