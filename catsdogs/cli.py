@@ -72,6 +72,17 @@ class VariadicCommand(click.Command):
         return super().parse_args(ctx, out)
 
 
+class TrainingCommand(VariadicCommand):
+    """A command that trains: its Keras backend (KERAS_BACKEND) must be one catsdogs runs on and
+    be installed, checked once its options parse (so --help always works), before any work."""
+
+    def invoke(self, ctx):
+        from catsdogs import backends
+
+        backends.current()  # a CatsdogsError: one line, exit 1
+        return super().invoke(ctx)
+
+
 def _is_value(arg: str) -> bool:
     return not arg.startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", arg) is not None
 
@@ -108,7 +119,10 @@ def cli():
 
     Reproduces the cats-vs-dogs case study of "How to maximize GPU utilization by finding the
     right batch size" with TensorFlow and Keras 3. Start with `catsdogs prepare`
-    (`--source synthetic` works offline)."""
+    (`--source synthetic` works offline).
+
+    Trains on Keras's TensorFlow backend, or on JAX with KERAS_BACKEND=jax (Keras's own
+    switch); every result records its backend, and two backends' results never share a cell."""
 
 
 @cli.command()
@@ -294,10 +308,10 @@ def grid_for(v: dict):
         raise click.UsageError(str(e)) from None
 
 
-@cli.command(cls=VariadicCommand)
+@cli.command(cls=TrainingCommand)
 @sweep_options
 @click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="local: child processes on this machine; ray: Ray tasks (one GPU, or CPU cores, "
+              help="Where trials run (Keras's backend is KERAS_BACKEND's): local: child processes on this machine; ray: Ray tasks (one GPU, or CPU cores, "
                    "each) on the cluster at --ray-address, else a local Ray (the catsdogs[ray] extra). "
                    "With ray, --workers defaults to what the cluster runs at once.")
 @click.option("--ray-address", default=None,
@@ -394,17 +408,22 @@ def measurement_options(f):
     return f
 
 
-@cli.command(cls=VariadicCommand)
+@cli.command(cls=TrainingCommand)
 @click.option("--batch-size", type=int, multiple=True, default=(4, 8, 16, 32, 64, 128, 256, 512, 1024),
               show_default=True, help="Batch sizes: `--batch-size 4 8 16 32`.")
 @click.option("--steps", type=int, default=20, show_default=True,
               help="Timed training steps per batch size, after the warm-up.")
 @click.option("--warmup", type=int, default=2, show_default=True,
               help="Untimed warm-up steps (the first one traces and compiles).")
+@click.option("--min-seconds", type=click.FloatRange(min=0), default=None,
+              help="Time each batch size for at least this long, repeating its batches past --steps as "
+                   "needed: NVML's utilization averages over up to a second, so a shorter probe reads a "
+                   "number that means little [default: 2 on a GPU, 0 on the CPU].")
 @click.option("--name", default="profile", show_default=True, callback=_run_name,
               help="Name of the run: OUT/NAME/profile.csv and OUT/NAME/figures/.")
 @measurement_options
-def profile(batch_size, steps, warmup, name, opt, dataset, precision, memory_limit, data_dir, out, isolate):
+def profile(batch_size, steps, warmup, min_seconds, name, opt, dataset, precision, memory_limit, data_dir, out,
+            isolate):
     """Throughput, memory and utilization of the article's model at each batch size.
 
     Each batch size is a probe of the sweep's own training step: warm-up, then --steps timed
@@ -421,11 +440,11 @@ def profile(batch_size, steps, warmup, name, opt, dataset, precision, memory_lim
         raise click.UsageError(str(e)) from None
     rows = prof.profile(name, batch_size, _require_data(data_dir), out, optimizer=opt, dataset=dataset,
                         precision=precision, steps=steps, warmup=warmup, memory_cap_bytes=memory_limit,
-                        isolate=isolate, log=click.echo)
+                        min_seconds=min_seconds, isolate=isolate, log=click.echo)
     return 1 if any(r["status"] == "failed" for r in rows) else 0
 
 
-@cli.command("find-batch-size")
+@cli.command("find-batch-size", cls=TrainingCommand)
 @click.option("--mode", type=click.Choice(["power", "binsearch"]), default="binsearch", show_default=True,
               help="power: double from --start until a probe runs out of memory; binsearch: then bisect "
                    "between the last size that fit and the first that did not.")
@@ -491,7 +510,7 @@ def report(name, out, title_note):
 # --- reproduce ------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(cls=TrainingCommand)
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The plan: a TOML file with [prepare] and [grids.NAME] sections "
                    "[default: configs/article.toml, the article's full protocol; "

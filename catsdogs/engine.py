@@ -316,14 +316,18 @@ def run_probe(spec: dict) -> dict:
                       baseline_rss_mb=_rss_mb())  # before the model: runtime + data
         step, _ = STEPS.get(cfg, n, backend, keep_others=False)
         batches = backend.train_batches(splits["train"], cfg.batch_size, cfg.seed, n, cross_epochs=True)
-        timer = _step_timer(spec["warmup"], sampler.start if sampler else None)
-        with step.strategy.scope():
-            step.model.fit(batches, epochs=1, steps_per_epoch=n, callbacks=[timer], shuffle=False, verbose=0)
+        min_seconds = spec.get("min_seconds")
+        min_seconds = float(GPU_MIN_PROBE_SECONDS if kind == "gpu" else 0) if min_seconds is None else float(min_seconds)
+        timer = _step_timer(spec["warmup"], sampler.start if sampler else None, spec["steps"], min_seconds)
+        with step.strategy.scope():  # the same batches again until the timed steps last min_seconds
+            step.model.fit(batches, epochs=MAX_PROBE_EPOCHS if min_seconds else 1, steps_per_epoch=n,
+                           callbacks=[timer], shuffle=False, verbose=0)
         nvml = sampler.stop() if sampler else {}
         times = timer.times
         median, mean = statistics.median(times), statistics.fmean(times)
         record.update({"status": "done", "step_time_median_s": median, "step_time_mean_s": mean,
-                       "step_times_s": times, "images_per_second": cfg.batch_size / median,
+                       "step_times_s": times, "timed_steps": len(times), "timed_seconds": sum(times),
+                       "images_per_second": cfg.batch_size / median,
                        "flops_per_second": train_flops_per_image(size) * cfg.batch_size / median, **nvml})
     except Exception as exc:  # noqa: BLE001 - out of memory and failures are recorded outcomes
         if sampler:
@@ -334,9 +338,18 @@ def run_probe(spec: dict) -> dict:
     return record
 
 
-def _step_timer(warmup: int, on_timed_start=None):
+# NVML's utilization is the share of the last sample period (up to a second) in which a kernel
+# ran: a probe of a few milliseconds reads a number that means little. On a GPU each probe's timed
+# steps last at least this long (the probe's batches repeat as often as that needs).
+GPU_MIN_PROBE_SECONDS = 2.0
+MAX_PROBE_EPOCHS = 100_000  # a bound only: the step timer stops the probe
+
+
+def _step_timer(warmup: int, on_timed_start=None, steps: int = 0, min_seconds: float = 0.0):
     """A callback timing each training step after `warmup` untimed ones; the loss is read back
-    at each step's end, which waits for the device to finish the step."""
+    at each step's end, which waits for the device to finish the step. With `min_seconds`, it
+    stops training at the end of the first pass over the batches (an epoch) after which at
+    least `steps` steps were timed and they lasted `min_seconds`."""
     import keras
 
     class StepTimer(keras.callbacks.Callback):
@@ -344,6 +357,10 @@ def _step_timer(warmup: int, on_timed_start=None):
             super().__init__()
             self.times: list[float] = []
             self.step = 0
+
+        def on_epoch_end(self, epoch, logs=None):
+            if len(self.times) >= steps and sum(self.times) >= min_seconds:
+                self.model.stop_training = True
 
         def on_train_batch_begin(self, batch, logs=None):
             if self.step == warmup and on_timed_start:

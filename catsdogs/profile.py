@@ -60,7 +60,7 @@ PROFILE_COLUMNS = [
     "batch_size", "status", "step_time_median_s", "step_time_mean_s", "images_per_second",
     "flops_per_second", "peak_flops_per_second", "mfu_percent", "peak_memory_mb", "memory_kind",
     "baseline_rss_mb", "memory_above_baseline_mb", "allocator_peak_mb", "nvml_gpu_util_mean_percent",
-    "nvml_gpu_util_max_percent", "nvml_memory_used_mb", "nvml_samples", "device", "backend", "precision", "optimizer",
+    "nvml_gpu_util_max_percent", "nvml_memory_used_mb", "nvml_samples", "timed_steps", "timed_seconds", "device", "backend", "precision", "optimizer",
     "dataset", "image_size", "steps", "warmup", "memory_cap_mb", "error",
 ]
 
@@ -102,11 +102,12 @@ def format_bytes(n: float) -> str:
 
 def probe_spec(batch_size: int, data_dir: Path, *, optimizer: str = "adam", dataset: str = "standard",
                precision: str = "float32", steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
-               seed: int = 0) -> dict:
-    """The task of one probe, as catsdogs.engine.run_probe takes it."""
+               seed: int = 0, min_seconds: float | None = None) -> dict:
+    """The task of one probe, as catsdogs.engine.run_probe takes it (`min_seconds` None: the
+    engine's default for the device)."""
     return {"kind": "probe", "batch_size": int(batch_size), "data_dir": str(Path(data_dir).resolve()),
             "optimizer": optimizer, "dataset": dataset, "precision": precision, "steps": int(steps),
-            "warmup": int(warmup), "seed": seed}
+            "warmup": int(warmup), "seed": seed, "min_seconds": min_seconds}
 
 
 def check_settings(batch_sizes: Sequence[int], optimizer: str, dataset: str, precision: str,
@@ -198,7 +199,8 @@ def progress_line(row: dict) -> str:
         mem += f", {row['baseline_rss_mb']:.0f} MiB before the model"
     mem += ")"
     mfu = f", MFU {row['mfu_percent']:.1f}%" if row.get("mfu_percent") is not None else ""
-    nvml = (f", NVML util {row['nvml_gpu_util_mean_percent']:.0f}%"
+    nvml = (f", NVML util {row['nvml_gpu_util_mean_percent']:.0f}% (mean of {row.get('nvml_samples')} samples "
+            f"over {row.get('timed_seconds') or 0:.1f} s)"
             if row.get("nvml_gpu_util_mean_percent") is not None else "")
     return (f"{bs}: {row['step_time_median_s'] * 1000:.1f} ms/step (median), "
             f"{row['images_per_second']:.1f} images/s, {row['flops_per_second'] / 1e9:.2f} GFLOP/s{mfu}{nvml}, {mem}")
@@ -207,7 +209,8 @@ def progress_line(row: dict) -> str:
 def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = Path(config.DEFAULT_OUT), *,
             optimizer: str = "adam", dataset: str = "standard", precision: str = "float32",
             steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP, memory_cap_bytes: int | None = None,
-            measure_peak: bool = True, isolate: bool = False, log: Callable[[str], None] = print) -> list[dict]:
+            min_seconds: float | None = None, measure_peak: bool = True, isolate: bool = False,
+            log: Callable[[str], None] = print) -> list[dict]:
     """Profile each batch size (in workers: catsdogs.worker.Prober); write OUT/NAME/profile.csv|json
     and figures. `isolate`: a fresh worker process for each probe.
 
@@ -225,7 +228,7 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
     settings = {"name": name, "batch_sizes": [int(b) for b in batch_sizes], "optimizer": optimizer,
                 "dataset": dataset, "precision": precision, "steps": steps, "warmup": warmup,
                 "image_size": manifest["params"]["size"], "data_dir": str(Path(data_dir).resolve()),
-                "memory_cap_bytes": memory_cap_bytes}
+                "memory_cap_bytes": memory_cap_bytes, "min_seconds": min_seconds}
     log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {optimizer}, {dataset} data "
         f"({settings['image_size']} px), {precision}; {warmup} warm-up + {steps} timed steps each")
     prober = Prober(work, memory_cap_bytes, isolate=isolate)
@@ -259,7 +262,8 @@ def _probe_all(prober, batch_sizes, data_dir, settings: dict, csv_path: Path, me
     rows = []
     for bs in batch_sizes:
         spec = probe_spec(bs, data_dir, optimizer=settings["optimizer"], dataset=settings["dataset"],
-                          precision=settings["precision"], steps=settings["steps"], warmup=settings["warmup"])
+                          precision=settings["precision"], steps=settings["steps"], warmup=settings["warmup"],
+                          min_seconds=settings.get("min_seconds"))
         row = profile_row(prober.run(spec), peak, settings)
         rows.append(row)
         write_csv(rows, csv_path, PROFILE_COLUMNS)

@@ -344,6 +344,7 @@ class Prober:
                                               f"went over the {cap_mb:.0f} MiB cap")
             worker.close()
         record.setdefault("batch_size", task.get("batch_size"))
+        record.setdefault("backend", backends.name())  # a killed probe's record too
         record["memory_cap_mb"] = cap_mb
         if record.get("status") != "done":
             self._clean = False

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from catsdogs import backends
 from catsdogs.manifest import require_prepared
 from catsdogs.schema import TrialConfig
 from catsdogs.sweep import LocalSlot, claim_order, run_sweep
@@ -26,7 +27,8 @@ def data_dir(prepared_data) -> Path:
 
 def trial(data_dir: Path, **kw) -> TrialConfig:
     fields = {"optimizer": "adam", "batch_size": 8, "dataset": "standard", "seed": 0, "epochs": 2,
-              "image_size": SIZE, "data": require_prepared(data_dir)["fingerprint"][kw.get("dataset", "standard")]}
+              "image_size": SIZE, "data": require_prepared(data_dir)["fingerprint"][kw.get("dataset", "standard")],
+              "backend": backends.name()}
     return TrialConfig(**{**fields, **kw})
 
 
@@ -44,7 +46,7 @@ def run_in_fresh_process(cfg: TrialConfig, data_dir: Path, tmp_path: Path, env: 
         slot.close()
 
 
-def test_a_trial_is_bit_identical_alone_or_as_a_later_trial_of_a_worker(data_dir, tmp_path):
+def test_a_trial_is_bit_identical_alone_or_as_a_later_trial_of_a_worker(keras_backend, data_dir, tmp_path):
     # given one trial, and a worker that first runs other trials: two of its shape (other
     # seeds, the other data set) and one of another shape (SGD)
     target = trial(data_dir, seed=2)
@@ -111,7 +113,7 @@ class KillsItsWorker(LocalSlot):
         return super().run(cfg, data_dir, kill)
 
 
-def test_a_worker_killed_mid_trial_is_recorded_and_the_sweep_goes_on(data_dir, tmp_path):
+def test_a_worker_killed_mid_trial_is_recorded_and_the_sweep_goes_on(keras_backend, data_dir, tmp_path):
     from catsdogs.store import Store
 
     grid = [trial(data_dir, batch_size=8, epochs=3), trial(data_dir, batch_size=16)]

@@ -252,7 +252,7 @@ def data_dir(prepared_data) -> Path:
 
 
 @pytest.mark.slow
-def test_a_search_under_a_small_cap_finds_a_size_that_fits_and_one_above_that_does_not(data_dir, tmp_path):
+def test_a_search_under_a_small_cap_finds_a_size_that_fits_and_one_above_that_does_not(keras_backend, data_dir, tmp_path):
     # The runtime's own footprint differs from machine to machine: measure it, cap a little above.
     base = run_isolated(probe_spec(1, data_dir, steps=1, warmup=0), tmp_path / "w.log")
     assert base["status"] == "done", base.get("error")
@@ -291,7 +291,9 @@ def test_a_search_under_a_small_cap_finds_a_size_that_fits_and_one_above_that_do
     assert rec["learning_rate"] == pytest.approx(0.001 * rec["batch_size"] / 32)
     text = "\n".join(lines)
     assert f"Largest batch size that fits under {cap_mb:.0f} MiB: {largest}" in text
-    assert "Analytic memory model predicts" in text and "Recommendation: batch size" in text
+    model = {"tensorflow": "Analytic memory model predicts", "jax": "XLA's memory plan predicts"}
+    assert model[keras_backend] in text and "Recommendation: batch size" in text
+    assert {p["backend"] for p in probes} == {keras_backend}
     assert "heuristic" in text
 
 

@@ -44,7 +44,7 @@ def test_bad_reproduce_options_are_one_line_usage_errors(tmp_path, args, message
 
 
 @pytest.mark.slow
-def test_reproduce_runs_the_quick_plan_end_to_end_and_shares_trials(tmp_path):
+def test_reproduce_runs_the_quick_plan_end_to_end_and_shares_trials(keras_backend, tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     # when the whole quick plan runs, two trials at a time
     args = ["reproduce", "--config", str(CONFIGS / "quick.toml"), "--data-dir", str(data),
@@ -58,6 +58,7 @@ def test_reproduce_runs_the_quick_plan_end_to_end_and_shares_trials(tmp_path):
     with open(out / "quick" / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 24 and {r["status"] for r in rows} == {"done"}
+    assert {r["backend"] for r in rows} == {keras_backend}  # recorded, and part of each trial's key
     # and both of the article's figures and the tables exist, marked as synthetic
     for figure in ("optimizers", "augmentation"):
         for ext in ("png", "svg"):

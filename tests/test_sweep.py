@@ -104,6 +104,7 @@ def test_sweep_of_2_optimizers_by_2_batch_sizes_gives_4_done_rows(data_dir, tmp_
         ("adam", "8"), ("adam", "16"), ("sgd", "8"), ("sgd", "16")}
     assert list(table[0])[:12] == CSV_COLUMNS[:12]
     assert all(0 <= float(r["test_accuracy"]) <= 1 and int(r["steps"]) > 0 for r in table)
+    assert {r["backend"] for r in table} == {"tensorflow"}  # the default; on JAX: test_reproduce
     assert (tmp_path / "grid" / "sweep.json").exists()
 
     # when the same command runs again, then nothing is trained again
@@ -139,7 +140,7 @@ def test_a_failing_trial_is_recorded_and_the_others_finish(data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_sweep_killed_with_kill_9_resumes_without_repeating_finished_trials(data_dir, tmp_path):
+def test_a_sweep_killed_with_kill_9_resumes_without_repeating_finished_trials(keras_backend, data_dir, tmp_path):
     cmd = [sys.executable, "-m", "catsdogs", *sweep_args(data_dir, tmp_path, "k", "--opt", "adam", "sgd",
                                                          "--batch-size", "8", "16")]
     db = tmp_path / "results.sqlite"
@@ -255,7 +256,7 @@ def test_a_bad_config_key_is_a_usage_error(data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_cleanly_and_gives_the_trial_back(data_dir, tmp_path):
+def test_ctrl_c_stops_cleanly_and_gives_the_trial_back(keras_backend, data_dir, tmp_path):
     cmd = [sys.executable, "-m", "catsdogs", *sweep_args(data_dir, tmp_path, "c", "--opt", "adam",
                                                          "--batch-size", "8")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

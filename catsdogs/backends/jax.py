@@ -102,12 +102,20 @@ def _gpu_total_bytes() -> int | None:
 def setup_device(memory_cap_bytes: int | None) -> str:
     """Before JAX starts: a GPU memory cap becomes XLA's memory fraction (of the GPU's memory, as
     NVML reports it); 'gpu' or 'cpu'. On a CPU the parent watches the cap (catsdogs.worker)."""
+    capped = False
     if memory_cap_bytes and "jax" not in sys.modules:
         total = _gpu_total_bytes()
         if total:
             fraction = min(1.0, memory_cap_bytes / total)
             os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{fraction:.4f}"
-    return start()
+            capped = True
+    kind = start()
+    if kind == "gpu" and memory_cap_bytes and not capped:
+        from catsdogs.errors import CatsdogsError
+
+        raise CatsdogsError("--memory-limit on a GPU under JAX becomes XLA's memory fraction, which needs "
+                            "the GPU's size from NVML: pip install nvidia-ml-py (the nvml extra)")
+    return kind
 
 
 def start(deterministic: bool = True) -> str:

@@ -1,0 +1,223 @@
+"""The Keras backends: chosen by KERAS_BACKEND, part of every trial's identity, never mixed in a
+cell; JAX's own pieces (profile, data parallelism, out-of-memory texts, its memory plan); and
+catsdogs on JAX in an environment without TensorFlow, as on the GPU machine."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from catsdogs import report
+from catsdogs.backends import jax as jax_backend
+from catsdogs.backends import tensorflow as tf_backend
+from catsdogs.cli import cli
+from catsdogs.model import predict_max_batch_size_planned
+from catsdogs.schema import TrialConfig
+
+SIZE = 32
+ROOT = Path(__file__).resolve().parent.parent
+needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
+                               reason="jax is not installed (pip install -e '.[jax]')")
+
+
+@pytest.fixture(scope="module")
+def data_dir(prepared_data) -> Path:
+    """Given: a small prepared synthetic data set (32 px, 24/8/8 images per class)."""
+    return prepared_data(SIZE, (24, 8, 8))
+
+
+# --- identity and cells (no framework needed) -------------------------------------------------
+
+
+def test_a_tensorflow_trial_keeps_its_key_from_before_backends_and_a_jax_trial_gets_its_own():
+    tf = TrialConfig("adam", 32, "standard", 0, backend="tensorflow")
+    jx = TrialConfig("adam", 32, "standard", 0, backend="jax")
+    # the key a 0.3.0 store holds: the configuration without the backend field
+    old = {k: v for k, v in asdict(tf).items() if k != "backend"}
+    old_key = hashlib.sha256(json.dumps(old, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    assert tf.key() == old_key
+    assert jx.key() != tf.key() and jx.shape() != tf.shape()
+    assert "backend=jax" in jx.label() and "backend" not in tf.label()
+    with pytest.raises(ValueError, match="unknown backend 'torch'"):
+        TrialConfig("adam", 32, "standard", 0, backend="torch").check()
+
+
+def _trial(backend: str | None, seed: int, accuracy: float) -> dict:
+    config = {"optimizer": "adam", "batch_size": 32, "dataset": "standard", "seed": seed, "epochs": 5,
+              "image_size": 200}
+    if backend:
+        config["backend"] = backend
+    return {**config, "key": f"{backend}-{seed}", "status": "done", "test_accuracy": accuracy,
+            "config": config}
+
+
+def test_two_backends_results_never_share_a_cell():
+    # given the same configuration run on TensorFlow (one row from before the backend column) and JAX
+    trials = [_trial(None, 0, 0.70), _trial("tensorflow", 1, 0.72), _trial("jax", 0, 0.50),
+              _trial("jax", 1, 0.52)]
+    # when the report sorts them into figures
+    rows = report.summarize(trials)["figures"][0]["rows"]
+    # then each backend has its own cell, labelled, with its own trials only
+    by_series = {r["series"]: r for r in rows}
+    assert set(by_series) == {"Adam, TensorFlow", "Adam, JAX"}
+    assert by_series["Adam, TensorFlow"]["accuracies"] == [0.70, 0.72]
+    assert by_series["Adam, JAX"]["accuracies"] == [0.50, 0.52]
+    # and a figure of one backend only is labelled as before
+    alone = report.summarize(trials[:2])["figures"][0]["rows"]
+    assert {r["series"] for r in alone} == {"Adam"}
+
+
+def test_an_unknown_backend_is_a_one_line_error_and_help_still_works(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    for command in ("sweep", "profile", "find-batch-size", "reproduce"):
+        result = CliRunner().invoke(cli, [command, "--data-dir", str(tmp_path), "--out", str(tmp_path)])
+        assert result.exit_code == 1, result.output
+        assert result.output.strip() == "Error: KERAS_BACKEND=torch is not supported by catsdogs; use tensorflow or jax"
+        assert CliRunner().invoke(cli, [command, "--help"]).exit_code == 0
+
+
+def test_the_h100s_out_of_memory_texts_are_out_of_memory_on_jax():
+    # the texts ../shared/GPU.md records for Keras on JAX on the H100
+    autotuner = RuntimeError("NOT_FOUND: Failed to get configs for: 2 out of 26 instructions. ... All "
+                             "configs failed during profiling or were excluded")
+    allocation = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 68719476736 bytes.")
+    assert jax_backend.classify_error(autotuner) == "oom"
+    assert jax_backend.classify_error(allocation) == "oom"
+    assert jax_backend.classify_error(MemoryError()) == "oom"
+    assert jax_backend.classify_error(ValueError("batch size 64 is larger than the 48 images")) == "failed"
+
+
+def test_a_planned_prediction_finds_the_largest_batch_under_the_cap():
+    # given a compiler whose step takes 100 MB plus 3 MB per image, with a small bend, and a
+    # batch-1 probe that peaked at 500 MB (so the runtime's baseline is 397 MB)
+    compiled: list[int] = []
+
+    def plan(b: int) -> int:
+        compiled.append(b)
+        return 100_000_000 + 3_000_000 * b + (2_000_000 if b > 200 else 0)
+
+    p = predict_max_batch_size_planned(plan, cap_bytes=2_000_000_000, calibration_batch=1,
+                                       calibration_peak_bytes=500_000_000)
+    # then the answer is the largest batch whose baseline + plan fits: 397 + 102 + 3b <= 2000 MB
+    best = p["max_batch_size"]
+    assert p["baseline_bytes"] == 500_000_000 - plan(1)
+    assert p["baseline_bytes"] + plan(best) <= 2_000_000_000 < p["baseline_bytes"] + plan(best + 1)
+    assert len(set(compiled)) <= 5 and p["method"] == "xla"
+    # and a cap below the calibration probe's own plan fits nothing
+    assert predict_max_batch_size_planned(plan, 450_000_000, 1, 500_000_000)["max_batch_size"] == 0
+
+
+def test_only_jax_states_a_compiled_memory_plan():
+    assert tf_backend.compiled_step_bytes is None and callable(jax_backend.compiled_step_bytes)
+
+
+# --- JAX's own pieces ---------------------------------------------------------------------------
+
+
+@needs_jax
+@pytest.mark.slow
+def test_profile_on_jax_times_each_batch_size_and_measures_mfu(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    # when the profile runs two batch sizes on JAX, each timed for at least 0.3 s
+    result = CliRunner().invoke(cli, ["profile", "--data-dir", str(data_dir), "--out", str(tmp_path),
+                                      "--batch-size", "4", "16", "--steps", "2", "--warmup", "1",
+                                      "--min-seconds", "0.3"])
+    assert result.exit_code == 0, result.output
+    with open(tmp_path / "profile" / "profile.csv") as f:
+        rows = list(csv.DictReader(f))
+    # then both ran on JAX, timed, with throughput, MFU against JAX's matmul peak, and memory
+    assert [r["batch_size"] for r in rows] == ["4", "16"]
+    for r in rows:
+        assert r["status"] == "done" and r["backend"] == "jax", r
+        assert float(r["images_per_second"]) > 0 and 0 < float(r["mfu_percent"]) < 100
+        assert float(r["peak_memory_mb"]) > 0 and r["memory_kind"] == "cpu-rss"
+        # past --steps: the probe's batches repeated until its timed steps lasted --min-seconds
+        assert float(r["timed_seconds"]) >= 0.3 and int(r["timed_steps"]) > 2
+    assert len(list((tmp_path / "profile" / "figures").glob("*.png"))) == 3
+
+
+@needs_jax
+@pytest.mark.slow
+def test_mirrored_on_jax_is_data_parallel_over_two_host_devices(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    args = ["sweep", "--data-dir", str(data_dir), "--out", str(tmp_path), "--opt", "adam", "--batch-size", "8",
+            "--epochs", "1", "--seeds", "1"]
+    # when a trial runs with --strategy mirrored (keras.distribution.DataParallel on JAX)
+    result = CliRunner().invoke(cli, [*args, "--name", "m", "--strategy", "mirrored"])
+    assert result.exit_code == 0, result.output
+    with open(tmp_path / "m" / "results.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    # then it trained on two replicas, each half of the global batch
+    assert row["status"] == "done" and row["replicas"] == "2" and row["backend"] == "jax"
+
+
+# --- on JAX without TensorFlow, as on the GPU machine -------------------------------------------
+
+
+def _site_without_tensorflow(root: Path) -> Path:
+    """The test environment's packages but TensorFlow's (and catsdogs, which is installed
+    below), as links in one folder: what the GPU machine has, found on PYTHONPATH."""
+    site = root / "site"
+    site.mkdir()
+    skip = ("tensorflow", "tf_keras", "tensorboard", "catsdogs", "__editable__", "_tensorflow")
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.lower().startswith(skip) and not entry.name.endswith(".pth"):
+            (site / entry.name).symlink_to(entry)
+    return site
+
+
+@needs_jax
+@pytest.mark.slow
+def test_catsdogs_installs_with_no_deps_and_runs_on_jax_without_tensorflow(tmp_path):
+    # given a fresh virtual environment without TensorFlow, the other packages on PYTHONPATH,
+    # and catsdogs installed with --no-deps from a copy of its source
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = _site_without_tensorflow(tmp_path)
+    source = tmp_path / "src"
+    shutil.copytree(ROOT / "catsdogs", source / "catsdogs", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(PYTHONPATH=str(site), PYTHONNOUSERSITE="1", KERAS_BACKEND="jax")
+    install = subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                              "--no-build-isolation", str(source)], env=env, capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr
+    no_tf = subprocess.run([python, "-c", "import tensorflow"], env=env, capture_output=True, text=True)
+    assert no_tf.returncode != 0 and "No module named 'tensorflow'" in no_tf.stderr
+
+    def catsdogs(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([venv / "bin" / "catsdogs", *args], env={**env, **extra}, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600)
+
+    # when it prepares the synthetic source and runs a sweep and its report on JAX
+    data, out = tmp_path / "data", tmp_path / "out"
+    prepared = catsdogs("prepare", "--source", "synthetic", "--data-dir", str(data), "--per-class", "40",
+                        "--split", "24,8,8", "--size", "32", "--quiet")
+    assert prepared.returncode == 0, prepared.stderr
+    swept = catsdogs("sweep", "--data-dir", str(data), "--out", str(out), "--opt", "adam", "sgd",
+                     "--batch-size", "8", "--epochs", "1", "--seeds", "1")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert catsdogs("report", "--out", str(out)).returncode == 0
+    # then every trial is done on JAX, and the report exists
+    with open(out / "sweep" / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["status"], r["backend"]) for r in rows] == [("done", "jax")] * 2
+    assert (out / "sweep" / "results.md").exists()
+    # and asking for the TensorFlow backend there is one line, not a traceback
+    tf = catsdogs("sweep", "--data-dir", str(data), "--out", str(out), KERAS_BACKEND="tensorflow")
+    assert tf.returncode == 1 and tf.stderr.strip() == (
+        "Error: KERAS_BACKEND=tensorflow needs tensorflow, which is not installed: pip install tensorflow")
