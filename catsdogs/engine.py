@@ -31,7 +31,13 @@ from pathlib import Path
 from catsdogs import backends, data
 from catsdogs.errors import CatsdogsError
 from catsdogs.manifest import require_prepared
-from catsdogs.model import OPTIMIZER_SLOTS, build_model, parameter_count, train_flops_per_image
+from catsdogs.model import (
+    OPTIMIZER_SLOTS,
+    build_model,
+    loss_and_metrics,
+    parameter_count,
+    train_flops_per_image,
+)
 from catsdogs.provenance import environment, proc_status_kb
 from catsdogs.schema import TrialConfig, learning_rate, plan_steps
 
@@ -80,8 +86,8 @@ class TrainingStep:
         keras.utils.set_random_seed(cfg.seed)
         with self.strategy.scope():
             self.model = build_model(cfg.image_size)
-            self.model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, backend),
-                               loss="binary_crossentropy", metrics=["accuracy"])
+            loss, metrics = loss_and_metrics()
+            self.model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, backend), loss=loss, metrics=metrics)
             self.model.optimizer.build(self.model.trainable_variables)
         # The optimizer's starting state: zeros (slots, iterations) but for a few scalars.
         self._opt_start = []

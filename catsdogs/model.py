@@ -11,7 +11,13 @@ def build_model(size: int = 200) -> keras.Sequential:
 
     Images come in as uint8 and are scaled by 1/255 inside the model, as the article's
     ImageDataGenerator(rescale=1/255) did on the host: a quarter of the bytes cross to the
-    device, and the layer has no weights, so the parameter count is the article's."""
+    device, and the layer has no weights, so the parameter count is the article's.
+
+    The last layer's sigmoid is folded into the loss (`LOSS`, from logits), so the model outputs
+    the logit. That is what the article's TensorFlow did with its sigmoid output: Keras on
+    TensorFlow recovers the logit behind a sigmoid and computes the cross-entropy from it. Keras on
+    JAX cannot: it clips the saturated probability, whose gradient is then zero, and every Adam
+    trial at the article's learning rate collapsed to chance there (synthetic 64 px, 2 seeds)."""
     return keras.Sequential(
         [
             keras.Input((size, size, 3), dtype="uint8"),
@@ -20,10 +26,17 @@ def build_model(size: int = 200) -> keras.Sequential:
             layers.MaxPooling2D((2, 2)),
             layers.Flatten(),
             layers.Dense(128, activation="relu", kernel_initializer="he_uniform"),
-            layers.Dense(1, activation="sigmoid", dtype="float32"),  # float32 under mixed precision too
+            layers.Dense(1, dtype="float32"),  # the logit; float32 under mixed precision too
         ],
         name="article_cnn",
     )
+
+
+def loss_and_metrics():
+    """The article's loss and metric for a model that outputs the logit: binary cross-entropy of
+    the sigmoid, accuracy of sigmoid > 0.5 (logit > 0)."""
+    return (keras.losses.BinaryCrossentropy(from_logits=True),
+            [keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)])
 
 
 def parameter_count(size: int = 200) -> int:

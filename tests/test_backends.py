@@ -163,6 +163,31 @@ def test_mirrored_on_jax_is_data_parallel_over_two_host_devices(data_dir, tmp_pa
     assert row["status"] == "done" and row["replicas"] == "2" and row["backend"] == "jax"
 
 
+SATURATED_GRADIENT = """
+import jax, jax.numpy as jnp, numpy as np
+from catsdogs.model import build_model, loss_and_metrics
+model = build_model(8)
+loss, _ = loss_and_metrics()
+model.layers[-1].bias.assign(np.array([30.0], "float32"))  # every image: "dog", sure of it
+x, y = jnp.zeros((4, 8, 8, 3), "uint8"), jnp.zeros((4,), "float32")  # all cats
+def f(bias):
+    logits = model(x) - model.layers[-1].bias + bias
+    return loss(y, logits)
+print(float(jax.grad(f)(jnp.array([30.0]))[0]))
+"""
+
+
+@needs_jax
+def test_a_confidently_wrong_prediction_still_has_a_gradient_on_jax():
+    # given the article's model with its last layer saturated the wrong way, on JAX, whose
+    # cross-entropy of a sigmoid output is clipped (Keras on TensorFlow recovers the logit)
+    out = subprocess.run([sys.executable, "-c", SATURATED_GRADIENT], capture_output=True, text=True,
+                         env={**os.environ, "KERAS_BACKEND": "jax"}, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    # then the loss's gradient is about 1, not 0: the model outputs the logit and the loss takes it
+    assert float(out.stdout.strip().splitlines()[-1]) == pytest.approx(1.0, abs=1e-3)
+
+
 # --- on JAX without TensorFlow, as on the GPU machine -------------------------------------------
 
 
