@@ -38,7 +38,7 @@ from catsdogs.model import (
     parameter_count,
     train_flops_per_image,
 )
-from catsdogs.provenance import environment, proc_status_kb
+from catsdogs.provenance import environment, nvml_visible_handle, proc_status_kb
 from catsdogs.schema import TrialConfig, learning_rate, plan_steps
 
 # The compiled steps a worker keeps: at most this share of the memory that holds them (the
@@ -323,7 +323,8 @@ def run_probe(spec: dict) -> dict:
         step, _ = STEPS.get(cfg, n, backend, keep_others=False)
         batches = backend.train_batches(splits["train"], cfg.batch_size, cfg.seed, n, cross_epochs=True)
         min_seconds = spec.get("min_seconds")
-        min_seconds = float(GPU_MIN_PROBE_SECONDS if kind == "gpu" else 0) if min_seconds is None else float(min_seconds)
+        if min_seconds is None:
+            min_seconds = GPU_MIN_PROBE_SECONDS if kind == "gpu" else 0.0
         timer = _step_timer(spec["warmup"], sampler.start if sampler else None, spec["steps"], min_seconds)
         with step.strategy.scope():  # the same batches again until the timed steps last min_seconds
             step.model.fit(batches, epochs=MAX_PROBE_EPOCHS if min_seconds else 1, steps_per_epoch=n,
@@ -391,8 +392,8 @@ class NvmlSampler:
     """GPU utilization and memory used, sampled by NVML in a background thread.
 
     Optional: without nvidia-ml-py, or without an NVIDIA GPU, `start()` returns False and
-    `stats()` returns {}. NVML numbers GPUs physically: the first CUDA_VISIBLE_DEVICES entry
-    (an index or a UUID) is the device TensorFlow calls GPU:0."""
+    `stats()` returns {}. The GPU is the first this process may use
+    (provenance.nvml_visible_handle)."""
 
     def __init__(self, interval: float = 0.05):
         self.interval = interval
@@ -410,11 +411,7 @@ class NvmlSampler:
             return False
         try:
             pynvml.nvmlInit()
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-            if visible.startswith("GPU-") or visible.startswith("MIG-"):
-                self._handle = pynvml.nvmlDeviceGetHandleByUUID(visible)
-            else:
-                self._handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)
+            self._handle = nvml_visible_handle(pynvml)
         except Exception:  # noqa: BLE001 - no driver, no device: NVML numbers are optional
             return False
         self._nvml = pynvml

@@ -42,6 +42,7 @@ rule: the optimizer's Keras default (SGD 0.01, Adam 0.001) times batch size / 32
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -224,9 +225,8 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     process for every probe."""
     from catsdogs import profile as prof
     from catsdogs.manifest import require_prepared
-    from catsdogs.model import CPU_PIPELINE_BATCHES, predict_max_batch_size
     from catsdogs.provenance import versions
-    from catsdogs.worker import Prober, run_isolated
+    from catsdogs.worker import Prober
 
     prof.check_settings([start], optimizer, dataset, precision, steps, warmup)
     if mode not in MODES:
@@ -283,29 +283,12 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     finally:
         prober.close()
     summary["settings"] = settings
-    # The backend's memory model, calibrated on the batch-1 probe: XLA's plan where the backend's
-    # compiler states one (JAX), else the analytic model of TensorFlow's tensors.
     summary["prediction"] = None
     cap_mb = calib.get("memory_cap_mb") or calib.get("device_memory_limit_mb")
+    pred = None
     if calib["status"] == FITS and calib.get("peak_memory_mb") and cap_mb:
-        if backends.current().compiled_step_bytes is not None:
-            pred = run_isolated({"kind": "memory", "data_dir": str(data_dir), "optimizer": optimizer,
-                                 "dataset": dataset, "precision": precision, "cap_bytes": cap_mb * 2**20,
-                                 "calibration_batch": CALIBRATION_BATCH,
-                                 "calibration_peak_bytes": calib["peak_memory_mb"] * 2**20},
-                                work / "memory-plan.log")
-            if pred.get("status") != "done":
-                log(f"XLA's memory plan failed: {str(pred.get('error')).splitlines()[0]}")
-                pred = None
-            else:
-                (work / "memory-plan.log").unlink(missing_ok=True)
-                pred["planned_bytes"] = {int(b): v for b, v in pred["planned_bytes"].items()}
-        else:
-            host = CPU_PIPELINE_BATCHES if calib.get("memory_kind") == "cpu-rss" else 0
-            pred = {**predict_max_batch_size(cap_mb * 2**20, CALIBRATION_BATCH, calib["peak_memory_mb"] * 2**20,
-                                             size, optimizer, precision, host_batches=host),
-                    "method": "analytic"}
-    if calib["status"] == FITS and calib.get("peak_memory_mb") and cap_mb and pred:
+        pred = _predict(calib, cap_mb, data_dir, work, size, optimizer, dataset, precision, log)
+    if pred:
         for p in probes:
             p["predicted_peak_mb"] = (pred["baseline_bytes"] + pred["state_bytes"]
                                       + pred["per_image_bytes"] * p["batch_size"]) / 2**20
@@ -358,6 +341,33 @@ def _write(folder: Path, summary: dict) -> None:
 
     write_json_atomic(folder / "find_batch_size.json", summary, indent=2)
     write_csv(summary["probes"], folder / "find_batch_size.csv", PROBE_COLUMNS)
+
+
+def _predict(calib: dict, cap_mb: float, data_dir: Path, work: Path, size: int, optimizer: str,
+             dataset: str, precision: str, log) -> dict | None:
+    """The backend's memory model's answer, calibrated on the batch-1 probe: XLA's plan where the
+    backend's compiler states one (JAX), compiled in a worker of its own; else the analytic model
+    of TensorFlow's tensors. None when the plan could not be made (said in the log)."""
+    from catsdogs.model import CPU_PIPELINE_BATCHES, predict_max_batch_size
+    from catsdogs.worker import run_isolated
+
+    cap_bytes, peak_bytes = cap_mb * 2**20, calib["peak_memory_mb"] * 2**20
+    if backends.current().compiled_step_bytes is None:
+        host = CPU_PIPELINE_BATCHES if calib.get("memory_kind") == "cpu-rss" else 0
+        return {**predict_max_batch_size(cap_bytes, CALIBRATION_BATCH, peak_bytes, size, optimizer, precision,
+                                         host_batches=host), "method": "analytic"}
+    log_path = work / "memory-plan.log"
+    pred = run_isolated({"kind": "memory", "data_dir": str(data_dir), "optimizer": optimizer, "dataset": dataset,
+                         "precision": precision, "cap_bytes": cap_bytes, "calibration_batch": CALIBRATION_BATCH,
+                         "calibration_peak_bytes": peak_bytes}, log_path)
+    if pred.get("status") != "done":
+        log(f"XLA's memory plan failed: {str(pred.get('error')).splitlines()[0]} (log: {log_path})")
+        return None
+    log_path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        work.rmdir()  # empty unless a probe that did not end done left its log, as the prober leaves it
+    pred["planned_bytes"] = {int(b): v for b, v in pred["planned_bytes"].items()}
+    return pred
 
 
 def summary_lines(summary: dict) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import resource
 from importlib import metadata
 from pathlib import Path
 
@@ -47,3 +48,40 @@ def proc_status_kb(field: str, pid: int | str = "self") -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+# --- the host's memory and GPUs, as every backend reads them ------------------------------------
+
+
+def reset_peak_rss() -> None:
+    """Start a new high-water mark of this process's resident set (Linux: clear_refs 5)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set since the last reset (VmHWM), else since it started."""
+    hwm = proc_status_kb("VmHWM")
+    return hwm / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def host_memory_bytes() -> int | None:
+    """The host's physical memory (None where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def cpu_description() -> str:
+    """The device a CPU-only backend computes on, as results record it."""
+    return f"CPU: {cpu_name()} ({os.cpu_count()} cores)"
+
+
+def nvml_visible_handle(pynvml):
+    """NVML's handle of the first GPU this process may use. NVML numbers GPUs physically, so the
+    first CUDA_VISIBLE_DEVICES entry (an index or a UUID) is the device a framework calls GPU 0."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if visible.startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByUUID(visible)
+    return pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)

@@ -10,7 +10,7 @@
 # stage but `prepare` prepares it first if it is not there (a no-op when it is).
 #
 # A profile probe at batch 1,024-4,096 compiles for 18-53 s on the H100 (XLA's autotuner), so
-# the stages are sized for one 10-minute call each: `prepare profile`, `find`, `reproduce`.
+# the stages are sized for one 10-minute call each: `prepare profile profile-bf16`, `find`, `reproduce`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/catsdogs-out}

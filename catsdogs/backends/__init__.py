@@ -45,3 +45,15 @@ def current() -> ModuleType:
         install = {"jax": "pip install 'catsdogs[jax]'", "tensorflow": "pip install tensorflow"}[backend]
         raise CatsdogsError(f"KERAS_BACKEND={backend} needs {backend}, which is not installed: {install}")
     return module
+
+
+def matmul_rate(run, n: int, dtype: str, seconds: float, repeats: int) -> dict:
+    """A backend's matmul peak from `run(k)`, which times k n x n products in `dtype` and waits for
+    them: the best of `repeats` timings of as many products as fill about `seconds`, after a
+    warm-up (kernels chosen or compiled and autotuned, memory allocated)."""
+    run(2)
+    one = max(run(1), 1e-6)
+    k = max(1, min(10_000, int(seconds / one)))
+    best = min(run(k) for _ in range(repeats))
+    return {"peak_flops_per_second": 2.0 * n**3 * k / best, "matmul_size": n, "matmul_dtype": dtype,
+            "matmuls": k}

@@ -30,10 +30,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import resource
 import sys
 import time
 import weakref
+
+from catsdogs.backends import matmul_rate
+from catsdogs.provenance import (
+    cpu_description,
+    host_memory_bytes,
+    nvml_visible_handle,
+    peak_rss_mb,
+    reset_peak_rss,
+)
 
 NAME = "jax"
 LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many host devices
@@ -88,10 +96,7 @@ def _gpu_total_bytes() -> int | None:
         return None
     try:
         pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-        handle = (pynvml.nvmlDeviceGetHandleByUUID(visible) if visible.startswith(("GPU-", "MIG-"))
-                  else pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0))
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        return int(pynvml.nvmlDeviceGetMemoryInfo(nvml_visible_handle(pynvml)).total)
     except Exception:  # noqa: BLE001 - no driver, no device
         return None
     finally:
@@ -134,12 +139,10 @@ def start(deterministic: bool = True) -> str:
 def device_description() -> str:
     import jax
 
-    from catsdogs.provenance import cpu_name
-
     devices = jax.devices()
     if jax.default_backend() != "cpu":
         return f"{len(devices)} x {devices[0].device_kind}"
-    return f"CPU: {cpu_name()} ({os.cpu_count()} cores)"
+    return cpu_description()
 
 
 def versions() -> dict:
@@ -235,14 +238,9 @@ def eval_batches(split, batch_size: int):
 # --- the optimizer and the distribution strategy -----------------------------------------------
 
 
-def adam_class(fused: bool):
-    """Keras's Adam: XLA fuses its element-wise update itself (`fused` is TensorFlow's)."""
-    import keras
-
-    return keras.optimizers.Adam
-
-
 def optimizer_class(name: str, strategy: str):
+    """Keras's own: XLA fuses Adam's element-wise update itself (TensorFlow's backend swaps in a
+    fused kernel)."""
     import keras
 
     return {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD}[name]
@@ -280,8 +278,7 @@ def distribution(strategy: str) -> Distribution:
 def reset_peak_memory() -> None:
     """Start a new peak where one can be started: the resident set's high-water mark. (XLA's
     device allocator has no reset: a GPU peak is the worker's since it started.)"""
-    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    reset_peak_rss()
 
 
 def _stats() -> dict:
@@ -306,11 +303,7 @@ def peak_memory() -> dict:
         if "bytes_limit" in stats:
             out["device_memory_limit_mb"] = stats["bytes_limit"] / 2**20
         return out
-    from catsdogs.provenance import proc_status_kb
-
-    hwm = proc_status_kb("VmHWM")
-    peak = hwm / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"peak_memory_mb": peak, "memory_kind": "cpu-rss"}
+    return {"peak_memory_mb": peak_rss_mb(), "memory_kind": "cpu-rss"}
 
 
 def memory_budget_bytes() -> int | None:
@@ -318,10 +311,7 @@ def memory_budget_bytes() -> int | None:
     stats = _stats()
     if stats:
         return int(stats["bytes_limit"]) if "bytes_limit" in stats else None
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return None
+    return host_memory_bytes()
 
 
 def compiled_step_bytes(model, batch_size: int, image_size: int) -> int:
@@ -389,9 +379,4 @@ def matmul_peak(dtype: str, n: int | None = None, seconds: float = 1.0, repeats:
         c.block_until_ready()
         return time.perf_counter() - t0
 
-    run(2)  # warm up: compiled, autotuned, memory allocated
-    one = max(run(1), 1e-6)
-    k = max(1, min(10_000, int(seconds / one)))
-    best = min(run(k) for _ in range(repeats))
-    return {"peak_flops_per_second": 2.0 * n**3 * k / best, "matmul_size": n, "matmul_dtype": dtype,
-            "matmuls": k}
+    return matmul_rate(run, n, dtype, seconds, repeats)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import time
+
+from catsdogs.backends import matmul_rate
+from catsdogs.provenance import cpu_description, host_memory_bytes, peak_rss_mb, reset_peak_rss
 
 NAME = "tensorflow"
 LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many logical devices
@@ -78,13 +80,11 @@ def setup_device(memory_cap_bytes: int | None) -> str:
 def device_description() -> str:
     import tensorflow as tf
 
-    from catsdogs.provenance import cpu_name
-
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         details = tf.config.experimental.get_device_details(gpus[0])
         return f"{len(gpus)} x {details.get('device_name', 'GPU')}"
-    return f"CPU: {cpu_name()} ({os.cpu_count()} cores)"
+    return cpu_description()
 
 
 def versions() -> dict:
@@ -214,8 +214,7 @@ def reset_peak_memory() -> None:
     for device in ("GPU:0", "CPU:0"):
         with contextlib.suppress(Exception):
             tf.config.experimental.reset_memory_stats(device)
-    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    reset_peak_rss()
 
 
 def peak_memory() -> dict:
@@ -236,11 +235,7 @@ def peak_memory() -> dict:
             if limits:
                 out["device_memory_limit_mb"] = limits[0] / 2**20
         return out
-    from catsdogs.provenance import proc_status_kb
-
-    hwm = proc_status_kb("VmHWM")
-    peak = hwm / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out = {"peak_memory_mb": peak, "memory_kind": "cpu-rss"}
+    out = {"peak_memory_mb": peak_rss_mb(), "memory_kind": "cpu-rss"}
     with contextlib.suppress(Exception):
         out["allocator_peak_mb"] = tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
     return out
@@ -257,10 +252,7 @@ def memory_budget_bytes() -> int | None:
             limits = [d.memory_limit for d in device_lib.list_local_devices() if d.device_type == "GPU"]
             return int(limits[0]) if limits else None
         return None
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return None
+    return host_memory_bytes()
 
 
 # TensorFlow offers no memory plan before a step runs: catsdogs.model's analytic model (each
@@ -305,9 +297,4 @@ def matmul_peak(dtype: str, n: int | None = None, seconds: float = 1.0, repeats:
         float(tf.cast(c[0, 0], "float32"))  # wait for every queued product
         return time.perf_counter() - t0
 
-    run(2)  # warm up: kernels chosen, memory allocated
-    one = max(run(1), 1e-6)
-    k = max(1, min(10_000, int(seconds / one)))
-    best = min(run(k) for _ in range(repeats))
-    return {"peak_flops_per_second": 2.0 * n**3 * k / best, "matmul_size": n, "matmul_dtype": dtype,
-            "matmuls": k}
+    return matmul_rate(run, n, dtype, seconds, repeats)
