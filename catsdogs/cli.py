@@ -176,9 +176,12 @@ def _protocol_option(name: str):
     """A sweep option for a protocol field, everything about it from catsdogs.schema."""
     choices = schema.allowed_values(name)
     default = schema.default(name)
-    return click.option(
-        "--" + name.replace("_", "-"), type=click.Choice(choices) if choices else schema.python_type(name),
-        default=default, show_default=default is not None, help=schema.option_help(name))
+    kind = click.Choice(choices) if choices else schema.python_type(name)
+    if schema.multiple(name):  # `--lr 0.001 0.002`: every value crossed with the grid
+        return click.option("--" + name.replace("_", "-"), type=kind, multiple=True, default=(),
+                            help=schema.option_help(name))
+    return click.option("--" + name.replace("_", "-"), type=kind, default=default,
+                        show_default=default is not None, help=schema.option_help(name))
 
 
 # Protocol options beyond the article: each off by default, so the default is the article's.
@@ -248,12 +251,36 @@ def check_sweep_values(v: dict) -> None:
         raise click.UsageError("--strategy mirrored uses every GPU for one trial: use it with --workers 1")
     if v["seeds"] < 1 or v["epochs"] < 1:
         raise click.UsageError("--seeds and --epochs must be at least 1")
+    check_adaptive(v["target_ci"], v["max_seeds"], v["seeds"])
     check_name(v["name"])
     try:
-        TrialConfig(v["opt"][0], v["batch_size"][0], v["dataset"][0], 0, v["epochs"],
-                    **{k: v[k] for k in PROTOCOL_FIELDS}).check()
+        for protocol in sweep_protocols(v):
+            TrialConfig(v["opt"][0], v["batch_size"][0], v["dataset"][0], 0, v["epochs"], **protocol).check()
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+
+
+def sweep_protocols(v: dict) -> list[dict]:
+    """Every combination of the protocol options' values (those taking several, crossed)."""
+    from catsdogs.sweep import protocol_combinations
+
+    return protocol_combinations({k: v[k] for k in PROTOCOL_FIELDS})
+
+
+def check_adaptive(target_ci: float | None, max_seeds: int | None, seeds: int) -> None:
+    if max_seeds is not None and target_ci is None:
+        raise click.UsageError("--max-seeds caps adaptive seeds: give --target-ci too")
+    if target_ci is not None and not target_ci > 0:
+        raise click.BadParameter(f"must be a positive number of points, got {target_ci:g}", param_hint="'--target-ci'")
+    if max_seeds is not None and max_seeds < seeds:
+        raise click.BadParameter(f"{max_seeds} is below the {seeds} seeds every cell starts with (--seeds)",
+                                 param_hint="'--max-seeds'")
+
+
+TARGET_CI_HELP = ("Adaptive seeds: keep adding seeds (round by round, seed-major) to every cell whose "
+                  "95% interval of test accuracy is wider than ±W percentage points, until it meets W "
+                  "or has --max-seeds seeds. --seeds is where every cell starts.")
+MAX_SEEDS_HELP = f"The most seeds a cell gets with --target-ci [default: {config.MAX_SEEDS}]."
 
 
 def sweep_options(f):
@@ -266,6 +293,8 @@ def sweep_options(f):
                      help="Data sets: standard, augmented (both: `--dataset standard augmented`)."),
         click.option("--seeds", type=int, default=config.SEEDS, show_default=True,
                      help="Seeds per configuration (0, 1, ... N-1)."),
+        click.option("--target-ci", type=float, default=None, metavar="W", help=TARGET_CI_HELP),
+        click.option("--max-seeds", type=int, default=None, metavar="M", help=MAX_SEEDS_HELP),
         click.option("--epochs", type=int, default=config.EPOCHS, show_default=True, help="Epochs per trial."),
         click.option("--name", default="sweep", show_default=True,
                      help="Name of the sweep: its CSV and figures go to OUT/NAME/."),
@@ -348,10 +377,14 @@ def sweep(ctx, **values):
             ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
         slots, workers = ray_backend.make_slots(v["ray_address"], workers=workers if explicit else None,
                                                  isolate=v["isolate"], log=click.echo)
-    counts = sw.run_sweep(v["name"], grid, v["data_dir"], v["out"], overwrite=v["overwrite"],
-                          retry_failed=v["retry_failed"], log=click.echo, sweep_config={"settings": settings},
-                          workers=workers, isolate=v["isolate"], slots=slots)
-    return 0 if counts["done"] == len(grid) else 1
+    run = dict(overwrite=v["overwrite"], retry_failed=v["retry_failed"], log=click.echo,
+               sweep_config={"settings": settings}, workers=workers, isolate=v["isolate"], slots=slots)
+    if v["target_ci"] is None:
+        counts = sw.run_sweep(v["name"], grid, v["data_dir"], v["out"], **run)
+        return 0 if counts["done"] == len(grid) else 1
+    counts = sw.run_adaptive_sweep(v["name"], grid, v["data_dir"], v["out"], target_ci=v["target_ci"],
+                                   max_seeds=v["max_seeds"] or config.MAX_SEEDS, **run)
+    return 0 if counts["done"] == counts["trials"] else 1
 
 
 # --- profile, find-batch-size -------------------------------------------------------------------
@@ -517,6 +550,10 @@ def report(name, out, title_note):
                    "configs/quick.toml is a few-minute offline run].")
 @click.option("--source", default=None, help="Override the plan's source (URL, .zip, folder, 'synthetic').")
 @click.option("--seeds", type=click.IntRange(min=1), default=None, help="Override the plan's seeds per point.")
+@click.option("--target-ci", type=float, default=None, metavar="W",
+              help=TARGET_CI_HELP + " Overrides the plan's target_ci.")
+@click.option("--max-seeds", type=int, default=None, metavar="M",
+              help=f"The most seeds a cell gets with a target [default: the plan's max_seeds, else {config.MAX_SEEDS}].")
 @click.option("--name", default=None, help="Override the plan's name (the sweep; outputs in OUT/NAME/).")
 @data_dir_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
@@ -526,7 +563,8 @@ def report(name, out, title_note):
 @ISOLATE_OPTION
 @click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def reproduce(config_file, source, seeds, name, data_dir, out, workers, isolate, overwrite, quiet):
+def reproduce(config_file, source, seeds, target_ci, max_seeds, name, data_dir, out, workers, isolate, overwrite,
+              quiet):
     """The whole article in one command: prepare, both figures' grids, report.
 
     Trials the two figures share run once; run it again to resume. Figures and tables land
@@ -544,10 +582,13 @@ def reproduce(config_file, source, seeds, name, data_dir, out, workers, isolate,
         plan = rp.load_plan(path)
     except CatsdogsError as e:
         raise click.UsageError(str(e)) from None
+    target_ci = target_ci if target_ci is not None else plan.get("target_ci")
+    max_seeds = max_seeds if max_seeds is not None else plan.get("max_seeds")
+    check_adaptive(target_ci, max_seeds, seeds or plan.get("seeds", config.SEEDS))
     if data_dir is None and plan.get("data_dir") and not os.environ.get(config.DATA_DIR_ENV):
         data_dir = Path(plan["data_dir"])  # a plan at other sizes keeps its images apart
     result = rp.reproduce(plan, data_dir=resolved_data_dir(data_dir), out=out, name=name, seeds=seeds,
-                          source=source, workers=workers, isolate=isolate, overwrite=overwrite, log=click.echo,
+                          target_ci=target_ci, max_seeds=max_seeds, source=source, workers=workers, isolate=isolate, overwrite=overwrite, log=click.echo,
                           progress=not quiet and sys.stderr.isatty())
     counts = result["counts"]
     return 0 if counts["done"] == result["trials"] else 1

@@ -89,6 +89,7 @@ class TrainingStep:
             loss, metrics = loss_and_metrics()
             self.model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, backend), loss=loss, metrics=metrics)
             self.model.optimizer.build(self.model.trainable_variables)
+            self.inspect = inspection_model(self.model)
         # The optimizer's starting state: zeros (slots, iterations) but for a few scalars.
         self._opt_start = []
         for v in self.model.optimizer.variables:
@@ -110,6 +111,39 @@ class TrainingStep:
         del fresh
         for v, start in zip(self.model.optimizer.variables, self._opt_start, strict=True):
             v.assign(np.zeros(v.shape, v.dtype) if start is None else start)
+
+
+def inspection_model(model):
+    """The trained model's hidden Dense(128) activations and its logit, from the same weights:
+    what `diagnose` reads a collapse from."""
+    import keras
+
+    hidden = next(layer for layer in reversed(model.layers[:-1]) if isinstance(layer, keras.layers.Dense))
+    return keras.Model(model.inputs, [hidden.output, model.outputs[0]], name="inspect")
+
+
+def diagnose(step: TrainingStep, batches, prefix: str = "") -> dict:
+    """What the model does on every image of `batches` (the test set): whether it predicts one
+    class for all of them (a collapse), and why it might.
+
+    - dog_share: the share of images predicted Dog (logit > 0); 0 or 1 is a collapse;
+    - dead_units: the share of the Dense(128) layer's ReLU units that output 0 for every image.
+      With all 128 dead the logit is the last bias alone, the same for every image, and no
+      gradient reaches the layers below: the model cannot leave the collapse;
+    - logit_abs: the mean |logit|; a large one at step 0 means saturated sigmoids, a first
+      gradient of the largest size, and a first Adam step that can push units dead;
+    - logit_sd: how much the logit varies between images (0 for a constant prediction)."""
+    import numpy as np
+
+    hidden, logits = step.inspect.predict(batches, verbose=0)
+    logits = np.asarray(logits, dtype=np.float64).ravel()
+    alive = np.asarray(hidden).reshape(len(logits), -1).max(axis=0) > 0
+    share = float((logits > 0).mean())
+    out = {"dog_share": share, "dead_units": float(1 - alive.mean()),
+           "logit_abs": float(np.abs(logits).mean()), "logit_sd": float(logits.std())}
+    if not prefix:
+        out["collapsed"] = int(share in (0.0, 1.0))
+    return {prefix + k: round(v, 6) if isinstance(v, float) else v for k, v in out.items()}
 
 
 def shape_of(cfg: TrialConfig, steps_per_epoch: int) -> tuple:
@@ -228,12 +262,15 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
                                      cross_epochs=cfg.budget == "steps")
     val_ds = backend.eval_batches(val, cfg.batch_size) if len(val) else None
     timer = _epoch_timer(epochs, on_epoch)
+    with step.strategy.scope():  # the model as it starts, on the test images (changes nothing)
+        initial = diagnose(step, backend.eval_batches(test, cfg.batch_size), prefix="initial_")
     fit_started = time.time()
     with step.strategy.scope():  # JAX's trainer reads its distribution when fit runs
         hist = model.fit(train_ds, validation_data=val_ds, epochs=epochs, steps_per_epoch=per_epoch,
                          callbacks=[timer], shuffle=False, verbose=0)  # the dataset shuffles
         fit_seconds = time.time() - fit_started
         test_loss, test_acc = model.evaluate(backend.eval_batches(test, cfg.batch_size), verbose=0)
+        final = diagnose(step, backend.eval_batches(test, cfg.batch_size))
 
     batches = per_epoch * len(hist.history["loss"])  # what fit ran: full batches only
     # Keras counts updates, not accumulated batches
@@ -250,6 +287,9 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
         "config": asdict(cfg),
         "test_accuracy": float(test_acc),
         "test_loss": float(test_loss),
+        # the trained model's accuracy on the validation split: what tuning may choose by
+        "val_accuracy": history[-1].get("val_accuracy") if history else None,
+        **final, **initial,
         "history": history,
         "steps": updates,  # optimizer updates (weights changed)
         "batches": batches,

@@ -25,7 +25,6 @@ import csv
 import io
 import math
 import re
-import statistics
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -33,11 +32,12 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullLocator
 
-from catsdogs import config
+from catsdogs import claims, config, seeds
 from catsdogs.errors import CatsdogsError
 from catsdogs.figures import save_figure
 from catsdogs.files import write_text_atomic
-from catsdogs.schema import default, protocol_defaults
+from catsdogs.schema import DEFAULT_LR, default, protocol_defaults
+from catsdogs.stats import LEVEL, mean_ci, t_quantile, welch, wilson  # noqa: F401 - t_quantile: the report's API
 from catsdogs.store import Store
 
 # What the article reports, read from its text (PROTOCOL.md, "The two figures"): each value is
@@ -50,8 +50,6 @@ ARTICLE_ACCURACY: dict[tuple[str, str, int], float] = {
     ("adam", "augmented", 256): 0.575,  # "... and 57.5% at 256"
 }
 ARTICLE_LABEL = "article (single run)"
-
-LEVEL = 0.95  # confidence level of the intervals
 
 # The protocol columns of the store, and the values TrialConfig gives them by default.
 PROTOCOL_DEFAULTS = protocol_defaults()
@@ -70,6 +68,8 @@ FIGURE_TITLES = {
     "augmentation": "Test accuracy vs batch size: standard and augmented data, Adam",
     "protocols": "Test accuracy vs batch size by training protocol",
     "accumulation": "Test accuracy vs effective batch size: plain and accumulated batches",
+    "tuned": "Test accuracy vs batch size, the learning rate tuned per batch size on validation accuracy",
+    "collapse": "Collapse rate vs batch size: runs whose model predicts one class for every test image",
 }
 BATCH_LABEL = "batch size (log scale)"
 EFFECTIVE_BATCH_LABEL = "effective batch size = batch size × accumulation steps (log scale)"
@@ -79,81 +79,9 @@ CSV_COLUMNS = [
     "figure", "series", "optimizer", "dataset", "protocol", "epochs", "image_size",
     "batch_size", "accumulate", "effective_batch_size", "n_done", "mean", "ci_low", "ci_high",
     "ci_half_width", "sd", "t", "n_failed", "n_oom", "n_pending", "n_running", "article",
-    "accuracies", "seeds",
+    "n_collapse_known", "n_collapsed", "collapse_rate", "collapse_ci_low", "collapse_ci_high",
+    "not_collapsed_mean", "val_mean", "lr", "accuracies", "seeds",
 ]
-
-
-# --- statistics ------------------------------------------------------------------------------
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The p-quantile of Student's t with `df` (whole) degrees of freedom, for p in (0.5, 1).
-
-    Exact: the t distribution's CDF has a finite closed form for whole df (Abramowitz and
-    Stegun 26.7.3-4), inverted by bisection. Past 10,000 df, the normal quantile."""
-    if not 0.5 < p < 1:
-        raise ValueError(f"p must be in (0.5, 1), got {p}")
-    if df < 1 or int(df) != df:
-        raise ValueError(f"df must be a whole number >= 1, got {df}")
-    df = int(df)
-    mass = 2 * p - 1  # P(|T| <= t)
-    cdf = _normal_two_sided if df > 10_000 else (lambda t: _t_two_sided(t, df))
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < mass:
-        lo, hi = hi, hi * 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if cdf(mid) < mass:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12:
-            break
-    return (lo + hi) / 2
-
-
-def _t_two_sided(t: float, df: int) -> float:
-    """P(|T| <= t) for Student's t with whole df (A&S 26.7.3 for odd df, 26.7.4 for even)."""
-    theta = math.atan(t / math.sqrt(df))
-    s, c = math.sin(theta), math.cos(theta)
-    c2 = c * c
-    if df % 2 == 1:
-        if df == 1:
-            return 2 * theta / math.pi
-        term = total = c
-        for k in range(1, (df - 3) // 2 + 1):
-            term *= (2 * k) / (2 * k + 1) * c2
-            total += term
-        return 2 / math.pi * (theta + s * total)
-    term = total = 1.0
-    for k in range(1, (df - 2) // 2 + 1):
-        term *= (2 * k - 1) / (2 * k) * c2
-        total += term
-    return s * total
-
-
-def _normal_two_sided(z: float) -> float:
-    return math.erf(z / math.sqrt(2))
-
-
-def mean_ci(values: Iterable[float], level: float = LEVEL) -> dict:
-    """Mean, sample sd and the Student-t interval mean ± t_{(1+level)/2, n-1} · sd / √n.
-
-    n = 0: everything None. n = 1: the mean only; one run gives no interval (and no sd)."""
-    v = [float(x) for x in values]
-    n = len(v)
-    out = {"n": n, "mean": None, "sd": None, "t": None, "ci_low": None, "ci_high": None,
-           "ci_half_width": None}
-    if n == 0:
-        return out
-    out["mean"] = statistics.fmean(v)
-    if n == 1:
-        return out
-    sd = statistics.stdev(v)
-    t = t_quantile((1 + level) / 2, n - 1)
-    half = t * sd / math.sqrt(n)
-    out.update(sd=sd, t=t, ci_low=out["mean"] - half, ci_high=out["mean"] + half, ci_half_width=half)
-    return out
 
 
 # --- loading ---------------------------------------------------------------------------------
@@ -254,6 +182,19 @@ def _accuracy(trial: dict) -> float | None:
     return None if a is None else float(a)
 
 
+def validation_accuracy(trial: dict) -> float | None:
+    """The trained model's validation accuracy: its column, else its history's last epoch."""
+    v = trial.get("val_accuracy")
+    if v is None:
+        v = ((trial.get("history") or [{}])[-1] or {}).get("val_accuracy")
+    return None if v is None else float(v)
+
+
+def _mean_of(values: Iterable[float | None]) -> float | None:
+    v = [float(x) for x in values if x is not None]
+    return sum(v) / len(v) if v else None
+
+
 # --- pure transformations --------------------------------------------------------------------
 
 
@@ -283,6 +224,10 @@ def cells(trials: Iterable[dict], series_of: Callable[[dict], str | None],
         # a trial marked done without an accuracy is counted with the failed, never dropped
         no_accuracy = sum(1 for m in members if m["status"] == "done" and _accuracy(m) is None)
         stats = mean_ci(_accuracy(m) for m in finished)
+        known = [m for m in finished if m.get("collapsed") is not None]  # recorded since 0.5.0
+        collapsed = sum(int(m["collapsed"]) for m in known)
+        rate = wilson(collapsed, len(known))
+        kept = mean_ci(_accuracy(m) for m in known if not m["collapsed"])
         rows.append({
             "series": s, "x": x,
             "optimizer": field(first, "optimizer"), "dataset": field(first, "dataset"),
@@ -300,6 +245,13 @@ def cells(trials: Iterable[dict], series_of: Callable[[dict], str | None],
             "seeds": [field(m, "seed") for m in finished],
             "errors": [m.get("error") for m in members if m["status"] in ("failed", "oom") and m.get("error")],
             "article": article(first) if article else None,
+            # collapses: the trained model predicts one class for every test image
+            "n_collapse_known": rate["n"], "n_collapsed": collapsed, "collapse_rate": rate["rate"],
+            "collapse_ci_low": rate["ci_low"], "collapse_ci_high": rate["ci_high"],
+            "n_not_collapsed": kept["n"], "not_collapsed_mean": kept["mean"],
+            "not_collapsed_ci_low": kept["ci_low"], "not_collapsed_ci_high": kept["ci_high"],
+            "dead_units": _mean_of(m.get("dead_units") for m in known),
+            "val_mean": _mean_of(validation_accuracy(m) for m in finished),
         })
     return rows
 
@@ -443,8 +395,127 @@ def summarize(trials: list[dict]) -> dict:
                              x_of=lambda t: int(field(t, "batch_size")) * protocol_of(t)["accumulate"],
                              article=_article_value))
 
+    # 5. beyond the article: the learning rate tuned per batch size on validation accuracy
+    tuned = tune_learning_rates(trials)
+    if tuned["rows"]:
+        tables.append(tuned)
+
     used = set().union(*(tb["keys"] for tb in tables)) if tables else set()
-    return {"figures": tables, "unused": [t for t in trials if t.get("key") not in used]}
+    return {"figures": tables, "unused": [t for t in trials if t.get("key") not in used],
+            "collapse": collapse_table(trials), "claims": claims_by_context(trials)}
+
+
+def _lr(trial: dict) -> float:
+    lr = field(trial, "lr")
+    return DEFAULT_LR[field(trial, "optimizer")] if lr is None else float(lr)
+
+
+def _tuning_group(trial: dict) -> tuple:
+    """What one learning-rate choice is made within: all but the learning rate and seed."""
+    p = dict(protocol_of(trial), lr=None)
+    return (field(trial, "optimizer"), field(trial, "dataset"), tuple(p.items()))
+
+
+def tune_learning_rates(trials: list[dict]) -> dict:
+    """For each batch size, the learning rate with the best mean *validation* accuracy over its
+    seeds, and that choice's *test* accuracy (never chosen by test accuracy: the test set only
+    reports). Groups (optimizer, data set, the rest of the protocol) with one learning rate at
+    every batch size are left out: nothing to choose.
+
+    A table like the figures' (rows from `cells`), with two series per group: the tuned choice
+    ("Adam, lr tuned per batch size") and, where it was run, the optimizer's default ("Adam,
+    default lr 0.001"); plus "choices": one row per (group, batch size, learning rate) with
+    its seeds' mean validation and test accuracy and whether it was chosen, and "drops": per
+    group, the best batch size and the first larger one clearly below it."""
+    plain = [t for t in trials if protocol_of(t)["accumulate"] == 1]
+    lrs: dict[tuple, set] = {}
+    for t in plain:
+        lrs.setdefault((_tuning_group(t), int(field(t, "batch_size"))), set()).add(_lr(t))
+    groups = sorted({g for (g, _), v in lrs.items() if len(v) > 1}, key=lambda g: (g[0] != "sgd", g))
+    chosen_trials, default_trials, choices, series = [], [], [], []
+    many = len({g[:2] for g in groups}) > 1 or len({g[2] for g in groups}) > 1
+    label_of: dict[tuple, tuple[str, str]] = {}
+    for g in groups:
+        name = OPTIMIZER_NAMES.get(g[0], g[0])
+        rest = protocol_label(dict(g[2]))
+        prefix = name + (f", {g[1]} data" if many else "") + ("" if rest == "article protocol" else f", {rest}")
+        label_of[g] = (f"{prefix}, lr tuned per batch size", f"{prefix}, default lr {DEFAULT_LR[g[0]]:g}")
+        series += list(label_of[g])
+        members = [t for t in plain if _tuning_group(t) == g]
+        for bs in sorted({int(field(t, "batch_size")) for t in members}):
+            at = [t for t in members if int(field(t, "batch_size")) == bs]
+            by_lr: dict[float, list[dict]] = {}
+            for t in at:
+                by_lr.setdefault(_lr(t), []).append(t)
+            done = {lr: [t for t in ts if t["status"] == "done" and _accuracy(t) is not None]
+                    for lr, ts in by_lr.items()}
+            scored = {lr: _mean_of(validation_accuracy(t) for t in ts) for lr, ts in done.items()}
+            scored = {lr: v for lr, v in scored.items() if v is not None}
+            # ties go to the learning rate nearer the optimizer's default (log scale)
+            best = max(scored, key=lambda lr: (scored[lr], -abs(math.log(lr / DEFAULT_LR[g[0]]))), default=None)
+            for lr in sorted(by_lr):
+                choices.append({"series": label_of[g][0], "batch_size": bs, "lr": lr, "n_done": len(done[lr]),
+                                "val_mean": scored.get(lr),
+                                "test_mean": _mean_of(_accuracy(t) for t in done[lr]), "chosen": lr == best})
+            if best is not None:
+                chosen_trials += [(g, t) for t in by_lr[best]]
+            default_trials += [(g, t) for t in by_lr.get(DEFAULT_LR[g[0]], [])]
+    rows = []
+    for pairs, which in ((chosen_trials, 0), (default_trials, 1)):
+        members = {id(t): g for g, t in pairs}
+        rows += cells([t for _, t in pairs], lambda t, m=members, w=which: label_of[m[id(t)]][w], series=series)
+    for r in rows:  # the learning rate each tuned point trained with
+        r["lr"] = next((c["lr"] for c in choices if c["series"] == r["series"] and c["batch_size"] == r["x"]
+                        and c["chosen"]), None)
+    present = [s for s in series if any(r["series"] == s for r in rows)]
+    keys = {t.get("key") for _, t in chosen_trials + default_trials}
+    return {"name": "tuned", "title": FIGURE_TITLES["tuned"], "xlabel": BATCH_LABEL, "series": present,
+            "rows": rows, "article": [], "setting": _setting([t for _, t in chosen_trials]), "keys": keys,
+            "choices": choices, "drops": [_drop(rows, label_of[g][0]) for g in groups]}
+
+
+def _drop(rows: list[dict], series: str) -> dict:
+    """The tuned series' best batch size and the first larger one whose mean is clearly below it
+    (Welch interval of the difference below 0), or None if none is."""
+    mine = sorted((r for r in rows if r["series"] == series and r["n_done"]), key=lambda r: r["x"])
+    if not mine:
+        return {"series": series, "best": None, "drop_from": None, "diff": None}
+    best = max(mine, key=lambda r: r["mean"])
+    for r in mine:
+        if r["x"] > best["x"]:
+            w = welch(r["accuracies"], best["accuracies"])
+            if w["ci_high"] is not None and w["ci_high"] < 0:
+                return {"series": series, "best": best["x"], "drop_from": r["x"], "diff": w}
+    return {"series": series, "best": best["x"], "drop_from": None, "diff": None}
+
+
+def collapse_table(trials: list[dict]) -> dict:
+    """Collapse rate per cell (optimizer, data set, protocol; by batch size) over the trials whose
+    collapse was recorded, as rows of `cells` (collapse_rate and its Wilson interval)."""
+    known = [t for t in trials if t.get("collapsed") is not None and t["status"] == "done"]
+    sfx = _context_suffixer(known)
+
+    def by_setting(t):
+        if t.get("collapsed") is None:
+            return None
+        name = OPTIMIZER_NAMES.get(field(t, "optimizer"), field(t, "optimizer"))
+        rest = protocol_label(protocol_of(t))
+        return f"{name}, {field(t, 'dataset')}" + ("" if rest == "article protocol" else f", {rest}") + sfx(t)
+    # the article's protocol first (no third part), SGD before Adam, standard before augmented
+    labels = sorted({by_setting(t) for t in known},
+                    key=lambda s: (s.count(",") > 1, not s.startswith("SGD"), "augmented" in s, s))
+    return _table("collapse", FIGURE_TITLES["collapse"], known, by_setting, labels)
+
+
+def claims_by_context(trials: list[dict]) -> list[dict]:
+    """The article's claims (catsdogs.claims) on the sweep's article-protocol cells, one list per
+    context (epochs, image size, backend) the sweep has; [] when it has none."""
+    out = []
+    contexts = claims.article_cells(trials, field, is_article_protocol)
+    for (epochs, size, backend), accuracies in sorted(contexts.items(), key=lambda kv: str(kv[0])):
+        label = f"{epochs} epochs, {size} px" + (f", {BACKEND_NAMES.get(backend, backend)}" if len(contexts) > 1 else "")
+        out.append({"context": label, "results": claims.evaluate_all(accuracies)})
+    return out
 
 
 def _accum_steps(label: str) -> int:
@@ -563,6 +634,53 @@ def plot_accuracy(ax, rows: list[dict], series: list[str] | None = None,
     return out
 
 
+def plot_collapse(ax, rows: list[dict], series: list[str] | None = None, dodge: float = 0.12) -> dict:
+    """Draw each cell's collapse rate (%) against batch size on a log2 axis, with its Wilson 95%
+    interval and "k/n" beside it; one colour per series. Returns {series: {"rate", "ci"}}."""
+    series = list(series or dict.fromkeys(r["series"] for r in rows))
+    rows = [r for r in rows if r["n_collapse_known"]]
+    xs = sorted({r["x"] for r in rows})
+    k = len(series)
+    out: dict = {}
+    for i, s in enumerate(series):
+        mine = sorted((r for r in rows if r["series"] == s), key=lambda r: r["x"])
+        shift, color = 2 ** ((i - (k - 1) / 2) * dodge), f"C{i % 10}"
+        x = [r["x"] * shift for r in mine]
+        y = [100 * r["collapse_rate"] for r in mine]
+        (rate,) = ax.plot(x, y, "-o", color=color, markersize=6, linewidth=1.8, label=s, zorder=4)
+        ci = ax.errorbar(x, y, yerr=[[100 * (r["collapse_rate"] - r["collapse_ci_low"]) for r in mine],
+                                     [100 * (r["collapse_ci_high"] - r["collapse_rate"]) for r in mine]],
+                         fmt="none", ecolor=color, elinewidth=1.2, capsize=3, zorder=3)
+        for r, xi, yi in zip(mine, x, y, strict=True):
+            ax.annotate(f"{r['n_collapsed']}/{r['n_collapse_known']}", (xi, yi), xytext=(5, 3),
+                        textcoords="offset points", fontsize=7.5, color=color, zorder=5)
+        out[s] = {"rate": rate, "ci": ci}
+    ax.set_xscale("log", base=2)
+    if xs:
+        ax.set_xticks(xs, labels=[str(x) for x in xs])
+        ax.set_xlim(min(xs) / 2 ** 0.45, max(xs) * 2 ** 0.45)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_ylim(-4, 104)
+    ax.set_xlabel(BATCH_LABEL)
+    ax.set_ylabel("runs that collapsed (%)")
+    ax.grid(True, axis="y", alpha=0.3)
+    handles = [out[s]["rate"] for s in series if s in out]
+    handles.append(Line2D([], [], linestyle="none", marker="|", color="0.2", markersize=14,
+                          markeredgewidth=1.2, label=f"{LEVEL:.0%} CI (Wilson); k/n runs"))
+    out["legend"] = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                              borderaxespad=0.0, fontsize=9, frameon=False)
+    return out
+
+
+def make_collapse_figure(table: dict, note: str | None = None) -> tuple[Figure, dict]:
+    fig = Figure(figsize=(9.5, 4.6), layout="constrained")
+    ax = fig.add_subplot()
+    artists = plot_collapse(ax, table["rows"], series=table["series"])
+    bits = [b for b in (note, table.get("setting"), "a collapse: one class predicted for all test images") if b]
+    ax.set_title(table["title"] + "\n" + " · ".join(bits), fontsize=10.5, loc="left")
+    return fig, artists
+
+
 def figure_title(table: dict, note: str | None = None) -> str:
     """The title, and a second line: the note, what is drawn, and whether trials are missing."""
     c = status_counts(table["rows"])
@@ -585,6 +703,12 @@ def make_figure(table: dict, note: str | None = None) -> tuple[Figure, dict]:
     ax = fig.add_subplot()
     artists = plot_accuracy(ax, table["rows"], series=table["series"], article=table["article"],
                             xlabel=table["xlabel"], label_accumulated=table["name"] == "accumulation")
+    if table["name"] == "tuned":  # the learning rate each tuned point trained with
+        for r in table["rows"]:
+            if r.get("lr") is not None and r["n_done"] and "tuned" in r["series"]:
+                ax.annotate(f"lr {r['lr']:g}", (r["x"] * artists[r["series"]]["shift"], 100 * r["mean"]),
+                            xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7.5,
+                            color=artists[r["series"]]["mean"].get_color(), zorder=6)
     ax.set_title(figure_title(table, note), fontsize=10.5, loc="left")
     return fig, artists
 
@@ -608,6 +732,7 @@ def markdown(name: str, summary: dict, note: str | None = None) -> str:
         "interval (marked n=1). *article*: the value the article reports (its text, one run). "
         "failed / oom / pending / running: trials of the cell that did not finish, or not yet; "
         "none is dropped.", ""]
+    lines += claims_markdown(summary.get("claims") or [])
     if not summary["figures"]:
         lines += ["No figure: the sweep has no trial that any figure shows.", ""]
     for table in summary["figures"]:
@@ -632,11 +757,15 @@ def markdown(name: str, summary: dict, note: str | None = None) -> str:
             if table["name"] == "accumulation":
                 cols.insert(2, f"{r['batch_size']} × {r['accumulate']}")
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cols) + " |")
+        if table["name"] == "tuned":
+            lines += tuned_markdown(table)
         errors = sorted({e.strip().splitlines()[-1][:160] for r in table["rows"] for e in r["errors"] if e.strip()})
         if errors:
             lines += ["", "Errors of the failed / out-of-memory trials:", ""]
             lines += [f"- `{e}`" for e in errors]
         lines.append("")
+    lines += collapse_markdown(summary.get("collapse"))
+    lines += adaptive_markdown(summary.get("adaptive"))
     unused = summary["unused"]
     if unused:
         kinds: dict[str, int] = {}
@@ -651,6 +780,95 @@ def markdown(name: str, summary: dict, note: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def claims_markdown(contexts: list[dict]) -> list[str]:
+    if not contexts:
+        return []
+    lines = ["## The article's claims", "",
+             "Each claim of the article compares cells of its protocol. The difference of two cells' mean "
+             f"test accuracies (points) has Welch's {LEVEL:.0%} interval (unequal spreads and numbers of "
+             "seeds; see catsdogs/stats.py). **supported**: the interval lies wholly on the claimed side; "
+             "**contradicted**: wholly on the other; **unsettled**: it straddles the line, so more seeds "
+             f"are needed. A \"sharp\" drop is more than {claims.SHARP:g} points; \"still good\" is less than "
+             f"{claims.SHARP:g} points below; \"optimal\" is above every other batch size of the optimizer "
+             "(shown: against its strongest rival). Seeds: the cell's, then the compared cells'.", ""]
+    for ctx in contexts:
+        if len(contexts) > 1:
+            lines += [f"### {ctx['context']}", ""]
+        lines += claims.markdown_table(ctx["results"]) + [""]
+        lines += [f"- {claims.sentence(r)}" for r in ctx["results"]] + [""]
+    return lines
+
+
+def tuned_markdown(table: dict) -> list[str]:
+    lines = ["", "Every learning rate tried, per batch size: mean validation accuracy (what chooses) and "
+             "mean test accuracy (what the figure reports), over finished seeds; ✓ the choice.", "",
+             "| series | batch size | lr | n done | validation | test | chosen |", "|---|---|---|---|---|---|---|"]
+    for c in table["choices"]:
+        lines.append(f"| {c['series']} | {c['batch_size']} | {c['lr']:g} | {c['n_done']} | {_pct(c['val_mean'])} "
+                     f"| {_pct(c['test_mean'])} | {'✓' if c['chosen'] else ''} |")
+    lines.append("")
+    for d in table["drops"]:
+        if d["best"] is None:
+            continue
+        if d["drop_from"] is None:
+            lines.append(f"- {d['series']}: best at batch size {d['best']}; no larger batch size is clearly "
+                         "below it (every Welch interval of the difference reaches 0).")
+        else:
+            w = d["diff"]
+            lines.append(f"- {d['series']}: best at batch size {d['best']}; the drop remains from "
+                         f"{d['drop_from']}: {100 * w['diff']:+.1f} points (95% interval {100 * w['ci_low']:+.1f} "
+                         f"to {100 * w['ci_high']:+.1f}).")
+    return lines
+
+
+def collapse_markdown(table: dict | None) -> list[str]:
+    if not table or not table["rows"]:
+        return []
+    lines = ["## Collapses", "", "A run **collapses** when its trained model predicts one class for every "
+             "test image (50% accuracy on the balanced test set). Rate: collapsed runs of those recorded, "
+             f"with Wilson's {LEVEL:.0%} interval; accuracy of the runs that did not collapse beside it; "
+             "dead units: the mean share of the Dense(128) layer's ReLU units that output 0 for every "
+             "test image after training.", "", "![collapse](figures/collapse.png)", "",
+             "| series | batch size | runs | collapsed | rate % | 95% CI | accuracy, not collapsed | 95% CI | dead units % |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in table["rows"]:
+        ci = f"{_pct(r['collapse_ci_low'], 0)}–{_pct(r['collapse_ci_high'], 0)}"
+        ok_ci = ("—" if r["not_collapsed_ci_low"] is None else
+                 f"{_pct(r['not_collapsed_ci_low'])}–{_pct(r['not_collapsed_ci_high'])}")
+        lines.append(f"| {r['series']} | {r['x']} | {r['n_collapse_known']} | {r['n_collapsed']} | "
+                     f"{_pct(r['collapse_rate'], 0)} | {ci} | {_pct(r['not_collapsed_mean'])} | {ok_ci} | "
+                     f"{_pct(r['dead_units'], 0)} |")
+    return [*lines, ""]
+
+
+def adaptive_state(trials: list[dict], adaptive: dict | None) -> dict | None:
+    """Where each cell of an adaptive-seeds sweep stands ({"target_ci", "max_seeds", "cells"})."""
+    if not adaptive:
+        return None
+    from catsdogs.schema import TrialConfig
+
+    grid = [TrialConfig.from_dict(t["config"]) for t in trials if t.get("config")]
+    state = seeds.next_seeds(grid, {t["key"]: t for t in trials}, adaptive["target_ci"], adaptive["max_seeds"])
+    return {**adaptive, "cells": state["cells"]}
+
+
+def adaptive_markdown(state: dict | None) -> list[str]:
+    if not state:
+        return []
+    cells_ = state["cells"]
+    met = sum(1 for c in cells_.values() if c["state"] == "met")
+    lines = ["## Adaptive seeds", "", f"Target: every cell's 95% interval within ±{state['target_ci']:g} points, "
+             f"with at most {state['max_seeds']} seeds. {met} of {len(cells_)} cells meet it."]
+    short = [(cell, c) for cell, c in cells_.items() if c["state"] != "met"]
+    if short:
+        lines += ["", "Cells that do not meet it:", "", "| cell | seeds | half-width (points) | why |", "|---|---|---|---|"]
+        why = {"max-seeds": f"reached --max-seeds ({state['max_seeds']})", "more": "still running (seeds to add)"}
+        for cell, c in short:
+            half = "—" if c["half_width"] is None else f"{c['half_width']:.1f}"
+            lines.append(f"| {cell.label().replace(' seed=0', '')} | {c['seeds']} | {half} | {why.get(c['state'], c['state'])} |")
+    return [*lines, ""]
+
+
 def csv_text(summary: dict) -> str:
     """summary.csv: the rows of every figure, one per cell, with a `figure` column."""
     buf = io.StringIO()
@@ -662,8 +880,9 @@ def csv_text(summary: dict) -> str:
             row["figure"] = table["name"]
             row["accuracies"] = ";".join(f"{a:.6g}" for a in r["accuracies"])
             row["seeds"] = ";".join(str(s) for s in r["seeds"])
-            for k in ("mean", "ci_low", "ci_high", "ci_half_width", "sd", "t", "article"):
-                row[k] = "" if r[k] is None else f"{r[k]:.6g}"
+            for k in ("mean", "ci_low", "ci_high", "ci_half_width", "sd", "t", "article", "collapse_rate",
+                      "collapse_ci_low", "collapse_ci_high", "not_collapsed_mean", "val_mean", "lr"):
+                row[k] = "" if r.get(k) is None else f"{r[k]:.6g}"
             w.writerow(row)
     return buf.getvalue()
 
@@ -680,6 +899,8 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
     if note is None and data_source_kind(out / config.STORE_FILE, name) == "synthetic":
         note = "synthetic data"  # a figure from the stand-in data set always says so
     summary = summarize(trials)
+    with Store(out / config.STORE_FILE) as store:
+        summary["adaptive"] = adaptive_state(trials, (store.sweep_config(name) or {}).get("adaptive"))
     folder = out / name
     paths: dict = {"figures": {}}
     for table in summary["figures"]:
@@ -689,6 +910,13 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
         extra = "".join(f", {c[k]} {k}" for k in NOT_DONE if c[k])
         log(f"{table['name']}: {len(table['rows'])} cells, {c['done']} trials done{extra} -> "
             f"{paths['figures'][table['name']]['png']} (and .svg)")
+    if summary["collapse"]["rows"]:
+        fig, _ = make_collapse_figure(summary["collapse"], note)
+        paths["figures"]["collapse"] = save_figure(fig, folder / "figures" / "collapse")
+        log(f"collapse: {len(summary['collapse']['rows'])} cells -> {paths['figures']['collapse']['png']} (and .svg)")
+    for ctx in summary["claims"]:
+        verdicts = [r["verdict"] for r in ctx["results"]]
+        log(f"claims ({ctx['context']}): " + ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts)))
     if not summary["figures"]:
         log(f"no figure: none of the {len(trials)} trials of {name!r} belongs to one")
     if summary["unused"]:

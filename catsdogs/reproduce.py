@@ -28,7 +28,7 @@ from catsdogs import config
 from catsdogs.errors import CatsdogsError
 from catsdogs.schema import PROTOCOL_FIELDS
 
-PLAN_KEYS = {"name", "seeds", "epochs", "note", "data_dir", "prepare", "grids"}
+PLAN_KEYS = {"name", "seeds", "epochs", "note", "data_dir", "prepare", "grids", "target_ci", "max_seeds"}
 PREPARE_KEYS = {"source", "sha256", "verify", "per_class", "split", "size", "seed"}
 GRID_KEYS = {"opt", "batch_size", "dataset", "epochs", *PROTOCOL_FIELDS}
 
@@ -65,6 +65,12 @@ def check_plan(plan: dict, where: str) -> None:
             raise CatsdogsError(f"{where}: unknown key {bad[0]!r} in {section}; known: {', '.join(sorted(allowed))}")
 
     unknown(plan, PLAN_KEYS, "the top level")
+    if "max_seeds" in plan and "target_ci" not in plan:
+        raise CatsdogsError(f"{where}: max_seeds caps adaptive seeds: give target_ci too")
+    for key, kind in (("seeds", int), ("epochs", int), ("max_seeds", int), ("target_ci", (int, float))):
+        value = plan.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or value <= 0):
+            raise CatsdogsError(f"{where}: {key} must be a positive number, got {value!r}")
     unknown(plan.get("prepare", {}), PREPARE_KEYS, "[prepare]")
     grids = plan.get("grids") or {}
     if not grids:
@@ -100,12 +106,12 @@ def plan_trials(plan: dict, data_dir: Path, seeds: int | None = None) -> list:
 
 
 def reproduce(plan: dict, *, data_dir: Path, out: Path, name: str | None = None, seeds: int | None = None,
-              source: str | None = None, workers: int = 1, isolate: bool = False, overwrite: bool = False,
+              target_ci: float | None = None, max_seeds: int | None = None, source: str | None = None, workers: int = 1, isolate: bool = False, overwrite: bool = False,
               log=print, progress: bool = False, slots=None) -> dict:
     """prepare -> sweep (all grids, shared trials once) -> report; resumable like sweep."""
     from catsdogs.prepare import prepare
     from catsdogs.report import report
-    from catsdogs.sweep import run_sweep
+    from catsdogs.sweep import run_adaptive_sweep, run_sweep
 
     p = dict(plan.get("prepare", {}))
     source = source or p.get("source", config.ARCHIVE_URL)
@@ -123,9 +129,16 @@ def reproduce(plan: dict, *, data_dir: Path, out: Path, name: str | None = None,
     name = name or plan.get("name", "article")
     trials = plan_trials(plan, data_dir, seeds)
     log(f"== sweep {name}: {len(trials)} trials")
-    counts = run_sweep(name, trials, data_dir, out, overwrite=overwrite, log=log, workers=workers,
-                       isolate=isolate, sweep_config={"plan": plan, "seeds": seeds}, slots=slots)
+    run = dict(overwrite=overwrite, log=log, workers=workers, isolate=isolate,
+               sweep_config={"plan": plan, "seeds": seeds}, slots=slots)
+    if target_ci is None:
+        counts = run_sweep(name, trials, data_dir, out, **run)
+        n_trials = len(trials)
+    else:
+        counts = run_adaptive_sweep(name, trials, data_dir, out, target_ci=target_ci,
+                                    max_seeds=max_seeds or config.MAX_SEEDS, **run)
+        n_trials = counts["trials"]  # with every seed the rounds added
     note = plan.get("note") or ("synthetic data" if manifest["source"]["kind"] == "synthetic" else None)
     log("== report")
     paths = report(name, out, note=note, log=log)
-    return {"counts": counts, "report": paths, "trials": len(trials)}
+    return {"counts": counts, "report": paths, "trials": n_trials}

@@ -48,9 +48,15 @@ STRATEGIES = ("none", "mirrored")
 BACKENDS = ("tensorflow", "jax")  # Keras's backends catsdogs runs on; chosen by KERAS_BACKEND
 
 
-def _protocol(help: str, choices: tuple | None = None, flag: str | None = None):
-    """Metadata of a protocol field: a sweep option beyond the article, off by default."""
-    return {"protocol": True, "help": help, "choices": choices, "flag": flag}
+def _protocol(help: str, choices: tuple | None = None, multiple: bool = False):
+    """Metadata of a protocol field: a sweep option beyond the article, off by default;
+    `multiple`: the option takes several values, and the sweep crosses them with its grid."""
+    return {"protocol": True, "help": help, "choices": choices, "multiple": multiple}
+
+
+# Fields added after trials were first stored: left out of a trial's key while at their default,
+# so a store written before them resumes with the same keys.
+KEY_OMITS_DEFAULT = ("backend",)
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,10 @@ class TrialConfig:
     image_size: int = config.IMAGE_SIZE
     data: str = ""  # fingerprint of the prepared images (manifest.json), so new data = new trials
     lr: float | None = field(default=None, metadata=_protocol(
-        "Learning rate [default: the optimizer's Keras default, SGD 0.01, Adam 0.001]."))
+        "Learning rates, crossed with the grid: `--lr 0.0005 0.001 0.002`; the report picks the "
+        "best per batch size by validation accuracy [default: the optimizer's Keras default, "
+        "SGD 0.01, Adam 0.001; a value equal to it is that default, the same trial].",
+        multiple=True))
     lr_scaling: str = field(default="none", metadata=_protocol(
         "Scale the learning rate with batch size / --base-batch-size.", LR_SCALINGS))
     base_batch_size: int = field(default=32, metadata=_protocol(
@@ -89,8 +98,9 @@ class TrialConfig:
 
     def key(self) -> str:
         d = asdict(self)
-        if d["backend"] == "tensorflow":  # trials from before the field keep their keys
-            del d["backend"]
+        for name in KEY_OMITS_DEFAULT:
+            if d[name] == default(name):
+                del d[name]
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -146,6 +156,16 @@ def _field(name: str):
 # The TrialConfig fields beyond the grid's own (optimizer, batch size, data set, seed, epochs):
 # the protocol options of `sweep` and the protocol keys a `reproduce` grid may vary.
 PROTOCOL_FIELDS = tuple(f.name for f in fields(TrialConfig) if f.metadata.get("protocol"))
+
+
+def multiple(name: str) -> bool:
+    """True for a protocol field that a sweep takes several values of (crossed with its grid)."""
+    return bool(_field(name).metadata.get("multiple"))
+
+
+def normalized_lr(optimizer: str, lr: float | None) -> float | None:
+    """None for the optimizer's Keras default: `--lr 0.001` with Adam is the article's trial."""
+    return None if lr is None or float(lr) == DEFAULT_LR[optimizer] else float(lr)
 
 
 def default(name: str):

@@ -37,9 +37,16 @@ RESULT_COLUMNS = {
     "peak_memory_mb": "REAL", "memory_kind": "TEXT", "replicas": "INTEGER",
     "wall_seconds": "REAL", "fit_seconds": "REAL", "setup_seconds": "REAL", "step_reused": "INTEGER",
     "weights_digest": "TEXT", "history": "TEXT", "env": "TEXT", "error": "TEXT",
+    # The trained model's validation accuracy, and what it does on the test images
+    # (engine.diagnose): a collapse (one class for all), its dog share, dead Dense units, logits;
+    # the initial_ ones for the model as it started.
+    "val_accuracy": "REAL", "collapsed": "INTEGER", "dog_share": "REAL", "dead_units": "REAL",
+    "logit_abs": "REAL", "logit_sd": "REAL", "initial_dog_share": "REAL",
+    "initial_dead_units": "REAL", "initial_logit_abs": "REAL", "initial_logit_sd": "REAL",
 }
 CSV_COLUMNS = [
     "optimizer", "batch_size", "dataset", "seed", "status", "test_accuracy", "test_loss",
+    "val_accuracy", "collapsed", "dog_share", "dead_units", "initial_dead_units", "initial_logit_abs",
     "epochs", "steps", "train_seconds", "images_per_second", "peak_memory_mb", "learning_rate",
     *schema.PROTOCOL_FIELDS, "backend", "replicas", "image_size", "memory_kind", "wall_seconds",
     "weights_digest", "attempts", "key", "error",

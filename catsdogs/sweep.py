@@ -22,29 +22,42 @@ from dataclasses import asdict
 from pathlib import Path
 
 from catsdogs import backends, config
+from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
 from catsdogs.manifest import require_prepared
 from catsdogs.provenance import versions
-from catsdogs.schema import LOST, TrialConfig
+from catsdogs.schema import LOST, TrialConfig, default, normalized_lr
+from catsdogs.seeds import cell_of, next_seeds
 from catsdogs.store import Store
 from catsdogs.worker import Worker, slot_env
 
 
-def plan(optimizers, batch_sizes, datasets, seeds: int, epochs: int, data_dir: Path,
+def plan(optimizers, batch_sizes, datasets, seeds: int | range, epochs: int, data_dir: Path,
          **protocol) -> list[TrialConfig]:
     """The grid, seed-major: every cell gets its first seed before any gets its second,
-    so a sweep stopped early still covers the whole figure."""
+    so a sweep stopped early still covers the whole figure. `seeds`: how many (0..N-1), or
+    which. A protocol value given as a list (several learning rates) is crossed with the grid;
+    a learning rate equal to the optimizer's default is that default (the same trial)."""
     manifest = require_prepared(Path(data_dir))
     size = manifest["params"]["size"]
     backend = backends.check()  # the workers' backend: part of each trial's identity
+    seeds = range(seeds) if isinstance(seeds, int) else seeds
     grid = []
-    for seed, dataset, opt, bs in itertools.product(range(seeds), datasets, optimizers, batch_sizes):
+    for seed, p, dataset, opt, bs in itertools.product(seeds, protocol_combinations(protocol), datasets,
+                                                       optimizers, batch_sizes):
+        p = {**p, "lr": normalized_lr(opt, p["lr"])} if "lr" in p else p
         cfg = TrialConfig(optimizer=opt, batch_size=int(bs), dataset=dataset, seed=seed, epochs=epochs,
-                          image_size=size, data=manifest["fingerprint"][dataset], backend=backend,
-                          **protocol)
+                          image_size=size, data=manifest["fingerprint"][dataset], backend=backend, **p)
         cfg.check()
         grid.append(cfg)
     return list(dict.fromkeys(grid))  # the same trial asked twice runs once
+
+
+def protocol_combinations(protocol: dict) -> list[dict]:
+    """Protocol settings, one dict per combination of the values given as lists or tuples
+    (an empty list: the field's default)."""
+    lists = {k: (list(v) or [default(k)]) if isinstance(v, (list, tuple)) else [v] for k, v in protocol.items()}
+    return [dict(zip(lists, combo, strict=True)) for combo in itertools.product(*lists.values())]
 
 
 def store_path(out: Path) -> Path:
@@ -259,3 +272,50 @@ def _outcome_line(record: dict, seconds: float) -> str:
                 f"{record['images_per_second']:.0f} images/s, {seconds:.1f} s{reused}")
     first = (record.get("error") or "").splitlines()[0] if record.get("error") else ""
     return f"    {record['status']}: {first}"
+
+
+# --- adaptive seeds ----------------------------------------------------------------------------
+
+
+def run_adaptive_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *, target_ci: float,
+                       max_seeds: int, overwrite: bool = False, log=print, sweep_config: dict | None = None,
+                       **kwargs) -> dict:
+    """Run `grid`, then keep adding one seed to every cell whose interval is still wider than
+    ±target_ci points, round after round (seed-major, as every sweep), until each cell meets it or
+    has max_seeds seeds. Resumable: the rounds are decided from the store, so the same command
+    again finds the same cells, runs what is left, and goes on."""
+    seeds_run = _seeds_in_store(name, grid, out)
+    if seeds_run > max_seeds:
+        raise CatsdogsError(f"sweep {name!r} already has seeds 0-{seeds_run - 1} of these cells: "
+                            f"--max-seeds must be at least {seeds_run}")
+    sweep_config = {**(sweep_config or {}), "adaptive": {"target_ci": target_ci, "max_seeds": max_seeds}}
+    round_no = 1
+    while True:
+        counts = run_sweep(name, grid, data_dir, out, overwrite=overwrite and round_no == 1, log=log,
+                           sweep_config=sweep_config, **kwargs)
+        with Store(store_path(out)) as store:
+            rows = {c.key(): store.get(c.key()) or {} for c in grid}
+        step = next_seeds(grid, rows, target_ci, max_seeds)
+        states = [c["state"] for c in step["cells"].values()]
+        summary = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
+        if not step["add"]:
+            log(f"Adaptive seeds: every cell is done ({summary}; target ±{target_ci:g} points, "
+                f"at most {max_seeds} seeds).")
+            return {**counts, "cells": step["cells"], "trials": len(grid)}
+        round_no += 1
+        log(f"Adaptive seeds, round {round_no}: {len(step['add'])} cells wider than ±{target_ci:g} points "
+            f"get another seed ({summary}).")
+        grid = grid + step["add"]
+
+
+def _seeds_in_store(name: str, grid: list[TrialConfig], out: Path) -> int:
+    """The most seeds any of the grid's cells has in sweep `name` of the store (0 if none)."""
+    if not store_path(out).exists():
+        return 0
+    cells = {cell_of(c) for c in grid}
+    with Store(store_path(out)) as store:
+        if name not in store.sweeps():
+            return 0
+        seeds = [t["seed"] + 1 for t in store.trials(name)
+                 if cell_of(TrialConfig.from_dict(t["config"])) in cells]
+    return max(seeds, default=0)

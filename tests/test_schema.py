@@ -24,7 +24,9 @@ def test_every_protocol_field_is_a_sweep_option_with_the_schemas_default_and_val
         # given a protocol field of the schema, then the sweep command has its option
         option = options[name]
         assert option.opts == ["--" + name.replace("_", "-")]
-        assert option.default == schema.default(name)
+        # one taking several values (crossed with the grid) defaults to none: the schema's default
+        assert option.multiple == schema.multiple(name)
+        assert option.default == (() if option.multiple else schema.default(name))
         choices = schema.allowed_values(name)
         assert (tuple(option.type.choices) if choices else None) == choices
         assert option.help == schema.option_help(name)
