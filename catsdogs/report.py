@@ -652,7 +652,7 @@ def plot_collapse(ax, rows: list[dict], series: list[str] | None = None, dodge: 
                                      [100 * (r["collapse_ci_high"] - r["collapse_rate"]) for r in mine]],
                          fmt="none", ecolor=color, elinewidth=1.2, capsize=3, zorder=3)
         for r, xi, yi in zip(mine, x, y, strict=True):
-            ax.annotate(f"{r['n_collapsed']}/{r['n_collapse_known']}", (xi, yi), xytext=(5, 3),
+            ax.annotate(f"{r['n_collapsed']}/{r['n_collapse_known']}", (xi, yi), xytext=(4, 2 + 8 * i),
                         textcoords="offset points", fontsize=7.5, color=color, zorder=5)
         out[s] = {"rate": rate, "ci": ci}
     ax.set_xscale("log", base=2)

@@ -1,0 +1,169 @@
+"""Adaptive seeds (`--target-ci`, `--max-seeds`), several learning rates in one sweep, and what a
+trial records about its model (validation accuracy, collapse, dead units)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from catsdogs import seeds
+from catsdogs.cli import cli
+from catsdogs.reproduce import load_plan, plan_trials
+from catsdogs.schema import TrialConfig
+from catsdogs.store import Store
+
+SIZE = 32
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+@pytest.fixture(scope="module")
+def data_dir(prepared_data) -> Path:
+    """Given: a small prepared synthetic data set (32 px, 24/8/8 images per class)."""
+    return prepared_data(SIZE, (24, 8, 8))
+
+
+def sweep(data_dir, out, *extra):
+    return CliRunner().invoke(cli, ["sweep", "--data-dir", str(data_dir), "--out", str(out), "--name", "a",
+                                    "--epochs", "1", "--opt", "adam", *extra])
+
+
+# --- which cells get another seed --------------------------------------------------------------
+
+
+def _cell(bs: int, accuracies: list[float | None], statuses: list[str] | None = None):
+    grid = [TrialConfig("adam", bs, "standard", s) for s in range(len(accuracies))]
+    statuses = statuses or ["done"] * len(accuracies)
+    rows = {c.key(): {"status": st, "test_accuracy": a} for c, a, st in zip(grid, accuracies, statuses, strict=True)}
+    return grid, rows
+
+
+def test_given_cells_when_next_seeds_then_only_wide_cells_under_the_cap_get_one_more():
+    tight, tight_rows = _cell(16, [0.80, 0.80, 0.81])  # half-width ~1.4 points
+    wide, wide_rows = _cell(32, [0.5, 0.9, 0.7])  # ~50 points
+    capped, capped_rows = _cell(64, [0.5, 0.9, 0.7, 0.6])  # wide, at the cap of 4
+    oom, oom_rows = _cell(128, [0.5, 0.9, None], ["done", "done", "oom"])
+    step = seeds.next_seeds(tight + wide + capped + oom, {**tight_rows, **wide_rows, **capped_rows, **oom_rows},
+                            target_ci=5, max_seeds=4)
+    # then the wide cell gets seed 3, and nothing else gets a seed
+    assert step["add"] == [TrialConfig("adam", 32, "standard", 3)]
+    states = {cell.batch_size: c["state"] for cell, c in step["cells"].items()}
+    assert states == {16: "met", 32: "more", 64: "max-seeds", 128: "stopped (oom)"}
+    assert step["cells"][TrialConfig("adam", 16, "standard", 0)]["half_width"] < 5
+
+
+def test_given_one_finished_seed_when_next_seeds_then_it_needs_another():
+    grid, rows = _cell(16, [0.8])
+    assert seeds.next_seeds(grid, rows, target_ci=5, max_seeds=3)["add"] == [TrialConfig("adam", 16, "standard", 1)]
+
+
+# --- the adaptive sweep ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_adaptive_sweep_adds_seeds_to_wide_cells_until_the_cap_and_resumes(data_dir, tmp_path):
+    # given cells that start with one seed (no interval yet) and a target of ±0.001 points
+    args = ["--batch-size", "8", "16", "--seeds", "1", "--target-ci", "0.001", "--max-seeds", "3"]
+    result = sweep(data_dir, tmp_path, *args)
+    assert result.exit_code == 0, result.output
+    # then round 2 gives both cells seed 1; a third round only the cells whose two seeds differ
+    assert "Adaptive seeds, round 2: 2 cells wider than ±0.001 points get another seed" in result.output
+    with Store(tmp_path / "results.sqlite") as store:
+        trials = store.trials("a")
+    by_cell: dict[int, list[float]] = {}
+    for t in trials:
+        by_cell.setdefault(t["batch_size"], []).append(t["test_accuracy"])
+    for bs, accuracies in by_cell.items():
+        # a cell stops at two seeds only when they agree (a zero-width interval), else at the cap
+        assert len(accuracies) == (2 if len(set(accuracies[:2])) == 1 else 3), (bs, accuracies)
+    assert [t["seed"] for t in trials][:4] == [0, 0, 1, 1]  # seed-major
+    n_capped = sum(len(a) == 3 for a in by_cell.values())
+    # when the same command runs again, then nothing trains
+    again = sweep(data_dir, tmp_path, *args)
+    assert again.exit_code == 0 and "epoch 1/1" not in again.output
+    # when the report runs, then it lists the cells that reached --max-seeds
+    report = CliRunner().invoke(cli, ["report", "--name", "a", "--out", str(tmp_path)])
+    assert report.exit_code == 0, report.output
+    md = (tmp_path / "a" / "results.md").read_text()
+    assert "## Adaptive seeds" in md and f"{2 - n_capped} of 2 cells meet it" in md
+    assert md.count("reached --max-seeds (3)") == n_capped
+    # when --max-seeds is below the seeds already run, then one line, exit 1, nothing run
+    most = max(len(a) for a in by_cell.values())
+    lower = sweep(data_dir, tmp_path, "--batch-size", "8", "16", "--seeds", "1", "--target-ci", "0.001",
+                  "--max-seeds", "1")
+    assert lower.exit_code == 1 and f"--max-seeds must be at least {most}" in lower.output
+    assert len(lower.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target-ci", "0"], "Invalid value for '--target-ci': must be a positive number of points, got 0"),
+    (["--target-ci", "-2"], "must be a positive number of points"),
+    (["--target-ci", "5", "--max-seeds", "2"], "2 is below the 3 seeds every cell starts with"),
+    (["--max-seeds", "5"], "--max-seeds caps adaptive seeds: give --target-ci too"),
+    (["--lr", "0"], "learning rate must be positive"),
+])
+def test_bad_adaptive_and_lr_options_are_one_line_usage_errors(data_dir, tmp_path, args, message):
+    result = sweep(data_dir, tmp_path, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_plan_with_a_bad_target_is_a_usage_error(data_dir, tmp_path):
+    plan = tmp_path / "p.toml"
+    plan.write_text('max_seeds = 5\n[grids.g]\nopt = ["adam"]\nbatch_size = [8]\n')
+    result = CliRunner().invoke(cli, ["reproduce", "--config", str(plan), "--data-dir", str(data_dir),
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "max_seeds caps adaptive seeds: give target_ci too" in result.output
+    plan.write_text('target_ci = -1\n[grids.g]\nopt = ["adam"]\nbatch_size = [8]\n')
+    result = CliRunner().invoke(cli, ["reproduce", "--config", str(plan), "--data-dir", str(data_dir),
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "target_ci must be a positive number, got -1" in result.output
+
+
+# --- several learning rates -------------------------------------------------------------------
+
+
+def _planned(output: str) -> list[str]:
+    return [line.split("  ", 2)[2].strip() for line in output.splitlines() if "  new " in line]
+
+
+def test_several_learning_rates_are_crossed_and_the_default_is_the_articles_trial(data_dir, tmp_path):
+    result = sweep(data_dir, tmp_path, "--batch-size", "8", "--seeds", "1", "--lr", "0.0005", "0.001", "--dry-run")
+    assert result.exit_code == 0, result.output
+    # then two trials: Adam's default (0.001) is the article's trial, with no lr of its own
+    assert _planned(result.output) == ["adam bs=8 standard seed=0 epochs=1 lr=0.0005",
+                                       "adam bs=8 standard seed=0 epochs=1"]
+    plain = sweep(data_dir, tmp_path, "--batch-size", "8", "--seeds", "1", "--dry-run")
+    assert plain.output.split()[0] == result.output.splitlines()[1].split()[0]  # the same key
+
+
+def test_the_tuned_plan_crosses_three_learning_rates_per_optimizer(data_dir):
+    plan = load_plan(CONFIGS / "tuned.toml")
+    trials = plan_trials(plan, data_dir)
+    assert len(trials) == 2 * 4 * 3 * plan["seeds"]
+    assert {(t.optimizer, t.lr) for t in trials} == {("sgd", None), ("sgd", 0.03), ("sgd", 0.1),
+                                                      ("adam", 0.0003), ("adam", None), ("adam", 0.003)}
+
+
+# --- what a trial records about its model -----------------------------------------------------
+
+
+def test_a_trial_records_validation_accuracy_and_its_models_collapse_diagnostics(data_dir, tmp_path):
+    result = sweep(data_dir, tmp_path, "--batch-size", "8", "--seeds", "1")
+    assert result.exit_code == 0, result.output
+    with open(tmp_path / "a" / "results.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    with Store(tmp_path / "results.sqlite") as store:
+        (trial,) = store.trials("a")
+    # then the validation accuracy is the last epoch's, and the collapse flag agrees with the dog share
+    assert float(row["val_accuracy"]) == pytest.approx(trial["history"][-1]["val_accuracy"])
+    assert trial["collapsed"] == int(trial["dog_share"] in (0.0, 1.0))
+    # the test accuracy and the dog share describe the same predictions: with 8 cats and 8 dogs,
+    # predicting every image Dog (or Cat) is exactly 50% accurate
+    if trial["collapsed"]:
+        assert trial["test_accuracy"] == pytest.approx(0.5)
+    for k in ("dead_units", "initial_dead_units", "dog_share", "initial_dog_share"):
+        assert 0 <= trial[k] <= 1, k
+    assert trial["initial_logit_abs"] > 0 and trial["logit_sd"] >= 0
