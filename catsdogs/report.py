@@ -433,7 +433,7 @@ def tune_learning_rates(trials: list[dict]) -> dict:
         lrs.setdefault((_tuning_group(t), int(field(t, "batch_size"))), set()).add(_lr(t))
     groups = sorted({g for (g, _), v in lrs.items() if len(v) > 1}, key=lambda g: (g[0] != "sgd", g))
     chosen_trials, default_trials, choices, series = [], [], [], []
-    many = len({g[:2] for g in groups}) > 1 or len({g[2] for g in groups}) > 1
+    many = len({g[1] for g in groups}) > 1  # name the data set only where the figure has two
     label_of: dict[tuple, tuple[str, str]] = {}
     for g in groups:
         name = OPTIMIZER_NAMES.get(g[0], g[0])

@@ -139,12 +139,14 @@ def test_several_learning_rates_are_crossed_and_the_default_is_the_articles_tria
     assert plain.output.split()[0] == result.output.splitlines()[1].split()[0]  # the same key
 
 
-def test_the_tuned_plan_crosses_three_learning_rates_per_optimizer(data_dir):
+def test_the_tuned_plan_crosses_four_learning_rates_per_optimizer(data_dir):
     plan = load_plan(CONFIGS / "tuned.toml")
     trials = plan_trials(plan, data_dir)
-    assert len(trials) == 2 * 4 * 3 * plan["seeds"]
-    assert {(t.optimizer, t.lr) for t in trials} == {("sgd", None), ("sgd", 0.03), ("sgd", 0.1),
-                                                      ("adam", 0.0003), ("adam", None), ("adam", 0.003)}
+    assert len(trials) == 2 * 4 * 4 * plan["seeds"]
+    # the default learning rates are the article's trials (lr None), shared with its plans
+    assert {(t.optimizer, t.lr) for t in trials} == {
+        ("sgd", None), ("sgd", 0.03), ("sgd", 0.1), ("sgd", 0.3),
+        ("adam", 0.0003), ("adam", None), ("adam", 0.003), ("adam", 0.01)}
 
 
 # --- what a trial records about its model -----------------------------------------------------

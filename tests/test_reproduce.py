@@ -65,6 +65,10 @@ def test_reproduce_runs_the_quick_plan_end_to_end_and_shares_trials(keras_backen
             assert (out / "quick" / "figures" / f"{figure}.{ext}").stat().st_size > 1000
     summary = (out / "quick" / "results.md").read_text()
     assert "synthetic data" in summary and "| Adam | 64 | 3 |" in summary
+    # and the claims (the quick plan lacks most of the article's cells: "not run", never an error),
+    # and every trial's collapse, drawn
+    assert "## The article's claims" in summary and "not run: no finished trial of SGD at 16" in summary
+    assert "## Collapses" in summary and (out / "quick" / "figures" / "collapse.png").stat().st_size > 1000
     # when it runs again, then nothing is trained again
     again = CliRunner().invoke(cli, args)
     assert again.exit_code == 0 and "24 of 24 trials already finished" in again.output
