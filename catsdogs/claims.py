@@ -153,7 +153,7 @@ def sentence(result: dict) -> str:
     rival = cell_name(result["versus"])
     what = f"{cell_name(claim.cell)} is {abs(d):.1f} points {'above' if d >= 0 else 'below'} {rival}"
     if claim.kind == "best":
-        what += ", its strongest rival,"
+        what += ", its strongest rival"
     interval = (f" (95% interval {low:+.1f} to {high:+.1f})" if low is not None
                 else " (no interval: a cell has one seed)")
     return f"*{claim.says}*: {what}{interval}: **{result['verdict_text']}**."
