@@ -259,11 +259,17 @@ def test_a_bad_config_key_is_a_usage_error(data_dir, tmp_path):
 def test_ctrl_c_stops_cleanly_and_gives_the_trial_back(keras_backend, data_dir, tmp_path):
     cmd = [sys.executable, "-m", "catsdogs", *sweep_args(data_dir, tmp_path, "c", "--opt", "adam",
                                                          "--batch-size", "8")]
+    # As from a terminal: SIGINT at its default, even where the suite itself was started in the
+    # background (a shell without job control starts background jobs with SIGINT ignored, and a
+    # Python started so ignores Ctrl-C for good)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in proc.stdout:  # wait until the trial is running
         if line.startswith("[1/1]"):
             break
+    else:
+        pytest.fail("the sweep ended before its trial started")
     proc.send_signal(signal.SIGINT)
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 130
