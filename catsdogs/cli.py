@@ -588,7 +588,8 @@ def reproduce(config_file, source, seeds, target_ci, max_seeds, name, data_dir, 
     if data_dir is None and plan.get("data_dir") and not os.environ.get(config.DATA_DIR_ENV):
         data_dir = Path(plan["data_dir"])  # a plan at other sizes keeps its images apart
     result = rp.reproduce(plan, data_dir=resolved_data_dir(data_dir), out=out, name=name, seeds=seeds,
-                          target_ci=target_ci, max_seeds=max_seeds, source=source, workers=workers, isolate=isolate, overwrite=overwrite, log=click.echo,
+                          target_ci=target_ci, max_seeds=max_seeds, source=source, workers=workers,
+                          isolate=isolate, overwrite=overwrite, log=click.echo,
                           progress=not quiet and sys.stderr.isatty())
     counts = result["counts"]
     return 0 if counts["done"] == result["trials"] else 1

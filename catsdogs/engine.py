@@ -261,16 +261,16 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
     train_ds = backend.train_batches(train, cfg.batch_size, cfg.seed, n_batches=per_epoch * epochs,
                                      cross_epochs=cfg.budget == "steps")
     val_ds = backend.eval_batches(val, cfg.batch_size) if len(val) else None
+    test_ds = backend.eval_batches(test, cfg.batch_size)
     timer = _epoch_timer(epochs, on_epoch)
-    with step.strategy.scope():  # the model as it starts, on the test images (changes nothing)
-        initial = diagnose(step, backend.eval_batches(test, cfg.batch_size), prefix="initial_")
-    fit_started = time.time()
     with step.strategy.scope():  # JAX's trainer reads its distribution when fit runs
+        initial = diagnose(step, test_ds, prefix="initial_")  # the model as it starts (changes nothing)
+        fit_started = time.time()
         hist = model.fit(train_ds, validation_data=val_ds, epochs=epochs, steps_per_epoch=per_epoch,
                          callbacks=[timer], shuffle=False, verbose=0)  # the dataset shuffles
         fit_seconds = time.time() - fit_started
-        test_loss, test_acc = model.evaluate(backend.eval_batches(test, cfg.batch_size), verbose=0)
-        final = diagnose(step, backend.eval_batches(test, cfg.batch_size))
+        test_loss, test_acc = model.evaluate(test_ds, verbose=0)
+        final = diagnose(step, test_ds)
 
     batches = per_epoch * len(hist.history["loss"])  # what fit ran: full batches only
     # Keras counts updates, not accumulated batches

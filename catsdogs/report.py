@@ -432,21 +432,24 @@ def tune_learning_rates(trials: list[dict]) -> dict:
     for t in plain:
         lrs.setdefault((_tuning_group(t), int(field(t, "batch_size"))), set()).add(_lr(t))
     groups = sorted({g for (g, _), v in lrs.items() if len(v) > 1}, key=lambda g: (g[0] != "sgd", g))
-    chosen_trials, default_trials, choices, series = [], [], [], []
+    choices, series = [], []
+    members: dict[str, list[dict]] = {}  # by series; a default-rate trial may be in both of its group's
+    chosen_lr: dict[tuple[str, int], float] = {}  # (tuned series, batch size) -> the rate it trained with
     many = len({g[1] for g in groups}) > 1  # name the data set only where the figure has two
     label_of: dict[tuple, tuple[str, str]] = {}
     for g in groups:
         name = OPTIMIZER_NAMES.get(g[0], g[0])
         rest = protocol_label(dict(g[2]))
         prefix = name + (f", {g[1]} data" if many else "") + ("" if rest == "article protocol" else f", {rest}")
-        label_of[g] = (f"{prefix}, lr tuned per batch size", f"{prefix}, default lr {DEFAULT_LR[g[0]]:g}")
-        series += list(label_of[g])
-        members = [t for t in plain if _tuning_group(t) == g]
-        for bs in sorted({int(field(t, "batch_size")) for t in members}):
-            at = [t for t in members if int(field(t, "batch_size")) == bs]
+        label_of[g] = tuned, default_rate = (f"{prefix}, lr tuned per batch size",
+                                             f"{prefix}, default lr {DEFAULT_LR[g[0]]:g}")
+        series += [tuned, default_rate]
+        in_group = [t for t in plain if _tuning_group(t) == g]
+        for bs in sorted({int(field(t, "batch_size")) for t in in_group}):
             by_lr: dict[float, list[dict]] = {}
-            for t in at:
-                by_lr.setdefault(_lr(t), []).append(t)
+            for t in in_group:
+                if int(field(t, "batch_size")) == bs:
+                    by_lr.setdefault(_lr(t), []).append(t)
             done = {lr: [t for t in ts if t["status"] == "done" and _accuracy(t) is not None]
                     for lr, ts in by_lr.items()}
             scored = {lr: _mean_of(validation_accuracy(t) for t in ts) for lr, ts in done.items()}
@@ -454,23 +457,23 @@ def tune_learning_rates(trials: list[dict]) -> dict:
             # ties go to the learning rate nearer the optimizer's default (log scale)
             best = max(scored, key=lambda lr: (scored[lr], -abs(math.log(lr / DEFAULT_LR[g[0]]))), default=None)
             for lr in sorted(by_lr):
-                choices.append({"series": label_of[g][0], "batch_size": bs, "lr": lr, "n_done": len(done[lr]),
+                choices.append({"series": tuned, "batch_size": bs, "lr": lr, "n_done": len(done[lr]),
                                 "val_mean": scored.get(lr),
                                 "test_mean": _mean_of(_accuracy(t) for t in done[lr]), "chosen": lr == best})
             if best is not None:
-                chosen_trials += [(g, t) for t in by_lr[best]]
-            default_trials += [(g, t) for t in by_lr.get(DEFAULT_LR[g[0]], [])]
-    rows = []
-    for pairs, which in ((chosen_trials, 0), (default_trials, 1)):
-        members = {id(t): g for g, t in pairs}
-        rows += cells([t for _, t in pairs], lambda t, m=members, w=which: label_of[m[id(t)]][w], series=series)
-    for r in rows:  # the learning rate each tuned point trained with
-        r["lr"] = next((c["lr"] for c in choices if c["series"] == r["series"] and c["batch_size"] == r["x"]
-                        and c["chosen"]), None)
+                chosen_lr[(tuned, bs)] = best
+                members.setdefault(tuned, []).extend(by_lr[best])
+            members.setdefault(default_rate, []).extend(by_lr.get(DEFAULT_LR[g[0]], []))
+    # every tuned series, then every default-rate one
+    order = [label_of[g][0] for g in groups] + [label_of[g][1] for g in groups]
+    rows = [r for s in order for r in cells(members.get(s, []), lambda t, s=s: s)]
+    for r in rows:
+        r["lr"] = chosen_lr.get((r["series"], r["x"]))
     present = [s for s in series if any(r["series"] == s for r in rows)]
-    keys = {t.get("key") for _, t in chosen_trials + default_trials}
+    keys = {t.get("key") for ts in members.values() for t in ts}
+    tuned_trials = [t for g in groups for t in members.get(label_of[g][0], [])]
     return {"name": "tuned", "title": FIGURE_TITLES["tuned"], "xlabel": BATCH_LABEL, "series": present,
-            "rows": rows, "article": [], "setting": _setting([t for _, t in chosen_trials]), "keys": keys,
+            "rows": rows, "article": [], "setting": _setting(tuned_trials), "keys": keys,
             "choices": choices, "drops": [_drop(rows, label_of[g][0]) for g in groups]}
 
 

@@ -106,8 +106,9 @@ def plan_trials(plan: dict, data_dir: Path, seeds: int | None = None) -> list:
 
 
 def reproduce(plan: dict, *, data_dir: Path, out: Path, name: str | None = None, seeds: int | None = None,
-              target_ci: float | None = None, max_seeds: int | None = None, source: str | None = None, workers: int = 1, isolate: bool = False, overwrite: bool = False,
-              log=print, progress: bool = False, slots=None) -> dict:
+              target_ci: float | None = None, max_seeds: int | None = None, source: str | None = None,
+              workers: int = 1, isolate: bool = False, overwrite: bool = False, log=print,
+              progress: bool = False, slots=None) -> dict:
     """prepare -> sweep (all grids, shared trials once) -> report; resumable like sweep."""
     from catsdogs.prepare import prepare
     from catsdogs.report import report
