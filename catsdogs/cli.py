@@ -6,7 +6,6 @@ Every error the user can fix is one line on stderr and a non-zero exit: 2 for us
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
@@ -38,6 +37,8 @@ class OneLineErrors(click.Group):
             sys.exit(130)
         except CatsdogsError as e:
             click.echo(f"Error: {e}", err=True)
+            if e.hint:  # what to do about it, on a line of its own
+                click.echo(e.hint, err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -112,8 +113,18 @@ def resolved_data_dir(data_dir: Path | None) -> Path:
     return data_dir if data_dir is not None else config.default_data_dir()
 
 
+def _print_version(ctx: click.Context, param, value) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from catsdogs import backends
+
+    click.echo(f"catsdogs {__version__}: {backends.describe()}")
+    ctx.exit()
+
+
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="catsdogs")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print catsdogs's version and the Keras backend it would train on, then exit.")
 def cli():
     """Which batch size should I train with, and what does it cost in accuracy, speed, memory?
 
@@ -199,72 +210,70 @@ def protocol_options(f):
     return f
 
 
-def load_toml(path: Path) -> dict:
-    from catsdogs.reproduce import read_toml
+class PlanType(click.ParamType):
+    """A plan: a built-in plan's name (`catsdogs plans`) or a TOML file's path, read and checked."""
 
-    try:
-        return read_toml(path)
-    except CatsdogsError as e:
-        raise click.BadParameter(str(e), param_hint="'--config'") from None
+    name = "PLAN"
+
+    def convert(self, value, param, ctx):
+        from catsdogs import plans
+
+        if isinstance(value, plans.Plan):
+            return value
+        try:
+            return plans.load(str(value))
+        except CatsdogsError as e:
+            self.fail(str(e), param, ctx)
 
 
-def merge_config(ctx: click.Context, values: dict, file_values: dict, section: str | None = None) -> dict:
-    """Command-line values win over the TOML file, which wins over the defaults."""
+# The sweep options a plan's grids hold, and those its top level holds.
+GRID_OPTIONS = ("opt", "batch_size", "dataset", "epochs", *PROTOCOL_FIELDS)
+TOP_OPTIONS = ("seeds", "name", "target_ci", "max_seeds")
+
+
+def _given(ctx: click.Context, name: str) -> bool:
     from click.core import ParameterSource
 
-    if section:
-        file_values = file_values.get(section, file_values)
-    known = {p.name for p in ctx.command.params}
-    merged = dict(values)
-    for key, value in file_values.items():
-        name = key.replace("-", "_")
-        if isinstance(value, dict):
-            continue  # another command's section
-        if name not in known or name == "config":
-            raise click.BadParameter(f"unknown key {key!r} in the config file", param_hint="'--config'")
-        if ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None):
-            param = next(p for p in ctx.command.params if p.name == name)
-            if param.multiple and not isinstance(value, list):
-                value = [value]
-            merged[name] = tuple(value) if param.multiple else value
-    return merged
+    return ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
 
 
-def check_sweep_values(v: dict) -> None:
-    """The same checks for command-line and TOML values; each failure is a usage error."""
-    from catsdogs.schema import TrialConfig
+def _as_plan_value(value):
+    return list(value) if isinstance(value, tuple) else value
 
-    if not v["opt"]:
-        raise click.UsageError("give at least one optimizer, e.g. --opt adam sgd")
-    for opt in v["opt"]:
-        if opt not in config.OPTIMIZERS:
-            raise click.BadParameter(f"unknown optimizer {opt!r}; choose from {', '.join(config.OPTIMIZERS)}",
-                                     param_hint="'--opt'")
-    for ds in v["dataset"]:
-        if ds not in config.DATASETS:
-            raise click.BadParameter(f"unknown dataset {ds!r}; choose from {', '.join(config.DATASETS)}",
-                                     param_hint="'--dataset'")
-    for bs in v["batch_size"]:
-        if not isinstance(bs, int) or bs < 1:
-            raise click.BadParameter(f"batch sizes must be whole numbers >= 1, got {bs}", param_hint="'--batch-size'")
-    if v.get("workers", 1) > 1 and v.get("strategy") == "mirrored":
-        raise click.UsageError("--strategy mirrored uses every GPU for one trial: use it with --workers 1")
-    if v["seeds"] < 1 or v["epochs"] < 1:
-        raise click.UsageError("--seeds and --epochs must be at least 1")
-    check_adaptive(v["target_ci"], v["max_seeds"], v["seeds"])
-    check_name(v["name"])
+
+def resolve_sweep(ctx: click.Context, values: dict):
+    """(plan, data dir): the --config plan with the command line's values in place, or without
+    --config a one-grid plan of the command line's values. Each bad value is a usage error."""
+    from catsdogs import plans
+
+    base = values["config_file"]
+    # Without a plan every option counts, defaults too; with one, only those given.
+    counts = (lambda k: True) if base is None else (lambda k: _given(ctx, k))
+    grid = {k: _as_plan_value(values[k]) for k in GRID_OPTIONS
+            if counts(k) and values[k] is not None and values[k] != ()}
     try:
-        for protocol in sweep_protocols(v):
-            TrialConfig(v["opt"][0], v["batch_size"][0], v["dataset"][0], 0, v["epochs"], **protocol).check()
-    except ValueError as e:
+        plans.check_grid(grid)
+    except plans.PlanError as e:
+        raise click.BadParameter(str(e), param_hint=f"'--{e.key.replace('_', '-')}'") from None
+    top = {k: values[k] for k in TOP_OPTIONS if counts(k) and values[k] is not None}
+    if "name" in top:
+        check_name(top["name"])
+    settings = base.settings if base is not None else {}
+    seeds = top.get("seeds", settings.get("seeds", config.SEEDS))
+    if seeds < 1 or grid.get("epochs", 1) < 1:
+        raise click.UsageError("--seeds and --epochs must be at least 1")
+    check_adaptive(top.get("target_ci", settings.get("target_ci")), top.get("max_seeds", settings.get("max_seeds")),
+                   seeds)
+    if base is None:
+        base = plans.Plan({"grids": {"sweep": {}}}, "the command line")
+    try:
+        plan = plans.with_overrides(base, top, grid)
+    except plans.PlanError as e:
         raise click.UsageError(str(e)) from None
-
-
-def sweep_protocols(v: dict) -> list[dict]:
-    """Every combination of the protocol options' values (those taking several, crossed)."""
-    from catsdogs.sweep import protocol_combinations
-
-    return protocol_combinations({k: v[k] for k in PROTOCOL_FIELDS})
+    uses_mirrored = any("mirrored" in plans._as_list(g.get("strategy", [])) for g in plan.settings["grids"].values())
+    if values.get("workers", 1) > 1 and uses_mirrored:
+        raise click.UsageError("--strategy mirrored uses every GPU for one trial: use it with --workers 1")
+    return plan, plans.data_dir(plan, values["data_dir"])
 
 
 def check_adaptive(target_ci: float | None, max_seeds: int | None, seeds: int) -> None:
@@ -298,8 +307,10 @@ def sweep_options(f):
         click.option("--epochs", type=int, default=config.EPOCHS, show_default=True, help="Epochs per trial."),
         click.option("--name", default="sweep", show_default=True,
                      help="Name of the sweep: its CSV and figures go to OUT/NAME/."),
-        click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="TOML file with the same keys (opt, batch_size, ...); command-line values win."),
+        click.option("--config", "config_file", type=PlanType(), default=None,
+                     help="A plan: a built-in plan's name (`catsdogs plans`) or a TOML file's path. Its "
+                          "grids, seeds, epochs, name and data_dir are the sweep's; an option given on "
+                          "the command line wins (a grid option, like --opt, in every grid)."),
         data_dir_option,
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
                      show_default=True, help="Where the results store and each sweep's folder go."),
@@ -318,22 +329,18 @@ def sweep_options(f):
     return f
 
 
-def resolve_sweep(ctx: click.Context, values: dict) -> dict:
-    file_values = load_toml(values["config_file"]) if values.get("config_file") else {}
-    v = merge_config(ctx, values, file_values, section="sweep")
-    v["data_dir"] = resolved_data_dir(Path(v["data_dir"]) if v.get("data_dir") else None)
-    v["out"] = Path(v["out"])
-    check_sweep_values(v)
-    return v
+def planned_trials(plan, data_dir: Path) -> list:
+    """The plan's trials; unprepared data is a usage error that says how to prepare it."""
+    from catsdogs import plans
+    from catsdogs.manifest import load_manifest
 
-
-def grid_for(v: dict):
-    from catsdogs import sweep as sw
-
+    if load_manifest(data_dir) is None:
+        also = f" (or `catsdogs reproduce --config {plan.ref}`, which prepares and trains)" if plan.ref else ""
+        raise click.UsageError(f"{data_dir} holds no finished prepared data set: run "
+                               f"`{plans.prepare_command(plan, data_dir)}` first{also}")
     try:
-        return sw.plan(v["opt"], v["batch_size"], v["dataset"], v["seeds"], v["epochs"], v["data_dir"],
-                       **{k: v[k] for k in PROTOCOL_FIELDS})
-    except CatsdogsError as e:  # an unprepared data dir is a usage error here
+        return plans.trials(plan, data_dir)
+    except CatsdogsError as e:
         raise click.UsageError(str(e)) from None
 
 
@@ -357,33 +364,27 @@ def sweep(ctx, **values):
     that fails or runs out of memory takes its worker with it, and the next gets a fresh one.
     Each outcome (done, failed, oom) goes to OUT/results.sqlite and OUT/NAME/results.csv.
     Run the same command again to resume."""
+    from catsdogs import plans
     from catsdogs import sweep as sw
 
-    v = resolve_sweep(ctx, values)
-    grid = grid_for(v)
-    if v["dry_run"]:
-        for line in sw.describe(grid, v["out"]):
+    plan, data_dir = resolve_sweep(ctx, values)
+    grid = planned_trials(plan, data_dir)
+    if values["dry_run"]:
+        for line in sw.describe(grid, values["out"]):
             click.echo(line)
         return 0
-    settings = {k: (list(x) if isinstance(x, tuple) else x) for k, x in v.items()
-                if k not in ("data_dir", "out", "config_file", "dry_run")}
-    slots, workers = None, v["workers"]
-    if v["backend"] == "ray":
-        from click.core import ParameterSource
-
+    slots, workers = None, values["workers"]
+    if values["backend"] == "ray":
         from catsdogs import ray_backend
 
-        explicit = workers != 1 or ctx.get_parameter_source("workers") not in (
-            ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
-        slots, workers = ray_backend.make_slots(v["ray_address"], workers=workers if explicit else None,
-                                                 isolate=v["isolate"], log=click.echo)
-    run = dict(overwrite=v["overwrite"], retry_failed=v["retry_failed"], log=click.echo,
-               sweep_config={"settings": settings}, workers=workers, isolate=v["isolate"], slots=slots)
-    if v["target_ci"] is None:
-        counts = sw.run_sweep(v["name"], grid, v["data_dir"], v["out"], **run)
-        return 0 if counts["done"] == len(grid) else 1
-    counts = sw.run_adaptive_sweep(v["name"], grid, v["data_dir"], v["out"], target_ci=v["target_ci"],
-                                   max_seeds=v["max_seeds"] or config.MAX_SEEDS, **run)
+        explicit = workers != 1 or _given(ctx, "workers")
+        slots, workers = ray_backend.make_slots(values["ray_address"], workers=workers if explicit else None,
+                                                 isolate=values["isolate"], log=click.echo)
+    target_ci, max_seeds = plans.adaptive(plan)
+    counts = sw.run(plan.name, grid, data_dir, values["out"], target_ci=target_ci, max_seeds=max_seeds,
+                    overwrite=values["overwrite"], retry_failed=values["retry_failed"], log=click.echo,
+                    sweep_config={"plan": plan.settings, "plan_origin": plan.origin}, workers=workers,
+                    isolate=values["isolate"], slots=slots)
     return 0 if counts["done"] == counts["trials"] else 1
 
 
@@ -544,17 +545,19 @@ def report(name, out, title_note):
 
 
 @cli.command(cls=TrainingCommand)
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="The plan: a TOML file with [prepare] and [grids.NAME] sections "
-                   "[default: configs/article.toml, the article's full protocol; "
-                   "configs/quick.toml is a few-minute offline run].")
-@click.option("--source", default=None, help="Override the plan's source (URL, .zip, folder, 'synthetic').")
+@click.option("--config", "plan", type=PlanType(), default="article", show_default=True,
+              help="The plan: a built-in plan's name or a TOML file's path. `catsdogs plans` lists "
+                   "the built-in ones: article is the article's full protocol, quick a few-minute "
+                   "offline run.")
+@click.option("--source", default=None, callback=lambda ctx, param, v: v if v is None else check_source(v),
+              help="Override the plan's source (URL, .zip, extracted folder, 'synthetic').")
 @click.option("--seeds", type=click.IntRange(min=1), default=None, help="Override the plan's seeds per point.")
 @click.option("--target-ci", type=float, default=None, metavar="W",
               help=TARGET_CI_HELP + " Overrides the plan's target_ci.")
 @click.option("--max-seeds", type=int, default=None, metavar="M",
               help=f"The most seeds a cell gets with a target [default: the plan's max_seeds, else {config.MAX_SEEDS}].")
-@click.option("--name", default=None, help="Override the plan's name (the sweep; outputs in OUT/NAME/).")
+@click.option("--name", default=None, callback=lambda ctx, param, v: v if v is None else check_name(v),
+              help="Override the plan's name (the sweep; outputs in OUT/NAME/).")
 @data_dir_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
               show_default=True, help="Where the results store and the sweep's folder go.")
@@ -563,36 +566,58 @@ def report(name, out, title_note):
 @ISOLATE_OPTION
 @click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def reproduce(config_file, source, seeds, target_ci, max_seeds, name, data_dir, out, workers, isolate, overwrite,
-              quiet):
-    """The whole article in one command: prepare, both figures' grids, report.
+def reproduce(plan, source, seeds, target_ci, max_seeds, name, data_dir, out, workers, isolate, overwrite, quiet):
+    """The whole article in one command: prepare, the plan's grids, report.
 
     Trials the two figures share run once; run it again to resume. Figures and tables land
-    in OUT/NAME/ (see `catsdogs report --help`)."""
+    in OUT/NAME/ (see `catsdogs report --help`), the prepared images in the plan's data_dir
+    (else ./data)."""
+    from catsdogs import plans
     from catsdogs import reproduce as rp
 
-    path = config_file or rp.default_plan_path()
-    if not Path(path).is_file():
-        raise click.BadParameter(f"no such file: {path}", param_hint="'--config'")
-    if name is not None:
-        check_name(name)
-    if source is not None:
-        check_source(source)
+    top = {k: v for k, v in (("seeds", seeds), ("name", name), ("target_ci", target_ci),
+                             ("max_seeds", max_seeds)) if v is not None}
+    check_adaptive(top.get("target_ci", plan.settings.get("target_ci")),
+                   top.get("max_seeds", plan.settings.get("max_seeds")),
+                   top.get("seeds", plan.settings.get("seeds", config.SEEDS)))
     try:
-        plan = rp.load_plan(path)
-    except CatsdogsError as e:
+        plan = plans.with_overrides(plan, top, {})
+    except plans.PlanError as e:
         raise click.UsageError(str(e)) from None
-    target_ci = target_ci if target_ci is not None else plan.get("target_ci")
-    max_seeds = max_seeds if max_seeds is not None else plan.get("max_seeds")
-    check_adaptive(target_ci, max_seeds, seeds or plan.get("seeds", config.SEEDS))
-    if data_dir is None and plan.get("data_dir") and not os.environ.get(config.DATA_DIR_ENV):
-        data_dir = Path(plan["data_dir"])  # a plan at other sizes keeps its images apart
-    result = rp.reproduce(plan, data_dir=resolved_data_dir(data_dir), out=out, name=name, seeds=seeds,
-                          target_ci=target_ci, max_seeds=max_seeds, source=source, workers=workers,
+    result = rp.reproduce(plan, data_dir=plans.data_dir(plan, data_dir), out=out, source=source, workers=workers,
                           isolate=isolate, overwrite=overwrite, log=click.echo,
                           progress=not quiet and sys.stderr.isatty())
     counts = result["counts"]
     return 0 if counts["done"] == result["trials"] else 1
+
+
+# --- plans ----------------------------------------------------------------------------------
+
+
+@cli.command("plans")
+@click.argument("plan", type=PlanType(), required=False)
+def list_plans(plan):
+    """The built-in plans: what each runs and how long it takes. With PLAN, its TOML.
+
+    A plan is what `catsdogs reproduce --config PLAN` prepares, trains and reports on, and
+    `catsdogs sweep --config PLAN` trains (on data already prepared). To write your own, start
+    from one: `catsdogs plans quick > my.toml`, edit it, then `--config my.toml`. The format is
+    in the README ("Plans"); an unknown key or a bad value is an error naming it."""
+    from catsdogs import plans
+
+    if plan is not None:
+        click.echo(plan.text, nl=False)
+        return 0
+    for name in plans.names():
+        p = plans.load(name)
+        n = plans.count(p)
+        target, most = plans.adaptive(p)
+        trials = f"{n} trials" if target is None else f"{n}-{plans.count(p, seeds=most)} trials"
+        click.echo(f"{name:<14}{p.settings.get('description', '')}")
+        click.echo(f"{'':<14}{trials}; {p.settings.get('duration', 'duration not measured')}")
+    click.echo(f"Run one: catsdogs reproduce --config NAME (default: {plans.DEFAULT_PLAN}); "
+               "print one: catsdogs plans NAME")
+    return 0
 
 
 main = cli

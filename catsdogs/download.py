@@ -15,6 +15,7 @@ import os
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -29,8 +30,12 @@ from rich.progress import (
 )
 
 from catsdogs import __version__
-from catsdogs.errors import ChecksumError, DownloadError
+from catsdogs.errors import ChecksumError, DownloadError, UnreachableError
 
+# A server that no attempt could connect to (no network, a name that does not resolve, a refused
+# port) is tried this many more times, not `retries`: the user is most likely offline, and waiting
+# half a minute to be told so helps no one. A connection lost mid-body keeps every retry.
+CONNECT_RETRIES = 2
 CHUNK_SIZE = 1 << 20  # 1 MiB: large enough to keep syscalls cheap, small enough for a smooth bar
 # Some servers refuse urllib's default "Python-urllib/3.x" agent.
 USER_AGENT = f"catsdogs/{__version__} (+urllib)"
@@ -150,22 +155,31 @@ def _download_with_retries(
 ) -> tuple[str, int | None]:
     """Run attempts until one delivers the whole body; return (sha256 hex, total size)."""
     last_error = ""
+    connected = False  # whether any attempt reached the server
     for attempt in range(retries + 1):
         try:
             response, offset, total = _open(url, part, timeout, log)
+            connected = True
             bar.update(task, total=total, completed=offset)
             digest = _stream(response, part, offset, total, bar, task)
             return digest, total
         except _TRANSIENT as exc:
             last_error = _describe(exc)
-            if attempt == retries:
+            # urlopen wraps every failure to connect in a URLError; anything else came from a server
+            connected = connected or not isinstance(exc, urllib.error.URLError)
+            allowed = retries if connected else min(retries, CONNECT_RETRIES)
+            if attempt >= allowed:
                 break
             delay = backoff * 2**attempt
             log(
                 f"Download interrupted ({last_error}); retrying in {delay:g}s "
-                f"(retry {attempt + 1} of {retries})"
+                f"(retry {attempt + 1} of {allowed})"
             )
             time.sleep(delay)
+    if not connected:
+        host = urllib.parse.urlsplit(url).netloc
+        raise UnreachableError(f"Cannot reach {host} (no network?) to download {url}: {last_error}, "
+                               f"after {attempt} retries")
     raise DownloadError(f"Could not download {url} after {retries} retries: {last_error}")
 
 

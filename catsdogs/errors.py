@@ -2,11 +2,20 @@
 
 
 class CatsdogsError(Exception):
-    """Something the user can fix: bad input, a failed download, a missing data set."""
+    """Something the user can fix: bad input, a failed download, a missing data set. `hint`, when
+    there is one, says what to do about it (the CLI prints it on a second line)."""
+
+    def __init__(self, message: str = "", hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
 
 
 class DownloadError(CatsdogsError):
     """The archive could not be fetched (HTTP error, network down after every retry)."""
+
+
+class UnreachableError(DownloadError):
+    """No attempt reached the server: most likely no network (or a wrong host name)."""
 
 
 class ChecksumError(DownloadError):

@@ -42,7 +42,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from catsdogs import config
-from catsdogs.errors import ArchiveError, CatsdogsError
+from catsdogs.errors import ArchiveError, CatsdogsError, ChecksumError, DownloadError
 from catsdogs.files import write_json_atomic
 from catsdogs.manifest import FORMAT, MANIFEST, count_files, load_manifest
 from catsdogs.provenance import versions
@@ -228,6 +228,12 @@ def synthetic_valid_count(per_class: int) -> int:
     return per_class + max(10, per_class // 10)
 
 
+# The second line of every failed download: each other way in, all three offline.
+WITHOUT_DOWNLOAD = ("Without the download: --source FILE.zip (the archive, fetched some other way), "
+                    "--source FOLDER (it extracted), or --source synthetic (a generated stand-in; "
+                    "`catsdogs reproduce --config quick` runs the whole article on it).")
+
+
 def resolve_source(params: PrepareParams, data_dir: Path, log, progress: bool) -> tuple[Path, dict]:
     """Return the PetImages folder and a description of where it came from."""
     src = params.source
@@ -248,8 +254,14 @@ def resolve_source(params: PrepareParams, data_dir: Path, log, progress: bool) -
 
         name = PurePosixPath(src.split("?")[0]).name or "archive.zip"
         expected_size = config.ARCHIVE_SIZE if src == config.ARCHIVE_URL else None
-        archive = download(src, downloads / name, sha256=params.sha256,
-                           expected_size=expected_size, progress=progress, log=log)
+        try:
+            archive = download(src, downloads / name, sha256=params.sha256,
+                               expected_size=expected_size, progress=progress, log=log)
+        except ChecksumError:
+            raise
+        except DownloadError as e:
+            e.hint = WITHOUT_DOWNLOAD
+            raise
         pets, sha = extract_archive(archive, data_dir, params.sha256, log)
         return pets, {"kind": "url", "url": src, "sha256": sha}
     path = Path(src).expanduser()

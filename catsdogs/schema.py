@@ -10,7 +10,7 @@ Vocabulary (used by every command):
 Everything else is derived from the dataclass below: the sweep's command-line options
 (`cli.protocol_options`), the store's columns (`store.CONFIG_COLUMNS`), the report's protocol
 defaults (`report.PROTOCOL_DEFAULTS`) and the keys a plan's grid may vary
-(`reproduce.GRID_KEYS`). tests/test_schema.py fails when one of them falls behind.
+(`plans.GRID_KEYS`). tests/test_schema.py fails when one of them falls behind.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def _field(name: str):
 
 
 # The TrialConfig fields beyond the grid's own (optimizer, batch size, data set, seed, epochs):
-# the protocol options of `sweep` and the protocol keys a `reproduce` grid may vary.
+# the protocol options of `sweep` and the protocol keys a plan's grid may vary.
 PROTOCOL_FIELDS = tuple(f.name for f in fields(TrialConfig) if f.metadata.get("protocol"))
 
 

@@ -34,20 +34,27 @@ from catsdogs.worker import Worker, slot_env
 
 def plan(optimizers, batch_sizes, datasets, seeds: int | range, epochs: int, data_dir: Path,
          **protocol) -> list[TrialConfig]:
+    """The grid on the prepared data in `data_dir`, for this process's Keras backend (the
+    workers'): see `grid_configs`."""
+    manifest = require_prepared(Path(data_dir))
+    return grid_configs(optimizers, batch_sizes, datasets, seeds, epochs, image_size=manifest["params"]["size"],
+                        fingerprints=manifest["fingerprint"], backend=backends.check(), **protocol)
+
+
+def grid_configs(optimizers, batch_sizes, datasets, seeds: int | range, epochs: int, *, image_size: int,
+                 fingerprints: dict, backend: str, **protocol) -> list[TrialConfig]:
     """The grid, seed-major: every cell gets its first seed before any gets its second,
     so a sweep stopped early still covers the whole figure. `seeds`: how many (0..N-1), or
     which. A protocol value given as a list (several learning rates) is crossed with the grid;
-    a learning rate equal to the optimizer's default is that default (the same trial)."""
-    manifest = require_prepared(Path(data_dir))
-    size = manifest["params"]["size"]
-    backend = backends.check()  # the workers' backend: part of each trial's identity
+    a learning rate equal to the optimizer's default is that default (the same trial).
+    `fingerprints`: each data set's (the manifest's), part of every trial's identity."""
     seeds = range(seeds) if isinstance(seeds, int) else seeds
     grid = []
     for seed, p, dataset, opt, bs in itertools.product(seeds, protocol_combinations(protocol), datasets,
                                                        optimizers, batch_sizes):
         p = {**p, "lr": normalized_lr(opt, p["lr"])} if "lr" in p else p
         cfg = TrialConfig(optimizer=opt, batch_size=int(bs), dataset=dataset, seed=seed, epochs=epochs,
-                          image_size=size, data=manifest["fingerprint"][dataset], backend=backend, **p)
+                          image_size=image_size, data=fingerprints[dataset], backend=backend, **p)
         cfg.check()
         grid.append(cfg)
     return list(dict.fromkeys(grid))  # the same trial asked twice runs once
@@ -272,6 +279,16 @@ def _outcome_line(record: dict, seconds: float) -> str:
                 f"{record['images_per_second']:.0f} images/s, {seconds:.1f} s{reused}")
     first = (record.get("error") or "").splitlines()[0] if record.get("error") else ""
     return f"    {record['status']}: {first}"
+
+
+def run(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *, target_ci: float | None = None,
+        max_seeds: int | None = None, **kwargs) -> dict:
+    """`run_sweep`, or with a target `run_adaptive_sweep`: status counts, and under "trials" how
+    many trials the sweep ended with (the adaptive rounds add some)."""
+    if target_ci is None:
+        return {**run_sweep(name, grid, data_dir, out, **kwargs), "trials": len(grid)}
+    return run_adaptive_sweep(name, grid, data_dir, out, target_ci=target_ci,
+                              max_seeds=max_seeds or config.MAX_SEEDS, **kwargs)
 
 
 # --- adaptive seeds ----------------------------------------------------------------------------

@@ -11,12 +11,11 @@ from click.testing import CliRunner
 
 from catsdogs import seeds
 from catsdogs.cli import cli
-from catsdogs.reproduce import load_plan, plan_trials
+from catsdogs.plans import load, trials
 from catsdogs.schema import TrialConfig
 from catsdogs.store import Store
 
 SIZE = 32
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +118,7 @@ def test_a_plan_with_a_bad_target_is_a_usage_error(data_dir, tmp_path):
     plan.write_text('target_ci = -1\n[grids.g]\nopt = ["adam"]\nbatch_size = [8]\n')
     result = CliRunner().invoke(cli, ["reproduce", "--config", str(plan), "--data-dir", str(data_dir),
                                       "--out", str(tmp_path)])
-    assert result.exit_code == 2 and "target_ci must be a positive number, got -1" in result.output
+    assert result.exit_code == 2 and "target_ci: must be a positive number of points, got -1" in result.output
 
 
 # --- several learning rates -------------------------------------------------------------------
@@ -140,11 +139,11 @@ def test_several_learning_rates_are_crossed_and_the_default_is_the_articles_tria
 
 
 def test_the_tuned_plan_crosses_four_learning_rates_per_optimizer(data_dir):
-    plan = load_plan(CONFIGS / "tuned.toml")
-    trials = plan_trials(plan, data_dir)
-    assert len(trials) == 2 * 4 * 4 * plan["seeds"]
+    plan = load("tuned")
+    planned = trials(plan, data_dir)
+    assert len(planned) == 2 * 4 * 4 * plan.settings["seeds"]
     # the default learning rates are the article's trials (lr None), shared with its plans
-    assert {(t.optimizer, t.lr) for t in trials} == {
+    assert {(t.optimizer, t.lr) for t in planned} == {
         ("sgd", None), ("sgd", 0.03), ("sgd", 0.1), ("sgd", 0.3),
         ("adam", 0.0003), ("adam", None), ("adam", 0.003), ("adam", 0.01)}
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from catsdogs.download import download, sha256_of
-from catsdogs.errors import ChecksumError, DownloadError
+from catsdogs.download import CONNECT_RETRIES, download, sha256_of
+from catsdogs.errors import ChecksumError, DownloadError, UnreachableError
 
 FAST = {"progress": False, "backoff": 0.01, "timeout": 5.0}
 
@@ -375,7 +375,7 @@ def test_given_a_server_that_stays_down_when_retries_run_out_then_download_error
     assert len(server.ranges) == 3
     message = str(caught.value)
     assert server.url in message and "503" in message and "2 retries" in message
-    assert "\n" not in message
+    assert "\n" not in message and not isinstance(caught.value, UnreachableError)  # it answered
     assert not dest.exists()
 
 
@@ -422,3 +422,50 @@ def test_given_a_file_when_hashing_it_then_sha256_of_matches_hashlib(tmp_path: P
 
     # when / then
     assert sha256_of(path) == hashlib.sha256(data).hexdigest()
+
+
+# --- no network --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def refusing_url(monkeypatch: pytest.MonkeyPatch):
+    """A URL on 127.0.0.1 whose port is bound but never listens: every connection is refused, as
+    when there is no network to reach the server over."""
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # held, so no one else listens there during the test
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/kagglecatsanddogs_5340.zip"
+
+
+def test_given_no_server_to_reach_when_downloading_then_few_retries_and_an_unreachable_error(
+    refusing_url: str, dest: Path
+):
+    lines: list[str] = []
+    # when: five retries allowed
+    with pytest.raises(UnreachableError) as caught:
+        download(refusing_url, dest, sha256=None, retries=5, log=lines.append, **FAST)
+    # then: no attempt ever connected, so only the few connection retries ran, and it says so
+    assert sum("retrying" in line for line in lines) == CONNECT_RETRIES < 5
+    assert "Cannot reach 127.0.0.1:" in str(caught.value) and "no network?" in str(caught.value)
+    assert not dest.exists()
+
+
+def test_given_no_network_when_the_readmes_first_command_downloads_then_the_error_says_what_to_do(
+    refusing_url: str, tmp_path: Path
+):
+    from click.testing import CliRunner
+
+    from catsdogs.cli import cli
+
+    # when reproduce (the README's first command) cannot reach the archive's server
+    result = CliRunner().invoke(cli, ["reproduce", "--source", refusing_url, "--data-dir", str(tmp_path / "d"),
+                                      "--out", str(tmp_path / "o"), "--quiet"])
+    # then it fails (exit 1) with the cause on one line and what to do instead on the next
+    assert result.exit_code == 1, result.output
+    errors = [ln for ln in result.output.splitlines() if not ln.startswith(("== ", "Download interrupted"))]
+    assert len(errors) == 2, result.output
+    assert errors[0].startswith("Error: Cannot reach 127.0.0.1:") and "refused" in errors[0]
+    for way in ("--source FILE.zip", "--source FOLDER", "--source synthetic", "catsdogs reproduce --config quick"):
+        assert way in errors[1]
+    assert "Traceback" not in result.output and not (tmp_path / "o").exists()

@@ -1,38 +1,30 @@
-"""`catsdogs reproduce`: the whole article, end to end, on configs/quick.toml."""
+"""`catsdogs reproduce`: the whole article, end to end, on the quick plan."""
 
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from catsdogs.cli import cli
-from catsdogs.errors import CatsdogsError
-from catsdogs.reproduce import check_plan, default_plan_path, load_plan, plan_trials
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+from catsdogs.plans import load, trials
 
 
 def test_the_default_plan_is_the_articles_full_protocol():
-    plan = load_plan(default_plan_path())
-    assert default_plan_path() == CONFIGS / "article.toml"
-    assert plan["seeds"] == 3 and plan["epochs"] == 5
+    # given the plan `catsdogs reproduce` runs when given none
+    default = next(p for p in cli.commands["reproduce"].params if p.name == "plan").default
+    plan = load(default).settings
+    # then it is the article's protocol: both figures, 1,000 images per class at 200 px, 5 epochs
+    assert default == "article" and plan["seeds"] == 3 and plan["epochs"] == 5
     assert plan["prepare"] == {"per_class": 1000, "split": "600,200,200", "size": 200, "seed": 0}
     assert plan["grids"]["optimizers"]["batch_size"] == [16, 32, 64, 128]
     assert plan["grids"]["augmentation"]["batch_size"] == [16, 32, 64, 128, 256]
 
 
-def test_a_plan_with_an_unknown_key_is_refused():
-    with pytest.raises(CatsdogsError, match="unknown key 'optimiser'"):
-        check_plan({"grids": {"g": {"optimiser": ["adam"], "batch_size": [8]}}}, "x.toml")
-    with pytest.raises(CatsdogsError, match="no \\[grids.NAME\\] section"):
-        check_plan({"name": "x"}, "x.toml")
-
-
 @pytest.mark.parametrize("args, message", [
     (["--config", "/no/such.toml"], "no such file"),
+    (["--config", "quik"], "no plan named 'quik'; plans: article, article-64px, beyond"),
     (["--source", "/no/such/archive.zip"], "no such file or folder"),
     (["--seeds", "0"], "--seeds"),
     (["--name", "../up"], "use letters"),
@@ -47,14 +39,12 @@ def test_bad_reproduce_options_are_one_line_usage_errors(tmp_path, args, message
 def test_reproduce_runs_the_quick_plan_end_to_end_and_shares_trials(keras_backend, tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     # when the whole quick plan runs, two trials at a time
-    args = ["reproduce", "--config", str(CONFIGS / "quick.toml"), "--data-dir", str(data),
+    args = ["reproduce", "--config", "quick", "--data-dir", str(data),
             "--out", str(out), "--workers", "2", "--quiet"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    plan = load_plan(CONFIGS / "quick.toml")
     # then the two grids' shared Adam / standard trials ran once: 8 cells x 3 seeds, not 10 x 3
-    trials = plan_trials(plan, data)
-    assert len(trials) == 24
+    assert len(trials(load("quick"), data)) == 24
     with open(out / "quick" / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 24 and {r["status"] for r in rows} == {"done"}

@@ -12,7 +12,7 @@ from dataclasses import fields
 import pytest
 from click.testing import CliRunner
 
-from catsdogs import report, reproduce, schema
+from catsdogs import plans, report, schema
 from catsdogs.cli import cli, sweep
 from catsdogs.schema import PROTOCOL_FIELDS, TrialConfig
 from catsdogs.store import CSV_COLUMNS, Store
@@ -45,7 +45,7 @@ def test_the_report_and_a_plans_grid_use_the_schemas_protocol_and_defaults():
     assert report.PROTOCOL_DEFAULTS == schema.protocol_defaults()
     assert tuple(report.PROTOCOL_DEFAULTS) == PROTOCOL_FIELDS
     assert set(report.ARTICLE_PROTOCOL) <= set(PROTOCOL_FIELDS)
-    assert set(PROTOCOL_FIELDS) <= reproduce.GRID_KEYS
+    assert set(PROTOCOL_FIELDS) <= set(plans.GRID_KEYS)
 
 
 def test_one_vocabulary_of_statuses():

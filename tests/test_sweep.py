@@ -217,13 +217,28 @@ def test_the_default_sweep_is_the_articles_first_figure(data_dir, tmp_path):
     assert all("standard" in p and "epochs" not in p for p in planned)
 
 
-def test_a_toml_config_is_read_and_the_command_line_wins(data_dir, tmp_path):
+def test_a_plan_is_read_and_the_command_line_wins(data_dir, tmp_path):
+    # given a plan with one grid
     cfg = tmp_path / "c.toml"
-    cfg.write_text('opt = ["sgd"]\nbatch_size = [8, 16, 32]\nseeds = 1\nepochs = 2\n')
+    cfg.write_text('seeds = 1\nepochs = 2\n[grids.g]\nopt = ["sgd"]\nbatch_size = [8, 16, 32]\n')
+    # when swept with a batch size of the command line's
     result = CliRunner().invoke(cli, ["sweep", "--config", str(cfg), "--batch-size", "64",
                                       "--data-dir", str(data_dir), "--out", str(tmp_path), "--dry-run"])
+    # then the command line's value replaced the grid's, the rest is the plan's
     assert result.exit_code == 0, result.output
     assert _planned(result.output) == {"sgd bs=64 standard seed=0 epochs=2"}
+
+
+def test_a_plan_runs_the_same_trials_with_sweep_as_with_reproduce(data_dir, tmp_path):
+    # given the quick plan, on data already prepared
+    from catsdogs.plans import load, trials
+
+    result = CliRunner().invoke(cli, ["sweep", "--config", "quick", "--data-dir", str(data_dir),
+                                      "--out", str(tmp_path), "--dry-run"])
+    # then sweep plans every trial of both its grids, each once, under the plan's name
+    assert result.exit_code == 0, result.output
+    keys = [line.split()[0] for line in result.output.splitlines()[:-1]]
+    assert keys == [t.key() for t in trials(load("quick"), data_dir)] and len(keys) == 24
 
 
 @pytest.mark.parametrize("args, message", [
@@ -253,6 +268,7 @@ def test_a_bad_config_key_is_a_usage_error(data_dir, tmp_path):
     cfg.write_text('optimizer = ["sgd"]\n')
     result = CliRunner().invoke(cli, ["sweep", "--config", str(cfg), "--data-dir", str(data_dir)])
     assert result.exit_code == 2 and "unknown key 'optimizer'" in result.output
+    assert len(result.output.strip().splitlines()) == 1
 
 
 @pytest.mark.slow

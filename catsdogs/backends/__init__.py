@@ -3,16 +3,20 @@
 Everything framework-specific (input pipelines, the fused optimizer update, determinism,
 memory queries, out-of-memory classification, distribution, thread settings, the device's
 matmul peak) lives in one module per backend here; the engine, the worker and profile call
-only what `current()` returns. The backend is Keras's own choice: `KERAS_BACKEND`, else
-TensorFlow, Keras's default. Importing this package imports no framework.
+only what `current()` returns. The backend is Keras's own choice: `KERAS_BACKEND`, else the
+"backend" of Keras's keras.json, else TensorFlow. Importing this package imports no framework.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import json
 import os
 import sys
+from importlib import metadata
+from pathlib import Path
 from types import ModuleType
 
 from catsdogs.errors import CatsdogsError
@@ -23,8 +27,43 @@ DEFAULT = "tensorflow"
 
 
 def name() -> str:
-    """The backend this process uses (and its workers will): Keras's convention."""
-    return os.environ.get("KERAS_BACKEND", DEFAULT).strip().lower() or DEFAULT
+    """The backend this process uses (and its workers will), chosen as Keras chooses it."""
+    return _choice()[0]
+
+
+def _choice() -> tuple[str, str]:
+    """(backend, what chose it): KERAS_BACKEND, else keras.json in $KERAS_HOME (default ~/.keras,
+    or /tmp/.keras where the home folder is read-only), else Keras's default."""
+    env = os.environ.get("KERAS_BACKEND", "").strip().lower()
+    if env:
+        return env, "KERAS_BACKEND"
+    home = os.environ.get("KERAS_HOME") or os.path.join(
+        os.path.expanduser("~") if os.access(os.path.expanduser("~"), os.W_OK) else "/tmp", ".keras")
+    path = Path(home) / "keras.json"
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        chosen = str(json.loads(path.read_text()).get("backend", "")).strip().lower()
+        if chosen:
+            return chosen, str(path)
+    return DEFAULT, "Keras's default"
+
+
+def describe() -> str:
+    """"Keras 3.15.1 on tensorflow 2.21.0 (KERAS_BACKEND)", without importing either; says so
+    where Keras or the backend is missing or the backend is not one catsdogs runs on."""
+    backend, chosen_by = _choice()
+
+    def version(pkg: str) -> str | None:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(pkg)
+        return None
+
+    keras = f"Keras {version('keras')}" if version("keras") else "Keras not installed"
+    framework = version(backend)
+    if backend not in SUPPORTED:
+        where = f"{backend}, which catsdogs does not run on (use {' or '.join(SUPPORTED)})"
+    else:
+        where = f"{backend} {framework}" if framework else f"{backend}, not installed"
+    return f"{keras} on {where} (backend from {chosen_by})"
 
 
 def check(backend: str | None = None) -> str:
