@@ -1,6 +1,6 @@
 """The article's claims, each tested as a comparison between cells of a sweep, with a verdict.
 
-A claim (docs: PROTOCOL.md, "The two figures") names a **cell** (optimizer, data set, batch
+A claim (docs/protocol.md, "The two figures") names a **cell** (optimizer, data set, batch
 size, under the article's protocol) and what it says of it against other cells:
 
 - `above t`: mean(cell) - mean(other) > t points (t = 0: higher; t = -5: "still good", no more

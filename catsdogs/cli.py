@@ -347,9 +347,11 @@ def planned_trials(plan, data_dir: Path) -> list:
 @cli.command(cls=TrainingCommand)
 @sweep_options
 @click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="Where trials run (Keras's backend is KERAS_BACKEND's): local: child processes on this machine; ray: Ray tasks (one GPU, or CPU cores, "
-                   "each) on the cluster at --ray-address, else a local Ray (the catsdogs[ray] extra). "
-                   "With ray, --workers defaults to what the cluster runs at once.")
+              help="Where trials run, not what trains them: local: child processes on this machine; "
+                   "ray: Ray tasks (one GPU, or CPU cores, each) on the cluster at --ray-address, else "
+                   "a local Ray (the catsdogs[ray] extra). With ray, --workers defaults to what the "
+                   "cluster runs at once. (Keras's own backend, TensorFlow or JAX, is KERAS_BACKEND's: "
+                   "`catsdogs --version` names it.)")
 @click.option("--ray-address", default=None,
               help="Ray cluster to run on, e.g. auto or ray://head:10001 [default: $RAY_ADDRESS, "
                    "else a local Ray started for the sweep]. The prepared data must be at the same "

@@ -1,4 +1,4 @@
-"""The defaults of the data and of a study, each with why it is what it is (PROTOCOL.md is the
+"""The defaults of the data and of a study, each with why it is what it is (docs/protocol.md is the
 specification). A trial's own fields (optimizer, batch size, protocol options) and their defaults
 and allowed values are in catsdogs.schema; the engine's (how many compiled steps a worker keeps)
 in catsdogs.engine; a probe's (steps, warm-up) in catsdogs.profile and catsdogs.findbs."""

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from catsdogs.files import write_atomic
 
-# The article's "other tables" (PROTOCOL.md): a thesis it cites, another model and data set,
+# The article's "other tables" (docs/protocol.md): a thesis it cites, another model and data set,
 # TensorFlow on a GPU. Drawn as a reference series, never compared number for number.
 THESIS_LABEL = "article's thesis table (other model & data, GPU)"
 THESIS_BATCH_SIZES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)

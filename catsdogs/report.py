@@ -40,7 +40,7 @@ from catsdogs.schema import DEFAULT_LR, default, protocol_defaults
 from catsdogs.stats import LEVEL, mean_ci, t_quantile, welch, wilson  # noqa: F401 - t_quantile: the report's API
 from catsdogs.store import Store
 
-# What the article reports, read from its text (PROTOCOL.md, "The two figures"): each value is
+# What the article reports, read from its text (docs/protocol.md, "The two figures"): each value is
 # one training run, so it has no spread. "About 62%" etc., as fractions of the 400 test images.
 # Keyed by (optimizer, dataset, batch size); all with the article's protocol, 5 epochs.
 ARTICLE_ACCURACY: dict[tuple[str, str, int], float] = {
@@ -281,12 +281,17 @@ def _context_suffixer(trials: list[dict]) -> Callable[[dict], str]:
 
 
 def _setting(trials: list[dict]) -> str:
-    """What all of a figure's trials share, for its subtitle: "5 epochs, 200 px"."""
+    """What all of a figure's trials share, for its subtitle: "5 epochs, 200 px, Keras on JAX"
+    (a figure that mixes backends names each series' backend instead: `_context_suffixer`)."""
     bits = []
     for key, unit in (("epochs", "epochs"), ("image_size", "px")):
         values = {field(t, key) for t in trials}
         if len(values) == 1 and None not in values:
             bits.append(f"{values.pop()} {unit}")
+    backends = {field(t, "backend", default("backend")) for t in trials}
+    if len(backends) == 1:
+        backend = backends.pop()
+        bits.append(f"Keras on {BACKEND_NAMES.get(backend, backend)}")
     return ", ".join(bits)
 
 

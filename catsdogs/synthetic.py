@@ -1,6 +1,6 @@
 """A synthetic stand-in for Microsoft's PetImages archive, for machines that cannot download it.
 
-`make_synthetic_archive` writes a zip laid out like the real one (PROTOCOL.md, Data): ::
+`make_synthetic_archive` writes a zip laid out like the real one (docs/protocol.md, "Data"): ::
 
     PetImages/Cat/0.jpg ... PetImages/Cat/<n_valid + 3>.jpg, PetImages/Cat/Thumbs.db
     PetImages/Dog/0.jpg ... PetImages/Dog/<n_valid + 3>.jpg, PetImages/Dog/Thumbs.db

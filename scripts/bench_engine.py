@@ -1,4 +1,4 @@
-"""The trial engine against the old one: `reproduce --config configs/quick.toml`, whole command.
+"""The trial engine against the old one: `reproduce --config quick`, whole command.
 
 Runs the same plan with this checkout's catsdogs (long-lived workers) and with another checkout's
 (`--old`, e.g. a `git worktree` of the commit before the engine: one process per trial), A B A B,
@@ -42,6 +42,12 @@ def run(checkout: Path, plan: Path, data: Path, out: Path, extra: list[str]) -> 
     return seconds
 
 
+def plan_path(checkout: Path, name: str) -> Path:
+    """A built-in plan's file in a checkout: catsdogs/plans/ since 0.6.0, configs/ before."""
+    new = checkout / "catsdogs" / "plans" / f"{name}.toml"
+    return new if new.is_file() else checkout / "configs" / f"{name}.toml"
+
+
 def overheads(store: Path) -> dict[str, list[float]]:
     """Per trial: wall (started -> finished) less fit seconds, by whether its step was reused."""
     db = sqlite3.connect(store)
@@ -57,7 +63,7 @@ def overheads(store: Path) -> dict[str, list[float]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", type=Path, required=True, help="a checkout of catsdogs before the engine")
-    ap.add_argument("--plan", default="configs/quick.toml", help="the plan, relative to each checkout")
+    ap.add_argument("--plan", default="quick", help="a built-in plan's name, found in each checkout")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--isolate", action="store_true", help="also time ours with --isolate")
     ap.add_argument("--json", type=Path, default=None, help="write every figure here")
@@ -66,7 +72,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     data = work / "data"
     print(f"preparing the plan's data once in {data} ...", flush=True)
-    run(HERE, HERE / args.plan, data, work / "warm", [])  # also warms the file cache
+    run(HERE, plan_path(HERE, args.plan), data, work / "warm", [])  # also warms the file cache
     sides = {"new": (HERE, [])}
     if args.isolate:
         sides["new --isolate"] = (HERE, ["--isolate"])
@@ -76,7 +82,7 @@ def main() -> int:
     for r in range(args.repeats):
         for side, (checkout, extra) in sides.items():
             out = work / f"{side.replace(' ', '')}-{r}"
-            seconds = run(checkout, checkout / args.plan, data, out, extra)
+            seconds = run(checkout, plan_path(checkout, args.plan), data, out, extra)
             times[side].append(seconds)
             version = json.loads(sqlite3.connect(out / "results.sqlite").execute(
                 "SELECT env FROM trials LIMIT 1").fetchone()[0]).get("catsdogs")

@@ -225,6 +225,8 @@ def test_given_the_optimizers_table_when_drawn_then_series_points_intervals_and_
     title = ax.get_title(loc="left")
     assert "SGD and Adam, standard data" in title and "synthetic data" in title
     assert "incomplete: 1 pending" in title and "1 oom" in title
+    # and the backend every trial ran on (these rows name none: Keras's default, TensorFlow)
+    assert "Keras on TensorFlow" in title
 
 
 def test_given_rows_when_plot_accuracy_on_any_axis_then_it_draws_there():
@@ -317,3 +319,21 @@ def test_given_a_trial_in_no_figure_when_report_then_results_md_lists_it(tmp_pat
     # then: said, not dropped silently
     assert "## Not in any figure" in paths["results_md"].read_text()
     assert any("1 trials are in no figure" in line for line in lines)
+
+
+def test_given_one_backend_the_subtitle_names_it_and_given_two_each_series_does(tmp_path):
+    # given Adam on JAX alone, then Adam on both backends in one sweep
+    jax_only = [(config("adam", bs, seed=s, backend="jax"), "done", 0.6 + 0.01 * s) for bs in (16, 32) for s in range(2)]
+    tf = [(config("adam", bs, seed=s), "done", 0.7) for bs in (16, 32) for s in range(2)]
+    build_store(tmp_path / "one", "one", jax_only)
+    build_store(tmp_path / "two", "two", jax_only + tf)
+    # when each is summarized and drawn
+    one = next(t for t in rp.summarize(rp.load_trials(tmp_path / "one" / "results.sqlite", "one"))["figures"]
+               if t["name"] == "optimizers")
+    two = next(t for t in rp.summarize(rp.load_trials(tmp_path / "two" / "results.sqlite", "two"))["figures"]
+               if t["name"] == "optimizers")
+    # then one backend is named once, in the subtitle; two are named per series, not in the subtitle
+    assert one["setting"] == "5 epochs, 200 px, Keras on JAX" and one["series"] == ["Adam"]
+    assert "Keras on" not in two["setting"] and sorted(two["series"]) == ["Adam, JAX", "Adam, TensorFlow"]
+    fig, _ = rp.make_figure(one)
+    assert "Keras on JAX" in fig.axes[0].get_title(loc="left")
