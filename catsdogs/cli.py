@@ -129,8 +129,9 @@ def cli():
     """Which batch size should I train with, and what does it cost in accuracy, speed, memory?
 
     Reproduces the cats-vs-dogs case study of "How to maximize GPU utilization by finding the
-    right batch size" with TensorFlow and Keras 3. Start with `catsdogs prepare`
-    (`--source synthetic` works offline).
+    right batch size" with TensorFlow and Keras 3. `catsdogs reproduce` runs the whole article;
+    `catsdogs reproduce --config quick` runs it small and offline in about a minute, and
+    `catsdogs plans` lists the other plans. Data goes to ./data, results to ./outputs.
 
     Trains on Keras's TensorFlow backend, or on JAX with KERAS_BACKEND=jax (Keras's own
     switch); every result records its backend, and two backends' results never share a cell."""
@@ -259,18 +260,15 @@ def resolve_sweep(ctx: click.Context, values: dict):
     if "name" in top:
         check_name(top["name"])
     settings = base.settings if base is not None else {}
-    seeds = top.get("seeds", settings.get("seeds", config.SEEDS))
-    if seeds < 1 or grid.get("epochs", 1) < 1:
-        raise click.UsageError("--seeds and --epochs must be at least 1")
     check_adaptive(top.get("target_ci", settings.get("target_ci")), top.get("max_seeds", settings.get("max_seeds")),
-                   seeds)
+                   top.get("seeds", settings.get("seeds", config.SEEDS)))
     if base is None:
         base = plans.Plan({"grids": {"sweep": {}}}, "the command line")
     try:
         plan = plans.with_overrides(base, top, grid)
     except plans.PlanError as e:
         raise click.UsageError(str(e)) from None
-    uses_mirrored = any("mirrored" in plans._as_list(g.get("strategy", [])) for g in plan.settings["grids"].values())
+    uses_mirrored = any("mirrored" in plans.as_list(g.get("strategy", [])) for g in plan.settings["grids"].values())
     if values.get("workers", 1) > 1 and uses_mirrored:
         raise click.UsageError("--strategy mirrored uses every GPU for one trial: use it with --workers 1")
     return plan, plans.data_dir(plan, values["data_dir"])
@@ -300,11 +298,12 @@ def sweep_options(f):
                      help="Batch sizes: `--batch-size 16 32 64 128`."),
         click.option("--dataset", multiple=True, default=("standard",), show_default=True,
                      help="Data sets: standard, augmented (both: `--dataset standard augmented`)."),
-        click.option("--seeds", type=int, default=config.SEEDS, show_default=True,
+        click.option("--seeds", type=click.IntRange(min=1), default=config.SEEDS, show_default=True,
                      help="Seeds per configuration (0, 1, ... N-1)."),
         click.option("--target-ci", type=float, default=None, metavar="W", help=TARGET_CI_HELP),
         click.option("--max-seeds", type=int, default=None, metavar="M", help=MAX_SEEDS_HELP),
-        click.option("--epochs", type=int, default=config.EPOCHS, show_default=True, help="Epochs per trial."),
+        click.option("--epochs", type=click.IntRange(min=1), default=config.EPOCHS, show_default=True,
+                     help="Epochs per trial."),
         click.option("--name", default="sweep", show_default=True,
                      help="Name of the sweep: its CSV and figures go to OUT/NAME/."),
         click.option("--config", "config_file", type=PlanType(), default=None,

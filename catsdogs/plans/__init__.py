@@ -312,11 +312,11 @@ def count(plan: Plan, seeds: int | None = None) -> int:
     return len(dict.fromkeys(out))
 
 
-def _as_list(v) -> list:
+def as_list(v) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
 def _grid_args(plan: Plan, grid: dict):
-    return (_as_list(grid["opt"]), _as_list(grid["batch_size"]), _as_list(grid.get("dataset", "standard")),
+    return (as_list(grid["opt"]), as_list(grid["batch_size"]), as_list(grid.get("dataset", "standard")),
             grid.get("epochs", plan.settings.get("epochs", config.EPOCHS)),
-            {k: _as_list(grid[k]) for k in PROTOCOL_FIELDS if k in grid})
+            {k: as_list(grid[k]) for k in PROTOCOL_FIELDS if k in grid})
