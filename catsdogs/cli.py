@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from catsdogs import __version__, config, schema
+from catsdogs import __version__, config, plans, schema
 from catsdogs.errors import CatsdogsError
 from catsdogs.schema import PROTOCOL_FIELDS
 
@@ -217,8 +217,6 @@ class PlanType(click.ParamType):
     name = "PLAN"
 
     def convert(self, value, param, ctx):
-        from catsdogs import plans
-
         if isinstance(value, plans.Plan):
             return value
         try:
@@ -245,8 +243,6 @@ def _as_plan_value(value):
 def resolve_sweep(ctx: click.Context, values: dict):
     """(plan, data dir): the --config plan with the command line's values in place, or without
     --config a one-grid plan of the command line's values. Each bad value is a usage error."""
-    from catsdogs import plans
-
     base = values["config_file"]
     # Without a plan every option counts, defaults too; with one, only those given.
     counts = (lambda k: True) if base is None else (lambda k: _given(ctx, k))
@@ -259,19 +255,24 @@ def resolve_sweep(ctx: click.Context, values: dict):
     top = {k: values[k] for k in TOP_OPTIONS if counts(k) and values[k] is not None}
     if "name" in top:
         check_name(top["name"])
-    settings = base.settings if base is not None else {}
-    check_adaptive(top.get("target_ci", settings.get("target_ci")), top.get("max_seeds", settings.get("max_seeds")),
-                   top.get("seeds", settings.get("seeds", config.SEEDS)))
-    if base is None:
-        base = plans.Plan({"grids": {"sweep": {}}}, "the command line")
-    try:
-        plan = plans.with_overrides(base, top, grid)
-    except plans.PlanError as e:
-        raise click.UsageError(str(e)) from None
+    plan = overridden(base or plans.Plan({"grids": {"sweep": {}}}, "the command line"), top, grid)
     uses_mirrored = any("mirrored" in plans.as_list(g.get("strategy", [])) for g in plan.settings["grids"].values())
     if values.get("workers", 1) > 1 and uses_mirrored:
         raise click.UsageError("--strategy mirrored uses every GPU for one trial: use it with --workers 1")
     return plan, plans.data_dir(plan, values["data_dir"])
+
+
+def overridden(plan, top: dict, grid: dict):
+    """`plans.with_overrides`, its adaptive settings checked first so that their errors name the
+    options (--target-ci, --max-seeds); any other bad value is a usage error naming the plan's key."""
+    def effective(key, fallback=None):
+        return top.get(key, plan.settings.get(key, fallback))
+
+    check_adaptive(effective("target_ci"), effective("max_seeds"), effective("seeds", config.SEEDS))
+    try:
+        return plans.with_overrides(plan, top, grid)
+    except plans.PlanError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def check_adaptive(target_ci: float | None, max_seeds: int | None, seeds: int) -> None:
@@ -330,7 +331,6 @@ def sweep_options(f):
 
 def planned_trials(plan, data_dir: Path) -> list:
     """The plan's trials; unprepared data is a usage error that says how to prepare it."""
-    from catsdogs import plans
     from catsdogs.manifest import load_manifest
 
     if load_manifest(data_dir) is None:
@@ -365,7 +365,6 @@ def sweep(ctx, **values):
     that fails or runs out of memory takes its worker with it, and the next gets a fresh one.
     Each outcome (done, failed, oom) goes to OUT/results.sqlite and OUT/NAME/results.csv.
     Run the same command again to resume."""
-    from catsdogs import plans
     from catsdogs import sweep as sw
 
     plan, data_dir = resolve_sweep(ctx, values)
@@ -546,7 +545,7 @@ def report(name, out, title_note):
 
 
 @cli.command(cls=TrainingCommand)
-@click.option("--config", "plan", type=PlanType(), default="article", show_default=True,
+@click.option("--config", "plan", type=PlanType(), default=plans.DEFAULT_PLAN, show_default=True,
               help="The plan: a built-in plan's name or a TOML file's path. `catsdogs plans` lists "
                    "the built-in ones: article is the article's full protocol, quick a few-minute "
                    "offline run.")
@@ -573,18 +572,11 @@ def reproduce(plan, source, seeds, target_ci, max_seeds, name, data_dir, out, wo
     Trials the two figures share run once; run it again to resume. Figures and tables land
     in OUT/NAME/ (see `catsdogs report --help`), the prepared images in the plan's data_dir
     (else ./data)."""
-    from catsdogs import plans
     from catsdogs import reproduce as rp
 
     top = {k: v for k, v in (("seeds", seeds), ("name", name), ("target_ci", target_ci),
                              ("max_seeds", max_seeds)) if v is not None}
-    check_adaptive(top.get("target_ci", plan.settings.get("target_ci")),
-                   top.get("max_seeds", plan.settings.get("max_seeds")),
-                   top.get("seeds", plan.settings.get("seeds", config.SEEDS)))
-    try:
-        plan = plans.with_overrides(plan, top, {})
-    except plans.PlanError as e:
-        raise click.UsageError(str(e)) from None
+    plan = overridden(plan, top, {})
     result = rp.reproduce(plan, data_dir=plans.data_dir(plan, data_dir), out=out, source=source, workers=workers,
                           isolate=isolate, overwrite=overwrite, log=click.echo,
                           progress=not quiet and sys.stderr.isatty())
@@ -604,8 +596,6 @@ def list_plans(plan):
     `catsdogs sweep --config PLAN` trains (on data already prepared). To write your own, start
     from one: `catsdogs plans quick > my.toml`, edit it, then `--config my.toml`. The format is
     in the README ("Plans"); an unknown key or a bad value is an error naming it."""
-    from catsdogs import plans
-
     if plan is not None:
         click.echo(plan.text, nl=False)
         return 0

@@ -32,22 +32,14 @@ from catsdogs.store import Store
 from catsdogs.worker import Worker, slot_env
 
 
-def plan(optimizers, batch_sizes, datasets, seeds: int | range, epochs: int, data_dir: Path,
-         **protocol) -> list[TrialConfig]:
-    """The grid on the prepared data in `data_dir`, for this process's Keras backend (the
-    workers'): see `grid_configs`."""
-    manifest = require_prepared(Path(data_dir))
-    return grid_configs(optimizers, batch_sizes, datasets, seeds, epochs, image_size=manifest["params"]["size"],
-                        fingerprints=manifest["fingerprint"], backend=backends.check(), **protocol)
-
-
 def grid_configs(optimizers, batch_sizes, datasets, seeds: int | range, epochs: int, *, image_size: int,
                  fingerprints: dict, backend: str, **protocol) -> list[TrialConfig]:
     """The grid, seed-major: every cell gets its first seed before any gets its second,
     so a sweep stopped early still covers the whole figure. `seeds`: how many (0..N-1), or
     which. A protocol value given as a list (several learning rates) is crossed with the grid;
     a learning rate equal to the optimizer's default is that default (the same trial).
-    `fingerprints`: each data set's (the manifest's), part of every trial's identity."""
+    `fingerprints`: each data set's (the manifest's), part of every trial's identity; `backend`:
+    the workers' (catsdogs.plans.trials reads both)."""
     seeds = range(seeds) if isinstance(seeds, int) else seeds
     grid = []
     for seed, p, dataset, opt, bs in itertools.product(seeds, protocol_combinations(protocol), datasets,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.resources
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -256,8 +257,6 @@ def with_overrides(plan: Plan, top: dict, grid: dict) -> Plan:
 def data_dir(plan: Plan, explicit: Path | None) -> Path:
     """--data-dir, else $CATSDOGS_DATA_DIR, else the plan's data_dir, else ./data: a plan at
     other image sizes keeps its images apart."""
-    import os
-
     if explicit is not None:
         return Path(explicit)
     if not os.environ.get(config.DATA_DIR_ENV) and plan.settings.get("data_dir"):
@@ -287,36 +286,35 @@ def adaptive(plan: Plan) -> tuple[float | None, int | None]:
 
 
 def trials(plan: Plan, data_dir: Path) -> list:
-    """Every trial of every grid on the prepared data in `data_dir`, each once (a trial two grids
-    share runs once), for the plan's seeds."""
-    from catsdogs.sweep import plan as grid_trials
+    """Every trial of every grid on the prepared data in `data_dir`, for this process's Keras
+    backend (the workers'), each once (a trial two grids share runs once)."""
+    from catsdogs import backends
+    from catsdogs.manifest import require_prepared
 
-    out = []
-    for grid in plan.settings["grids"].values():
-        opts, sizes, sets, epochs, protocol = _grid_args(plan, grid)
-        out += grid_trials(opts, sizes, sets, plan.settings.get("seeds", config.SEEDS), epochs, data_dir, **protocol)
-    return list(dict.fromkeys(out))
+    manifest = require_prepared(Path(data_dir))
+    return _configs(plan, plan.settings.get("seeds", config.SEEDS), image_size=manifest["params"]["size"],
+                    fingerprints=manifest["fingerprint"], backend=backends.check())
 
 
 def count(plan: Plan, seeds: int | None = None) -> int:
-    """How many trials the plan starts with (or has with `seeds` seeds), without prepared data."""
+    """How many trials the plan starts with (or has with `seeds` seeds), without prepared data:
+    each data set's name stands in for its fingerprint."""
+    return len(_configs(plan, seeds or plan.settings.get("seeds", config.SEEDS),
+                        image_size=plan.settings.get("prepare", {}).get("size", config.IMAGE_SIZE),
+                        fingerprints={d: d for d in schema.DATASETS}, backend=schema.default("backend")))
+
+
+def _configs(plan: Plan, seeds: int, **identity) -> list:
     from catsdogs.sweep import grid_configs
 
     out = []
-    size = plan.settings.get("prepare", {}).get("size", config.IMAGE_SIZE)
     for grid in plan.settings["grids"].values():
-        opts, sizes, sets, epochs, protocol = _grid_args(plan, grid)
-        out += grid_configs(opts, sizes, sets, seeds or plan.settings.get("seeds", config.SEEDS), epochs,
-                            image_size=size, fingerprints={d: d for d in schema.DATASETS},
-                            backend=schema.default("backend"), **protocol)
-    return len(dict.fromkeys(out))
+        out += grid_configs(as_list(grid["opt"]), as_list(grid["batch_size"]),
+                            as_list(grid.get("dataset", "standard")), seeds,
+                            grid.get("epochs", plan.settings.get("epochs", config.EPOCHS)), **identity,
+                            **{k: as_list(grid[k]) for k in PROTOCOL_FIELDS if k in grid})
+    return list(dict.fromkeys(out))
 
 
 def as_list(v) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
-
-
-def _grid_args(plan: Plan, grid: dict):
-    return (as_list(grid["opt"]), as_list(grid["batch_size"]), as_list(grid.get("dataset", "standard")),
-            grid.get("epochs", plan.settings.get("epochs", config.EPOCHS)),
-            {k: as_list(grid[k]) for k in PROTOCOL_FIELDS if k in grid})
