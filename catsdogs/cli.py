@@ -1,7 +1,9 @@
-"""The `catsdogs` command: a thin layer over the library functions of each stage.
+"""The `catsdogs` command: options parsed, then one library call per command.
 
-Every error the user can fix is one line on stderr and a non-zero exit: 2 for usage errors
-(bad options), 1 for everything else (a failed download, a corrupt archive). No tracebacks.
+Every rule of a value lives with the library (catsdogs.schema, catsdogs.plans, each stage's own
+checks) and raises a SettingError naming its key; `Command` turns it into a usage error naming
+the option (exit 2). Every other error the user can fix (a failed download, a corrupt archive)
+is one line and exit 1. No tracebacks.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from catsdogs import __version__, config, plans, schema
-from catsdogs.errors import CatsdogsError
+from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.schema import PROTOCOL_FIELDS
 
 
@@ -35,6 +38,9 @@ class OneLineErrors(click.Group):
         except click.Abort:
             click.echo("Interrupted.", err=True)
             sys.exit(130)
+        except SettingError as e:  # one that no command placed: a usage error all the same
+            click.echo(f"Error: {e}", err=True)
+            sys.exit(2)
         except CatsdogsError as e:
             click.echo(f"Error: {e}", err=True)
             if e.hint:  # what to do about it, on a line of its own
@@ -43,11 +49,11 @@ class OneLineErrors(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-class VariadicCommand(click.Command):
-    """Lets `--opt adam sgd` mean `--opt adam --opt sgd` for options declared multiple=True.
-
-    click has no variadic options; rewriting the arguments before click parses them keeps
-    every other behaviour (help, types, errors) click's own."""
+class Command(click.Command):
+    """A catsdogs command: `--opt adam sgd` means `--opt adam --opt sgd` for options declared
+    multiple=True (click has no variadic options; rewriting the arguments before click parses
+    them keeps every other behaviour click's own), and a SettingError from the library becomes a
+    usage error naming the option its key stands for."""
 
     def parse_args(self, ctx, args):
         names = {n for p in self.params if isinstance(p, click.Option) and p.multiple for n in p.opts}
@@ -72,13 +78,29 @@ class VariadicCommand(click.Command):
                 out.append(a)
         return super().parse_args(ctx, out)
 
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except SettingError as e:
+            raise self.usage_error(ctx, e) from None
 
-class TrainingCommand(VariadicCommand):
+    def usage_error(self, ctx, e: SettingError) -> click.UsageError:
+        """--batch-size's error for key batch_size when the value came from the command line; a
+        plan's key that the command line did not give keeps the plan's own words."""
+        param = next((p for p in self.params if e.key and (p.name == e.key or f"--{e.key.replace('_', '-')}"
+                                                            in getattr(p, "opts", ()))), None)
+        from_plan = isinstance(e, plans.PlanError) and (param is None or not given(ctx, param.name))
+        if param is None or from_plan:
+            return click.UsageError(str(e), ctx)
+        return click.BadParameter(getattr(e, "reason", str(e)), ctx, param)
+
+
+class TrainingCommand(Command):
     """A command that trains: its Keras backend (KERAS_BACKEND) must be one catsdogs runs on and
     be installed, checked once its options parse (so --help always works), before any work."""
 
     def invoke(self, ctx):
-        from catsdogs import backends
+        from catsdogs.training import backends
 
         backends.current()  # a CatsdogsError: one line, exit 1
         return super().invoke(ctx)
@@ -88,38 +110,73 @@ def _is_value(arg: str) -> bool:
     return not arg.startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", arg) is not None
 
 
-def check_name(value: str, hint: str | None = "'--name'") -> str:
-    """A run's name becomes a folder under --out: no separators, no leading dot."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
-        raise click.BadParameter(f"{value!r}: use letters, digits, '.', '_' and '-'", param_hint=hint)
-    return value
+def given(ctx: click.Context, name: str) -> bool:
+    """Whether the option `name` was given on the command line (or in the environment)."""
+    return ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
 
 
-def check_source(source: str) -> str:
-    """'synthetic', an http(s) URL, or a path that exists."""
-    if source != "synthetic" and not re.match(r"^https?://", source) and not Path(source).expanduser().exists():
-        raise click.BadParameter(f"no such file or folder: {source}", param_hint="'--source'")
-    return source
+# --- callbacks: a value's rule, from the library, at parse time -------------------------------------
 
 
-def data_dir_option(f):
-    return click.option(
-        "--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-        help=f"Where the prepared data lives [default: ${config.DATA_DIR_ENV} or ./{config.DEFAULT_DATA_DIR}].",
-    )(f)
+def _checked(rule):
+    """A click callback applying `rule(value)` (a SettingError becomes this option's error)."""
+    def callback(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return rule(value)
+        except SettingError as e:
+            raise click.BadParameter(str(e), ctx, param) from None
+    return callback
 
 
-def resolved_data_dir(data_dir: Path | None) -> Path:
-    return data_dir if data_dir is not None else config.default_data_dir()
+def _memory(value: str) -> int:
+    from catsdogs.measure.profile import parse_memory
+
+    return parse_memory(value)
+
+
+def _source(value: str) -> str:
+    from catsdogs.data.prepare import check_source
+
+    return check_source(value)
 
 
 def _print_version(ctx: click.Context, param, value) -> None:
     if not value or ctx.resilient_parsing:
         return
-    from catsdogs import backends
+    from catsdogs.training import backends
 
     click.echo(f"catsdogs {__version__}: {backends.describe()}")
     ctx.exit()
+
+
+def options(*decorators):
+    """Apply option decorators in the order --help lists them."""
+    def apply(f):
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+    return apply
+
+
+DATA_DIR = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help=f"Where the prepared data lives [default: ${config.DATA_DIR_ENV} or "
+                             f"./{config.DEFAULT_DATA_DIR}].")
+ISOLATE = click.option("--isolate", is_flag=True,
+                       help="Run each trial (or probe) in a fresh process, as catsdogs 0.2 did: slower "
+                            "(every trial imports, loads its data and compiles again), for anyone who "
+                            "wants no process reused.")
+
+
+def out_option(help: str):
+    return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
+                        show_default=True, help=help)
+
+
+def name_option(default: str | None, help: str):
+    return click.option("--name", default=default, show_default=default is not None,
+                        callback=_checked(schema.check_run_name), help=help)
 
 
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -129,26 +186,34 @@ def cli():
     """Which batch size should I train with, and what does it cost in accuracy, speed, memory?
 
     Reproduces the cats-vs-dogs case study of "How to maximize GPU utilization by finding the
-    right batch size" with TensorFlow and Keras 3. `catsdogs reproduce` runs the whole article;
-    `catsdogs reproduce --config quick` runs it small and offline in about a minute, and
+    right batch size" with Keras 3. Start with `catsdogs reproduce --config quick`: the whole
+    article small and offline in about a minute; `catsdogs reproduce` runs it in full, and
     `catsdogs plans` lists the other plans. Data goes to ./data, results to ./outputs.
+
+    The stages, each a command: prepare (the data) -> sweep (training) -> report (figures and
+    claims); profile and find-batch-size answer the title question on this device.
 
     Trains on Keras's TensorFlow backend, or on JAX with KERAS_BACKEND=jax (Keras's own
     switch); every result records its backend, and two backends' results never share a cell."""
 
 
-@cli.command()
+# --- prepare ----------------------------------------------------------------------------------
+
+
+@cli.command(cls=Command)
 @click.option("--source", default=config.ARCHIVE_URL, show_default="Microsoft's PetImages archive URL",
+              callback=_checked(_source),
               help="Archive URL, a local .zip, an extracted PetImages folder, or 'synthetic' "
                    "(a generated stand-in, for offline use and tests).")
 @click.option("--sha256", default=config.ARCHIVE_SHA256, show_default="the published hash",
               help="SHA-256 the archive must have.")
 @click.option("--no-verify", is_flag=True,
               help="Skip the SHA-256 check (says so, and records the actual hash in the manifest).")
-@data_dir_option
+@DATA_DIR
 @click.option("--per-class", type=int, default=config.PER_CLASS, show_default=True,
               help="Valid images chosen per class.")
 @click.option("--split", default=",".join(map(str, config.SPLIT)), show_default=True,
+              callback=_checked(schema.parse_split),
               help="Per-class train,validation,test counts; must add up to --per-class.")
 @click.option("--size", type=int, default=config.IMAGE_SIZE, show_default=True,
               help="Side of the square images, in pixels.")
@@ -160,29 +225,17 @@ def prepare(source, sha256, no_verify, data_dir, per_class, split, size, seed, q
 
     Idempotent: the same parameters again do no work. Writes data/standard/, data/augmented/
     and data/manifest.json (the record of every choice and every rejected file)."""
-    from catsdogs import prepare as prep
+    from catsdogs.data.prepare import prepare as run
 
-    try:
-        split_counts = prep.parse_split(split)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="'--split'") from None
-    try:
-        prep.check_params(per_class, split_counts, size)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
-    src = check_source(source)
-    if not no_verify and not re.fullmatch(r"[0-9A-Fa-f]{64}", sha256.strip()):
-        # An empty or mistyped hash must not pass for a verified archive (or waste a download).
-        raise click.BadParameter(f"expected 64 hexadecimal digits (or --no-verify), got {sha256!r}",
-                                 param_hint="'--sha256'")
     if no_verify:
         click.echo("Warning: SHA-256 verification skipped (--no-verify).", err=True)
-    prep.prepare(source=src, data_dir=resolved_data_dir(data_dir), sha256=None if no_verify else sha256,
-                 per_class=per_class, split=split_counts, size=size, seed=seed,
-                 log=click.echo, progress=not quiet and sys.stderr.isatty())
+    run(source=source, data_dir=data_dir or config.default_data_dir(), sha256=None if no_verify else sha256,
+        per_class=per_class, split=split, size=size, seed=seed, log=click.echo,
+        progress=not quiet and sys.stderr.isatty())
 
 
 # --- sweep ----------------------------------------------------------------------------------
+
 
 def _protocol_option(name: str):
     """A sweep option for a protocol field, everything about it from catsdogs.schema."""
@@ -194,21 +247,6 @@ def _protocol_option(name: str):
                             help=schema.option_help(name))
     return click.option("--" + name.replace("_", "-"), type=kind, default=default,
                         show_default=default is not None, help=schema.option_help(name))
-
-
-# Protocol options beyond the article: each off by default, so the default is the article's.
-PROTOCOL_OPTIONS = [_protocol_option(name) for name in PROTOCOL_FIELDS]
-
-ISOLATE_OPTION = click.option(
-    "--isolate", is_flag=True,
-    help="Run each trial (or probe) in a fresh process, as catsdogs 0.2 did: slower (every trial "
-         "imports, loads its data and compiles again), for anyone who wants no process reused.")
-
-
-def protocol_options(f):
-    for option in reversed(PROTOCOL_OPTIONS):
-        f = option(f)
-    return f
 
 
 class PlanType(click.ParamType):
@@ -225,136 +263,62 @@ class PlanType(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-# The sweep options a plan's grids hold, and those its top level holds.
-GRID_OPTIONS = ("opt", "batch_size", "dataset", "epochs", *PROTOCOL_FIELDS)
-TOP_OPTIONS = ("seeds", "name", "target_ci", "max_seeds")
-
-
-def _given(ctx: click.Context, name: str) -> bool:
-    from click.core import ParameterSource
-
-    return ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
-
-
-def _as_plan_value(value):
-    return list(value) if isinstance(value, tuple) else value
-
-
-def resolve_sweep(ctx: click.Context, values: dict):
-    """(plan, data dir): the --config plan with the command line's values in place, or without
-    --config a one-grid plan of the command line's values. Each bad value is a usage error."""
-    base = values["config_file"]
-    # Without a plan every option counts, defaults too; with one, only those given.
-    counts = (lambda k: True) if base is None else (lambda k: _given(ctx, k))
-    grid = {k: _as_plan_value(values[k]) for k in GRID_OPTIONS
-            if counts(k) and values[k] is not None and values[k] != ()}
-    try:
-        plans.check_grid(grid)
-    except plans.PlanError as e:
-        raise click.BadParameter(str(e), param_hint=f"'--{e.key.replace('_', '-')}'") from None
-    top = {k: values[k] for k in TOP_OPTIONS if counts(k) and values[k] is not None}
-    if "name" in top:
-        check_name(top["name"])
-    plan = overridden(base or plans.Plan({"grids": {"sweep": {}}}, "the command line"), top, grid)
-    uses_mirrored = any("mirrored" in plans.as_list(g.get("strategy", [])) for g in plan.settings["grids"].values())
-    if values.get("workers", 1) > 1 and uses_mirrored:
-        raise click.UsageError("--strategy mirrored uses every GPU for one trial: use it with --workers 1")
-    return plan, plans.data_dir(plan, values["data_dir"])
-
-
-def overridden(plan, top: dict, grid: dict):
-    """`plans.with_overrides`, its adaptive settings checked first so that their errors name the
-    options (--target-ci, --max-seeds); any other bad value is a usage error naming the plan's key."""
-    def effective(key, fallback=None):
-        return top.get(key, plan.settings.get(key, fallback))
-
-    check_adaptive(effective("target_ci"), effective("max_seeds"), effective("seeds", config.SEEDS))
-    try:
-        return plans.with_overrides(plan, top, grid)
-    except plans.PlanError as e:
-        raise click.UsageError(str(e)) from None
-
-
-def check_adaptive(target_ci: float | None, max_seeds: int | None, seeds: int) -> None:
-    if max_seeds is not None and target_ci is None:
-        raise click.UsageError("--max-seeds caps adaptive seeds: give --target-ci too")
-    if target_ci is not None and not target_ci > 0:
-        raise click.BadParameter(f"must be a positive number of points, got {target_ci:g}", param_hint="'--target-ci'")
-    if max_seeds is not None and max_seeds < seeds:
-        raise click.BadParameter(f"{max_seeds} is below the {seeds} seeds every cell starts with (--seeds)",
-                                 param_hint="'--max-seeds'")
-
-
 TARGET_CI_HELP = ("Adaptive seeds: keep adding seeds (round by round, seed-major) to every cell whose "
                   "95% interval of test accuracy is wider than ±W percentage points, until it meets W "
                   "or has --max-seeds seeds. --seeds is where every cell starts.")
-MAX_SEEDS_HELP = f"The most seeds a cell gets with --target-ci [default: {config.MAX_SEEDS}]."
 
 
-def sweep_options(f):
-    options = [
-        click.option("--opt", multiple=True, default=config.OPTIMIZERS, show_default=True,
-                     help="Optimizers, by Keras name: `--opt adam sgd` or `--opt adam --opt sgd`."),
-        click.option("--batch-size", type=int, multiple=True, default=config.BATCH_SIZES, show_default=True,
-                     help="Batch sizes: `--batch-size 16 32 64 128`."),
-        click.option("--dataset", multiple=True, default=("standard",), show_default=True,
-                     help="Data sets: standard, augmented (both: `--dataset standard augmented`)."),
-        click.option("--seeds", type=click.IntRange(min=1), default=config.SEEDS, show_default=True,
-                     help="Seeds per configuration (0, 1, ... N-1)."),
-        click.option("--target-ci", type=float, default=None, metavar="W", help=TARGET_CI_HELP),
-        click.option("--max-seeds", type=int, default=None, metavar="M", help=MAX_SEEDS_HELP),
-        click.option("--epochs", type=click.IntRange(min=1), default=config.EPOCHS, show_default=True,
-                     help="Epochs per trial."),
-        click.option("--name", default="sweep", show_default=True,
-                     help="Name of the sweep: its CSV and figures go to OUT/NAME/."),
-        click.option("--config", "config_file", type=PlanType(), default=None,
-                     help="A plan: a built-in plan's name (`catsdogs plans`) or a TOML file's path. Its "
-                          "grids, seeds, epochs, name and data_dir are the sweep's; an option given on "
-                          "the command line wins (a grid option, like --opt, in every grid)."),
-        data_dir_option,
-        click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
-                     show_default=True, help="Where the results store and each sweep's folder go."),
-        click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default)."),
-        click.option("--retry-failed", is_flag=True, help="Run failed and out-of-memory trials again."),
-        click.option("--dry-run", is_flag=True, help="List the planned trials and their status; run nothing."),
-        click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Worker processes running trials at once: one per GPU where there are "
-                          "GPUs, else each pinned to its share of the CPU cores. A worker runs trial "
-                          "after trial, reusing decoded data and compiled training steps."),
-        ISOLATE_OPTION,
-    ]
-    f = protocol_options(f)  # listed after the grid's own options in --help
-    for option in reversed(options):
-        f = option(f)
-    return f
-
-
-def planned_trials(plan, data_dir: Path) -> list:
-    """The plan's trials; unprepared data is a usage error that says how to prepare it."""
-    from catsdogs.manifest import load_manifest
-
-    if load_manifest(data_dir) is None:
-        also = f" (or `catsdogs reproduce --config {plan.ref}`, which prepares and trains)" if plan.ref else ""
-        raise click.UsageError(f"{data_dir} holds no finished prepared data set: run "
-                               f"`{plans.prepare_command(plan, data_dir)}` first{also}")
-    try:
-        return plans.trials(plan, data_dir)
-    except CatsdogsError as e:
-        raise click.UsageError(str(e)) from None
+def _deprecated_backend(ctx, param, value):
+    """--backend local|ray, 0.6.0's name for --runner: still taken for one release, with a notice."""
+    if value is not None:
+        click.echo(f"Note: --backend {value} is now --runner {value} (where trials run; --backend goes "
+                   "in catsdogs 0.8).", err=True)
+    return value
 
 
 @cli.command(cls=TrainingCommand)
-@sweep_options
-@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="Where trials run, not what trains them: local: child processes on this machine; "
-                   "ray: Ray tasks (one GPU, or CPU cores, each) on the cluster at --ray-address, else "
-                   "a local Ray (the catsdogs[ray] extra). With ray, --workers defaults to what the "
-                   "cluster runs at once. (Keras's own backend, TensorFlow or JAX, is KERAS_BACKEND's: "
-                   "`catsdogs --version` names it.)")
-@click.option("--ray-address", default=None,
-              help="Ray cluster to run on, e.g. auto or ray://head:10001 [default: $RAY_ADDRESS, "
-                   "else a local Ray started for the sweep]. The prepared data must be at the same "
-                   "path on every node.")
+@options(
+    click.option("--opt", multiple=True, default=schema.OPTIMIZERS, show_default=True,
+                 help="Optimizers, by Keras name: `--opt adam sgd` or `--opt adam --opt sgd`."),
+    click.option("--batch-size", type=int, multiple=True, default=config.BATCH_SIZES, show_default=True,
+                 help="Batch sizes: `--batch-size 16 32 64 128`."),
+    click.option("--dataset", multiple=True, default=("standard",), show_default=True,
+                 help="Data sets: standard, augmented (both: `--dataset standard augmented`)."),
+    click.option("--seeds", type=click.IntRange(min=1), default=config.SEEDS, show_default=True,
+                 help="Seeds per configuration (0, 1, ... N-1)."),
+    click.option("--target-ci", type=float, default=None, metavar="W", help=TARGET_CI_HELP),
+    click.option("--max-seeds", type=int, default=None, metavar="M",
+                 help=f"The most seeds a cell gets with --target-ci [default: {config.MAX_SEEDS}]."),
+    click.option("--epochs", type=click.IntRange(min=1), default=config.EPOCHS, show_default=True,
+                 help="Epochs per trial."),
+    name_option("sweep", "Name of the sweep: its CSV and figures go to OUT/NAME/."),
+    click.option("--config", "plan", type=PlanType(), default=None,
+                 help="A plan: a built-in plan's name (`catsdogs plans`) or a TOML file's path. Its "
+                      "grids, seeds, epochs, name and data_dir are the sweep's; an option given on "
+                      "the command line wins (a grid option, like --opt, in every grid)."),
+    *(_protocol_option(name) for name in PROTOCOL_FIELDS),
+    DATA_DIR,
+    out_option("Where the results store and each sweep's folder go."),
+    click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default)."),
+    click.option("--retry-failed", is_flag=True, help="Run failed and out-of-memory trials again."),
+    click.option("--dry-run", is_flag=True, help="List the planned trials and their status; run nothing."),
+    click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Worker processes running trials at once: one per GPU where there are "
+                      "GPUs, else each pinned to its share of the CPU cores. A worker runs trial "
+                      "after trial, reusing decoded data and compiled training steps."),
+    ISOLATE,
+    click.option("--runner", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                 help="Where trials run: local: worker processes on this machine; ray: Ray actors "
+                      "(one GPU, or CPU cores, each) on the cluster at --ray-address, else a local "
+                      "Ray (the catsdogs[ray] extra); --workers then defaults to what the cluster "
+                      "runs at once. What trains them is Keras's backend, KERAS_BACKEND's choice."),
+    click.option("--backend", "old_runner", type=click.Choice(["local", "ray"]), default=None, hidden=True,
+                 callback=_deprecated_backend, help="Old name of --runner (catsdogs 0.6)."),
+    click.option("--ray-address", default=None,
+                 help="Ray cluster to run on, e.g. auto or ray://head:10001 [default: $RAY_ADDRESS, "
+                      "else a local Ray started for the sweep]. The prepared data must be at the same "
+                      "path on every node."),
+)
 @click.pass_context
 def sweep(ctx, **values):
     """Train the article's model over optimizers x batch sizes x datasets x seeds.
@@ -365,81 +329,59 @@ def sweep(ctx, **values):
     that fails or runs out of memory takes its worker with it, and the next gets a fresh one.
     Each outcome (done, failed, oom) goes to OUT/results.sqlite and OUT/NAME/results.csv.
     Run the same command again to resume."""
-    from catsdogs import sweep as sw
+    from catsdogs.training import backends
+    from catsdogs.training import sweep as sw
 
-    plan, data_dir = resolve_sweep(ctx, values)
-    grid = planned_trials(plan, data_dir)
+    # Without a plan every option counts, its default too; with one, only those given.
+    counted = (lambda k: True) if values["plan"] is None else (lambda k: given(ctx, k))
+    grid = {k: _plan_value(values[k]) for k in plans.GRID_KEYS if counted(k) and values[k] not in (None, ())}
+    top = {k: values[k] for k in ("seeds", "name", "target_ci", "max_seeds") if counted(k) and values[k] is not None}
+    plan = plans.with_overrides(values["plan"] or plans.command_line_plan(), top, grid)
+    data_dir = plans.data_dir(plan, values["data_dir"])
+    trials = plans.trials(plan, data_dir, backends.check())
+    workers = values["workers"]
+    sw.check_workers(trials, workers)
     if values["dry_run"]:
-        for line in sw.describe(grid, values["out"]):
+        for line in sw.describe(trials, values["out"]):
             click.echo(line)
         return 0
-    slots, workers = None, values["workers"]
-    if values["backend"] == "ray":
-        from catsdogs import ray_backend
+    slots = None
+    if (values["old_runner"] or values["runner"]) == "ray":
+        from catsdogs.training import ray_runner
 
-        explicit = workers != 1 or _given(ctx, "workers")
-        slots, workers = ray_backend.make_slots(values["ray_address"], workers=workers if explicit else None,
-                                                 isolate=values["isolate"], log=click.echo)
+        explicit = given(ctx, "workers")
+        slots, workers = ray_runner.make_slots(values["ray_address"], workers=workers if explicit else None,
+                                               isolate=values["isolate"], log=click.echo)
     target_ci, max_seeds = plans.adaptive(plan)
-    counts = sw.run(plan.name, grid, data_dir, values["out"], target_ci=target_ci, max_seeds=max_seeds,
+    counts = sw.run(plan.name, trials, data_dir, values["out"], target_ci=target_ci, max_seeds=max_seeds,
                     overwrite=values["overwrite"], retry_failed=values["retry_failed"], log=click.echo,
                     sweep_config={"plan": plan.settings, "plan_origin": plan.origin}, workers=workers,
                     isolate=values["isolate"], slots=slots)
     return 0 if counts["done"] == counts["trials"] else 1
 
 
+def _plan_value(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
 # --- profile, find-batch-size -------------------------------------------------------------------
 
 
-def _memory_limit(ctx, param, value):
-    """--memory-limit 4GiB -> bytes; None when not given; a bad size is a usage error."""
-    if value is None:
-        return None
-    from catsdogs.profile import parse_memory
-
-    try:
-        return parse_memory(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-
-
-def _run_name(ctx, param, value):
-    return check_name(value, hint=None)  # click names the option itself
-
-
-def _require_data(data_dir: Path | None) -> Path:
-    """The resolved data dir; an unprepared one is a usage error, as for sweep."""
-    from catsdogs.manifest import require_prepared
-
-    data_dir = resolved_data_dir(data_dir)
-    try:
-        require_prepared(data_dir)
-    except CatsdogsError as e:
-        raise click.UsageError(str(e)) from None
-    return data_dir
-
-
-def measurement_options(f):
-    """What profile and find-batch-size share: the model's training setup, the cap, the paths."""
-    options = [
-        click.option("--opt", type=click.Choice(config.OPTIMIZERS), default="adam", show_default=True,
-                     help="Optimizer, by Keras name (so its default learning rate)."),
-        click.option("--dataset", type=click.Choice(config.DATASETS), default="standard", show_default=True,
-                     help="Which prepared train split the batches are drawn from."),
-        click.option("--precision", type=click.Choice(schema.PRECISIONS), default="float32",
-                     show_default=True, help="Keras mixed-precision policy."),
-        click.option("--memory-limit", callback=_memory_limit, default=None, metavar="SIZE",
-                     help="Memory cap per probe, like 4GiB or 4096MB (KiB/MiB/GiB binary, KB/MB/GB "
-                          "decimal). CPU: the probe's peak resident memory; a probe that goes over is "
-                          "stopped and recorded as out of memory. GPU: a logical device of that size."),
-        data_dir_option,
-        click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
-                     show_default=True, help="Results go to OUT/NAME/."),
-        ISOLATE_OPTION,
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+MEASUREMENT_OPTIONS = options(
+    click.option("--opt", type=click.Choice(schema.OPTIMIZERS), default="adam", show_default=True,
+                 help="Optimizer, by Keras name (so its default learning rate)."),
+    click.option("--dataset", type=click.Choice(schema.DATASETS), default="standard", show_default=True,
+                 help="Which prepared train split the batches are drawn from."),
+    click.option("--precision", type=click.Choice(schema.PRECISIONS), default="float32",
+                 show_default=True, help="Keras mixed-precision policy."),
+    click.option("--memory-limit", callback=_checked(_memory), default=None, metavar="SIZE",
+                 help="Memory cap per probe, like 4GiB or 4096MB (KiB/MiB/GiB binary, KB/MB/GB "
+                      "decimal). CPU: the probe's peak resident memory; a probe that goes over is "
+                      "stopped and recorded as out of memory. GPU: a logical device of that size."),
+    DATA_DIR,
+    out_option("Results go to OUT/NAME/."),
+    ISOLATE,
+)
 
 
 @cli.command(cls=TrainingCommand)
@@ -453,29 +395,25 @@ def measurement_options(f):
               help="Time each batch size for at least this long, repeating its batches past --steps as "
                    "needed: NVML's utilization averages over up to a second, so a shorter probe reads a "
                    "number that means little [default: 2 on a GPU, 0 on the CPU].")
-@click.option("--name", default="profile", show_default=True, callback=_run_name,
-              help="Name of the run: OUT/NAME/profile.csv and OUT/NAME/figures/.")
-@measurement_options
+@name_option("profile", "Name of the run: OUT/NAME/profile.csv and OUT/NAME/figures/.")
+@MEASUREMENT_OPTIONS
 def profile(batch_size, steps, warmup, min_seconds, name, opt, dataset, precision, memory_limit, data_dir, out,
             isolate):
     """Throughput, memory and utilization of the article's model at each batch size.
 
     Each batch size is a probe of the sweep's own training step: warm-up, then --steps timed
     steps on the prepared train split. A worker process is reused while the batch sizes grow
-    (a worker's memory only grows) and replaced after an out-of-memory probe. Records the step time (median, mean), images/s, achieved FLOP/s and
-    its share of the device's measured matmul peak (MFU), peak memory (on a GPU also NVML's
-    utilization and memory, with the `nvml` extra). Out of memory is a recorded outcome.
-    Writes OUT/NAME/profile.csv and figures (PNG, SVG) in OUT/NAME/figures/."""
-    from catsdogs import profile as prof
+    (a worker's memory only grows) and replaced after an out-of-memory probe. Records the step
+    time (median, mean), images/s, achieved FLOP/s and its share of the device's measured matmul
+    peak (MFU), peak memory (on a GPU also NVML's utilization and memory, with the `nvml`
+    extra). Out of memory is a recorded outcome. Writes OUT/NAME/profile.csv and figures (PNG,
+    SVG) in OUT/NAME/figures/."""
+    from catsdogs.measure.profile import profile as run
 
-    try:
-        prof.check_settings(batch_size, opt, dataset, precision, steps, warmup)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
-    rows = prof.profile(name, batch_size, _require_data(data_dir), out, optimizer=opt, dataset=dataset,
-                        precision=precision, steps=steps, warmup=warmup, memory_cap_bytes=memory_limit,
-                        min_seconds=min_seconds, isolate=isolate, log=click.echo)
-    return 1 if any(r["status"] == "failed" for r in rows) else 0
+    rows = run(name, batch_size, data_dir or config.default_data_dir(), out, optimizer=opt, dataset=dataset,
+               precision=precision, steps=steps, warmup=warmup, memory_cap_bytes=memory_limit,
+               min_seconds=min_seconds, isolate=isolate, log=click.echo)
+    return 1 if any(r["status"] == schema.Status.FAILED for r in rows) else 0
 
 
 @cli.command("find-batch-size", cls=TrainingCommand)
@@ -494,38 +432,31 @@ def profile(batch_size, steps, warmup, min_seconds, name, opt, dataset, precisio
 @click.option("--resolution", type=click.IntRange(min=1), default=None,
               help="Stop bisecting when the gap is this small [default: 8, or an eighth of the "
                    "largest size that fits when smaller].")
-@click.option("--name", default="find-batch-size", show_default=True, callback=_run_name,
-              help="Name of the run: OUT/NAME/find_batch_size.json and .csv.")
-@measurement_options
+@name_option("find-batch-size", "Name of the run: OUT/NAME/find_batch_size.json and .csv.")
+@MEASUREMENT_OPTIONS
 def find_batch_size(mode, start, max_batch, margin, steps, resolution, name, opt, dataset, precision,
                     memory_limit, data_dir, out, isolate):
     """The largest batch size that fits in memory, the fastest, and which to train with.
 
     Every probe is a few steps of the sweep's own training step at one batch size; one that
-    runs out of memory ends its worker process, so it cannot poison the next. Prints the measured answer beside the analytic memory
-    model's, and a recommendation: batch size, throughput, and the learning rate the linear
-    scaling rule pairs with it. Without --memory-limit a GPU's own memory is the cap, and on
-    the CPU 90% of the memory available when the search starts."""
-    from catsdogs import findbs
+    runs out of memory ends its worker process, so it cannot poison the next. Prints the
+    measured answer beside the memory model's, and a recommendation: batch size, throughput,
+    and the learning rate the linear scaling rule pairs with it. Without --memory-limit a GPU's
+    own memory is the cap, and on the CPU 90% of the memory available when the search starts."""
+    from catsdogs.measure.find_batch_size import find_batch_size as run
 
-    try:
-        findbs.find_batch_size(name, _require_data(data_dir), out, mode=mode, start=start,
-                               max_batch=max_batch, margin=margin, optimizer=opt, dataset=dataset,
-                               precision=precision, steps=steps, memory_cap_bytes=memory_limit,
-                               resolution=resolution, isolate=isolate, log=click.echo)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+    run(name, data_dir or config.default_data_dir(), out, mode=mode, start=start, max_batch=max_batch,
+        margin=margin, optimizer=opt, dataset=dataset, precision=precision, steps=steps,
+        memory_cap_bytes=memory_limit, resolution=resolution, isolate=isolate, log=click.echo)
     return 0
 
 
 # --- report ---------------------------------------------------------------------------------
 
 
-@cli.command()
-@click.option("--name", default="sweep", show_default=True,
-              help="The sweep to report on, as given to `catsdogs sweep --name`.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
-              show_default=True, help="Where the results store is; the report goes to OUT/NAME/.")
+@cli.command(cls=Command)
+@name_option("sweep", "The sweep to report on, as given to `catsdogs sweep --name`.")
+@out_option("Where the results store is; the report goes to OUT/NAME/.")
 @click.option("--title-note", default=None,
               help="Added to every figure's title and to results.md, e.g. 'synthetic data'.")
 def report(name, out, title_note):
@@ -533,12 +464,13 @@ def report(name, out, title_note):
 
     Writes OUT/NAME/figures/optimizers and augmentation (the article's two figures: every
     seed, the mean and a 95% confidence interval, the article's own values as stars), and
-    protocols and accumulation when the sweep has such trials, each as PNG and SVG; plus
-    OUT/NAME/results.md and OUT/NAME/summary.csv. Failed, out-of-memory and unfinished
-    trials are counted and shown, never dropped. Safe to run while a sweep is running."""
-    from catsdogs import report as rp
+    protocols, accumulation, tuned and collapse when the sweep has such trials, each as PNG and
+    SVG; plus OUT/NAME/results.md (with the article's claims and their verdicts) and
+    OUT/NAME/summary.csv. Failed, out-of-memory and unfinished trials are counted and shown,
+    never dropped. Safe to run while a sweep is running."""
+    from catsdogs.analysis.report import report as run
 
-    rp.report(name, out, note=title_note, log=click.echo)
+    run(name, out, note=title_note, log=click.echo)
 
 
 # --- reproduce ------------------------------------------------------------------------------
@@ -547,23 +479,21 @@ def report(name, out, title_note):
 @cli.command(cls=TrainingCommand)
 @click.option("--config", "plan", type=PlanType(), default=plans.DEFAULT_PLAN, show_default=True,
               help="The plan: a built-in plan's name or a TOML file's path. `catsdogs plans` lists "
-                   "the built-in ones: article is the article's full protocol, quick a few-minute "
+                   "the built-in ones: article is the article's full protocol, quick a one-minute "
                    "offline run.")
-@click.option("--source", default=None, callback=lambda ctx, param, v: v if v is None else check_source(v),
+@click.option("--source", default=None, callback=_checked(_source),
               help="Override the plan's source (URL, .zip, extracted folder, 'synthetic').")
 @click.option("--seeds", type=click.IntRange(min=1), default=None, help="Override the plan's seeds per point.")
 @click.option("--target-ci", type=float, default=None, metavar="W",
               help=TARGET_CI_HELP + " Overrides the plan's target_ci.")
 @click.option("--max-seeds", type=int, default=None, metavar="M",
               help=f"The most seeds a cell gets with a target [default: the plan's max_seeds, else {config.MAX_SEEDS}].")
-@click.option("--name", default=None, callback=lambda ctx, param, v: v if v is None else check_name(v),
-              help="Override the plan's name (the sweep; outputs in OUT/NAME/).")
-@data_dir_option
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
-              show_default=True, help="Where the results store and the sweep's folder go.")
+@name_option(None, "Override the plan's name (the sweep; outputs in OUT/NAME/).")
+@DATA_DIR
+@out_option("Where the results store and the sweep's folder go.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Trials run at once (see `catsdogs sweep --help`).")
-@ISOLATE_OPTION
+@ISOLATE
 @click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def reproduce(plan, source, seeds, target_ci, max_seeds, name, data_dir, out, workers, isolate, overwrite, quiet):
@@ -572,14 +502,15 @@ def reproduce(plan, source, seeds, target_ci, max_seeds, name, data_dir, out, wo
     Trials the two figures share run once; run it again to resume. Figures and tables land
     in OUT/NAME/ (see `catsdogs report --help`), the prepared images in the plan's data_dir
     (else ./data)."""
-    from catsdogs import reproduce as rp
+    from catsdogs.reproduce import reproduce as run
+    from catsdogs.training import backends
 
     top = {k: v for k, v in (("seeds", seeds), ("name", name), ("target_ci", target_ci),
                              ("max_seeds", max_seeds)) if v is not None}
-    plan = overridden(plan, top, {})
-    result = rp.reproduce(plan, data_dir=plans.data_dir(plan, data_dir), out=out, source=source, workers=workers,
-                          isolate=isolate, overwrite=overwrite, log=click.echo,
-                          progress=not quiet and sys.stderr.isatty())
+    plan = plans.with_overrides(plan, top, {})
+    result = run(plan, data_dir=plans.data_dir(plan, data_dir), out=out, backend=backends.check(), source=source,
+                 workers=workers, isolate=isolate, overwrite=overwrite, log=click.echo,
+                 progress=not quiet and sys.stderr.isatty())
     counts = result["counts"]
     return 0 if counts["done"] == result["trials"] else 1
 
@@ -587,7 +518,7 @@ def reproduce(plan, source, seeds, target_ci, max_seeds, name, data_dir, out, wo
 # --- plans ----------------------------------------------------------------------------------
 
 
-@cli.command("plans")
+@cli.command("plans", cls=Command)
 @click.argument("plan", type=PlanType(), required=False)
 def list_plans(plan):
     """The built-in plans: what each runs and how long it takes. With PLAN, its TOML.
@@ -595,19 +526,12 @@ def list_plans(plan):
     A plan is what `catsdogs reproduce --config PLAN` prepares, trains and reports on, and
     `catsdogs sweep --config PLAN` trains (on data already prepared). To write your own, start
     from one: `catsdogs plans quick > my.toml`, edit it, then `--config my.toml`. The format is
-    in the README ("Plans"); an unknown key or a bad value is an error naming it."""
+    in docs/usage.md ("Plans"); an unknown key or a bad value is an error naming it."""
     if plan is not None:
         click.echo(plan.text, nl=False)
         return 0
-    for name in plans.names():
-        p = plans.load(name)
-        n = plans.count(p)
-        target, most = plans.adaptive(p)
-        trials = f"{n} trials" if target is None else f"{n}-{plans.count(p, seeds=most)} trials"
-        click.echo(f"{name:<14}{p.settings.get('description', '')}")
-        click.echo(f"{'':<14}{trials}; {p.settings.get('duration', 'duration not measured')}")
-    click.echo(f"Run one: catsdogs reproduce --config NAME (default: {plans.DEFAULT_PLAN}); "
-               "print one: catsdogs plans NAME")
+    for line in plans.listing():
+        click.echo(line)
     return 0
 
 

@@ -1,7 +1,8 @@
 """The defaults of the data and of a study, each with why it is what it is (docs/protocol.md is the
 specification). A trial's own fields (optimizer, batch size, protocol options) and their defaults
 and allowed values are in catsdogs.schema; the engine's (how many compiled steps a worker keeps)
-in catsdogs.engine; a probe's (steps, warm-up) in catsdogs.profile and catsdogs.findbs."""
+in catsdogs.training.engine; a probe's (steps, warm-up) in catsdogs.measure.profile and
+catsdogs.measure.find_batch_size."""
 
 import os
 from pathlib import Path
@@ -31,8 +32,6 @@ SEED = 0
 MAX_IMAGE_PIXELS = 64_000_000
 
 # --- sweep ---------------------------------------------------------------------------------
-OPTIMIZERS = ("sgd", "adam")  # by name, so Keras defaults: SGD lr 0.01, Adam lr 0.001
-DATASETS = ("standard", "augmented")
 BATCH_SIZES = (16, 32, 64, 128)  # the article's first figure
 EPOCHS = 5
 SEEDS = 3  # the article ran each point once; three seeds show the spread

@@ -10,6 +10,16 @@ class CatsdogsError(Exception):
         self.hint = hint
 
 
+class SettingError(CatsdogsError, ValueError):
+    """A setting no study can run with. `key` names it as a plan's key (`batch_size`,
+    `target_ci`); the CLI turns that into its option (`--batch-size`) and a usage error (exit 2),
+    a plan into `<file>: [grids.g] batch_size: ...`. The rules themselves are in catsdogs.schema."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
 class DownloadError(CatsdogsError):
     """The archive could not be fetched (HTTP error, network down after every retry)."""
 

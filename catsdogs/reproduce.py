@@ -1,6 +1,6 @@
 """The whole article in one call: prepare -> every grid of a plan in one sweep -> report.
 
-A plan (catsdogs.plans; the format is in the README, "Plans") says what to prepare and which
+A plan (catsdogs.plans; the format is in docs/usage.md, "Plans") says what to prepare and which
 grids to train. All grids go into one sweep, so a trial two grids share (the Adam / standard
 points of the article's two figures) runs once. Resumable like every sweep.
 """
@@ -11,26 +11,26 @@ from pathlib import Path
 
 from catsdogs import config
 from catsdogs.plans import Plan, adaptive, trials
+from catsdogs.schema import parse_split
 
 
-def reproduce(plan: Plan, *, data_dir: Path, out: Path, source: str | None = None, workers: int = 1,
-              isolate: bool = False, overwrite: bool = False, log=print, progress: bool = False,
-              slots=None) -> dict:
-    """prepare -> sweep (all grids, shared trials once) -> report; `source` overrides the plan's."""
-    from catsdogs.prepare import parse_split, prepare
-    from catsdogs.report import report
-    from catsdogs.sweep import run
+def reproduce(plan: Plan, *, data_dir: Path, out: Path, backend: str, source: str | None = None,
+              workers: int = 1, isolate: bool = False, overwrite: bool = False, log=print,
+              progress: bool = False, slots=None) -> dict:
+    """prepare -> sweep (all grids, shared trials once) -> report; `source` overrides the plan's,
+    `backend` is the Keras backend the workers train on."""
+    from catsdogs.analysis.report import report
+    from catsdogs.data.prepare import prepare
+    from catsdogs.training.sweep import run
 
     p = plan.settings.get("prepare", {})
-    split = p.get("split", config.SPLIT)
     sha256 = None if p.get("verify") is False else p.get("sha256", config.ARCHIVE_SHA256)
     log("== prepare")
     manifest = prepare(source=source or p.get("source", config.ARCHIVE_URL), data_dir=data_dir, sha256=sha256,
-                       per_class=p.get("per_class", config.PER_CLASS),
-                       split=tuple(parse_split(split) if isinstance(split, str) else split),
+                       per_class=p.get("per_class", config.PER_CLASS), split=parse_split(p.get("split", config.SPLIT)),
                        size=p.get("size", config.IMAGE_SIZE), seed=p.get("seed", config.SEED),
                        log=log, progress=progress)
-    grid = trials(plan, data_dir)
+    grid = trials(plan, data_dir, backend)
     log(f"== sweep {plan.name}: {len(grid)} trials")
     target_ci, max_seeds = adaptive(plan)
     counts = run(plan.name, grid, data_dir, out, target_ci=target_ci, max_seeds=max_seeds,

@@ -1,46 +1,80 @@
-"""The trial schema: every field of a trial, its default, its allowed values, and the one
-vocabulary of outcomes. TensorFlow-free, so the report, the store and the CLI import it freely.
+"""The vocabulary of catsdogs, and the rules every setting obeys: framework-free, so every stage
+imports it.
 
-Vocabulary (used by every command):
-- a **study** is what a command runs: a sweep (trials that train and test), a profile or a
-  batch-size search (probes that time a few training steps);
-- a **trial** is one configuration trained and tested (`TrialConfig`), a **probe** a few
-  training steps of one; both run in a **worker** (catsdogs.worker) and end in one **status**.
+Words, each for one idea (used by every command, module and document):
+- a **study** is what a command runs: a **sweep** (trials that train and test), a **profile** or a
+  **batch-size search** (probes that time a few training steps);
+- a **trial** is one configuration trained and tested (`TrialConfig`); a **probe** a few training
+  steps of one; a **cell** a trial's configuration but for its seed (what one interval of test
+  accuracy is taken over);
+- a **worker** is a process that runs trials and probes one after another (catsdogs.training);
+  a **runner** decides where workers run: `local` (child processes) or `ray` (a Ray cluster);
+- the **backend** is Keras's backend, TensorFlow or JAX (`KERAS_BACKEND`), and nothing else;
+- every trial and probe ends in one **status** (`Status`, below).
 
-Everything else is derived from the dataclass below: the sweep's command-line options
-(`cli.protocol_options`), the store's columns (`store.CONFIG_COLUMNS`), the report's protocol
-defaults (`report.PROTOCOL_DEFAULTS`) and the keys a plan's grid may vary
-(`plans.GRID_KEYS`). tests/test_schema.py fails when one of them falls behind.
+Everything the command line, the plans, the results store and the report know about a trial's
+fields comes from `TrialConfig` below: the sweep's options (`cli`), the store's columns
+(`store.CONFIG_COLUMNS`), the report's article protocol (`analysis.rows.ARTICLE_PROTOCOL`) and the
+keys a plan's grid may vary (`plans.GRID_KEYS`). tests/test_schema.py fails when one falls behind.
+Each rule of a setting is written once, here or in catsdogs.plans, and raises a SettingError that
+names the setting by its plan key; the CLI only turns that into its one-line message.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import math
+import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from catsdogs import config
+from catsdogs.errors import SettingError
 
-# --- outcomes --------------------------------------------------------------------------------
-# Every status a trial or a probe can have, with its meaning. A study never stops for one
-# trial's failure: it records the status and goes on.
-STATUSES = {
-    "pending": "planned, not run yet (or given back: interrupted, or its worker was lost)",
-    "running": "claimed by a live sweep process; a dead owner's running trials run again",
-    "done": "finished: trained and tested (a trial), or its steps timed under the cap (a probe)",
-    "failed": "raised an error or its worker crashed; the error is recorded",
-    "oom": "ran out of memory: the device's, the host's, or a probe's --memory-limit",
+# --- statuses ----------------------------------------------------------------------------------
+
+
+class Status(str, enum.Enum):
+    """How a trial or a probe stands. Members are their strings ("done"): they compare equal to
+    what the store holds, and print, format and serialize as those strings."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    OOM = "oom"
+    LOST = "lost"
+
+    __hash__ = str.__hash__  # a member and its string are one dictionary key (Python 3.10 too)
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+    @property
+    def meaning(self) -> str:
+        return MEANINGS[self]
+
+
+MEANINGS = {
+    Status.PENDING: "planned, not run yet (or given back: interrupted, or its worker was lost)",
+    Status.RUNNING: "claimed by a live sweep process; a dead owner's running trials run again",
+    Status.DONE: "finished: trained and tested (a trial), or its steps timed under the cap (a probe)",
+    Status.FAILED: "raised an error or its worker crashed; the error is recorded",
+    Status.OOM: "ran out of memory: the device's, the host's, or a probe's --memory-limit",
+    Status.LOST: "never a stored status: what a runner returns when a trial's worker was lost through "
+                 "no fault of the trial (killed from outside, a Ray node gone); the sweep makes it pending again",
 }
-FINISHED = ("done", "failed", "oom")  # a sweep does not run these again unless asked
-# Not a status a row ever has: what a runner returns when a trial's worker was lost through no
-# fault of the trial (killed from outside, a Ray node gone); the sweep makes it pending again.
-LOST = "lost"
+STORED = tuple(s for s in Status if s is not Status.LOST)  # the statuses a store's row may have
+FINISHED = (Status.DONE, Status.FAILED, Status.OOM)  # a sweep does not run these again unless asked
+UNFINISHED = (Status.FAILED, Status.OOM, Status.PENDING, Status.RUNNING)  # what the report counts apart
 
-# --- allowed values ------------------------------------------------------------------------
+# --- allowed values ------------------------------------------------------------------------------
 DEFAULT_LR = {"sgd": 0.01, "adam": 0.001}  # Keras' defaults: what optimizer="sgd"/"adam" gives
-OPTIMIZERS = tuple(DEFAULT_LR)
-DATASETS = config.DATASETS
+OPTIMIZERS = tuple(DEFAULT_LR)  # by Keras name, so their Keras defaults
+DATASETS = ("standard", "augmented")  # the prepared folders (docs/protocol.md, "Data")
 LR_SCALINGS = ("none", "linear", "sqrt")
 BUDGETS = ("epochs", "steps")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -92,8 +126,8 @@ class TrialConfig:
         "mirrored: each trial data-parallel over all visible GPUs (TensorFlow: MirroredStrategy; "
         "JAX: keras.distribution.DataParallel); "
         "the batch size is the global batch, split across replicas.", STRATEGIES))
-    # Not an option: the Keras backend the trial ran on (KERAS_BACKEND, catsdogs.backends). Part
-    # of the identity, so two backends' results never share a cell.
+    # Not an option: the Keras backend the trial ran on (KERAS_BACKEND, catsdogs.training.backends).
+    # Part of the identity, so two backends' results never share a cell.
     backend: str = field(default="tensorflow", metadata={"choices": BACKENDS})
 
     def key(self) -> str:
@@ -110,6 +144,10 @@ class TrialConfig:
         return tuple((f.name, getattr(self, f.name)) for f in fields(self)
                      if f.name not in ("seed", "dataset", "data", "epochs"))
 
+    def cell(self) -> TrialConfig:
+        """The trial's cell: its configuration with seed 0, whatever its seed."""
+        return TrialConfig(**{**asdict(self), "seed": 0})
+
     def label(self) -> str:
         extra = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
                  if f.name not in ("optimizer", "batch_size", "dataset", "seed", "data", "image_size")
@@ -122,19 +160,20 @@ class TrialConfig:
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def check(self) -> None:
-        """One-line ValueErrors for values no trial can run with."""
-        for f, value in ((f, getattr(self, f.name)) for f in fields(self)):
+        """A SettingError, naming the field, for a value no trial can run with."""
+        for f in fields(self):
             allowed = allowed_values(f.name)
-            if allowed and value not in allowed:
-                raise ValueError(f"unknown {f.name} {value!r}; choose from {', '.join(allowed)}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch size must be at least 1, got {self.batch_size}")
-        if self.epochs < 1:
-            raise ValueError(f"epochs must be at least 1, got {self.epochs}")
+            if allowed and getattr(self, f.name) not in allowed:
+                raise SettingError(f"unknown {f.name} {getattr(self, f.name)!r}; choose from "
+                                   f"{', '.join(allowed)}", f.name)
+        for name, least in (("batch_size", 1), ("epochs", 1), ("accumulate", 1), ("base_batch_size", 1)):
+            if getattr(self, name) < least:
+                raise SettingError(f"{name.replace('_', ' ')} must be at least {least}, got "
+                                   f"{getattr(self, name)}", name)
         if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"learning rate must be positive, got {self.lr}")
-        if self.accumulate < 1 or self.base_batch_size < 1 or self.warmup_epochs < 0:
-            raise ValueError("accumulate and base batch size must be >= 1, warm-up >= 0")
+            raise SettingError(f"learning rate must be positive, got {self.lr}", "lr")
+        if self.warmup_epochs < 0:
+            raise SettingError(f"warm-up epochs must be >= 0, got {self.warmup_epochs}", "warmup_epochs")
 
 
 # --- derived views -------------------------------------------------------------------------
@@ -181,24 +220,104 @@ def protocol_defaults() -> dict:
 
 def python_type(name: str) -> type:
     """int, float or str: the field's type, None-able fields by their non-None part."""
-    annotation = str(_field(name).type)
-    return int if annotation.startswith("int") else float if annotation.startswith("float") else str
+    return type_of(_field(name).type)
+
+
+def type_of(annotation) -> type:
+    """int, float, bool, str or dict: what a dataclass field's annotation (a string, with
+    `from __future__ import annotations`) holds, without its `| None`; dict for dicts and lists
+    (stored as JSON)."""
+    text = str(annotation).split("|")[0].strip()
+    for kind in (bool, int, float, str):
+        if text.startswith(kind.__name__):
+            return kind
+    return dict
+
+
+SQL_TYPES = {bool: "INTEGER", int: "INTEGER", float: "REAL", str: "TEXT", dict: "TEXT"}
 
 
 def sql_columns() -> dict[str, str]:
     """The store's configuration columns: every field, typed."""
-    sql = {int: "INTEGER", float: "REAL", str: "TEXT"}
-    return {f.name: sql[python_type(f.name)] for f in fields(TrialConfig)}
+    return {f.name: SQL_TYPES[python_type(f.name)] for f in fields(TrialConfig)}
 
 
 def option_help(name: str) -> str:
     return _field(name).metadata["help"]
 
 
+# --- the rules of a study's other settings ---------------------------------------------------------
+# Each raises a SettingError naming its key; catsdogs.plans (for a plan's keys) and catsdogs.cli
+# (for options, exit 2) only say where the value came from.
+
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a run's name becomes a folder under --out
+
+
+def check_run_name(name: str, key: str = "name") -> str:
+    if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
+        raise SettingError(f"{name!r}: use letters, digits, '.', '_' and '-' (it names a folder)", key)
+    return name
+
+
+def check_sha256(text: str, key: str = "sha256") -> str:
+    """64 hexadecimal digits, lower-cased: an empty or mistyped hash must never pass for a
+    verified archive (or waste a download)."""
+    if not isinstance(text, str) or not re.fullmatch(r"[0-9A-Fa-f]{64}", text.strip()):
+        raise SettingError(f"must be 64 hexadecimal digits, got {text!r}", key)
+    return text.strip().lower()
+
+
+def parse_split(text, key: str = "split") -> tuple[int, int, int]:
+    """'600,200,200' (or [600, 200, 200]) -> (600, 200, 200): per-class train, validation, test."""
+    if isinstance(text, (list, tuple)) and all(isinstance(p, int) and not isinstance(p, bool) for p in text):
+        text = ",".join(map(str, text))
+    if not isinstance(text, str):
+        raise SettingError(f"must be three counts train,validation,test like \"600,200,200\", got {text!r}", key)
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 3:
+        raise SettingError(f"expected three counts train,validation,test (like 600,200,200), got {text!r}", key)
+    try:
+        counts = tuple(int(p) for p in parts)
+    except ValueError:
+        raise SettingError(f"counts must be whole numbers, got {text!r}", key) from None
+    if counts[0] < 1 or counts[1] < 0 or counts[2] < 1:
+        raise SettingError(f"train and test need at least one image each, validation zero or more, "
+                           f"got {text!r}", key)
+    return counts  # type: ignore[return-value]
+
+
+def check_prepare(per_class: int, split: tuple[int, int, int], size: int) -> None:
+    """The sizes a prepare can make: the split adds up to per_class, the images 8-2048 px."""
+    if per_class < 1:
+        raise SettingError(f"--per-class must be at least 1, got {per_class}", "per_class")
+    if sum(split) != per_class:
+        raise SettingError(f"--split {','.join(map(str, split))} adds up to {sum(split)}, not "
+                           f"--per-class {per_class}", "split")
+    if not 8 <= size <= 2048:
+        raise SettingError(f"--size must be between 8 and 2048 pixels, got {size}", "size")
+
+
+def check_adaptive(target_ci: float | None, max_seeds: int | None, seeds: int) -> None:
+    """Adaptive seeds: a positive target of points; a cap that needs a target and is no lower
+    than the seeds every cell starts with."""
+    if max_seeds is not None and target_ci is None:
+        raise SettingError("caps adaptive seeds, which need a target: give target_ci (--target-ci) too",
+                           "max_seeds")
+    number = isinstance(target_ci, (int, float)) and not isinstance(target_ci, bool)
+    if target_ci is not None and not (number and math.isfinite(target_ci) and target_ci > 0):
+        shown = f"{target_ci:g}" if number else repr(target_ci)
+        raise SettingError(f"must be a positive number of points, got {shown}", "target_ci")
+    if max_seeds is not None and max_seeds < seeds:
+        raise SettingError(f"{max_seeds} is below the {seeds} seeds every cell starts with", "max_seeds")
+
+
 # --- arithmetic every backend shares ------------------------------------------------------
 
 
 def learning_rate(cfg: TrialConfig) -> float:
+    """The trial's learning rate: its own or the optimizer's default, scaled by the effective
+    batch (batch x accumulation) over the base batch size as `lr_scaling` says (linear: the
+    linear scaling rule; find-batch-size's recommendation uses it too)."""
     base = cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.optimizer]
     ratio = cfg.batch_size * cfg.accumulate / cfg.base_batch_size  # the effective batch counts
     return base * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[cfg.lr_scaling]

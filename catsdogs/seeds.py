@@ -3,19 +3,17 @@
 A **cell** is a trial's configuration but for its seed: the trials one interval of test
 accuracy is taken over. `sweep --target-ci W` adds seed n to every cell whose 95% interval is
 still wider than ±W points, round after round; the report lists the cells that stopped at
---max-seeds. Framework-free: the sweep and the report both use it.
+--max-seeds. The oracle of an adaptive sweep: it decides what to run next, from the store alone,
+apart from what runs trials. Framework-free: the sweep (training) and the report (analysis) both
+ask it.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from catsdogs.schema import TrialConfig
+from catsdogs.schema import Status, TrialConfig
 from catsdogs.stats import mean_ci
-
-
-def cell_of(cfg: TrialConfig) -> TrialConfig:
-    return replace(cfg, seed=0)
 
 
 def half_width_points(accuracies: list[float]) -> float | None:
@@ -34,17 +32,17 @@ def next_seeds(grid: list[TrialConfig], rows: dict[str, dict], target_ci: float,
     of met, max-seeds, stopped (failed / oom) or more."""
     by_cell: dict[TrialConfig, list[TrialConfig]] = {}
     for cfg in grid:
-        by_cell.setdefault(cell_of(cfg), []).append(cfg)
+        by_cell.setdefault(cfg.cell(), []).append(cfg)
     add, cells = [], {}
     for cell, members in by_cell.items():
         members.sort(key=lambda c: c.seed)
-        done = [rows[c.key()] for c in members if (rows.get(c.key()) or {}).get("status") == "done"]
+        done = [rows[c.key()] for c in members if (rows.get(c.key()) or {}).get("status") == Status.DONE]
         half = half_width_points([r["test_accuracy"] for r in done if r.get("test_accuracy") is not None])
         last = (rows.get(members[-1].key()) or {}).get("status")
         n = members[-1].seed + 1
         if half is not None and half <= target_ci:
             state = "met"
-        elif last in ("failed", "oom"):
+        elif last in (Status.FAILED, Status.OOM):
             state = f"stopped ({last})"
         elif n >= max_seeds:
             state = "max-seeds"

@@ -1,5 +1,7 @@
 """The results store: one SQLite file under --out, one row per trial. It is the contract
-between the trainer (which writes it) and everything after it (report, profile figures).
+between training (which writes it) and analysis (which reads nothing else): a row is a trial's
+configuration (schema.TrialConfig), its status (schema.Status) and its record
+(messages.TrialRecord), one column per field.
 
 A trial row is keyed by the hash of its configuration, so a trial shared by two sweeps (the
 Adam / standard points belong to both of the article's figures) is run once; `sweep_trials`
@@ -22,35 +24,26 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from catsdogs import schema
+from catsdogs import config, schema
 from catsdogs.files import write_text_atomic
+from catsdogs.messages import TrialRecord, columns
+from catsdogs.schema import FINISHED, STORED, Status
 
-STATUSES = tuple(schema.STATUSES)
-FINISHED = schema.FINISHED
-
-# Every configuration field in its own column (the full configuration is in `config` too).
+# Every configuration field in its own column (the full configuration is in `config` too), and
+# every stored field of a trial's record (catsdogs.messages.TrialRecord), typed.
 CONFIG_COLUMNS = schema.sql_columns()
-# Measurements a finished trial fills in.
-RESULT_COLUMNS = {
-    "test_accuracy": "REAL", "test_loss": "REAL", "steps": "INTEGER", "batches": "INTEGER",
-    "learning_rate": "REAL", "train_seconds": "REAL", "images_per_second": "REAL",
-    "peak_memory_mb": "REAL", "memory_kind": "TEXT", "replicas": "INTEGER",
-    "wall_seconds": "REAL", "fit_seconds": "REAL", "setup_seconds": "REAL", "step_reused": "INTEGER",
-    "weights_digest": "TEXT", "history": "TEXT", "env": "TEXT", "error": "TEXT",
-    # The trained model's validation accuracy, and what it does on the test images
-    # (engine.diagnose): a collapse (one class for all), its dog share, dead Dense units, logits;
-    # the initial_ ones for the model as it started.
-    "val_accuracy": "REAL", "collapsed": "INTEGER", "dog_share": "REAL", "dead_units": "REAL",
-    "logit_abs": "REAL", "logit_sd": "REAL", "initial_dog_share": "REAL",
-    "initial_dead_units": "REAL", "initial_logit_abs": "REAL", "initial_logit_sd": "REAL",
-}
-CSV_COLUMNS = [
-    "optimizer", "batch_size", "dataset", "seed", "status", "test_accuracy", "test_loss",
-    "val_accuracy", "collapsed", "dog_share", "dead_units", "initial_dead_units", "initial_logit_abs",
-    "epochs", "steps", "train_seconds", "images_per_second", "peak_memory_mb", "learning_rate",
-    *schema.PROTOCOL_FIELDS, "backend", "replicas", "image_size", "memory_kind", "wall_seconds",
-    "weights_digest", "attempts", "key", "error",
-]
+RESULT_COLUMNS = {name: schema.SQL_TYPES[schema.type_of(TrialRecord.__dataclass_fields__[name].type)]
+                  for name in columns(TrialRecord, "stored") if name != "status"}
+JSON_COLUMNS = [name for name, f in TrialRecord.__dataclass_fields__.items()
+                if name in RESULT_COLUMNS and schema.type_of(f.type) is dict]  # history, env
+# OUT/NAME/results.csv: the trial's configuration, its status, its record, the store's bookkeeping.
+CSV_COLUMNS = [*(name for name in CONFIG_COLUMNS if name != "data"), "status",
+               *columns(TrialRecord, "csv"), "attempts", "key", "error"]
+
+
+def store_path(out: Path | str) -> Path:
+    """The results store under an --out folder: every sweep there shares it."""
+    return Path(out) / config.STORE_FILE
 
 
 def _schema() -> str:
@@ -59,7 +52,7 @@ def _schema() -> str:
 CREATE TABLE IF NOT EXISTS trials (
   key TEXT PRIMARY KEY,
   config TEXT NOT NULL,
-  status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN {STATUSES}),
+  status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN {tuple(str(s) for s in STORED)}),
   owner TEXT,
   attempts INTEGER NOT NULL DEFAULT 0,
   created_at REAL, started_at REAL, finished_at REAL,
@@ -176,8 +169,8 @@ class Store:
                 cols = {k: c.get(k) for k in CONFIG_COLUMNS}
                 db.execute(
                     f"INSERT OR IGNORE INTO trials(key, config, status, created_at, {', '.join(cols)}) "
-                    f"VALUES (?, ?, 'pending', ?, {', '.join('?' * len(cols))})",
-                    (key, json.dumps(c, sort_keys=True), now, *cols.values()))
+                    f"VALUES (?, ?, ?, ?, {', '.join('?' * len(cols))})",
+                    (key, json.dumps(c, sort_keys=True), Status.PENDING, now, *cols.values()))
                 db.execute("INSERT OR REPLACE INTO sweep_trials(sweep, key, position) VALUES (?,?,?)",
                            (name, key, pos))
                 if overwrite:
@@ -186,8 +179,8 @@ class Store:
 
     def _reset(self, db, key: str) -> None:
         blank = ", ".join(f"{k}=NULL" for k in RESULT_COLUMNS)
-        db.execute(f"UPDATE trials SET status='pending', owner=NULL, started_at=NULL, "
-                   f"finished_at=NULL, {blank} WHERE key=?", (key,))
+        db.execute(f"UPDATE trials SET status=?, owner=NULL, started_at=NULL, "
+                   f"finished_at=NULL, {blank} WHERE key=?", (Status.PENDING, key))
 
     def claim(self, keys: list[str], retry_failed: bool = False) -> dict | None:
         """Mark the next runnable trial of `keys` as running by us; None when none is left.
@@ -195,7 +188,7 @@ class Store:
         Runnable: pending, or running under an owner that has died (a killed sweep), or
         failed / out of memory when retrying those was asked for."""
         owner = self.become_owner()
-        runnable = ("pending", "failed", "oom") if retry_failed else ("pending",)
+        runnable = (Status.PENDING, Status.FAILED, Status.OOM) if retry_failed else (Status.PENDING,)
         with self.transaction() as db:
             rows = {r["key"]: r for r in db.execute(
                 f"SELECT key, status, owner FROM trials WHERE key IN ({','.join('?' * len(keys))})", keys)}
@@ -203,33 +196,34 @@ class Store:
                 r = rows.get(key)
                 if r is None:
                     continue
-                if r["status"] in runnable or (r["status"] == "running" and not self.owner_alive(r["owner"])):
-                    db.execute("UPDATE trials SET status='running', owner=?, started_at=?, "
-                               "attempts=attempts+1 WHERE key=?", (owner, time.time(), key))
+                if r["status"] in runnable or (r["status"] == Status.RUNNING and not self.owner_alive(r["owner"])):
+                    db.execute("UPDATE trials SET status=?, owner=?, started_at=?, attempts=attempts+1 "
+                               "WHERE key=?", (Status.RUNNING, owner, time.time(), key))
                     return self.get(key)
         return None
 
-    def finish(self, key: str, record: dict) -> bool:
+    def finish(self, key: str, record: TrialRecord) -> bool:
         """Write a trial's outcome, only if we still own it; True if written."""
-        status = record.get("status", "failed")
-        if status not in FINISHED:
-            raise ValueError(f"not a finished status: {status}")
-        values = {k: record.get(k) for k in RESULT_COLUMNS}
-        for k in ("history", "env"):
+        if record.status not in FINISHED:
+            raise ValueError(f"not a finished status: {record.status}")
+        values = {k: getattr(record, k) for k in RESULT_COLUMNS}
+        for k in JSON_COLUMNS:
             if values[k] is not None:
                 values[k] = json.dumps(values[k])
         sets = ", ".join(f"{k}=?" for k in values)
         with self.transaction() as db:
             cur = db.execute(f"UPDATE trials SET status=?, finished_at=?, owner=NULL, {sets} "
-                             "WHERE key=? AND status='running' AND owner=?",
-                             (status, time.time(), *values.values(), key, self.become_owner()))
+                             "WHERE key=? AND status=? AND owner=?",
+                             (record.status, time.time(), *values.values(), key, Status.RUNNING,
+                              self.become_owner()))
             return cur.rowcount == 1
 
     def release(self, key: str) -> None:
         """Give a trial we were running back to pending (interrupted, not failed)."""
         with self.transaction() as db:
-            db.execute("UPDATE trials SET status='pending', owner=NULL, started_at=NULL, "
-                       "attempts=MAX(attempts-1, 0) WHERE key=? AND owner=?", (key, self.become_owner()))
+            db.execute("UPDATE trials SET status=?, owner=NULL, started_at=NULL, "
+                       "attempts=MAX(attempts-1, 0) WHERE key=? AND owner=?",
+                       (Status.PENDING, key, self.become_owner()))
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -254,7 +248,7 @@ class Store:
         return [_row(r) for r in rows]
 
     def counts(self, keys: list[str]) -> dict[str, int]:
-        out = dict.fromkeys(STATUSES, 0)
+        out = dict.fromkeys(STORED, 0)
         for r in self.db.execute(f"SELECT status, COUNT(*) FROM trials WHERE key IN ({','.join('?' * len(keys))}) "
                                  "GROUP BY status", keys):
             out[r[0]] = r[1]
@@ -273,7 +267,7 @@ class Store:
 
 def _row(r: sqlite3.Row) -> dict:
     d = dict(r)
-    for k in ("config", "history", "env"):
+    for k in ("config", *JSON_COLUMNS):
         if d.get(k):
             d[k] = json.loads(d[k])
     return d

@@ -1,7 +1,7 @@
 """Plans: what a study runs, written as TOML; the one format of `reproduce --config` and
 `sweep --config`.
 
-The format is documented once, in the README ("Plans"); this module is its only reader. The
+The format is documented once, in docs/usage.md ("Plans"); this module is its only reader. The
 built-in plans ship beside this file (catsdogs/plans/*.toml, read with importlib.resources), so
 an installed catsdogs needs no checkout: `--config quick` names one, `--config my.toml` (any value
 with a '/' or ending in '.toml') is a file. Every unknown key and every bad value is a one-line
@@ -14,19 +14,22 @@ of it: a plan given to `sweep` runs exactly the trials `reproduce` would, on dat
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
+import itertools
 import math
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from catsdogs import config, schema
-from catsdogs.errors import CatsdogsError
-from catsdogs.schema import PROTOCOL_FIELDS
+from catsdogs.data.manifest import require_prepared
+from catsdogs.errors import SettingError
+from catsdogs.schema import PROTOCOL_FIELDS, TrialConfig
 
-# The keys of each part of a plan, with what each may hold (README, "Plans").
+# The keys of each part of a plan, with what each may hold (docs/usage.md, "Plans"). A grid's keys
+# are `sweep`'s grid options by their names (`opt` is --opt), so the command line can replace them.
 TOP_KEYS = ("name", "description", "duration", "note", "seeds", "epochs", "target_ci", "max_seeds",
             "data_dir", "prepare", "grids")
 PREPARE_KEYS = ("source", "sha256", "verify", "per_class", "split", "size", "seed")
@@ -34,12 +37,13 @@ GRID_KEYS = ("opt", "batch_size", "dataset", "epochs", *PROTOCOL_FIELDS)
 DEFAULT_PLAN = "article"  # what `catsdogs reproduce` runs: the article's case study, in full
 
 
-class PlanError(CatsdogsError):
-    """A plan that cannot run: `key` is the offending key (None for the whole plan)."""
+class PlanError(SettingError):
+    """A plan that cannot run, said with where: `origin: [section] key: reason`. `key` is the
+    offending key (None for the whole plan), `reason` the message without where."""
 
-    def __init__(self, message: str, key: str | None = None):
-        super().__init__(message)
-        self.key = key
+    def __init__(self, message: str, key: str | None = None, reason: str | None = None):
+        super().__init__(message, key)
+        self.reason = reason or message
 
 
 @dataclass(frozen=True)
@@ -115,56 +119,55 @@ def parse(text: str, origin: str) -> dict:
 
 def check(plan: dict, origin: str) -> None:
     """Every key known and every value usable, or a one-line PlanError naming origin and key."""
-
-    def fail(key: str, message: str, section: str = ""):
-        raise PlanError(f"{origin}: {section}{key}: {message}", key=key)
-
     _unknown(plan, TOP_KEYS, origin, "")
     for key, value in plan.items():
-        message = _top_value_problem(key, value)
-        if message:
-            fail(key, message)
-    if "max_seeds" in plan and "target_ci" not in plan:
-        raise PlanError(f"{origin}: max_seeds caps adaptive seeds: give target_ci too", key="max_seeds")
-    if plan.get("max_seeds", math.inf) < plan.get("seeds", config.SEEDS):
-        fail("max_seeds", f"{plan['max_seeds']} is below the {plan.get('seeds', config.SEEDS)} seeds every cell starts with")
+        with _located(origin):
+            _check_top_value(key, value)
+    with _located(origin):
+        schema.check_adaptive(plan.get("target_ci"), plan.get("max_seeds"), plan.get("seeds", config.SEEDS))
     prepare = plan.get("prepare", {})
     _unknown(prepare, PREPARE_KEYS, origin, "[prepare] ")
     for key, value in prepare.items():
-        message = _prepare_value_problem(key, value)
-        if message:
-            fail(key, message, "[prepare] ")
+        with _located(origin, "[prepare] "):
+            _check_prepare_value(key, value)
     grids = plan.get("grids")
     if not grids:
         raise PlanError(f"{origin}: no [grids.NAME] section: nothing to train")
     for gname, grid in grids.items():
-        section = f"[grids.{gname}] "
         if not isinstance(grid, dict):
-            fail(gname, "must be a table ([grids.NAME] with opt, batch_size, ...)", "grids.")
-        _unknown(grid, GRID_KEYS, origin, section)
-        try:
+            raise PlanError(f"{origin}: grids.{gname}: must be a table ([grids.NAME] with opt, batch_size, ...)",
+                            key=gname)
+        _unknown(grid, GRID_KEYS, origin, f"[grids.{gname}] ")
+        with _located(origin, f"[grids.{gname}] "):
             check_grid(grid, required=True)
-        except PlanError as e:
-            fail(e.key, str(e), section)
+
+
+@contextlib.contextmanager
+def _located(origin: str, section: str = ""):
+    """A SettingError raised inside becomes a PlanError saying where: `origin: [section] key: ...`."""
+    try:
+        yield
+    except PlanError:
+        raise
+    except SettingError as e:
+        raise PlanError(f"{origin}: {section}{e.key}: {e}", key=e.key, reason=str(e)) from None
 
 
 def check_grid(grid: dict, required: bool = False) -> None:
-    """A grid's values (each a value or a list of values): a PlanError whose key is the bad one.
+    """A grid's values (each a value or a list of values): a SettingError whose key is the bad one.
 
     `sweep` checks its command-line values with this too, so both say the same thing."""
     for key in ("opt", "batch_size") if required else ():
         if key not in grid:
-            raise PlanError("is missing: every grid says which optimizers and batch sizes", key=key)
+            raise SettingError("is missing: every grid says which optimizers and batch sizes", key)
     for key, value in grid.items():
         if key == "epochs" and isinstance(value, list):
-            raise PlanError("takes one value (a grid per number of epochs)", key=key)
+            raise SettingError("takes one value (a grid per number of epochs)", key)
         values = value if isinstance(value, list) else [value]
         if not values and key in ("opt", "batch_size", "dataset"):
-            raise PlanError("needs at least one value", key=key)
+            raise SettingError("needs at least one value", key)
         for v in values:
-            message = _grid_value_problem(key, v)
-            if message:
-                raise PlanError(message, key=key)
+            _check_grid_value(key, v)
 
 
 def _unknown(table: dict, known: tuple, origin: str, section: str) -> None:
@@ -181,62 +184,55 @@ def _is_number(v) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
 
 
-def _top_value_problem(key: str, v) -> str | None:
+def _check_top_value(key: str, v) -> None:
     if key in ("seeds", "epochs", "max_seeds") and not (_is_int(v) and v >= 1):
-        return f"must be a whole number >= 1, got {v!r}"
-    if key == "target_ci" and not (_is_number(v) and v > 0):
-        return f"must be a positive number of points, got {v!r}"
+        raise SettingError(f"must be a whole number >= 1, got {v!r}", key)
     if key in ("name", "description", "duration", "note", "data_dir") and not isinstance(v, str):
-        return f"must be a string, got {v!r}"
-    if key == "name" and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v):
-        return f"{v!r}: use letters, digits, '.', '_' and '-' (it names a folder)"
+        raise SettingError(f"must be a string, got {v!r}", key)
+    if key == "name":
+        schema.check_run_name(v)
     if key in ("prepare", "grids") and not isinstance(v, dict):
-        return f"must be a table ([{key}] ...), got {v!r}"
-    return None
+        raise SettingError(f"must be a table ([{key}] ...), got {v!r}", key)
 
 
-def _prepare_value_problem(key: str, v) -> str | None:
+def _check_prepare_value(key: str, v) -> None:
     if key in ("per_class", "size") and not (_is_int(v) and v >= 1):
-        return f"must be a whole number >= 1, got {v!r}"
+        raise SettingError(f"must be a whole number >= 1, got {v!r}", key)
     if key == "seed" and not (_is_int(v) and v >= 0):
-        return f"must be a whole number >= 0, got {v!r}"
+        raise SettingError(f"must be a whole number >= 0, got {v!r}", key)
     if key == "verify" and not isinstance(v, bool):
-        return f"must be true or false, got {v!r}"
-    if key == "sha256" and not (isinstance(v, str) and re.fullmatch(r"[0-9a-fA-F]{64}", v)):
-        return f"must be 64 hexadecimal digits, got {v!r}"
+        raise SettingError(f"must be true or false, got {v!r}", key)
+    if key == "sha256":
+        schema.check_sha256(v)
     if key == "source" and not isinstance(v, str):
-        return f"must be a string (URL, .zip, folder or 'synthetic'), got {v!r}"
+        raise SettingError(f"must be a string (URL, .zip, folder or 'synthetic'), got {v!r}", key)
     if key == "split":
-        from catsdogs.prepare import parse_split
-
-        if isinstance(v, list) and all(_is_int(p) for p in v):
-            v = ",".join(map(str, v))
-        if not isinstance(v, str):
-            return f"must be three counts train,validation,test like \"600,200,200\", got {v!r}"
-        try:
-            parse_split(v)
-        except ValueError as e:
-            return str(e)
-    return None
+        schema.parse_split(v)
 
 
-def _grid_value_problem(key: str, v) -> str | None:
+def _check_grid_value(key: str, v) -> None:
     if key == "opt":
-        return None if v in schema.OPTIMIZERS else f"unknown optimizer {v!r}; choose from {', '.join(schema.OPTIMIZERS)}"
-    if key == "dataset":
-        return None if v in schema.DATASETS else f"unknown dataset {v!r}; choose from {', '.join(schema.DATASETS)}"
-    if key == "batch_size":
-        return None if _is_int(v) and v >= 1 else f"batch sizes must be whole numbers >= 1, got {v!r}"
-    if key == "epochs":
-        return None if _is_int(v) and v >= 1 else f"must be a whole number >= 1, got {v!r}"
-    kind = schema.python_type(key)
-    if (kind is int and not _is_int(v)) or (kind is float and not _is_number(v)) or (kind is str and not isinstance(v, str)):
-        return f"must be {'a whole number' if kind is int else 'a number' if kind is float else 'a string'}, got {v!r}"
-    try:
-        schema.TrialConfig("adam", 32, "standard", 0, **{key: v}).check()
-    except ValueError as e:
-        return str(e)
-    return None
+        if v not in schema.OPTIMIZERS:
+            raise SettingError(f"unknown optimizer {v!r}; choose from {', '.join(schema.OPTIMIZERS)}", key)
+    elif key == "dataset":
+        if v not in schema.DATASETS:
+            raise SettingError(f"unknown dataset {v!r}; choose from {', '.join(schema.DATASETS)}", key)
+    elif key == "batch_size":
+        if not (_is_int(v) and v >= 1):
+            raise SettingError(f"batch sizes must be whole numbers >= 1, got {v!r}", key)
+    elif key == "epochs":
+        if not (_is_int(v) and v >= 1):
+            raise SettingError(f"must be a whole number >= 1, got {v!r}", key)
+    else:
+        kind = schema.python_type(key)
+        if (kind is int and not _is_int(v)) or (kind is float and not _is_number(v)) \
+                or (kind is str and not isinstance(v, str)):
+            what = {int: "a whole number", float: "a number"}.get(kind, "a string")
+            raise SettingError(f"must be {what}, got {v!r}", key)
+        try:
+            schema.TrialConfig("adam", 32, "standard", 0, **{key: v}).check()
+        except SettingError as e:
+            raise SettingError(str(e), key) from None
 
 
 # --- the command line's values ------------------------------------------------------------------
@@ -252,6 +248,12 @@ def with_overrides(plan: Plan, top: dict, grid: dict) -> Plan:
         settings["epochs"] = grid["epochs"]
     check(settings, plan.origin)
     return Plan(settings, plan.origin, plan.text, plan.ref)
+
+
+def command_line_plan() -> Plan:
+    """The plan of a sweep given without --config: one grid, which the command line's values
+    fill (`with_overrides`), every option counting with its default."""
+    return Plan({"grids": {"sweep": {}}}, "the command line")
 
 
 def data_dir(plan: Plan, explicit: Path | None) -> Path:
@@ -282,18 +284,30 @@ def adaptive(plan: Plan) -> tuple[float | None, int | None]:
     return target, (plan.settings.get("max_seeds", config.MAX_SEEDS) if target is not None else None)
 
 
+def listing() -> list[str]:
+    """`catsdogs plans`: each built-in plan's name and description, its trials (a range for an
+    adaptive plan) and how long it takes, then how to run or print one."""
+    lines = []
+    for name in names():
+        plan = load(name)
+        n = count(plan)
+        target, most = adaptive(plan)
+        trials = f"{n} trials" if target is None else f"{n}-{count(plan, seeds=most)} trials"
+        lines.append(f"{name:<14}{plan.settings.get('description', '')}")
+        lines.append(f"{'':<14}{trials}; {plan.settings.get('duration', 'duration not measured')}")
+    lines.append(f"Run one: catsdogs reproduce --config NAME (default: {DEFAULT_PLAN}); print one: catsdogs plans NAME")
+    return lines
+
+
 # --- the trials a plan stands for ---------------------------------------------------------------
 
 
-def trials(plan: Plan, data_dir: Path) -> list:
-    """Every trial of every grid on the prepared data in `data_dir`, for this process's Keras
-    backend (the workers'), each once (a trial two grids share runs once)."""
-    from catsdogs import backends
-    from catsdogs.manifest import require_prepared
-
+def trials(plan: Plan, data_dir: Path, backend: str) -> list[TrialConfig]:
+    """Every trial of every grid on the prepared data in `data_dir`, for the Keras `backend` the
+    workers run on, each once (a trial two grids share runs once)."""
     manifest = require_prepared(Path(data_dir))
     return _configs(plan, plan.settings.get("seeds", config.SEEDS), image_size=manifest["params"]["size"],
-                    fingerprints=manifest["fingerprint"], backend=backends.check())
+                    fingerprints=manifest["fingerprint"], backend=backend)
 
 
 def count(plan: Plan, seeds: int | None = None) -> int:
@@ -304,9 +318,7 @@ def count(plan: Plan, seeds: int | None = None) -> int:
                         fingerprints={d: d for d in schema.DATASETS}, backend=schema.default("backend")))
 
 
-def _configs(plan: Plan, seeds: int, **identity) -> list:
-    from catsdogs.sweep import grid_configs
-
+def _configs(plan: Plan, seeds: int, **identity) -> list[TrialConfig]:
     out = []
     for grid in plan.settings["grids"].values():
         out += grid_configs(as_list(grid["opt"]), as_list(grid["batch_size"]),
@@ -314,6 +326,34 @@ def _configs(plan: Plan, seeds: int, **identity) -> list:
                             grid.get("epochs", plan.settings.get("epochs", config.EPOCHS)), **identity,
                             **{k: as_list(grid[k]) for k in PROTOCOL_FIELDS if k in grid})
     return list(dict.fromkeys(out))
+
+
+def grid_configs(optimizers, batch_sizes, datasets, seeds: int | range, epochs: int, *, image_size: int,
+                 fingerprints: dict, backend: str, **protocol) -> list[TrialConfig]:
+    """One grid's trials, seed-major: every cell gets its first seed before any gets its second,
+    so a sweep stopped early still covers the whole figure. `seeds`: how many (0..N-1), or
+    which. A protocol value given as a list (several learning rates) is crossed with the grid;
+    a learning rate equal to the optimizer's default is that default (the same trial).
+    `fingerprints`: each data set's (the manifest's), part of every trial's identity; `backend`:
+    the workers'."""
+    seeds = range(seeds) if isinstance(seeds, int) else seeds
+    grid = []
+    for seed, p, dataset, opt, bs in itertools.product(seeds, protocol_combinations(protocol), datasets,
+                                                       optimizers, batch_sizes):
+        p = {**p, "lr": schema.normalized_lr(opt, p["lr"])} if "lr" in p else p
+        cfg = TrialConfig(optimizer=opt, batch_size=int(bs), dataset=dataset, seed=seed, epochs=epochs,
+                          image_size=image_size, data=fingerprints[dataset], backend=backend, **p)
+        cfg.check()
+        grid.append(cfg)
+    return list(dict.fromkeys(grid))  # the same trial asked twice runs once
+
+
+def protocol_combinations(protocol: dict) -> list[dict]:
+    """Protocol settings, one dict per combination of the values given as lists or tuples
+    (an empty list: the field's default)."""
+    lists = {k: (list(v) or [schema.default(k)]) if isinstance(v, (list, tuple)) else [v]
+             for k, v in protocol.items()}
+    return [dict(zip(lists, combo, strict=True)) for combo in itertools.product(*lists.values())]
 
 
 def as_list(v) -> list:

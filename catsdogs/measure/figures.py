@@ -1,9 +1,8 @@
-"""Figures: what every figure shares (the log2 batch axis, atomic PNG and SVG files) and the
-profile's three figures: throughput, memory and utilization against batch size.
+"""The profile's three figures: throughput, memory and utilization against batch size.
 
 Plot functions take an axis and a table (rows as profile.csv holds them) and return the artists
-they drew; `make_figure` builds a matplotlib `Figure` (no pyplot, no global state). The report's
-own accuracy figures are in catsdogs.report.
+they drew; `make_figure` builds a matplotlib `Figure` (no pyplot, no global state). The batch axis
+and the files are every figure's (catsdogs.plotting).
 """
 
 from __future__ import annotations
@@ -13,7 +12,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from catsdogs.files import write_atomic
+from catsdogs.plotting import batch_axis, save_figure
+from catsdogs.schema import Status
 
 # The article's "other tables" (docs/protocol.md): a thesis it cites, another model and data set,
 # TensorFlow on a GPU. Drawn as a reference series, never compared number for number.
@@ -23,48 +23,20 @@ THESIS_GPU_USAGE_PERCENT = (5.65, 5.65, 29.01, 30.46, 36.17, 30.67, 24.88, 22.45
 THESIS_GPU_MEMORY_MB = (694.274, 665.804, 649.137, 620.909, 694.563, 641.000, 541.333, 535.063, 535.063)
 
 
-
-def save_figure(fig: Figure, stem: Path) -> dict[str, Path]:
-    """stem.png (150 dpi) and stem.svg, each written atomically."""
-    paths = {}
-    for fmt in ("png", "svg"):
-        kwargs = {"dpi": 150} if fmt == "png" else {"metadata": {"Date": None}}
-        paths[fmt] = write_atomic(stem.with_suffix(f".{fmt}"),
-                                  lambda tmp, fmt=fmt, kw=kwargs: fig.savefig(tmp, format=fmt, **kw))
-    return paths
-
-
-# --- the profile's figures ---------------------------------------------------------------------
-
-
-def _batch_axis(ax, sizes: Sequence[int]) -> None:
-    """Batch size on a log2 axis, each batch size a labelled tick."""
-    from matplotlib.ticker import NullLocator
-
-    sizes = sorted({int(s) for s in sizes})
-    ax.set_xscale("log", base=2)
-    if sizes:
-        ax.set_xticks(sizes, labels=[str(s) for s in sizes])
-        ax.set_xlim(min(sizes) / 2**0.4, max(sizes) * 2**0.4)
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("batch size (log2 scale)")
-    ax.grid(True, alpha=0.3)
-
-
 def _series(table: list[dict], key: str) -> tuple[list[int], list[float]]:
     pts = sorted((int(r["batch_size"]), float(r[key])) for r in table
-                 if r.get("status") == "done" and r.get(key) is not None)
+                 if r.get("status") == Status.DONE and r.get(key) is not None)
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
 def _mark_oom(ax, table: list[dict]) -> None:
     """Batch sizes that ran out of memory (or failed): a cross on the x axis, labelled."""
-    for status, marker, color in (("oom", "x", "tab:red"), ("failed", "X", "0.3")):
+    for status, marker, color in ((Status.OOM, "x", "tab:red"), (Status.FAILED, "X", "0.3")):
         xs = sorted(int(r["batch_size"]) for r in table if r.get("status") == status)
         if xs:
             ax.plot(xs, [0] * len(xs), linestyle="none", marker=marker, color=color, markersize=9,
                     transform=ax.get_xaxis_transform(), clip_on=False, zorder=5,
-                    label="out of memory" if status == "oom" else "failed")
+                    label="out of memory" if status == Status.OOM else "failed")
 
 
 def _device_note(table: list[dict]) -> str:
@@ -94,7 +66,8 @@ def _finish_axes(ax, table: list[dict], what: str, ylabel: str, thesis: tuple | 
     if thesis is not None:
         _, line = _reference(ax, *thesis)
         sizes += list(THESIS_BATCH_SIZES)
-    _batch_axis(ax, sizes)
+    batch_axis(ax, sizes)
+    ax.grid(True, alpha=0.3)
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.set_title(f"{what} vs batch size\n{_device_note(table)}", fontsize=10)

@@ -1,11 +1,11 @@
 """The largest batch size that fits in memory, the fastest one, and which to train with.
 
 Every probe is a few training steps of the article's model at one batch size: the sweep's own
-training step (catsdogs.engine.run_probe), run by catsdogs.worker.Prober. A probe that does not
+training step (catsdogs.training.engine.run_probe), run by catsdogs.measure.prober. A probe that does not
 fit ends its worker, so one out-of-memory cannot poison the next probe (TensorFlow keeps device
 memory after an out-of-memory error, and a process killed for memory takes nothing else with
 it); a worker is reused only while the batch sizes grow, since its memory only grows. Each
-probe ends `done` (it fits), `oom` or `failed` (schema.STATUSES).
+probe ends done (it fits), oom or failed (schema.Status).
 
 The search (`search`, pure: it takes any probe function):
 - `power`: double from `start` until a probe does not fit (or `max` is reached; `max` itself is
@@ -20,7 +20,7 @@ The search (`search`, pure: it takes any probe function):
   it counts as an upper bound, so the answer is always a size that actually ran.
 
 The memory cap: on a GPU its memory (or `--memory-limit` as a logical device); on the CPU
-`--memory-limit` caps each probe's peak resident memory (see catsdogs.profile: the parent
+`--memory-limit` caps each probe's peak resident memory (see catsdogs.measure.profile: the parent
 watches VmHWM and kills a probe that goes over), and without it 90% of the memory available
 when the search starts. "Fits" means the probe's peak memory stayed under the cap.
 
@@ -37,7 +37,8 @@ power of two below 8. That size is probed too if it was not already ("confirm").
 The recommendation: of the sizes that fit and are no larger than the margin's, the fastest
 (images/s of the probes' median step); a smaller size within 5% of it wins, being as fast within
 the probes' noise and kinder to generalization. Its learning rate follows the linear scaling
-rule: the optimizer's Keras default (SGD 0.01, Adam 0.001) times batch size / 32.
+rule, as a trial's `--lr-scaling linear` does (schema.learning_rate): the optimizer's Keras
+default (SGD 0.01, Adam 0.001) times batch size / the base batch size (32).
 """
 
 from __future__ import annotations
@@ -48,26 +49,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from catsdogs import backends, config
-from catsdogs.errors import CatsdogsError
+from catsdogs import config
+from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.files import write_json_atomic
+from catsdogs.host import host_memory_available
+from catsdogs.messages import MemoryPlanTask, ProbeRecord, ProbeTask, columns
+from catsdogs.schema import Status, TrialConfig, default, learning_rate
+from catsdogs.training import backends
 
 MODES = ("power", "binsearch")
-FITS = "done"  # a probe that fits ran its steps under the cap: the status every study uses
 DEFAULT_START = 8
 DEFAULT_STEPS = 3  # timed steps per probe, after one warm-up step: the peak comes in the first
 DEFAULT_WARMUP = 1
 DEFAULT_MARGIN = 0.1
 DEFAULT_RESOLUTION = 8  # the bisection's final gap, or an eighth of the answer when smaller
-BASE_BATCH_SIZE = 32  # the batch size Keras' default learning rates go with here
 CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline comes from
 MAX_FAILED_IN_A_ROW = 2
 TIE = 0.05  # throughputs within 5% are the same, for the recommendation
 HOST_CAP_FRACTION = 0.9
 
-PROBE_COLUMNS = ["order", "phase", "batch_size", "status", "peak_memory_mb", "memory_cap_mb",
-                 "predicted_peak_mb", "images_per_second", "step_time_median_s", "baseline_rss_mb",
-                 "allocator_peak_mb", "memory_kind", "device", "backend", "error"]
+PROBE_COLUMNS = columns(ProbeRecord, "search")  # find_batch_size.csv, and each probe in the .json
 
 
 # --- pure parts ----------------------------------------------------------------------------------
@@ -92,9 +93,9 @@ def effective_resolution(resolution: int | None, largest_fit: int) -> int:
 
 def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DEFAULT_START,
            max_batch: int | None = None, resolution: int | None = None) -> SearchResult:
-    """Find the largest batch size for which `probe(batch_size)` says 'done' (it fits).
+    """Find the largest batch size for which `probe(batch_size)` says done (it fits).
 
-    `probe` returns 'done' (fits), 'oom' or 'failed' and is called at most once per batch size."""
+    `probe` returns a status, done (fits), oom or failed, and is called at most once per batch size."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     if start < 1 or (max_batch is not None and max_batch < 1) or (resolution is not None and resolution < 1):
@@ -109,13 +110,13 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
 
     b = min(start, max_batch) if max_batch is not None else start
     lo = hi = None
-    if ask(b) == FITS:
+    if ask(b) == Status.DONE:
         lo = b
     else:  # the start is too large: halve until something fits
         hi = b
         while b > 1:
             b //= 2
-            if ask(b) == FITS:
+            if ask(b) == Status.DONE:
                 lo = b
                 break
             hi = b
@@ -126,9 +127,9 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
         while max_batch is None or b < max_batch:
             b = b * 2 if max_batch is None else min(b * 2, max_batch)
             status = ask(b)
-            if status == FITS:
+            if status == Status.DONE:
                 lo, failed_run = b, []
-            elif status == "oom":
+            elif status == Status.OOM:
                 hi = failed_run[0] if failed_run else b
                 break
             else:
@@ -143,7 +144,7 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
     if mode == "binsearch" and hi is not None:
         while hi - lo > effective_resolution(resolution, lo):
             mid = (lo + hi) // 2
-            if ask(mid) == FITS:
+            if ask(mid) == Status.DONE:
                 lo = mid
             else:
                 hi = mid
@@ -155,7 +156,7 @@ def apply_margin(largest: int, margin: float) -> int:
     """`largest` less the fraction `margin`, rounded down to a multiple of 8 (a power of two
     below 8). margin 0 returns `largest` itself, unrounded; never less than 1."""
     if not 0 <= margin < 1:
-        raise ValueError(f"margin must be in [0, 1), got {margin}")
+        raise SettingError(f"margin must be in [0, 1), got {margin}", "margin")
     if largest < 1:
         raise ValueError(f"nothing to take a margin off: {largest}")
     if margin == 0:
@@ -166,49 +167,37 @@ def apply_margin(largest: int, margin: float) -> int:
     return 2 ** int(math.log2(target)) if target >= 1 else 1
 
 
-def linear_scaled_lr(optimizer: str, batch_size: int, base_batch_size: int = BASE_BATCH_SIZE) -> float:
-    """The linear scaling rule: Keras' default lr (SGD 0.01, Adam 0.001) x batch / base batch."""
-    from catsdogs.schema import DEFAULT_LR
+def linear_scaled_lr(optimizer: str, batch_size: int) -> float:
+    """The linear scaling rule from the optimizer's Keras default at the base batch size: the
+    learning rate a trial with `--lr-scaling linear` trains with."""
+    return learning_rate(TrialConfig(optimizer, batch_size, "standard", 0, lr_scaling="linear"))
 
-    return DEFAULT_LR[optimizer] * batch_size / base_batch_size
 
-
-def recommend(probes: list[dict], safe: int) -> dict | None:
+def recommend(probes: list[ProbeRecord], safe: int) -> ProbeRecord | None:
     """The fastest probe that fit with batch size <= safe; a smaller one within TIE of it wins."""
-    fits = [p for p in probes if p["status"] == FITS and p["batch_size"] <= safe
-            and p.get("images_per_second")]
+    fits = [p for p in probes if p.status == Status.DONE and p.batch_size <= safe and p.images_per_second]
     if not fits:
         return None
-    best = max(p["images_per_second"] for p in fits)
-    return min((p for p in fits if p["images_per_second"] >= (1 - TIE) * best), key=lambda p: p["batch_size"])
+    best = max(p.images_per_second for p in fits)
+    return min((p for p in fits if p.images_per_second >= (1 - TIE) * best), key=lambda p: p.batch_size)
 
 
 def percent_apart(predicted: float, measured: float) -> float:
     return 100.0 * (predicted - measured) / measured
 
 
-def host_memory_available() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 # --- the search, probing for real ------------------------------------------------------------------
 
 
-def _probe_line(p: dict) -> str:
-    parts = [f"{p['phase']:<9} batch size {p['batch_size']:>5}: {p['status']}"]
-    if p.get("peak_memory_mb") is not None:
-        cap = f" of {p['memory_cap_mb']:.0f}" if p.get("memory_cap_mb") else ""
-        parts.append(f"peak {p['peak_memory_mb']:.0f}{cap} MiB")
-    if p["status"] == FITS and p.get("images_per_second"):
-        parts.append(f"{p['images_per_second']:.1f} images/s")
-    if p["status"] == "failed" and p.get("error"):
-        parts.append(p["error"].splitlines()[0][:200])
+def _probe_line(p: ProbeRecord) -> str:
+    parts = [f"{p.phase:<9} batch size {p.batch_size:>5}: {p.status}"]
+    if p.peak_memory_mb is not None:
+        cap = f" of {p.memory_cap_mb:.0f}" if p.memory_cap_mb else ""
+        parts.append(f"peak {p.peak_memory_mb:.0f}{cap} MiB")
+    if p.status == Status.DONE and p.images_per_second:
+        parts.append(f"{p.images_per_second:.1f} images/s")
+    if p.status == Status.FAILED and p.error:
+        parts.append(p.error.splitlines()[0][:200])
     return ", ".join(parts)
 
 
@@ -220,21 +209,21 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
                     isolate: bool = False, log: Callable[[str], None] = print) -> dict:
     """Search, predict, recommend; write OUT/NAME/find_batch_size.json and .csv; return the summary.
 
-    Raises ValueError for impossible settings, CatsdogsError when the data is not prepared or
+    Raises SettingError for impossible settings, CatsdogsError when the data is not prepared or
     when not even batch size 1 fits (after writing the records). `isolate`: a fresh worker
     process for every probe."""
-    from catsdogs import profile as prof
-    from catsdogs.manifest import require_prepared
+    from catsdogs.data.manifest import require_prepared
+    from catsdogs.measure import profile as prof
+    from catsdogs.measure.prober import Prober
     from catsdogs.provenance import versions
-    from catsdogs.worker import Prober
 
     prof.check_settings([start], optimizer, dataset, precision, steps, warmup)
     if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+        raise SettingError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}", "mode")
     if max_batch is not None and max_batch < 1:
-        raise ValueError(f"--max must be >= 1, got {max_batch}")
+        raise SettingError(f"--max must be >= 1, got {max_batch}", "max")
     if resolution is not None and resolution < 1:
-        raise ValueError(f"resolution must be >= 1, got {resolution}")
+        raise SettingError(f"resolution must be >= 1, got {resolution}", "resolution")
     apply_margin(1, margin)  # validates the margin
     manifest = require_prepared(Path(data_dir))
     size = manifest["params"]["size"]
@@ -256,20 +245,16 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     log(f"Find batch size {name}: {mode} from {start}{f' up to {max_batch}' if max_batch else ''}, "
         f"{optimizer}, {dataset} data ({size} px), {precision}; {cap_text}")
 
-    probes: list[dict] = []
+    probes: list[ProbeRecord] = []
 
-    def run(bs: int, phase: str) -> dict:
+    def run(bs: int, phase: str) -> ProbeRecord:
         for p in probes:
-            if p["batch_size"] == bs:
+            if p.batch_size == bs:
                 return p
-        spec = prof.probe_spec(bs, data_dir, optimizer=optimizer, dataset=dataset, precision=precision,
-                               steps=steps, warmup=warmup)
-        record = prober.run(spec)
-        p = {"order": len(probes) + 1, "phase": phase, "batch_size": bs, "status": record["status"],
-             **{k: record.get(k) for k in ("peak_memory_mb", "memory_cap_mb", "images_per_second",
-                                           "step_time_median_s", "baseline_rss_mb", "allocator_peak_mb",
-                                           "memory_kind", "device", "backend", "device_memory_limit_mb", "log")},
-             "error": record.get("error")}
+        task = ProbeTask(bs, str(Path(data_dir).resolve()), optimizer=optimizer, dataset=dataset,
+                         precision=precision, steps=steps, warmup=warmup)
+        p = prober.run(task)
+        p.order, p.phase = len(probes) + 1, phase
         probes.append(p)
         log(_probe_line(p))
         return p
@@ -277,27 +262,27 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     prober = Prober(work, memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=isolate)
     try:
         calib = run(CALIBRATION_BATCH, "calibrate")
-        result = search(lambda b: run(b, "search")["status"], mode=mode, start=start,
+        result = search(lambda b: run(b, "search").status, mode=mode, start=start,
                         max_batch=max_batch, resolution=resolution)
         summary = _decide(result, probes, run, margin, optimizer)
     finally:
         prober.close()
     summary["settings"] = settings
     summary["prediction"] = None
-    cap_mb = calib.get("memory_cap_mb") or calib.get("device_memory_limit_mb")
+    cap_mb = calib.memory_cap_mb or calib.device_memory_limit_mb
     pred = None
-    if calib["status"] == FITS and calib.get("peak_memory_mb") and cap_mb:
+    if calib.status == Status.DONE and calib.peak_memory_mb and cap_mb:
         pred = _predict(calib, cap_mb, data_dir, work, size, optimizer, dataset, precision, log)
     if pred:
         for p in probes:
-            p["predicted_peak_mb"] = (pred["baseline_bytes"] + pred["state_bytes"]
-                                      + pred["per_image_bytes"] * p["batch_size"]) / 2**20
+            p.predicted_peak_mb = (pred["baseline_bytes"] + pred["state_bytes"]
+                                   + pred["per_image_bytes"] * p.batch_size) / 2**20
         summary["prediction"] = {**pred, "calibration_batch_size": CALIBRATION_BATCH,
-                                 "calibration_peak_mb": calib["peak_memory_mb"]}
+                                 "calibration_peak_mb": calib.peak_memory_mb}
         if result.largest_fit:
             summary["prediction"]["percent_apart"] = percent_apart(pred["max_batch_size"], result.largest_fit)
 
-    summary["probes"] = probes
+    summary["probes"] = [{k: getattr(p, k) for k in PROBE_COLUMNS} for p in probes]
     summary["versions"] = versions()
     _write(folder, summary)
     for line in summary_lines(summary):
@@ -305,13 +290,13 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     if result.largest_fit is None:
         first = probes[0]
         raise CatsdogsError(
-            f"no batch size fits: batch size {first['batch_size']} already {first['status']}"
-            f"{': ' + first['error'].splitlines()[0] if first.get('error') else ''} "
+            f"no batch size fits: batch size {first.batch_size} already {first.status}"
+            f"{': ' + first.error.splitlines()[0] if first.error else ''} "
             f"(records in {folder / 'find_batch_size.json'})")
     return summary
 
 
-def _decide(result: SearchResult, probes: list[dict], run, margin: float, optimizer: str) -> dict:
+def _decide(result: SearchResult, probes: list[ProbeRecord], run, margin: float, optimizer: str) -> dict:
     """The measured answer, the margin's size (probed to confirm it), fastest, recommendation."""
     summary: dict = {"largest_fitting": result.largest_fit,
                      "first_not_fitting": result.first_failure, "reached_max": result.reached_max}
@@ -319,53 +304,53 @@ def _decide(result: SearchResult, probes: list[dict], run, margin: float, optimi
     if result.largest_fit is not None:
         safe = apply_margin(result.largest_fit, margin)
         summary["margin_batch_size"] = safe
-        if safe not in {p["batch_size"] for p in probes}:
+        if safe not in {p.batch_size for p in probes}:
             run(safe, "confirm")
-        fits = [p for p in probes if p["status"] == FITS and p.get("images_per_second")]
-        fastest = max(fits, key=lambda p: p["images_per_second"]) if fits else None
-        summary["fastest"] = ({"batch_size": fastest["batch_size"],
-                               "images_per_second": fastest["images_per_second"]} if fastest else None)
+        fits = [p for p in probes if p.status == Status.DONE and p.images_per_second]
+        fastest = max(fits, key=lambda p: p.images_per_second) if fits else None
+        summary["fastest"] = ({"batch_size": fastest.batch_size,
+                               "images_per_second": fastest.images_per_second} if fastest else None)
         rec = recommend(probes, safe)
         if rec:
+            base = default("base_batch_size")
             summary["recommendation"] = {
-                "batch_size": rec["batch_size"], "images_per_second": rec["images_per_second"],
-                "learning_rate": linear_scaled_lr(optimizer, rec["batch_size"]),
-                "base_learning_rate": linear_scaled_lr(optimizer, BASE_BATCH_SIZE),
-                "base_batch_size": BASE_BATCH_SIZE}
+                "batch_size": rec.batch_size, "images_per_second": rec.images_per_second,
+                "learning_rate": linear_scaled_lr(optimizer, rec.batch_size),
+                "base_learning_rate": linear_scaled_lr(optimizer, base), "base_batch_size": base}
 
     return summary
 
 
 def _write(folder: Path, summary: dict) -> None:
-    from catsdogs.profile import write_csv
+    from catsdogs.measure.profile import write_csv
 
     write_json_atomic(folder / "find_batch_size.json", summary, indent=2)
     write_csv(summary["probes"], folder / "find_batch_size.csv", PROBE_COLUMNS)
 
 
-def _predict(calib: dict, cap_mb: float, data_dir: Path, work: Path, size: int, optimizer: str,
+def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size: int, optimizer: str,
              dataset: str, precision: str, log) -> dict | None:
     """The backend's memory model's answer, calibrated on the batch-1 probe: XLA's plan where the
     backend's compiler states one (JAX), compiled in a worker of its own; else the analytic model
     of TensorFlow's tensors. None when the plan could not be made (said in the log)."""
     from catsdogs.model import CPU_PIPELINE_BATCHES, predict_max_batch_size
-    from catsdogs.worker import run_isolated
+    from catsdogs.training.worker import run_isolated
 
-    cap_bytes, peak_bytes = cap_mb * 2**20, calib["peak_memory_mb"] * 2**20
+    cap_bytes, peak_bytes = cap_mb * 2**20, calib.peak_memory_mb * 2**20
     if backends.current().compiled_step_bytes is None:
-        host = CPU_PIPELINE_BATCHES if calib.get("memory_kind") == "cpu-rss" else 0
+        host = CPU_PIPELINE_BATCHES if calib.memory_kind == "cpu-rss" else 0
         return {**predict_max_batch_size(cap_bytes, CALIBRATION_BATCH, peak_bytes, size, optimizer, precision,
                                          host_batches=host), "method": "analytic"}
     log_path = work / "memory-plan.log"
-    pred = run_isolated({"kind": "memory", "data_dir": str(data_dir), "optimizer": optimizer, "dataset": dataset,
-                         "precision": precision, "cap_bytes": cap_bytes, "calibration_batch": CALIBRATION_BATCH,
-                         "calibration_peak_bytes": peak_bytes}, log_path)
-    if pred.get("status") != "done":
-        log(f"XLA's memory plan failed: {str(pred.get('error')).splitlines()[0]} (log: {log_path})")
+    task = MemoryPlanTask(str(data_dir), optimizer, dataset, precision, cap_bytes, CALIBRATION_BATCH, peak_bytes)
+    plan = run_isolated(task, log_path)
+    if plan.status != Status.DONE:
+        log(f"XLA's memory plan failed: {str(plan.error).splitlines()[0]} (log: {log_path})")
         return None
     log_path.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         work.rmdir()  # empty unless a probe that did not end done left its log, as the prober leaves it
+    pred = {k: v for k, v in plan.as_dict().items() if k not in ("status", "error", "traceback")}
     pred["planned_bytes"] = {int(b): v for b, v in pred["planned_bytes"].items()}
     return pred
 

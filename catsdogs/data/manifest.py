@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs.errors import CatsdogsError
+from catsdogs.errors import SettingError
+from catsdogs.schema import DATASETS
 
 MANIFEST = "manifest.json"
 FORMAT = 1  # bump when the prepared layout or pixels change, so old folders get rebuilt
@@ -19,7 +20,8 @@ FORMAT = 1  # bump when the prepared layout or pixels change, so old folders get
 
 def count_files(root: Path) -> dict:
     counts: dict = {}
-    for dataset, splits in (("standard", config.SPLIT_NAMES), ("augmented", ("train", "validation"))):
+    for dataset in DATASETS:  # the augmented set has no test split: it tests on the standard one
+        splits = config.SPLIT_NAMES if dataset == "standard" else config.SPLIT_NAMES[:2]
         for s in splits:
             for c in config.CLASSES:
                 d = root / dataset / s / c
@@ -42,9 +44,11 @@ def load_manifest(data_dir: Path) -> dict | None:
 
 
 def require_prepared(data_dir: Path) -> dict:
+    """The manifest of a finished prepare in `data_dir`; a usage error (the data dir given, or
+    the default one, holds none) that says how to make one."""
     manifest = load_manifest(data_dir)
     if manifest is None:
-        raise CatsdogsError(
+        raise SettingError(
             f"{data_dir} holds no finished prepared data set (no valid {MANIFEST}); "
             f"run `catsdogs prepare --data-dir {data_dir}` first"
         )

@@ -1,6 +1,6 @@
 """Keras 3 on JAX: every JAX-specific call catsdogs makes (`KERAS_BACKEND=jax`).
 
-The same functions as catsdogs.backends.tensorflow, so the engine cannot tell them apart. Where
+The same functions as backends.tensorflow, so the engine cannot tell them apart. Where
 JAX differs, the choice is made here:
 
 - Nothing imports TensorFlow. `start` makes `import tensorflow` fail as if it were not
@@ -34,14 +34,14 @@ import sys
 import time
 import weakref
 
-from catsdogs.backends import matmul_rate
-from catsdogs.provenance import (
+from catsdogs.host import (
     cpu_description,
+    gpu_total_bytes,
     host_memory_bytes,
-    nvml_visible_handle,
     peak_rss_mb,
     reset_peak_rss,
 )
+from catsdogs.training.backends import matmul_rate
 
 NAME = "jax"
 LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many host devices
@@ -59,7 +59,7 @@ def _xla_flags(*extra: str) -> str:
 
 def process_env(threads: int | None = None) -> dict[str, str]:
     """Environment for a worker process, read by JAX when it starts. (Threads: XLA's CPU thread
-    pool follows the worker's CPU affinity, which catsdogs.worker sets.)"""
+    pool follows the worker's CPU affinity, which catsdogs.training.worker sets.)"""
     return {"XLA_FLAGS": _xla_flags(DETERMINISTIC_FLAG), "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
             "TF_CPP_MIN_LOG_LEVEL": "2"}  # XLA's C++ logging reads TensorFlow's variable
 
@@ -88,28 +88,12 @@ def _block_tensorflow() -> None:
         sys.meta_path.insert(0, _NoTensorFlow())
 
 
-def _gpu_total_bytes() -> int | None:
-    """The first visible GPU's memory, from NVML, without starting JAX (None: no NVML or GPU)."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetMemoryInfo(nvml_visible_handle(pynvml)).total)
-    except Exception:  # noqa: BLE001 - no driver, no device
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-
-
 def setup_device(memory_cap_bytes: int | None) -> str:
     """Before JAX starts: a GPU memory cap becomes XLA's memory fraction (of the GPU's memory, as
-    NVML reports it); 'gpu' or 'cpu'. On a CPU the parent watches the cap (catsdogs.worker)."""
+    NVML reports it); 'gpu' or 'cpu'. On a CPU the parent watches the cap (catsdogs.training.worker)."""
     capped = False
     if memory_cap_bytes and "jax" not in sys.modules:
-        total = _gpu_total_bytes()
+        total = gpu_total_bytes()
         if total:
             fraction = min(1.0, memory_cap_bytes / total)
             os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{fraction:.4f}"
@@ -187,12 +171,12 @@ def _gather():
 
 def train_batches(split, batch_size: int, seed: int, n_batches: int, cross_epochs: bool = False,
                   prefetch: int = 2):
-    """The batches of data.batch_schedule(), in order, as a Keras PyDataset. (`prefetch` is
+    """The batches of loading.batch_schedule(), in order, as a Keras PyDataset. (`prefetch` is
     TensorFlow's: here asynchronous dispatch queues the next gather while a step runs.)"""
     import jax
     import keras
 
-    from catsdogs.data import batch_schedule
+    from catsdogs.data.loading import batch_schedule
 
     schedule = batch_schedule(len(split), batch_size, seed, n_batches, cross_epochs).astype("int32")
     on_device = _device_arrays(split)

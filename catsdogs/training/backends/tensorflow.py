@@ -19,8 +19,8 @@ import contextlib
 import os
 import time
 
-from catsdogs.backends import matmul_rate
-from catsdogs.provenance import cpu_description, host_memory_bytes, peak_rss_mb, reset_peak_rss
+from catsdogs.host import cpu_description, host_memory_bytes, peak_rss_mb, reset_peak_rss
+from catsdogs.training.backends import matmul_rate
 
 NAME = "tensorflow"
 LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many logical devices
@@ -99,12 +99,12 @@ def versions() -> dict:
 
 def train_batches(split, batch_size: int, seed: int, n_batches: int, cross_epochs: bool = False,
                   prefetch: int = 2):
-    """The batches of data.batch_schedule(), each gathered from memory in one op (inline: a
+    """The batches of loading.batch_schedule(), each gathered from memory in one op (inline: a
     thread pool would cost more than the copy), `prefetch` of them ready so the device never
     waits for the host. Reading them costs no shuffle buffer and no per-image work."""
     import tensorflow as tf
 
-    from catsdogs.data import batch_schedule
+    from catsdogs.data.loading import batch_schedule
 
     with tf.device("/CPU:0"):  # the images stay in host memory; only batches go to a GPU
         images = tf.constant(split.images)
@@ -256,7 +256,7 @@ def memory_budget_bytes() -> int | None:
 
 
 # TensorFlow offers no memory plan before a step runs: catsdogs.model's analytic model (each
-# tensor's lifetime in TensorFlow's unfused graph) stands for it. See catsdogs.backends.jax.
+# tensor's lifetime in TensorFlow's unfused graph) stands for it. See backends.jax.
 compiled_step_bytes = None
 
 

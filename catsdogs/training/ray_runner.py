@@ -1,12 +1,12 @@
-"""Run a sweep's trials on Ray: `catsdogs sweep --backend ray` (the `catsdogs[ray]` extra).
+"""The Ray runner: a sweep's trials on Ray, `catsdogs sweep --runner ray` (the `catsdogs[ray]` extra).
 
 Each sweep slot holds one Ray actor, a worker: a process that imports the framework once and
-runs trial after trial with catsdogs.engine, keeping decoded data and compiled training steps
-as a local worker (catsdogs.worker) does. An actor asks for one GPU where the cluster has GPUs
+runs trial after trial with the engine, keeping decoded data and compiled training steps as a
+local worker (catsdogs.training.worker) does. An actor asks for one GPU where the cluster has GPUs
 (all of a node's GPUs for `--strategy mirrored`), else for `num_cpus_per_trial` CPU cores (by
 default 1, or this machine's share when `--workers` is given), with the framework's thread
 pools sized to match. The sweep process is the Ray driver: it claims trials and writes every
-outcome to its own store exactly as with the local backend, so resuming, `report` and
+outcome to its own store exactly as with the local runner, so resuming, `report` and
 `reproduce` work unchanged; nothing is written on the other nodes but Ray's own logs.
 
 Where the actors run: the cluster at `address`, else $RAY_ADDRESS (e.g. "auto" on a node of a
@@ -22,13 +22,13 @@ fails the trial loudly (its record names the node) rather than recording a resul
 the wrong images.
 
 What comes back, and what becomes of the actor:
-- the trial's record (`engine.run_task`), as a local worker gives it; one that is not `done`
+- the trial's record (messages.TrialRecord, from `engine.run_task`), as a local worker gives it; one that is not `done`
   (an exception in the trial, `failed` or `oom`) ends the actor, and the slot's next trial
   gets a fresh one, as locally;
 - an actor killed by Ray's memory monitor: `oom`, as a killed worker is locally;
 - an actor or node lost mid-trial (crash, kill, node down): the slot runs the trial again on a
-  fresh actor, up to MAX_RETRIES times; lost every time, the slot returns `{"status": "lost"}`
-  and the sweep gives the trial back to pending, to be run by the next run of the same
+  fresh actor, up to MAX_RETRIES times; lost every time, the slot returns a record whose status
+  is `lost` and the sweep gives the trial back to pending, to be run by the next run of the same
   command. Never a half result: a record exists only when the trial's function returned one.
 
 Per-epoch progress does not stream back from an actor: the sweep logs each trial's start and
@@ -43,16 +43,17 @@ import logging
 import os
 import platform
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from catsdogs.errors import CatsdogsError
-from catsdogs.schema import LOST
+from catsdogs.messages import TrialRecord, TrialTask
+from catsdogs.schema import Status
+from catsdogs.training.worker import needs_fresh_worker
 
 INSTALL_HINT = "install the extra: pip install 'catsdogs[ray]'"
 MAX_RETRIES = 2  # runs again, on a fresh actor, of a trial whose actor or node was lost
 
-# What the local backend sets to place a child on this machine (its GPU, its share of the
+# What the local runner sets to place a child on this machine (its GPU, its share of the
 # cores); Ray places tasks itself, so these are dropped from what the sweep passes.
 _PLACEMENT_VARS = ("CUDA_VISIBLE_DEVICES", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "CATSDOGS_CPUS")
 
@@ -62,7 +63,7 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise CatsdogsError(f"--backend ray needs Ray, which is not installed; {INSTALL_HINT}") from None
+        raise CatsdogsError(f"--runner ray needs Ray, which is not installed; {INSTALL_HINT}") from None
     return ray
 
 
@@ -120,24 +121,25 @@ class TrialActor:
 
     def __init__(self, env: dict):
         os.environ.update(env)  # before the framework starts: its thread pools are sized once
-        from catsdogs import backends
+        from catsdogs.training import backends
 
         backends.current().start()
 
-    def run(self, fn, task: dict) -> dict:
-        from catsdogs import engine
+    def run(self, fn, task: TrialTask) -> dict:
+        from catsdogs.training import engine
 
         return {"record": fn(task), "shapes": engine.STEPS.shapes()}
 
 
-def _run_in_worker(task: dict) -> dict:
+def _run_in_worker(task: TrialTask) -> TrialRecord:
     """What an actor runs for a trial; always a record. Passed to the actor with each trial,
     looked up on this module at the call, so a test can replace it."""
-    from catsdogs import engine
+    from catsdogs.training import engine
 
     record = engine.run_task(task)
-    if record.get("traceback"):
-        record["error"] = f"{record.get('error', '')}\n{record.pop('traceback')}(Ray worker on {platform.node()})"
+    if record.traceback:
+        record.error = f"{record.error or ''}\n{record.traceback}(Ray worker on {platform.node()})"
+        record.traceback = None
     return record
 
 
@@ -156,7 +158,7 @@ class RaySlot:
         return self._shapes if self.actor is not None else set()
 
     def _new_actor(self, cfg):
-        from catsdogs import backends
+        from catsdogs.training import backends
 
         backend = backends.current()
         env = {**backend.process_env(), **self.env, **backend.strategy_env(cfg.strategy)}
@@ -169,12 +171,10 @@ class RaySlot:
         cls = self.ray.remote(max_restarts=0, max_task_retries=0)(TrialActor)
         return cls.options(name=f"catsdogs worker {id(self)}-{time.monotonic_ns()}", **options).remote(env)
 
-    def run(self, cfg, data_dir, on_epoch=None) -> dict:
-        from catsdogs.sweep import needs_fresh_worker
-
-        task = {"kind": "trial", "config": asdict(cfg), "data_dir": str(Path(data_dir).resolve())}
+    def run(self, cfg, data_dir, on_epoch=None) -> TrialRecord:
+        task = TrialTask(cfg, str(Path(data_dir).resolve()))
         fresh = self.isolate or needs_fresh_worker(cfg)  # an actor started for it, ended with it
-        record: dict = {}
+        record = TrialRecord(status=Status.LOST)
         for attempt in range(1 + self.max_retries):
             if self.actor is not None and fresh:
                 self.close()
@@ -185,11 +185,11 @@ class RaySlot:
             except Exception as exc:  # noqa: BLE001 - every way an actor call can end becomes a record
                 record = outcome_of_error(exc, self.ray)
                 self.close()
-                if record["status"] == LOST and not self._stopped and attempt < self.max_retries:
+                if record.status == Status.LOST and not self._stopped and attempt < self.max_retries:
                     continue  # the actor or its node was lost: again, on a fresh actor
                 return record
             record, self._shapes = out["record"], set(out["shapes"])
-            if record.get("status") != "done" or fresh:
+            if record.status != Status.DONE or fresh:
                 self.close()  # isolation: the next trial gets a fresh actor
             return record
         return record
@@ -223,17 +223,17 @@ def make_slots(address: str | None = None, workers: int | None = None, isolate: 
     return make_slot, workers or plan["concurrency"]
 
 
-def outcome_of_error(exc: BaseException, ray) -> dict:
+def outcome_of_error(exc: BaseException, ray) -> TrialRecord:
     """The record for a task that ended with an exception from Ray rather than a record."""
     ex = ray.exceptions
     if isinstance(exc, ex.OutOfMemoryError):  # Ray's memory monitor killed it: oom, as locally
-        return {"status": "oom", "error": f"killed by Ray's memory monitor: {_first_line(exc)}\n{exc}"}
+        return TrialRecord(status=Status.OOM, error=f"killed by Ray's memory monitor: {_first_line(exc)}\n{exc}")
     if isinstance(exc, ex.RayTaskError):
         cause = getattr(exc, "cause", None)
         if cause is None or _is_system_error(cause, ex):
             return _lost(cause or exc)
         # the task's code raised outside the trial's own guard, e.g. catsdogs missing on a node
-        return {"status": "failed", "error": f"{type(cause).__name__}: {cause}\n{exc}"[:12000]}
+        return TrialRecord(status=Status.FAILED, error=f"{type(cause).__name__}: {cause}\n{exc}"[:12000])
     return _lost(exc)  # a lost or killed actor, a lost node, or anything else from Ray
 
 
@@ -244,9 +244,10 @@ def _is_system_error(exc: BaseException, ex) -> bool:
     return isinstance(exc, system)
 
 
-def _lost(exc: BaseException) -> dict:
+def _lost(exc: BaseException) -> TrialRecord:
     why = _first_line(exc)
-    return {"status": "lost", "error": type(exc).__name__ + (f": {why}" if why != type(exc).__name__ else "")}
+    return TrialRecord(status=Status.LOST,
+                       error=type(exc).__name__ + (f": {why}" if why != type(exc).__name__ else ""))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -42,10 +42,11 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from catsdogs import config
-from catsdogs.errors import ArchiveError, CatsdogsError, ChecksumError, DownloadError
+from catsdogs.data.manifest import FORMAT, MANIFEST, count_files, load_manifest
+from catsdogs.errors import ArchiveError, CatsdogsError, ChecksumError, DownloadError, SettingError
 from catsdogs.files import write_json_atomic
-from catsdogs.manifest import FORMAT, MANIFEST, count_files, load_manifest
 from catsdogs.provenance import versions
+from catsdogs.schema import check_prepare, check_sha256
 
 WORKERS = os.cpu_count() or 1  # one decode process per core: decoding is the cost
 BATCH = 8  # candidates per task sent to a worker, at most (fewer round trips)
@@ -69,32 +70,6 @@ class PrepareParams:
         d["augment_scale"] = config.AUGMENT_SCALE
         d["jpeg_quality"] = config.JPEG_QUALITY
         return d
-
-
-# --- checking what the user asked for ------------------------------------------------------
-
-
-def parse_split(text: str) -> tuple[int, int, int]:
-    """'600,200,200' -> (600, 200, 200); raises ValueError with a one-line reason."""
-    parts = [p.strip() for p in str(text).split(",")]
-    if len(parts) != 3:
-        raise ValueError(f"expected three counts train,validation,test (like 600,200,200), got {text!r}")
-    try:
-        counts = tuple(int(p) for p in parts)
-    except ValueError:
-        raise ValueError(f"counts must be whole numbers, got {text!r}") from None
-    if counts[0] < 1 or counts[1] < 0 or counts[2] < 1:
-        raise ValueError(f"train and test need at least one image each, validation zero or more, got {text!r}")
-    return counts  # type: ignore[return-value]
-
-
-def check_params(per_class: int, split: tuple[int, int, int], size: int) -> None:
-    if per_class < 1:
-        raise ValueError(f"--per-class must be at least 1, got {per_class}")
-    if sum(split) != per_class:
-        raise ValueError(f"--split {','.join(map(str, split))} adds up to {sum(split)}, not --per-class {per_class}")
-    if not 8 <= size <= 2048:
-        raise ValueError(f"--size must be between 8 and 2048 pixels, got {size}")
 
 
 # --- one image: the only place pixels are made -----------------------------------------------
@@ -234,12 +209,26 @@ WITHOUT_DOWNLOAD = ("Without the download: --source FILE.zip (the archive, fetch
                     "`catsdogs reproduce --config quick` runs the whole article on it).")
 
 
+def source_kind(source: str) -> str:
+    """'synthetic', 'url' (http or https) or 'path' (a .zip or an extracted folder)."""
+    if source == "synthetic":
+        return "synthetic"
+    return "url" if re.match(r"^https?://", source) else "path"
+
+
+def check_source(source: str) -> str:
+    """A source prepare can read: 'synthetic', a URL, or a file or folder that exists."""
+    if source_kind(source) == "path" and not Path(source).expanduser().exists():
+        raise SettingError(f"no such file or folder: {source}", "source")
+    return source
+
+
 def resolve_source(params: PrepareParams, data_dir: Path, log, progress: bool) -> tuple[Path, dict]:
     """Return the PetImages folder and a description of where it came from."""
     src = params.source
     downloads = data_dir / "downloads"
-    if src == "synthetic":
-        from catsdogs.synthetic import make_synthetic_archive
+    if source_kind(src) == "synthetic":
+        from catsdogs.data.synthetic import make_synthetic_archive
 
         n_valid = synthetic_valid_count(params.per_class)
         archive = downloads / f"synthetic-{n_valid}.zip"
@@ -249,8 +238,8 @@ def resolve_source(params: PrepareParams, data_dir: Path, log, progress: bool) -
             make_synthetic_archive(archive, n_valid)
         pets, sha = extract_archive(archive, data_dir, None, log)
         return pets, {"kind": "synthetic", "n_valid": n_valid, "sha256": sha}
-    if re.match(r"^https?://", src):
-        from catsdogs.download import download
+    if source_kind(src) == "url":
+        from catsdogs.data.download import download
 
         name = PurePosixPath(src.split("?")[0]).name or "archive.zip"
         expected_size = config.ARCHIVE_SIZE if src == config.ARCHIVE_URL else None
@@ -269,10 +258,9 @@ def resolve_source(params: PrepareParams, data_dir: Path, log, progress: bool) -
         pets = path if (path / "Cat").is_dir() else path / "PetImages"
         check_layout(pets, f"--source {src}")
         return pets, {"kind": "folder", "path": str(path.resolve()), "sha256": None}
-    if path.is_file():
-        pets, sha = extract_archive(path, data_dir, params.sha256, log)
-        return pets, {"kind": "zip", "path": str(path.resolve()), "sha256": sha}
-    raise CatsdogsError(f"--source: no such file or folder: {src}")
+    check_source(src)
+    pets, sha = extract_archive(path, data_dir, params.sha256, log)
+    return pets, {"kind": "zip", "path": str(path.resolve()), "sha256": sha}
 
 
 def check_layout(pets: Path, what: str) -> None:
@@ -296,7 +284,7 @@ def safe_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
 
 def extract_archive(archive: Path, data_dir: Path, sha256: str | None, log) -> tuple[Path, str]:
     """Verify (when a hash is given), then extract to a temporary folder renamed when complete."""
-    from catsdogs.download import sha256_of
+    from catsdogs.data.download import sha256_of
 
     actual = sha256_of(archive)
     if sha256 and actual.lower() != sha256.lower():
@@ -565,13 +553,12 @@ def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None
     """Build (or find already built) the article's folders under `data_dir`; return the manifest."""
     data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
     split = tuple(split)  # type: ignore[assignment]
-    check_params(per_class, split, size)
+    check_prepare(per_class, split, size)
+    check_source(source)
     if source == "synthetic":
         sha256 = None  # we make it ourselves; its hash is recorded, not checked
     elif sha256 is not None:
-        if not re.fullmatch(r"[0-9A-Fa-f]{64}", sha256.strip()):  # "" must not count as verified
-            raise CatsdogsError(f"--sha256 must be 64 hexadecimal digits, got {sha256!r}")
-        sha256 = sha256.strip().lower()
+        sha256 = check_sha256(sha256)
     params = PrepareParams(source, sha256, per_class, split, size, seed)  # type: ignore[arg-type]
 
     existing = load_manifest(data_dir)

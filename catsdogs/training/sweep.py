@@ -1,7 +1,8 @@
 """A sweep: the grid of trials, run by workers, each outcome in the store.
 
-Each of the sweep's `workers` slots holds one worker process (catsdogs.worker) that runs trial
-after trial, reusing decoded data and compiled training steps; a trial that does not end
+Each of the sweep's `workers` slots holds one worker that runs trial after trial, reusing decoded
+data and compiled training steps: a process on this machine (the local runner, `LocalSlot`) or a
+Ray actor (catsdogs.training.ray_runner); a trial that does not end
 `done` takes its worker with it and the slot starts a fresh one. A slot claims, among the
 trials of the lowest seed still pending, first those whose shape its worker has compiled: the
 order stays seed-major (a sweep stopped early still covers the whole figure) while steps are
@@ -14,53 +15,29 @@ run again. One failed trial never stops the sweep.
 
 from __future__ import annotations
 
-import itertools
 import signal
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from catsdogs import backends, config
-from catsdogs.errors import CatsdogsError
+from catsdogs import config
+from catsdogs.data.manifest import require_prepared
+from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.files import write_json_atomic
-from catsdogs.manifest import require_prepared
+from catsdogs.messages import TrialRecord, TrialTask
 from catsdogs.provenance import versions
-from catsdogs.schema import LOST, TrialConfig, default, normalized_lr
-from catsdogs.seeds import cell_of, next_seeds
-from catsdogs.store import Store
-from catsdogs.worker import Worker, slot_env
+from catsdogs.schema import FINISHED, Status, TrialConfig
+from catsdogs.seeds import next_seeds
+from catsdogs.store import Store, store_path
+from catsdogs.training import backends
+from catsdogs.training.worker import Worker, needs_fresh_worker, slot_env
 
 
-def grid_configs(optimizers, batch_sizes, datasets, seeds: int | range, epochs: int, *, image_size: int,
-                 fingerprints: dict, backend: str, **protocol) -> list[TrialConfig]:
-    """The grid, seed-major: every cell gets its first seed before any gets its second,
-    so a sweep stopped early still covers the whole figure. `seeds`: how many (0..N-1), or
-    which. A protocol value given as a list (several learning rates) is crossed with the grid;
-    a learning rate equal to the optimizer's default is that default (the same trial).
-    `fingerprints`: each data set's (the manifest's), part of every trial's identity; `backend`:
-    the workers' (catsdogs.plans.trials reads both)."""
-    seeds = range(seeds) if isinstance(seeds, int) else seeds
-    grid = []
-    for seed, p, dataset, opt, bs in itertools.product(seeds, protocol_combinations(protocol), datasets,
-                                                       optimizers, batch_sizes):
-        p = {**p, "lr": normalized_lr(opt, p["lr"])} if "lr" in p else p
-        cfg = TrialConfig(optimizer=opt, batch_size=int(bs), dataset=dataset, seed=seed, epochs=epochs,
-                          image_size=image_size, data=fingerprints[dataset], backend=backend, **p)
-        cfg.check()
-        grid.append(cfg)
-    return list(dict.fromkeys(grid))  # the same trial asked twice runs once
-
-
-def protocol_combinations(protocol: dict) -> list[dict]:
-    """Protocol settings, one dict per combination of the values given as lists or tuples
-    (an empty list: the field's default)."""
-    lists = {k: (list(v) or [default(k)]) if isinstance(v, (list, tuple)) else [v] for k, v in protocol.items()}
-    return [dict(zip(lists, combo, strict=True)) for combo in itertools.product(*lists.values())]
-
-
-def store_path(out: Path) -> Path:
-    return Path(out) / config.STORE_FILE
+def check_workers(grid: list[TrialConfig], workers: int) -> None:
+    """A mirrored trial uses every GPU: it runs with one worker at a time."""
+    if workers > 1 and any(c.strategy == "mirrored" for c in grid):
+        raise SettingError("--strategy mirrored uses every GPU for one trial: use it with --workers 1", "workers")
 
 
 def describe(grid: list[TrialConfig], out: Path) -> list[str]:
@@ -86,8 +63,8 @@ class LocalSlot:
     def shapes(self) -> set[str]:
         return self.worker.shapes if self.worker.alive else set()
 
-    def run(self, cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
-        task = {"kind": "trial", "config": asdict(cfg), "data_dir": str(Path(data_dir).resolve())}
+    def run(self, cfg: TrialConfig, data_dir: Path, on_epoch=None) -> TrialRecord:
+        task = TrialTask(cfg, str(Path(data_dir).resolve()))
         if not (self.isolate or needs_fresh_worker(cfg)):
             self.running = self.worker
             return self.worker.run(task, on_progress=on_epoch)
@@ -107,11 +84,6 @@ class LocalSlot:
     def close(self) -> None:
         self.running.close()
         self.worker.close()
-
-
-def needs_fresh_worker(cfg: TrialConfig) -> bool:
-    """A distribution strategy sets devices up before the framework starts: its own process."""
-    return cfg.strategy != "none"
 
 
 def _fmt_seconds(s: float) -> str:
@@ -167,7 +139,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
         csv_path = store.export_csv(name, sweep_dir / "results.csv")
         counts = store.counts(keys)
     total = len(keys)
-    already = sum(counts[s] for s in ("done", "failed", "oom"))
+    already = sum(counts[s] for s in FINISHED)
     if already:
         log(f"Sweep {name}: {already} of {total} trials already finished, resuming.")
     how = "a fresh worker process per trial" if isolate else "long-lived worker processes"
@@ -243,10 +215,10 @@ def _work(runner, slot: int, *, keys, by_key, data_dir, out, name, board: _Board
             board.log(f"{tag}[{min(position, board.total)}/{board.total}] {cfg.label()}{eta}")
             t0 = time.time()
             record = runner.run(cfg, data_dir, on_epoch=_epoch_logger(board.log, tag))
-            if board.stop.is_set() or record.get("status") == LOST:
+            if board.stop.is_set() or record.status == Status.LOST:
                 store.release(row["key"])  # interrupted or lost with its worker: to be run again
-                if record.get("status") == LOST and not board.stop.is_set():
-                    board.log(f"{tag}    lost: {record.get('error', '')}; left pending")
+                if record.status == Status.LOST and not board.stop.is_set():
+                    board.log(f"{tag}    lost: {record.error or ''}; left pending")
                 continue
             store.finish(row["key"], record)
             with board.lock:
@@ -264,13 +236,13 @@ def _epoch_logger(log, tag: str = ""):
     return on_epoch
 
 
-def _outcome_line(record: dict, seconds: float) -> str:
-    if record["status"] == "done":
-        reused = ", step reused" if record.get("step_reused") else ""
-        return (f"    done: test accuracy {record['test_accuracy']:.4f}, "
-                f"{record['images_per_second']:.0f} images/s, {seconds:.1f} s{reused}")
-    first = (record.get("error") or "").splitlines()[0] if record.get("error") else ""
-    return f"    {record['status']}: {first}"
+def _outcome_line(record: TrialRecord, seconds: float) -> str:
+    if record.status == Status.DONE:
+        reused = ", step reused" if record.step_reused else ""
+        return (f"    done: test accuracy {record.test_accuracy:.4f}, "
+                f"{record.images_per_second:.0f} images/s, {seconds:.1f} s{reused}")
+    first = record.error.splitlines()[0] if record.error else ""
+    return f"    {record.status}: {first}"
 
 
 def run(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *, target_ci: float | None = None,
@@ -321,10 +293,10 @@ def _seeds_in_store(name: str, grid: list[TrialConfig], out: Path) -> int:
     """The most seeds any of the grid's cells has in sweep `name` of the store (0 if none)."""
     if not store_path(out).exists():
         return 0
-    cells = {cell_of(c) for c in grid}
+    cells = {c.cell() for c in grid}
     with Store(store_path(out)) as store:
         if name not in store.sweeps():
             return 0
         seeds = [t["seed"] + 1 for t in store.trials(name)
-                 if cell_of(TrialConfig.from_dict(t["config"])) in cells]
+                 if TrialConfig.from_dict(t["config"]).cell() in cells]
     return max(seeds, default=0)

@@ -1,10 +1,11 @@
 """Workers: long-lived processes that run trials and probes, and the one way to run them.
 
-A worker (`python -m catsdogs.worker`) imports the framework once, then reads tasks from its
-stdin, one JSON line each, runs each with catsdogs.engine (which keeps decoded data and
-compiled training steps between tasks), and answers on its own channel with JSON lines:
-`ready`, then per task `started`, any number of `progress`, and one `result`. Anything else the
-process prints (TensorFlow's logs included) goes to its log file, never into the channel.
+A worker (`python -m catsdogs.training.worker`) imports the framework once, then reads tasks
+from its stdin, one JSON line each (catsdogs.messages), runs each with the engine (which keeps
+decoded data and compiled training steps between tasks), and answers on its own channel with
+JSON lines: `ready`, then per task `started`, any number of `progress`, and one `result` holding
+the task's record. Anything else the process prints (TensorFlow's logs included) goes to its log
+file, never into the channel.
 
 `Worker` is the parent's handle on one. The rules of isolation:
 - A task whose outcome is not `done` ends its worker: the next task gets a fresh process, so
@@ -34,8 +35,11 @@ import sys
 import threading
 from pathlib import Path
 
-from catsdogs import backends
-from catsdogs.provenance import proc_status_kb
+from catsdogs import messages
+from catsdogs.host import oom_kills, proc_status_kb, usable_cores, visible_gpus
+from catsdogs.messages import Task
+from catsdogs.schema import Status
+from catsdogs.training import backends
 
 WATCH_INTERVAL = 0.02  # seconds between two looks at a capped worker's peak memory
 MEMORY_CAP_ENV = "CATSDOGS_MEMORY_CAP_BYTES"  # a GPU's logical device size, read at start
@@ -74,18 +78,17 @@ def main() -> int:
     cap = int(os.environ.get(MEMORY_CAP_ENV) or 0) or None
     device = backend.setup_device(cap)  # before the framework touches the GPU
     backend.start()
-    from catsdogs import engine
+    from catsdogs.training import engine
 
     send("ready", {"pid": os.getpid(), "device": device})
     for line in sys.stdin:
         if not line.strip():
             continue
-        task = json.loads(line)
+        task = messages.decode_task(line)
         backend.reset_peak_memory()
-        send("started", {"id": task.get("id")})
+        send("started")
         record = engine.run_task(task, emit=lambda kind, payload: send(kind, {"payload": payload}))
-        send("result", {"id": task.get("id"), "record": record,
-                        "shapes": engine.STEPS.shapes()})
+        send("result", {"record": record.as_dict(), "shapes": engine.STEPS.shapes()})
     return 0
 
 
@@ -96,18 +99,6 @@ def _die_with_parent() -> None:
     """In the child, before exec: be killed when the parent dies, even by kill -9."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def oom_kills() -> int | None:
-    """The kernel's count of processes its OOM killer ended (None where it cannot be read)."""
-    try:
-        with open("/proc/vmstat") as f:
-            for line in f:
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 class WorkerDied(Exception):
@@ -137,7 +128,7 @@ class Worker:
         self._stopped = False
         with open(self.log_path, "a") as log:  # the child has its own copy of the descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "catsdogs.worker"], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "catsdogs.training.worker"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, text=True, env=self.env, bufsize=1,
                 start_new_session=True,  # Ctrl-C reaches the parent, which stops the worker
                 preexec_fn=_die_with_parent)
@@ -158,18 +149,18 @@ class Worker:
         self.proc.wait()
         raise WorkerDied()
 
-    def run(self, task: dict, on_progress=None, memory_cap_bytes: int | None = None) -> dict:
-        """Run `task` in this worker (started if needed); always a record with a status.
+    def run(self, task: Task, on_progress=None, memory_cap_bytes: int | None = None):
+        """Run `task` in this worker (started if needed); always its record, with a status.
 
-        A worker that died, or whose task did not end `done`, is gone afterwards."""
+        A worker that died, or whose task did not end done, is gone afterwards."""
         if not self.alive:
             self.start_or_record()
             if not self.alive:
-                return self._death_record(kills_before=None, cap=None, hwm=None)
+                return self._death_record(task, kills_before=None, cap=None, hwm=None)
         kills_before = oom_kills()
         watcher = _Watcher(self, memory_cap_bytes) if memory_cap_bytes and self.device == "cpu" else None
         try:
-            self.proc.stdin.write(json.dumps(task) + "\n")
+            self.proc.stdin.write(messages.encode(task) + "\n")
             self.proc.stdin.flush()
             self._expect("started")
             if watcher:
@@ -179,19 +170,19 @@ class Worker:
         except (WorkerDied, BrokenPipeError, OSError):
             if watcher:
                 watcher.stop()
-            record = self._death_record(kills_before, watcher.cap_bytes if watcher else None,
+            record = self._death_record(task, kills_before, watcher.cap_bytes if watcher else None,
                                         watcher.killed_at_kb if watcher else None)
             self.close()
             return record
         if watcher:
             watcher.stop()
-        record = msg["record"]
-        if record.get("traceback"):
-            record["error"] = f"{record.get('error', '')}\n{record.pop('traceback')}"
+        record = task.RECORD.from_dict(msg["record"])
+        if record.traceback:
+            record.error, record.traceback = f"{record.error or ''}\n{record.traceback}", None
         self.tasks += 1
-        self.largest_batch = max(self.largest_batch, int(task.get("batch_size") or 0))
+        self.largest_batch = max(self.largest_batch, int(getattr(task, "batch_size", 0) or 0))
         self.shapes = set(msg.get("shapes") or [])
-        if record.get("status") != "done":
+        if record.status != Status.DONE:
             self.close()  # isolation: the next task gets a fresh process
         return record
 
@@ -201,7 +192,8 @@ class Worker:
         except WorkerDied:
             pass
 
-    def _death_record(self, kills_before, cap, hwm) -> dict:
+    def _death_record(self, task: Task, kills_before, cap, hwm):
+        """The record of a task whose worker ended without answering: its status says why."""
         rc = self.proc.poll() if self.proc else None
         if rc is None and self.proc is not None:
             rc = self.proc.wait()
@@ -209,26 +201,26 @@ class Worker:
         with contextlib.suppress(OSError):
             tail = self.log_path.read_text(errors="replace")[-4000:]
         last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "")
-        if hwm is not None:
-            return {"status": "oom", "peak_memory_mb": hwm / 1024, "memory_kind": "cpu-rss",
-                    "error": f"stopped: peak resident memory {hwm / 1024:.0f} MiB went over the "
-                             f"{cap / 2**20:.0f} MiB cap"}
+        if hwm is not None:  # only probes run under a watched cap
+            return task.RECORD(status=Status.OOM, peak_memory_mb=hwm / 1024, memory_kind="cpu-rss",
+                               error=f"stopped: peak resident memory {hwm / 1024:.0f} MiB went over the "
+                                     f"{cap / 2**20:.0f} MiB cap")
         if self._stopped:
-            return {"status": "lost", "error": "stopped by the sweep"}
+            return task.RECORD(status=Status.LOST, error="stopped by the sweep")
         signum = -rc if rc is not None and rc < 0 else None
         why = (f"killed by signal {signum} ({signal.Signals(signum).name})" if signum
                else f"exited with code {rc}")
         kills_after = oom_kills()
         if signum == signal.SIGKILL and kills_before is not None and kills_after is not None:
-            status = "oom" if kills_after > kills_before else "failed"
-            cause = " by the kernel's OOM killer" if status == "oom" else " (not by the OOM killer)"
+            status = Status.OOM if kills_after > kills_before else Status.FAILED
+            cause = " by the kernel's OOM killer" if status == Status.OOM else " (not by the OOM killer)"
         elif signum == signal.SIGKILL:
-            status, cause = "oom", " (likely out of memory)"
+            status, cause = Status.OOM, " (likely out of memory)"
         else:
             oom = any(m in tail for m in backends.current().OOM_MARKERS)
-            status, cause = ("oom" if oom else "failed"), ""
-        return {"status": status, "error": f"worker process {why}{cause} without a result: {last}\n"
-                                           f"(log: {self.log_path})"}
+            status, cause = (Status.OOM if oom else Status.FAILED), ""
+        return task.RECORD(status=status, error=f"worker process {why}{cause} without a result: {last}\n"
+                                                f"(log: {self.log_path})")
 
     def kill(self) -> None:
         """Stop the worker now (Ctrl-C, a memory cap); safe from any thread."""
@@ -284,8 +276,8 @@ class _Watcher:
             self._stop.wait(WATCH_INTERVAL)
 
 
-def run_isolated(task: dict, log_path: Path, env: dict | None = None, on_progress=None,
-                 memory_cap_bytes: int | None = None) -> dict:
+def run_isolated(task: Task, log_path: Path, env: dict | None = None, on_progress=None,
+                 memory_cap_bytes: int | None = None):
     """One task in a fresh worker that ends with it."""
     worker = Worker(log_path, env)
     try:
@@ -294,73 +286,10 @@ def run_isolated(task: dict, log_path: Path, env: dict | None = None, on_progres
         worker.close()
 
 
-class Prober:
-    """Runs probes (and the matmul peak) for profile and find-batch-size, in workers.
-
-    A worker is reused while the batch sizes grow and replaced otherwise (its memory only
-    grows), and after any probe that did not end `done`. `memory_cap_bytes` caps every probe
-    (the CPU: peak resident memory, watched; a GPU: a logical device of that size);
-    `cpu_cap_bytes` caps only probes that run on the CPU. `isolate`: a worker per probe."""
-
-    def __init__(self, workdir: Path, memory_cap_bytes: int | None = None, cpu_cap_bytes: int | None = None,
-                 isolate: bool = False):
-        self.workdir = Path(workdir)
-        self.memory_cap_bytes, self.cpu_cap_bytes, self.isolate = memory_cap_bytes, cpu_cap_bytes, isolate
-        env = {MEMORY_CAP_ENV: str(memory_cap_bytes)} if memory_cap_bytes else {}
-        self._started = 0
-        self._env = env
-        self.worker: Worker | None = None
-        self._clean = True  # every task of the current worker ended done: its log can go
-
-    def _fresh(self) -> Worker:
-        self._retire()
-        self._started += 1
-        self.worker = Worker(self.workdir / f"probe-worker-{os.getpid()}-{self._started}.log", self._env)
-        self._clean = True
-        return self.worker
-
-    def _retire(self) -> None:
-        if self.worker is not None:
-            self.worker.close()
-            if self._clean:
-                self.worker.log_path.unlink(missing_ok=True)
-            self.worker = None
-
-    def run(self, task: dict) -> dict:
-        batch = int(task.get("batch_size") or 0)
-        worker = self.worker
-        if (worker is None or not worker.alive or self.isolate
-                or (worker.tasks and batch <= worker.largest_batch and task["kind"] == "probe")):
-            worker = self._fresh()
-        if not worker.alive:
-            worker.start_or_record()
-        cap = self.memory_cap_bytes or (self.cpu_cap_bytes if worker.device == "cpu" else None)
-        record = worker.run(task, memory_cap_bytes=cap)
-        cap_mb = cap / 2**20 if cap else None
-        peak = record.get("peak_memory_mb")
-        if (cap_mb and record.get("memory_kind") == "cpu-rss" and peak and peak > cap_mb
-                and record.get("status") == "done"):  # over the cap between two looks
-            record.update(status="oom", error=f"finished, but its peak resident memory {peak:.0f} MiB "
-                                              f"went over the {cap_mb:.0f} MiB cap")
-            worker.close()
-        record.setdefault("batch_size", task.get("batch_size"))
-        record.setdefault("backend", backends.name())  # a killed probe's record too
-        record["memory_cap_mb"] = cap_mb
-        if record.get("status") != "done":
-            self._clean = False
-            record["log"] = str(worker.log_path)
-        return record
-
-    def close(self) -> None:
-        self._retire()
-        with contextlib.suppress(OSError):
-            self.workdir.rmdir()  # empty unless a probe that did not end done left its log
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+def needs_fresh_worker(cfg) -> bool:
+    """A distribution strategy sets devices up before the framework starts: a trial of one runs
+    in a worker of its own."""
+    return cfg.strategy != "none"
 
 
 def slot_env(slot: int, workers: int) -> dict:
@@ -371,22 +300,10 @@ def slot_env(slot: int, workers: int) -> dict:
         return {"CUDA_VISIBLE_DEVICES": gpus[slot % len(gpus)]} if workers > 1 else {}
     if workers == 1:
         return {}
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = usable_cores()
     share = max(1, len(cores) // workers)  # N trainers on N x fewer threads, not N x all
     mine = cores[(slot * share) % len(cores):][:share]
     return {**backends.current().process_env(threads=share), CPUS_ENV: ",".join(map(str, mine))}
-
-
-def visible_gpus() -> list[str]:
-    """NVIDIA GPU ids this process may use, without importing a framework."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [g for g in env.split(",") if g.strip() and g.strip() != "-1"]
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ implementation (the backend's), precision, determinism settings and input pipeli
 same `model.fit`. A trial runs its protocol's epochs and tests; a probe runs a few steps and
 times each. They differ only in how many steps they run and what they record.
 
-The engine runs inside a worker process (catsdogs.worker), which keeps between tasks:
+The engine runs inside a worker process (catsdogs.training.worker), which keeps between tasks:
 - every prepared data set it has decoded, checked against the manifest's fingerprint before
   each task, so data re-prepared under a worker is decoded again, never used stale;
 - the compiled training step of each trial shape it has run (`TrialConfig.shape()`: model,
@@ -13,24 +13,36 @@ The engine runs inside a worker process (catsdogs.worker), which keeps between t
   A trial of a known shape gets the weights a freshly built model of its seed has and zeroed
   optimizer state, so its result is bit-identical to the same trial in a fresh process
   (tests/test_engine.py), without building, compiling and tracing again.
+
+Every task comes in as a typed message and ends in its typed record (catsdogs.messages); a
+task's exception is its record's status (`failed`, or `oom`), never the worker's end.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import statistics
-import threading
 import time
 import traceback
 from collections import OrderedDict
-from dataclasses import asdict
 from pathlib import Path
 
-from catsdogs import backends, data
+from catsdogs.data import loading
+from catsdogs.data.manifest import require_prepared
 from catsdogs.errors import CatsdogsError
-from catsdogs.manifest import require_prepared
+from catsdogs.host import NvmlSampler, rss_mb
+from catsdogs.messages import (
+    MemoryPlan,
+    MemoryPlanTask,
+    PeakRecord,
+    PeakTask,
+    ProbeRecord,
+    ProbeTask,
+    Task,
+    TrialRecord,
+    TrialTask,
+)
 from catsdogs.model import (
     OPTIMIZER_SLOTS,
     build_model,
@@ -38,8 +50,9 @@ from catsdogs.model import (
     parameter_count,
     train_flops_per_image,
 )
-from catsdogs.provenance import environment, nvml_visible_handle, proc_status_kb
-from catsdogs.schema import TrialConfig, learning_rate, plan_steps
+from catsdogs.provenance import environment
+from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
+from catsdogs.training import backends
 
 # The compiled steps a worker keeps: at most this share of the memory that holds them (the
 # GPU's, else the host's). At 200 px one Adam step holds ~0.66 GB (weights, gradients, two
@@ -54,7 +67,7 @@ class DataCache:
     def __init__(self):
         self._sets: dict[tuple[str, str], tuple[str, dict]] = {}
 
-    def load(self, data_dir: Path, dataset: str, expect: str = "") -> tuple[dict, dict[str, data.Split]]:
+    def load(self, data_dir: Path, dataset: str, expect: str = "") -> tuple[dict, dict[str, loading.Split]]:
         """(manifest, splits). `expect`: the fingerprint the task was planned on; data that
         changed since is an error, and data that changed since it was cached is decoded again."""
         manifest = require_prepared(Path(data_dir))
@@ -65,7 +78,7 @@ class DataCache:
         key = (str(Path(data_dir).resolve()), dataset)
         cached = self._sets.get(key)
         if cached is None or cached[0] != fingerprint:
-            self._sets[key] = (fingerprint, data.load_dataset(Path(data_dir), dataset))
+            self._sets[key] = (fingerprint, loading.load_dataset(Path(data_dir), dataset))
             # a file replaced mid-read: the fingerprint is checked once more after decoding
             if require_prepared(Path(data_dir))["fingerprint"][dataset] != fingerprint:
                 del self._sets[key]
@@ -80,7 +93,7 @@ class TrainingStep:
         import keras
 
         self.shape = shape_of(cfg, steps_per_epoch)
-        self.trial_shape = repr(cfg.shape())  # what a sweep knows of it (worker.Worker.shapes)
+        self.trial_shape = repr(cfg.shape())  # what a sweep knows of it (Worker.shapes)
         self.strategy = backend.distribution(cfg.strategy)
         keras.mixed_precision.set_dtype_policy(cfg.precision)
         keras.utils.set_random_seed(cfg.seed)
@@ -234,8 +247,8 @@ def weights_digest(model) -> str:
 # --- a trial -----------------------------------------------------------------------------------
 
 
-def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
-    """Train and test one configuration; return its record (status 'done')."""
+def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> TrialRecord:
+    """Train and test one configuration; return its record (status done)."""
     import keras
 
     cfg.check()
@@ -282,31 +295,29 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> dict:
         history.append(row)
     train_seconds = sum(e["train_seconds"] for e in timer.epochs)
     memory = backend.peak_memory()
-    return {
-        "status": "done",
-        "config": asdict(cfg),
-        "test_accuracy": float(test_acc),
-        "test_loss": float(test_loss),
-        # the trained model's accuracy on the validation split: what tuning may choose by
-        "val_accuracy": history[-1].get("val_accuracy") if history else None,
+    return TrialRecord(
+        status=Status.DONE,
+        test_accuracy=float(test_acc),
+        test_loss=float(test_loss),
+        val_accuracy=history[-1].get("val_accuracy") if history else None,
         **final, **initial,
-        "history": history,
-        "steps": updates,  # optimizer updates (weights changed)
-        "batches": batches,
-        "learning_rate": learning_rate(cfg),
-        "n_train": len(train), "n_validation": len(val), "n_test": len(test),
-        "train_seconds": round(train_seconds, 4),
-        "fit_seconds": round(fit_seconds, 4),
-        "setup_seconds": round(setup_seconds, 4),  # building and compiling, or resetting a kept step
-        "step_reused": reused,
-        "images_per_second": batches * cfg.batch_size / train_seconds if train_seconds else None,
-        "peak_memory_mb": round(memory["peak_memory_mb"], 1),
-        "memory_kind": memory["memory_kind"],
-        "replicas": step.strategy.num_replicas_in_sync,
-        "weights_digest": weights_digest(model),
-        "wall_seconds": round(time.time() - started, 3),
-        "env": environment(backend),
-    }
+        history=history,
+        steps=updates,
+        batches=batches,
+        learning_rate=learning_rate(cfg),
+        n_train=len(train), n_validation=len(val), n_test=len(test),
+        train_seconds=round(train_seconds, 4),
+        fit_seconds=round(fit_seconds, 4),
+        setup_seconds=round(setup_seconds, 4),
+        step_reused=reused,
+        images_per_second=batches * cfg.batch_size / train_seconds if train_seconds else None,
+        peak_memory_mb=round(memory["peak_memory_mb"], 1),
+        memory_kind=memory["memory_kind"],
+        replicas=step.strategy.num_replicas_in_sync,
+        weights_digest=weights_digest(model),
+        wall_seconds=round(time.time() - started, 3),
+        env=environment(backend),
+    )
 
 
 def _epoch_timer(n_epochs: int, on_epoch):
@@ -339,50 +350,57 @@ def _epoch_timer(n_epochs: int, on_epoch):
 # --- a probe -----------------------------------------------------------------------------------
 
 
-def run_probe(spec: dict) -> dict:
-    """Warm up, then time `steps` training steps at one batch size; measure memory. Always a
-    record: out of memory and failures are its status ('oom', 'failed'), with the error.
+def run_probe(task: ProbeTask) -> ProbeRecord:
+    """Warm up, then time `task.steps` training steps at one batch size; measure memory. Always a
+    record: out of memory and failures are its status (oom, failed), with the error.
 
     The step is the sweep's (`TrainingStep`), fed by the sweep's pipeline: batches of the
     prepared train split, seeded permutations joined end to end (so a batch larger than the
     split holds every image at least once). Only this probe's step is kept in memory."""
     backend = backends.current()
     kind = backend.start()
-    record = {k: spec[k] for k in ("batch_size", "precision", "optimizer", "dataset", "steps", "warmup")}
+    record = ProbeRecord(batch_size=task.batch_size, precision=task.precision, optimizer=task.optimizer,
+                         dataset=task.dataset, steps=task.steps, warmup=task.warmup)
     sampler = NvmlSampler() if kind == "gpu" else None
     try:
-        manifest, splits = DATA.load(Path(spec["data_dir"]), spec["dataset"])
+        manifest, splits = DATA.load(Path(task.data_dir), task.dataset)
         size = manifest["params"]["size"]
-        cfg = TrialConfig(spec["optimizer"], int(spec["batch_size"]), spec["dataset"], spec.get("seed", 0),
-                          epochs=1, image_size=size, data=manifest["fingerprint"][spec["dataset"]],
-                          precision=spec["precision"], backend=backend.NAME)
+        cfg = TrialConfig(task.optimizer, int(task.batch_size), task.dataset, task.seed, epochs=1,
+                          image_size=size, data=manifest["fingerprint"][task.dataset],
+                          precision=task.precision, backend=backend.NAME)
         cfg.check()
-        n = spec["warmup"] + spec["steps"]
-        record.update(image_size=size, device=backend.device_description(), backend=backend.NAME,
-                      baseline_rss_mb=_rss_mb())  # before the model: runtime + data
+        n = task.warmup + task.steps
+        record.image_size, record.device, record.backend = size, backend.device_description(), backend.NAME
+        record.baseline_rss_mb = rss_mb()  # before the model: runtime + data
         step, _ = STEPS.get(cfg, n, backend, keep_others=False)
         batches = backend.train_batches(splits["train"], cfg.batch_size, cfg.seed, n, cross_epochs=True)
-        min_seconds = spec.get("min_seconds")
+        min_seconds = task.min_seconds
         if min_seconds is None:
             min_seconds = GPU_MIN_PROBE_SECONDS if kind == "gpu" else 0.0
-        timer = _step_timer(spec["warmup"], sampler.start if sampler else None, spec["steps"], min_seconds)
+        timer = _step_timer(task.warmup, sampler.start if sampler else None, task.steps, min_seconds)
         with step.strategy.scope():  # the same batches again until the timed steps last min_seconds
             step.model.fit(batches, epochs=MAX_PROBE_EPOCHS if min_seconds else 1, steps_per_epoch=n,
                            callbacks=[timer], shuffle=False, verbose=0)
         nvml = sampler.stop() if sampler else {}
         times = timer.times
         median, mean = statistics.median(times), statistics.fmean(times)
-        record.update({"status": "done", "step_time_median_s": median, "step_time_mean_s": mean,
-                       "step_times_s": times, "timed_steps": len(times), "timed_seconds": sum(times),
-                       "images_per_second": cfg.batch_size / median,
-                       "flops_per_second": train_flops_per_image(size) * cfg.batch_size / median, **nvml})
+        _fill(record, status=Status.DONE, step_time_median_s=median, step_time_mean_s=mean,
+              step_times_s=times, timed_steps=len(times), timed_seconds=sum(times),
+              images_per_second=cfg.batch_size / median,
+              flops_per_second=train_flops_per_image(size) * cfg.batch_size / median, **nvml)
     except Exception as exc:  # noqa: BLE001 - out of memory and failures are recorded outcomes
         if sampler:
-            record.update(sampler.stop())
-        record.update(_failure(exc, backend))
+            _fill(record, **sampler.stop())
+        _fill(record, **_failure(exc, backend))
         STEPS.clear()  # whatever the failed step allocated goes back before the next task
-    record.update(backend.peak_memory())
+    _fill(record, **backend.peak_memory())
     return record
+
+
+def _fill(record, **values):
+    """Set fields of a record (dataclasses.replace would copy it)."""
+    for k, v in values.items():
+        setattr(record, k, v)
 
 
 # NVML's utilization is the share of the last sample period (up to a second) in which a kernel
@@ -423,78 +441,17 @@ def _step_timer(warmup: int, on_timed_start=None, steps: int = 0, min_seconds: f
     return StepTimer()
 
 
-def _rss_mb() -> float | None:
-    kb = proc_status_kb("VmRSS")
-    return None if kb is None else kb / 1024
-
-
-class NvmlSampler:
-    """GPU utilization and memory used, sampled by NVML in a background thread.
-
-    Optional: without nvidia-ml-py, or without an NVIDIA GPU, `start()` returns False and
-    `stats()` returns {}. The GPU is the first this process may use
-    (provenance.nvml_visible_handle)."""
-
-    def __init__(self, interval: float = 0.05):
-        self.interval = interval
-        self.util: list[float] = []
-        self.memory: list[float] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._nvml = None
-        self._handle = None
-
-    def start(self) -> bool:
-        try:
-            import pynvml  # nvidia-ml-py: the optional extra `nvml`
-        except ImportError:
-            return False
-        try:
-            pynvml.nvmlInit()
-            self._handle = nvml_visible_handle(pynvml)
-        except Exception:  # noqa: BLE001 - no driver, no device: NVML numbers are optional
-            return False
-        self._nvml = pynvml
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return True
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(Exception):
-                self.util.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
-                self.memory.append(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20)
-            self._stop.wait(self.interval)
-
-    def stop(self) -> dict:
-        if self._thread is None:
-            return {}
-        self._stop.set()
-        self._thread.join(timeout=2)
-        with contextlib.suppress(Exception):
-            self._nvml.nvmlShutdown()
-        self._thread = None
-        return self.stats()
-
-    def stats(self) -> dict:
-        if not self.util:
-            return {}
-        return {"nvml_gpu_util_mean_percent": statistics.fmean(self.util),
-                "nvml_gpu_util_max_percent": max(self.util),
-                "nvml_memory_used_mb": max(self.memory) if self.memory else None,
-                "nvml_samples": len(self.util)}
-
-
-def run_peak(spec: dict) -> dict:
+def run_peak(task: PeakTask) -> PeakRecord:
     """The device's matmul peak in the precision's compute dtype."""
     backend = backends.current()
     backend.start()
-    dtype = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[spec["precision"]]
-    result = backend.matmul_peak(dtype, n=spec.get("matmul_size"), seconds=spec.get("seconds", 1.0))
-    return {"status": "done", "device": backend.device_description(), "precision": spec["precision"], **result}
+    dtype = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[task.precision]
+    result = backend.matmul_peak(dtype, n=task.matmul_size, seconds=task.seconds)
+    return PeakRecord(status=Status.DONE, device=backend.device_description(), precision=task.precision,
+                      **result)
 
 
-def run_memory_plan(spec: dict) -> dict:
+def run_memory_plan(task: MemoryPlanTask) -> MemoryPlan:
     """The largest batch size under `cap_bytes` by the compiler's memory plan (backends whose
     compiler states one: JAX), its baseline from a measured probe (`calibration_peak_bytes` at
     `calibration_batch`). Compiles the probe's step at a few batch sizes; runs nothing."""
@@ -504,45 +461,42 @@ def run_memory_plan(spec: dict) -> dict:
     backend.start()
     if backend.compiled_step_bytes is None:
         raise CatsdogsError(f"{backend.NAME} states no memory plan: use catsdogs.model's analytic model")
-    manifest = require_prepared(Path(spec["data_dir"]))
+    manifest = require_prepared(Path(task.data_dir))
     size = manifest["params"]["size"]
-    cfg = TrialConfig(spec["optimizer"], int(spec["calibration_batch"]), spec["dataset"], 0, epochs=1,
-                      image_size=size, data=manifest["fingerprint"][spec["dataset"]],
-                      precision=spec["precision"], backend=backend.NAME)
+    cfg = TrialConfig(task.optimizer, int(task.calibration_batch), task.dataset, 0, epochs=1,
+                      image_size=size, data=manifest["fingerprint"][task.dataset],
+                      precision=task.precision, backend=backend.NAME)
     step, _ = STEPS.get(cfg, 1, backend, keep_others=False)
     with step.strategy.scope():
         prediction = predict_max_batch_size_planned(
-            lambda b: backend.compiled_step_bytes(step.model, b, size), spec["cap_bytes"],
-            cfg.batch_size, spec["calibration_peak_bytes"])
-    return {"status": "done", **prediction}
+            lambda b: backend.compiled_step_bytes(step.model, b, size), task.cap_bytes,
+            cfg.batch_size, task.calibration_peak_bytes)
+    return MemoryPlan(status=Status.DONE, **prediction)
 
 
 # --- what a worker calls -------------------------------------------------------------------------
 
-TASKS = {"trial": lambda task, emit: run_trial(TrialConfig.from_dict(task["config"]), Path(task["data_dir"]),
-                                               on_epoch=lambda row: emit("progress", row)),
-         "probe": lambda task, emit: run_probe(task),
-         "peak": lambda task, emit: run_peak(task),
-         "memory": lambda task, emit: run_memory_plan(task)}
-
 
 def _failure(exc: BaseException, backend=None) -> dict:
-    status = "failed"
+    status = Status.FAILED
     try:
-        status = (backend or backends.current()).classify_error(exc)
+        status = Status((backend or backends.current()).classify_error(exc))
     except Exception:  # noqa: BLE001 - the backend itself failed to load: failed
         pass
     return {"status": status, "error": f"{type(exc).__name__}: {exc}".strip()[:4000],
             "traceback": traceback.format_exc()[-8000:]}
 
 
-def run_task(task: dict, emit=lambda kind, payload: None) -> dict:
-    """Run one task ({'kind': 'trial' | 'probe' | 'peak' | 'memory', ...}); always return a record with a
-    status: a task's exception is its outcome (failed, or oom), never the worker's end."""
+def run_task(task: Task, emit=lambda kind, payload: None):
+    """Run one task; always return its record with a status: a task's exception is its outcome
+    (failed, or oom), never the worker's end. `emit("progress", row)` reports a trial's epochs."""
     try:
-        return TASKS[task["kind"]](task, emit)
+        if isinstance(task, TrialTask):
+            return run_trial(task.config, Path(task.data_dir), on_epoch=lambda row: emit("progress", row))
+        if isinstance(task, ProbeTask):
+            return run_probe(task)
+        if isinstance(task, PeakTask):
+            return run_peak(task)
+        return run_memory_plan(task)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded status
-        record = _failure(exc)
-        if task["kind"] == "trial":
-            record["config"] = task["config"]
-        return record
+        return task.RECORD(**_failure(exc))

@@ -76,10 +76,10 @@ def check(backend: str | None = None) -> str:
 
 
 def current() -> ModuleType:
-    """The backend module (catsdogs.backends.tensorflow, ...), or a one-line CatsdogsError when
-    its framework is not installed."""
+    """The backend module (catsdogs.training.backends.tensorflow, ...), or a one-line
+    CatsdogsError when its framework is not installed."""
     backend = check()
-    module = importlib.import_module(f"catsdogs.backends.{backend}")
+    module = importlib.import_module(f"{__name__}.{backend}")
     if sys.modules.get(backend) is None and importlib.util.find_spec(backend) is None:
         install = {"jax": "pip install 'catsdogs[jax]'", "tensorflow": "pip install tensorflow"}[backend]
         raise CatsdogsError(f"KERAS_BACKEND={backend} needs {backend}, which is not installed: {install}")

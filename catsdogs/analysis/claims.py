@@ -19,7 +19,7 @@ says why Welch). The verdict:
 For `best`, supported means above every rival (each interval above 0: an intersection-union
 test, valid without correction), contradicted means some rival is clearly better.
 
-Pure functions of a sweep's trial rows (as `report.load_trials` returns them): no framework.
+Pure functions of a sweep's trial rows (as `rows.load_trials` returns them): no framework.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from catsdogs.analysis.rows import field, is_article_protocol
+from catsdogs.schema import Status, default
 from catsdogs.stats import LEVEL, welch
 
 Cell = tuple[str, str, int]  # (optimizer, dataset, batch size), article protocol
@@ -127,14 +129,14 @@ def evaluate(claim: Claim, accuracies: dict[Cell, list[float]]) -> dict:
     return {**out, "verdict": verdict, "verdict_text": verdict}
 
 
-def article_cells(trials: Iterable[dict], field, is_article_protocol) -> dict[tuple, dict[Cell, list[float]]]:
+def article_cells(trials: Iterable[dict]) -> dict[tuple, dict[Cell, list[float]]]:
     """Finished accuracies of the article-protocol trials by context (epochs, image size,
-    backend) and cell. `field` and `is_article_protocol` are the report's readers of a row."""
+    backend) and cell."""
     out: dict[tuple, dict[Cell, list[float]]] = {}
     for t in trials:
-        if t.get("status") != "done" or t.get("test_accuracy") is None or not is_article_protocol(t):
+        if t.get("status") != Status.DONE or t.get("test_accuracy") is None or not is_article_protocol(t):
             continue
-        context = (field(t, "epochs"), field(t, "image_size"), field(t, "backend", "tensorflow"))
+        context = (field(t, "epochs"), field(t, "image_size"), field(t, "backend", default("backend")))
         cell = (field(t, "optimizer"), field(t, "dataset"), int(field(t, "batch_size")))
         out.setdefault(context, {}).setdefault(cell, []).append(float(t["test_accuracy"]))
     return out

@@ -1,0 +1,179 @@
+"""The report's figures: accuracy and collapse rate against batch size, from a table.
+
+Plot functions take a matplotlib axis and a table (catsdogs.analysis.tables) and return the
+artists they drew; `make_figure` and `make_collapse_figure` build a whole `Figure` (no pyplot, no
+global state). Batch size is on a log2 axis (catsdogs.plotting).
+"""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from catsdogs.analysis.tables import BATCH_LABEL, incomplete_note, problems, status_counts
+from catsdogs.plotting import batch_axis
+from catsdogs.stats import LEVEL
+
+ARTICLE_LABEL = "article (single run)"
+
+
+def plot_accuracy(ax, table: dict, dodge: float = 0.12, spread: float = 0.09) -> dict:
+    """Draw a table's accuracy (%) against x on a log2 axis: per series the seeds, the mean and
+    its CI, in the table's order of series.
+
+    Each series is shifted by `dodge` octaves from its neighbours so that intervals do not hide
+    each other; each seed's point by up to ±spread/2 octaves within its cell. Cells with failed
+    or out-of-memory trials get a note in the series colour at the bottom of the axis
+    ("1 oom"); the table's article points ({"series", "x", "value"}) are stars; in the
+    accumulation table, accumulated cells are labelled "batch×steps" ("32×8") above their
+    interval. Returns the artists: {series: {"mean", "seeds", "ci", "notes", "shift"}, "article":
+    PathCollection or None, "legend"}."""
+    rows = table["rows"]
+    series = list(table.get("series") or dict.fromkeys(r["series"] for r in rows))
+    article = [a for a in table.get("article") or [] if a["series"] in series]
+    label_accumulated = table.get("name") == "accumulation"
+    xs = sorted({r["x"] for r in rows} | {a["x"] for a in article})
+    k = len(series)
+    colors = {s: f"C{i % 10}" for i, s in enumerate(series)}
+    shifts = {s: 2 ** ((i - (k - 1) / 2) * dodge) for i, s in enumerate(series)}
+    out: dict = {}
+    for i, s in enumerate(series):
+        srows = sorted((r for r in rows if r["series"] == s), key=lambda r: r["x"])
+        shift, color = shifts[s], colors[s]
+        done = [r for r in srows if r["n_done"]]
+        (mean,) = ax.plot([r["x"] * shift for r in done], [100 * r["mean"] for r in done],
+                          "-o", color=color, markersize=6, linewidth=1.8, label=s, zorder=4)
+        px, py = [], []
+        for r in done:
+            n = len(r["accuracies"])
+            for j, acc in enumerate(r["accuracies"]):
+                offset = (j / (n - 1) - 0.5) * spread if n > 1 else 0.0
+                px.append(r["x"] * shift * 2 ** offset)
+                py.append(100 * acc)
+        seeds = ax.scatter(px, py, s=18, color=color, alpha=0.45, linewidths=0, zorder=3)
+        with_ci = [r for r in done if r["ci_low"] is not None]
+        ci = None
+        if with_ci:
+            ci = ax.errorbar([r["x"] * shift for r in with_ci], [100 * r["mean"] for r in with_ci],
+                             # drawn clipped to 0..100%: a t interval on 2 seeds can pass both
+                             yerr=[[100 * (r["mean"] - max(r["ci_low"], 0.0)) for r in with_ci],
+                                   [100 * (min(r["ci_high"], 1.0) - r["mean"]) for r in with_ci]],
+                             fmt="none", ecolor=color, elinewidth=1.4, capsize=4, zorder=3)
+        if label_accumulated:
+            for r in done:
+                if r["accumulate"] > 1:
+                    top = max([r["ci_high"] or r["mean"], *r["accuracies"]])
+                    ax.annotate(f"{r['batch_size']}×{r['accumulate']}", (r["x"] * shift, 100 * top),
+                                xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
+                                fontsize=8, color=color, zorder=6,
+                                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white",
+                                      "edgecolor": "none", "alpha": 0.75})
+        notes = []
+        for r in srows:
+            text = problems(r)
+            if text:
+                notes.append(ax.text(r["x"] * shift, 0.03 + 0.065 * i, text, color=color,
+                                     transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                                     fontsize=8, fontweight="bold", zorder=6,
+                                     bbox={"boxstyle": "round,pad=0.2", "facecolor": "white",
+                                           "edgecolor": color, "linewidth": 0.8}))
+        out[s] = {"mean": mean, "seeds": seeds, "ci": ci, "notes": notes, "shift": shift}
+    out["article"] = None
+    if article:
+        out["article"] = ax.scatter([a["x"] * shifts[a["series"]] for a in article],
+                                    [100 * a["value"] for a in article], marker="*", s=190,
+                                    c=[colors[a["series"]] for a in article], edgecolors="black",
+                                    linewidths=0.9, zorder=7, label=ARTICLE_LABEL)
+    ax.axhline(50, color="0.55", linestyle=":", linewidth=1, zorder=1)
+    batch_axis(ax, xs, table.get("xlabel", BATCH_LABEL))
+    ax.set_ylabel("test accuracy (%)")
+    ax.margins(y=0.18)
+    ax.autoscale_view()
+    low, high = ax.get_ylim()
+    ax.set_ylim(max(low, -2.0), min(high, 104.0))  # accuracy lives in 0..100; notes sit below 0
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.grid(True, axis="x", alpha=0.15)
+    handles = [out[s]["mean"] for s in series]
+    handles.append(Line2D([], [], linestyle="none", marker="o", color="0.4", alpha=0.5,
+                          markersize=5, label="each seed"))
+    handles.append(Line2D([], [], linestyle="none", marker="|", color="0.2", markersize=14,
+                          markeredgewidth=1.4, label=f"{LEVEL:.0%} CI (Student t on the seeds)"))
+    if out["article"] is not None:
+        handles.append(out["article"])
+    handles.append(Line2D([], [], linestyle=":", color="0.55", label="chance (50%)"))
+    out["legend"] = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                              borderaxespad=0.0, fontsize=9, frameon=False)
+    return out
+
+
+def plot_collapse(ax, table: dict, dodge: float = 0.12) -> dict:
+    """Draw each cell's collapse rate (%) against batch size on a log2 axis, with its Wilson 95%
+    interval and "k/n" beside it; one colour per series. Returns {series: {"rate", "ci"}, "legend"}."""
+    series = list(table.get("series") or dict.fromkeys(r["series"] for r in table["rows"]))
+    rows = [r for r in table["rows"] if r["n_collapse_known"]]
+    xs = sorted({r["x"] for r in rows})
+    k = len(series)
+    out: dict = {}
+    for i, s in enumerate(series):
+        mine = sorted((r for r in rows if r["series"] == s), key=lambda r: r["x"])
+        shift, color = 2 ** ((i - (k - 1) / 2) * dodge), f"C{i % 10}"
+        x = [r["x"] * shift for r in mine]
+        y = [100 * r["collapse_rate"] for r in mine]
+        (rate,) = ax.plot(x, y, "-o", color=color, markersize=6, linewidth=1.8, label=s, zorder=4)
+        ci = ax.errorbar(x, y, yerr=[[100 * (r["collapse_rate"] - r["collapse_ci_low"]) for r in mine],
+                                     [100 * (r["collapse_ci_high"] - r["collapse_rate"]) for r in mine]],
+                         fmt="none", ecolor=color, elinewidth=1.2, capsize=3, zorder=3)
+        for r, xi, yi in zip(mine, x, y, strict=True):
+            ax.annotate(f"{r['n_collapsed']}/{r['n_collapse_known']}", (xi, yi), xytext=(4, 2 + 8 * i),
+                        textcoords="offset points", fontsize=7.5, color=color, zorder=5)
+        out[s] = {"rate": rate, "ci": ci}
+    batch_axis(ax, xs, BATCH_LABEL)
+    ax.set_ylim(-4, 104)
+    ax.set_ylabel("runs that collapsed (%)")
+    ax.grid(True, axis="y", alpha=0.3)
+    handles = [out[s]["rate"] for s in series if s in out]
+    handles.append(Line2D([], [], linestyle="none", marker="|", color="0.2", markersize=14,
+                          markeredgewidth=1.2, label=f"{LEVEL:.0%} CI (Wilson); k/n runs"))
+    out["legend"] = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                              borderaxespad=0.0, fontsize=9, frameon=False)
+    return out
+
+
+def make_collapse_figure(table: dict, note: str | None = None) -> tuple[Figure, dict]:
+    fig = Figure(figsize=(9.5, 4.6), layout="constrained")
+    ax = fig.add_subplot()
+    artists = plot_collapse(ax, table)
+    bits = [b for b in (note, table.get("setting"), "a collapse: one class predicted for all test images") if b]
+    ax.set_title(table["title"] + "\n" + " · ".join(bits), fontsize=10.5, loc="left")
+    return fig, artists
+
+
+def figure_title(table: dict, note: str | None = None) -> str:
+    """The title, and a second line: the note, what is drawn, and whether trials are missing."""
+    c = status_counts(table["rows"])
+    ns = sorted({r["n_done"] for r in table["rows"] if r["n_done"]})
+    seeds = (f"{ns[0]} seeds per point" if len(ns) == 1 else
+             f"{ns[0]}-{ns[-1]} seeds per point" if ns else "no finished trial yet")
+    if ns == [1]:
+        seeds = "1 seed per point: no interval"
+    bits = [b for b in (note, table.get("setting"), f"mean and {LEVEL:.0%} CI, {seeds}",
+                        incomplete_note(table["rows"])) if b]
+    if c["failed"] or c["oom"]:
+        bits.append(", ".join(f"{c[k]} {k}" for k in ("failed", "oom") if c[k]) + " (marked at the bottom)")
+    return table["title"] + "\n" + " · ".join(bits)
+
+
+def make_figure(table: dict, note: str | None = None) -> tuple[Figure, dict]:
+    """A whole figure for one table (matplotlib Figure; no pyplot, no global state)."""
+    width = 10.5 if max((len(s) for s in table["series"]), default=0) > 28 else 9.5
+    fig = Figure(figsize=(width, 5.0), layout="constrained")
+    ax = fig.add_subplot()
+    artists = plot_accuracy(ax, table)
+    if table["name"] == "tuned":  # the learning rate each tuned point trained with
+        for r in table["rows"]:
+            if r.get("lr") is not None and r["n_done"] and "tuned" in r["series"]:
+                ax.annotate(f"lr {r['lr']:g}", (r["x"] * artists[r["series"]]["shift"], 100 * r["mean"]),
+                            xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7.5,
+                            color=artists[r["series"]]["mean"].get_color(), zorder=6)
+    ax.set_title(figure_title(table, note), fontsize=10.5, loc="left")
+    return fig, artists

@@ -1,0 +1,62 @@
+"""The report of one sweep: its figures and tables, from the results store and nothing else.
+
+    rows (loading a sweep's trials) -> tables (pure: figures' cells, claims, collapses, tuning)
+    -> plots (figures from tables) and markdown (results.md, summary.csv) -> report (writing)
+
+`report(name, out)` writes OUT/NAME/figures/*.png|svg, OUT/NAME/results.md and
+OUT/NAME/summary.csv, each atomically. Nothing in catsdogs.analysis imports Keras, TensorFlow,
+JAX or catsdogs.training: a report is made on any machine that has the store
+(tests/test_layout.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from catsdogs import config
+from catsdogs.analysis.markdown import csv_text, markdown
+from catsdogs.analysis.plots import make_collapse_figure, make_figure
+from catsdogs.analysis.rows import data_source_kind, load_trials, sweep_config
+from catsdogs.analysis.tables import adaptive_state, status_counts, summarize
+from catsdogs.files import write_text_atomic
+from catsdogs.plotting import save_figure
+from catsdogs.schema import UNFINISHED
+from catsdogs.store import store_path
+
+
+def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = None,
+           log: Callable[[str], None] = print) -> dict:
+    """Write the figures and tables of sweep `name` from OUT/results.sqlite; return the paths:
+    {"figures": {figure: {"png": path, "svg": path}}, "results_md": path, "summary_csv": path}."""
+    out = Path(out)
+    trials = load_trials(store_path(out), name)
+    recorded = sweep_config(store_path(out), name)
+    if note is None and data_source_kind(recorded) == "synthetic":
+        note = "synthetic data"  # a figure from the stand-in data set always says so
+    summary = summarize(trials)
+    summary["adaptive"] = adaptive_state(trials, recorded.get("adaptive"))
+    folder = out / name
+    paths: dict = {"figures": {}}
+    for table in summary["figures"]:
+        fig, _ = make_figure(table, note)
+        paths["figures"][table["name"]] = save_figure(fig, folder / "figures" / table["name"])
+        c = status_counts(table["rows"])
+        extra = "".join(f", {c[k]} {k}" for k in UNFINISHED if c[k])
+        log(f"{table['name']}: {len(table['rows'])} cells, {c['done']} trials done{extra} -> "
+            f"{paths['figures'][table['name']]['png']} (and .svg)")
+    if summary["collapse"]["rows"]:
+        fig, _ = make_collapse_figure(summary["collapse"], note)
+        paths["figures"]["collapse"] = save_figure(fig, folder / "figures" / "collapse")
+        log(f"collapse: {len(summary['collapse']['rows'])} cells -> {paths['figures']['collapse']['png']} (and .svg)")
+    for ctx in summary["claims"]:
+        verdicts = [r["verdict"] for r in ctx["results"]]
+        log(f"claims ({ctx['context']}): " + ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts)))
+    if not summary["figures"]:
+        log(f"no figure: none of the {len(trials)} trials of {name!r} belongs to one")
+    if summary["unused"]:
+        log(f"{len(summary['unused'])} trials are in no figure (listed in results.md)")
+    paths["results_md"] = write_text_atomic(folder / "results.md", markdown(name, summary, note))
+    paths["summary_csv"] = write_text_atomic(folder / "summary.csv", csv_text(summary))
+    log(f"tables: {paths['results_md']}, {paths['summary_csv']}")
+    return paths

@@ -1,0 +1,200 @@
+"""The machine, as catsdogs reads it: every /proc and NVML read in one place, framework-free.
+
+Memory (the host's size and what is available, a process's resident set and its high-water
+mark, the kernel's out-of-memory kills), the CPU's name, the NVIDIA GPUs this process may use,
+and the NVML sampler that watches a GPU's utilization while a probe runs. Each read returns None
+(or nothing) where the machine cannot answer: a missing /proc, no NVML, no GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import threading
+from pathlib import Path
+
+# --- /proc ---------------------------------------------------------------------------------------
+
+
+def proc_status_kb(field: str, pid: int | str = "self") -> int | None:
+    """A 'kB' field of /proc/PID/status (VmRSS, VmHWM), or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def rss_mb() -> float | None:
+    """This process's resident set now, in MiB."""
+    kb = proc_status_kb("VmRSS")
+    return None if kb is None else kb / 1024
+
+
+def reset_peak_rss() -> None:
+    """Start a new high-water mark of this process's resident set (Linux: clear_refs 5)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set since the last reset (VmHWM), else since it started."""
+    hwm = proc_status_kb("VmHWM")
+    return hwm / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def host_memory_bytes() -> int | None:
+    """The host's physical memory (None where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def host_memory_available() -> int | None:
+    """The memory the kernel could give now without swapping (MemAvailable), in bytes."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def oom_kills() -> int | None:
+    """The kernel's count of processes its OOM killer ended (None where it cannot be read)."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_description() -> str:
+    """The device a CPU-only backend computes on, as results record it."""
+    return f"CPU: {cpu_name()} ({os.cpu_count()} cores)"
+
+
+def usable_cores() -> list[int]:
+    """The cores this process may run on (its CPU affinity), in order."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+# --- NVIDIA GPUs ---------------------------------------------------------------------------------
+
+
+def visible_gpus() -> list[str]:
+    """NVIDIA GPU ids this process may use, without importing a framework."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g for g in env.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
+
+
+def nvml_visible_handle(pynvml):
+    """NVML's handle of the first GPU this process may use. NVML numbers GPUs physically, so the
+    first CUDA_VISIBLE_DEVICES entry (an index or a UUID) is the device a framework calls GPU 0."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if visible.startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByUUID(visible)
+    return pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)
+
+
+def gpu_total_bytes() -> int | None:
+    """The first visible GPU's memory, from NVML, without starting a framework (None: no NVML
+    or no GPU)."""
+    try:
+        import pynvml  # nvidia-ml-py: the optional extra `nvml`
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(nvml_visible_handle(pynvml)).total)
+    except Exception:  # noqa: BLE001 - no driver, no device
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+class NvmlSampler:
+    """GPU utilization and memory used, sampled by NVML in a background thread.
+
+    Optional: without nvidia-ml-py, or without an NVIDIA GPU, `start()` returns False and
+    `stats()` returns {}. The GPU is the first this process may use (`nvml_visible_handle`)."""
+
+    def __init__(self, interval: float = 0.05):
+        self.interval = interval
+        self.util: list[float] = []
+        self.memory: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml = None
+        self._handle = None
+
+    def start(self) -> bool:
+        try:
+            import pynvml
+        except ImportError:
+            return False
+        try:
+            pynvml.nvmlInit()
+            self._handle = nvml_visible_handle(pynvml)
+        except Exception:  # noqa: BLE001 - no driver, no device: NVML numbers are optional
+            return False
+        self._nvml = pynvml
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                self.util.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+                self.memory.append(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20)
+            self._stop.wait(self.interval)
+
+    def stop(self) -> dict:
+        if self._thread is None:
+            return {}
+        self._stop.set()
+        self._thread.join(timeout=2)
+        with contextlib.suppress(Exception):
+            self._nvml.nvmlShutdown()
+        self._thread = None
+        return self.stats()
+
+    def stats(self) -> dict:
+        if not self.util:
+            return {}
+        return {"nvml_gpu_util_mean_percent": statistics.fmean(self.util),
+                "nvml_gpu_util_max_percent": max(self.util),
+                "nvml_memory_used_mb": max(self.memory) if self.memory else None,
+                "nvml_samples": len(self.util)}

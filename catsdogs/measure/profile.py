@@ -1,0 +1,234 @@
+"""Throughput, memory and utilization of the article's model as functions of batch size.
+
+`profile(name, batch_sizes, data_dir, out, ...)` runs one probe per batch size (the sweep's own
+training step, warmed up, then `steps` steps timed on batches of the prepared train split:
+catsdogs.training.engine.run_probe) in workers (catsdogs.measure.prober: one worker reused while
+the batch sizes grow). Before the probes, the device's matrix-multiply peak (a loop of large
+matmuls in the precision policy's compute dtype) is measured, against which each probe's achieved
+model FLOP/s gives its model FLOPs utilization (MFU). Out of memory is a recorded outcome
+(status oom), never a crash. Results: OUT/NAME/profile.csv (one row per batch size: the
+"profile" view of messages.ProbeRecord), OUT/NAME/profile.json (the same plus settings and the
+peak) and OUT/NAME/figures/*.png|svg (catsdogs.measure.figures).
+
+Memory. On a GPU the peak is the framework's allocator peak, and NVML's view (utilization,
+memory used) is sampled while the timed steps run when `nvidia-ml-py` is installed. On the CPU
+it is the worker's peak resident set (VmHWM) since the probe started, which includes the runtime
+and the data held in memory, and whatever a smaller probe before it in the same worker left in
+the allocator's pool; the resident set just before the model is built is recorded too
+(`baseline_rss_mb`), and the peak of TensorFlow's own CPU allocator (`allocator_peak_mb`).
+
+A memory cap (`memory_cap_bytes`) makes the worker's memory stand in for a device's: on the CPU
+"fits" means exactly "peak resident memory <= cap" (the parent watches it and stops a probe the
+moment it goes over); on a GPU the cap becomes a logical device's memory limit. Why the cap is
+watched rather than set with rlimits, oneDNN's limit or cgroups: docs/performance.md, "Memory caps
+on the CPU". Memory figures are MiB (2**20 bytes), named `_mb` as everywhere in catsdogs.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from catsdogs import config
+from catsdogs.errors import SettingError
+from catsdogs.files import atomic_path, write_json_atomic
+from catsdogs.measure.figures import save_profile_figures
+from catsdogs.messages import PeakRecord, PeakTask, ProbeRecord, ProbeTask, columns
+from catsdogs.schema import FINISHED, Status, TrialConfig
+
+DEFAULT_STEPS = 20
+DEFAULT_WARMUP = 2  # the first step traces and compiles, the second may still autotune
+
+PROFILE_COLUMNS = columns(ProbeRecord, "profile")
+
+
+# --- units -------------------------------------------------------------------------------------
+
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}  # bare K/M/G/T: binary, as docker and ulimit
+
+
+def parse_memory(text: str) -> int:
+    """'4GiB' -> 4294967296, '1.5 GB' -> 1500000000, '512MiB', '800M' (binary). Whole bytes.
+
+    A unit is required (a bare '4' is surely not four bytes); ValueError with a one-line reason."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", str(text))
+    if not m:
+        raise ValueError(f"not a memory size: {text!r} (use a number and a unit, like 4GiB or 512MB)")
+    number, unit = float(m.group(1)), m.group(2).lower()
+    if not unit:
+        raise ValueError(f"{text!r} has no unit: write it like 4GiB, 4096MiB or 4GB")
+    if unit not in _UNITS:
+        raise ValueError(f"unknown unit {m.group(2)!r} in {text!r}; use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB")
+    value = int(number * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"a memory size must be positive, got {text!r}")
+    return value
+
+
+def format_bytes(n: float) -> str:
+    """1.5 GiB, 300 MiB: binary units, as the caps are given."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}" if n / scale < 100 else f"{n / scale:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def check_settings(batch_sizes: Sequence[int], optimizer: str, dataset: str, precision: str,
+                   steps: int, warmup: int) -> None:
+    """A SettingError, naming the setting, for one no probe can run with: each batch size with the
+    optimizer, data set and precision must make a trial (schema.TrialConfig.check)."""
+    if not batch_sizes:
+        raise SettingError("give at least one batch size", "batch_size")
+    for b in batch_sizes:
+        TrialConfig(optimizer, int(b), dataset, 0, precision=precision).check()
+    if steps < 1:
+        raise SettingError(f"steps must be >= 1, got {steps}", "steps")
+    if warmup < 0:
+        raise SettingError(f"warm-up steps must be >= 0, got {warmup}", "warmup")
+
+
+# --- the profile ---------------------------------------------------------------------------------
+
+
+def profile_row(record: ProbeRecord, peak: PeakRecord | None, image_size: int | None = None) -> dict:
+    """One CSV row (the record's profile view) from a probe's record and the matmul peak; a probe
+    whose worker died before it measured anything gets the data's image size."""
+    if record.image_size is None:
+        record.image_size = image_size
+    peak_flops = peak.peak_flops_per_second if peak else None
+    record.peak_flops_per_second = peak_flops
+    if record.flops_per_second and peak_flops:
+        record.mfu_percent = 100.0 * record.flops_per_second / peak_flops
+    if record.peak_memory_mb is not None and record.baseline_rss_mb is not None \
+            and record.memory_kind == "cpu-rss":
+        record.memory_above_baseline_mb = record.peak_memory_mb - record.baseline_rss_mb
+    if record.error:
+        record.error = record.error.splitlines()[0][:500]
+    if not record.device and peak:
+        record.device = peak.device
+    return {k: getattr(record, k) for k in PROFILE_COLUMNS}
+
+
+def write_csv(rows: list[dict], path: Path, columns: Sequence[str]) -> Path:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _csv_value(r.get(k)) for k in columns})
+    return path
+
+
+def _csv_value(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return v
+
+
+def read_table(path: Path) -> list[dict]:
+    """profile.csv back as rows with numbers (empty cells -> None)."""
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            row = {}
+            for k, v in r.items():
+                if v == "":
+                    row[k] = None
+                elif k == "status":
+                    row[k] = Status({"ok": "done"}.get(v, v))  # "ok": profiles written before catsdogs 0.3.0
+                elif k in ("batch_size", "steps", "warmup", "image_size"):
+                    row[k] = int(v)
+                else:
+                    try:
+                        row[k] = float(v)
+                    except ValueError:
+                        row[k] = v
+            rows.append(row)
+    return rows
+
+
+def progress_line(row: dict) -> str:
+    bs = f"batch size {row['batch_size']:>5}"
+    if row["status"] != Status.DONE:
+        return f"{bs}: {row['status']}: {row.get('error') or ''}".rstrip(": ")
+    mem = f"peak {row['peak_memory_mb']:.0f} MiB ({row['memory_kind']}"
+    if row.get("baseline_rss_mb") is not None and row["memory_kind"] == "cpu-rss":
+        mem += f", {row['baseline_rss_mb']:.0f} MiB before the model"
+    mem += ")"
+    mfu = f", MFU {row['mfu_percent']:.1f}%" if row.get("mfu_percent") is not None else ""
+    nvml = (f", NVML util {row['nvml_gpu_util_mean_percent']:.0f}% (mean of {row.get('nvml_samples')} samples "
+            f"over {row.get('timed_seconds') or 0:.1f} s)"
+            if row.get("nvml_gpu_util_mean_percent") is not None else "")
+    return (f"{bs}: {row['step_time_median_s'] * 1000:.1f} ms/step (median), "
+            f"{row['images_per_second']:.1f} images/s, {row['flops_per_second'] / 1e9:.2f} GFLOP/s{mfu}{nvml}, {mem}")
+
+
+def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = Path(config.DEFAULT_OUT), *,
+            optimizer: str = "adam", dataset: str = "standard", precision: str = "float32",
+            steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP, memory_cap_bytes: int | None = None,
+            min_seconds: float | None = None, measure_peak: bool = True, isolate: bool = False,
+            log: Callable[[str], None] = print) -> list[dict]:
+    """Profile each batch size (in workers: measure.prober.Prober); write OUT/NAME/profile.csv|json
+    and figures. `isolate`: a fresh worker process for each probe.
+
+    Returns the rows (one per batch size, in the order given). Raises CatsdogsError when the
+    data is not prepared, SettingError for impossible settings."""
+    from catsdogs.data.manifest import require_prepared
+    from catsdogs.measure.prober import Prober
+    from catsdogs.provenance import versions
+
+    check_settings(batch_sizes, optimizer, dataset, precision, steps, warmup)
+    manifest = require_prepared(Path(data_dir))
+    folder = Path(out) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    work = folder / ".work"
+    settings = {"name": name, "batch_sizes": [int(b) for b in batch_sizes], "optimizer": optimizer,
+                "dataset": dataset, "precision": precision, "steps": steps, "warmup": warmup,
+                "image_size": manifest["params"]["size"], "data_dir": str(Path(data_dir).resolve()),
+                "memory_cap_bytes": memory_cap_bytes, "min_seconds": min_seconds}
+    log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {optimizer}, {dataset} data "
+        f"({settings['image_size']} px), {precision}; {warmup} warm-up + {steps} timed steps each")
+    prober = Prober(work, memory_cap_bytes, isolate=isolate)
+    try:
+        peak, rows = _probe_all(prober, batch_sizes, data_dir, settings, folder / "profile.csv",
+                                measure_peak, log)
+    finally:
+        prober.close()
+    figures = save_profile_figures(rows, folder / "figures")
+    doc = {"settings": settings, "peak": peak and peak.as_dict(), "rows": rows, "versions": versions(),
+           "data": {k: manifest[k] for k in ("params", "source", "fingerprint")}}
+    write_json_atomic(folder / "profile.json", doc, indent=2)
+    counts = {s: sum(r["status"] == s for r in rows) for s in FINISHED}
+    log(f"Profile {name}: {counts['done']} done, {counts['oom']} out of memory, {counts['failed']} failed -> "
+        f"{folder / 'profile.csv'}, {len(figures)} figures in {folder / 'figures'}")
+    return rows
+
+
+def _probe_all(prober, batch_sizes, data_dir, settings: dict, csv_path: Path, measure_peak: bool,
+               log) -> tuple[PeakRecord | None, list[dict]]:
+    """The matmul peak, then each batch size's probe; the CSV rewritten after each probe."""
+    peak = None
+    if measure_peak:
+        peak = prober.run(PeakTask(settings["precision"]))
+        if peak.status == Status.DONE:
+            log(f"matmul peak: {peak.peak_flops_per_second / 1e9:.1f} GFLOP/s "
+                f"({peak.matmul_size}x{peak.matmul_size} {peak.matmul_dtype}, {peak.device})")
+        else:
+            log(f"matmul peak: {peak.status}: {(peak.error or '').splitlines()[0]}; no MFU")
+            peak = None
+    rows = []
+    for bs in batch_sizes:
+        task = ProbeTask(int(bs), str(Path(data_dir).resolve()), optimizer=settings["optimizer"],
+                         dataset=settings["dataset"], precision=settings["precision"], steps=settings["steps"],
+                         warmup=settings["warmup"], min_seconds=settings.get("min_seconds"))
+        row = profile_row(prober.run(task), peak, settings["image_size"])
+        rows.append(row)
+        write_csv(rows, csv_path, PROFILE_COLUMNS)
+        log(progress_line(row))
+    return peak, rows

@@ -1,0 +1,257 @@
+"""The messages that cross a process: the task a worker runs, and the record it answers with.
+
+A worker (catsdogs.training.worker, or a Ray actor) reads one task, runs it with the engine and
+answers with one record; every record has a `status` (schema.Status) and, when it did not end
+`done`, an `error`. Four kinds of task, each with its record type:
+
+    TrialTask       -> TrialRecord    train and test one configuration (a sweep's trial)
+    ProbeTask       -> ProbeRecord    time a few training steps at one batch size, measure memory
+    PeakTask        -> PeakRecord     the device's matrix-multiply peak (for MFU)
+    MemoryPlanTask  -> MemoryPlan     the largest batch by the compiler's memory plan (JAX)
+
+On the wire a task is one JSON line (`encode`, `decode_task`) and a record a JSON object of its
+fields (`asdict`, `Record.from_dict`). The results store's columns and every CSV's columns are
+derived from the record types' fields (`columns`): a field's metadata says where it goes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
+
+from catsdogs.schema import Status, TrialConfig
+
+
+def _field(default=None, **where):
+    """A record field, None until filled. `where`: the outputs that show it, e.g. stored=False
+    (not a store column), csv=True (a results.csv column), views=("profile", "search")."""
+    return field(default=default, metadata=where)
+
+
+def columns(record_type, view: str) -> list[str]:
+    """The fields of `record_type` that `view` shows, in their declared order: "stored" (every
+    field but those marked stored=False), "csv", or a view name of ProbeRecord."""
+    out = []
+    for f in fields(record_type):
+        if view == "stored":
+            shown = f.metadata.get("stored", True)
+        elif view == "csv":
+            shown = f.metadata.get("csv", False)
+        else:
+            shown = view in f.metadata.get("views", ())
+        if shown:
+            out.append(f.name)
+    return out
+
+
+class Record:
+    """What every record type shares: built from a decoded JSON object, unknown keys ignored."""
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in d.items() if k in names}
+        if values.get("status") is not None:
+            values["status"] = Status(values["status"])
+        return cls(**values)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- records -------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrialRecord(Record):
+    """One trial's outcome. Every field but `n_*` and `traceback` is a column of the results store
+    (catsdogs.store); those marked csv are columns of OUT/NAME/results.csv."""
+
+    status: Status = Status.FAILED
+    test_accuracy: float | None = _field(csv=True)
+    test_loss: float | None = _field(csv=True)
+    # the trained model's accuracy on the validation split: what tuning may choose by
+    val_accuracy: float | None = _field(csv=True)
+    # what the trained model does on the test images (engine.diagnose): a collapse (one class for
+    # all), the share it calls Dog, the Dense(128) units that output 0 for all, its logits
+    collapsed: int | None = _field(csv=True)
+    dog_share: float | None = _field(csv=True)
+    dead_units: float | None = _field(csv=True)
+    logit_abs: float | None = _field()
+    logit_sd: float | None = _field()
+    # the same for the model as it started, before its first update
+    initial_dog_share: float | None = _field()
+    initial_dead_units: float | None = _field(csv=True)
+    initial_logit_abs: float | None = _field(csv=True)
+    initial_logit_sd: float | None = _field()
+    history: list | None = _field()  # per epoch: loss, accuracy, val_loss, val_accuracy, seconds
+    steps: int | None = _field(csv=True)  # optimizer updates (weights changed)
+    batches: int | None = _field()  # batches fit ran (accumulation: several per update)
+    learning_rate: float | None = _field(csv=True)
+    train_seconds: float | None = _field(csv=True)
+    images_per_second: float | None = _field(csv=True)
+    peak_memory_mb: float | None = _field(csv=True)
+    memory_kind: str | None = _field(csv=True)
+    replicas: int | None = _field(csv=True)
+    wall_seconds: float | None = _field(csv=True)
+    fit_seconds: float | None = _field()
+    setup_seconds: float | None = _field()  # building and compiling, or resetting a kept step
+    step_reused: bool | None = _field()
+    weights_digest: str | None = _field(csv=True)
+    env: dict | None = _field()  # catsdogs, backend and versions, device, host
+    n_train: int | None = _field(stored=False)
+    n_validation: int | None = _field(stored=False)
+    n_test: int | None = _field(stored=False)
+    error: str | None = _field()  # the results.csv shows it last
+    traceback: str | None = _field(stored=False)  # the worker folds it into `error`
+
+
+@dataclass
+class ProbeRecord(Record):
+    """One probe's outcome. The worker fills what it measured; the parent adds the cap, the
+    matmul peak's share (profile) and the search's bookkeeping (find-batch-size). Views:
+    "profile" is OUT/NAME/profile.csv, "search" the probes of find_batch_size.json and .csv."""
+
+    order: int | None = _field(views=("search",))  # the search's n-th probe
+    phase: str | None = _field(views=("search",))  # calibrate, search or confirm
+    batch_size: int | None = _field(views=("profile", "search"))
+    status: Status = field(default=Status.FAILED, metadata={"views": ("profile", "search")})
+    step_time_median_s: float | None = _field(views=("profile", "search"))
+    step_time_mean_s: float | None = _field(views=("profile",))
+    images_per_second: float | None = _field(views=("profile", "search"))
+    flops_per_second: float | None = _field(views=("profile",))
+    peak_flops_per_second: float | None = _field(views=("profile",))  # the matmul peak (parent)
+    mfu_percent: float | None = _field(views=("profile",))  # model FLOPs utilization (parent)
+    peak_memory_mb: float | None = _field(views=("profile", "search"))
+    memory_kind: str | None = _field(views=("profile", "search"))
+    baseline_rss_mb: float | None = _field(views=("profile", "search"))  # before the model
+    memory_above_baseline_mb: float | None = _field(views=("profile",))  # (parent)
+    allocator_peak_mb: float | None = _field(views=("profile", "search"))
+    nvml_gpu_util_mean_percent: float | None = _field(views=("profile",))
+    nvml_gpu_util_max_percent: float | None = _field(views=("profile",))
+    nvml_memory_used_mb: float | None = _field(views=("profile",))
+    nvml_samples: int | None = _field(views=("profile",))
+    timed_steps: int | None = _field(views=("profile",))
+    timed_seconds: float | None = _field(views=("profile",))
+    device: str | None = _field(views=("profile", "search"))
+    backend: str | None = _field(views=("profile", "search"))
+    precision: str | None = _field(views=("profile",))
+    optimizer: str | None = _field(views=("profile",))
+    dataset: str | None = _field(views=("profile",))
+    image_size: int | None = _field(views=("profile",))
+    steps: int | None = _field(views=("profile",))
+    warmup: int | None = _field(views=("profile",))
+    memory_cap_mb: float | None = _field(views=("profile", "search"))  # the cap it ran under (parent)
+    predicted_peak_mb: float | None = _field(views=("search",))  # by the memory model (parent)
+    device_memory_limit_mb: float | None = _field(views=("search",))
+    step_times_s: list | None = _field()
+    error: str | None = _field(views=("profile", "search"))
+    log: str | None = _field(views=("search",))  # the worker's log, kept when it did not end done
+    traceback: str | None = _field()
+
+
+@dataclass
+class PeakRecord(Record):
+    """The device's matmul peak: FLOP/s of n x n products in the precision's compute dtype."""
+
+    status: Status = Status.FAILED
+    device: str | None = None
+    precision: str | None = None
+    peak_flops_per_second: float | None = None
+    matmul_size: int | None = None
+    matmul_dtype: str | None = None
+    matmuls: int | None = None
+    error: str | None = None
+    traceback: str | None = None
+
+
+@dataclass
+class MemoryPlan(Record):
+    """The largest batch size under a cap by the compiler's plan (model.predict_max_batch_size_planned)."""
+
+    status: Status = Status.FAILED
+    max_batch_size: int | None = None
+    per_image_bytes: float | None = None
+    method: str | None = None
+    planned_bytes: dict | None = None  # batch size -> bytes the compiled step plans
+    state_bytes: float | None = None
+    baseline_bytes: float | None = None
+    cap_bytes: float | None = None
+    error: str | None = None
+    traceback: str | None = None
+
+
+# --- tasks ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrialTask:
+    """Train and test `config` on the prepared data in `data_dir` (an absolute path)."""
+
+    KIND: ClassVar[str] = "trial"
+    RECORD: ClassVar[type] = TrialRecord
+    config: TrialConfig
+    data_dir: str
+
+
+@dataclass(frozen=True)
+class ProbeTask:
+    """Warm up, then time `steps` training steps of the sweep's step at `batch_size` (for at least
+    `min_seconds`; None: the engine's default for the device)."""
+
+    KIND: ClassVar[str] = "probe"
+    RECORD: ClassVar[type] = ProbeRecord
+    batch_size: int
+    data_dir: str
+    optimizer: str = "adam"
+    dataset: str = "standard"
+    precision: str = "float32"
+    steps: int = 20
+    warmup: int = 2
+    seed: int = 0
+    min_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class PeakTask:
+    """The matmul peak in `precision`'s compute dtype, over about `seconds`."""
+
+    KIND: ClassVar[str] = "peak"
+    RECORD: ClassVar[type] = PeakRecord
+    precision: str = "float32"
+    matmul_size: int | None = None
+    seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class MemoryPlanTask:
+    """The largest batch under `cap_bytes` by the compiler's plan, its runtime baseline from a
+    measured probe (`calibration_peak_bytes` at `calibration_batch`). Compiles, runs nothing."""
+
+    KIND: ClassVar[str] = "memory"
+    RECORD: ClassVar[type] = MemoryPlan
+    data_dir: str
+    optimizer: str
+    dataset: str
+    precision: str
+    cap_bytes: float
+    calibration_batch: int
+    calibration_peak_bytes: float
+
+
+TASKS = {t.KIND: t for t in (TrialTask, ProbeTask, PeakTask, MemoryPlanTask)}
+Task = TrialTask | ProbeTask | PeakTask | MemoryPlanTask
+
+
+def encode(task: Task) -> str:
+    """One JSON line: the task's kind and its fields (a trial's configuration as a dict)."""
+    return json.dumps({"kind": task.KIND, **asdict(task)})
+
+
+def decode_task(line: str) -> Task:
+    d = json.loads(line)
+    kind = TASKS[d.pop("kind")]
+    if kind is TrialTask:
+        d["config"] = TrialConfig.from_dict(d["config"])
+    return kind(**d)
