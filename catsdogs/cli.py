@@ -56,6 +56,10 @@ class Command(click.Command):
     usage error naming the option its key stands for."""
 
     def parse_args(self, ctx, args):
+        return super().parse_args(ctx, self.expand_variadic(args))
+
+    def expand_variadic(self, args: list[str]) -> list[str]:
+        """`--opt adam sgd` as `--opt adam --opt sgd`, for each option that takes several values."""
         names = {n for p in self.params if isinstance(p, click.Option) and p.multiple for n in p.opts}
         out: list[str] = []
         current = None  # the variadic option whose values we are reading
@@ -76,7 +80,7 @@ class Command(click.Command):
             else:
                 current = None
                 out.append(a)
-        return super().parse_args(ctx, out)
+        return out
 
     def invoke(self, ctx):
         try:

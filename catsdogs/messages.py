@@ -204,11 +204,11 @@ class ProbeTask:
     RECORD: ClassVar[type] = ProbeRecord
     batch_size: int
     data_dir: str
-    optimizer: str = "adam"
-    dataset: str = "standard"
-    precision: str = "float32"
-    steps: int = 20
-    warmup: int = 2
+    optimizer: str
+    dataset: str
+    precision: str
+    steps: int
+    warmup: int
     seed: int = 0
     min_seconds: float | None = None
 
@@ -219,9 +219,9 @@ class PeakTask:
 
     KIND: ClassVar[str] = "peak"
     RECORD: ClassVar[type] = PeakRecord
-    precision: str = "float32"
-    matmul_size: int | None = None
-    seconds: float = 1.0
+    precision: str
+    seconds: float
+    matmul_size: int | None = None  # None: the backend's size for the device
 
 
 @dataclass(frozen=True)

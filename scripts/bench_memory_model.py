@@ -8,7 +8,7 @@ batch-size-1 probe), and how far apart they are. Target: within 15%.
     catsdogs prepare --source synthetic --data-dir /tmp/pdata200 --per-class 300 --split 200,50,50
     python scripts/bench_memory_model.py --data-dir /tmp/pdata200 --caps 3GiB 4GiB 6GiB
 
-On the CPU the cap is on each probe's peak resident memory (see catsdogs.profile), so the
+On the CPU the cap is on each probe's peak resident memory (see catsdogs.measure.profile), so the
 caps must leave room above the runtime's own ~1-2 GiB; on a GPU it is a logical device's
 memory limit. Takes a few minutes per cap on a CPU.
 """
@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from catsdogs.findbs import find_batch_size
-from catsdogs.profile import format_bytes, parse_memory
+from catsdogs.measure.find_batch_size import find_batch_size
+from catsdogs.measure.profile import format_bytes, parse_memory
 
 TARGET_PERCENT = 15.0
 

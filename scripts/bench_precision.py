@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from catsdogs.profile import profile
+from catsdogs.measure.profile import profile
 
 
 def main() -> None:
@@ -38,10 +38,10 @@ def main() -> None:
     print(f"{'batch':>5} {'precision':>15} {'images/s':>10} {'peak MB':>9} {'speed x':>8} {'memory x':>9}")
     for b in args.batch_sizes:
         base = runs[("float32", b)]
-        base_ips = statistics.median(r["images_per_second"] for r in base if r["status"] == "ok")
-        base_mem = statistics.median(r["peak_memory_mb"] for r in base if r["status"] == "ok")
+        base_ips = statistics.median(r["images_per_second"] for r in base if r["status"] == "done")
+        base_mem = statistics.median(r["peak_memory_mb"] for r in base if r["status"] == "done")
         for p in precisions:
-            done = [r for r in runs[(p, b)] if r["status"] == "ok"]
+            done = [r for r in runs[(p, b)] if r["status"] == "done"]
             if not done:
                 print(f"{b:>5} {p:>15} {'(no run finished)':>20}")
                 continue

@@ -37,8 +37,9 @@ import zipfile
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs.prepare import WORKERS, parse_split, prepare
-from catsdogs.synthetic import make_synthetic_archive
+from catsdogs.data.prepare import WORKERS, prepare
+from catsdogs.data.synthetic import make_synthetic_archive
+from catsdogs.schema import parse_split
 
 
 def make_source(workdir: Path, n_valid: int) -> Path:

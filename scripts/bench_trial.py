@@ -4,7 +4,7 @@ The article (Keras 2) read every batch from disk with
 ``ImageDataGenerator(rescale=1/255).flow_from_directory(..., class_mode='binary',
 target_size=(200, 200))`` and trained with ``model.fit(train_it, steps_per_epoch=n // bs, ...)``.
 catsdogs decodes each image once into uint8 memory and serves batches with tf.data
-(catsdogs.data), and trains with Keras 3 (catsdogs.engine.run_trial). This script measures, on
+(catsdogs.data.loading), and trains with Keras 3 (catsdogs.training.engine.run_trial). This script measures, on
 the same prepared folder and this machine:
 
 (a) the input pipeline alone, the training folder, ``n // bs`` batches per epoch for the
@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from catsdogs.provenance import cpu_name
+from catsdogs.host import cpu_name
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 
@@ -89,15 +89,16 @@ def child_pipe_ours(args) -> dict:
     import numpy as np
     import tensorflow as tf  # noqa: F401 - imported before the clock starts
 
-    from catsdogs import data
+    from catsdogs.data import loading
+    from catsdogs.training.backends import tensorflow as tf_backend
 
     set_threads(args.threads)
     _apply_variant(args.variant)
     t0, c0 = time.perf_counter(), time.process_time()
-    train = data.load_split(Path(args.data_dir) / "standard" / "train")
+    train = loading.load_split(Path(args.data_dir) / "standard" / "train")
     decode, decode_cpu = time.perf_counter() - t0, time.process_time() - c0
     steps = len(train) // args.batch_size
-    batches = iter(data.train_batches(train, args.batch_size, seed=0, n_batches=steps * args.epochs))
+    batches = iter(tf_backend.train_batches(train, args.batch_size, seed=0, n_batches=steps * args.epochs))
     epochs, cpus, touched = [], [], 0
     for _ in range(args.epochs):
         t, c = time.perf_counter(), time.process_time()
@@ -144,7 +145,7 @@ def child_pipe_article(args) -> dict:
 
 
 def _fast_load_split(use_tf: bool):
-    """A drop-in for catsdogs.data.load_split that decodes faster to the same pixels.
+    """A drop-in for catsdogs.data.loading.load_split that decodes faster to the same pixels.
 
     Pillow's decoder and tf.io.decode_jpeg with dct_method='INTEGER_ACCURATE' (libjpeg's
     ISLOW DCT, fancy upsampling) give identical pixels on images prepare wrote (checked on all
@@ -154,7 +155,8 @@ def _fast_load_split(use_tf: bool):
     import numpy as np
     from PIL import Image
 
-    from catsdogs import config, data
+    from catsdogs import config
+    from catsdogs.data import loading
 
     def load_split(folder):
         paths, labels = [], []
@@ -183,7 +185,7 @@ def _fast_load_split(use_tf: bool):
 
             with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
                 list(pool.map(decode_into, range(len(paths))))
-        return data.Split(images, np.asarray(labels, dtype=np.float32),
+        return loading.Split(images, np.asarray(labels, dtype=np.float32),
                           [str(p.relative_to(folder)) for p in paths])
 
     return load_split
@@ -196,11 +198,11 @@ def _apply_variant(variant: str) -> set[str]:
 
     parts = set(variant.split("+")) if variant else set()
     if parts & PIPE_PARTS:
-        from catsdogs import data
+        from catsdogs.data import loading
 
-        data.load_split = _fast_load_split("tfdecode" in parts)
+        loading.load_split = _fast_load_split("tfdecode" in parts)
     if "kerasadam" in parts:
-        from catsdogs.backends import tensorflow as tf_backend
+        from catsdogs.training.backends import tensorflow as tf_backend
 
         tf_backend.adam_class = lambda fused: keras.optimizers.Adam
     if "nodet" in parts:
@@ -217,34 +219,37 @@ def _apply_variant(variant: str) -> set[str]:
         import numpy as np
         from keras import layers
 
-        from catsdogs import data, model
+        from catsdogs.data import loading
+        from catsdogs.training import engine
 
-        load = data.load_split
+        load = loading.load_split
 
         def load_float(folder):
             split = load(folder)
             split.images = split.images.astype(np.float32) / np.float32(255)
             return split
 
-        data.load_split = load_float
+        loading.load_split = load_float
 
         def build_float(size: int = SIZE):
+            """catsdogs.model.build_model with float32 pixels in, so no Rescaling layer; the
+            last layer outputs the logit, as the model does (the loss applies the sigmoid)."""
             return keras.Sequential([
                 keras.Input((size, size, 3)),
                 layers.Conv2D(32, (3, 3), activation="relu", kernel_initializer="he_uniform", padding="same"),
                 layers.MaxPooling2D((2, 2)),
                 layers.Flatten(),
                 layers.Dense(128, activation="relu", kernel_initializer="he_uniform"),
-                layers.Dense(1, activation="sigmoid"),
+                layers.Dense(1, dtype="float32"),
             ])
 
-        model.build_model = build_float
+        engine.build_model = build_float  # the engine builds (and rebuilds, per seed) by this name
     return parts
 
 
 def _cpu_timer(cpu: dict):
-    """Wrap catsdogs.engine's epoch timer so it also sums the process CPU time of training."""
-    from catsdogs import engine as trial
+    """Wrap the engine's epoch timer so it also sums the process CPU time of training."""
+    from catsdogs.training import engine as trial
 
     make = trial._epoch_timer
 
@@ -276,9 +281,9 @@ def child_trial_ours(args) -> dict:
     import keras  # noqa: F401
     import tensorflow as tf  # noqa: F401
 
-    from catsdogs.engine import run_trial
     from catsdogs.model import train_flops_per_image
     from catsdogs.schema import TrialConfig
+    from catsdogs.training.engine import run_trial
 
     set_threads(args.threads)
     parts = _apply_variant(args.variant)
@@ -291,9 +296,9 @@ def child_trial_ours(args) -> dict:
     rec = run_trial(cfg, Path(args.data_dir))
     work, work_cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"work_s": work, "work_cpu_s": work_cpu, "train_cpu_s": cpu["train"],
-            "train_s": rec["train_seconds"], "fit_s": rec["fit_seconds"],
-            "batches": rec["batches"], "test_accuracy": rec["test_accuracy"],
-            "epoch_train_s": [e["train_seconds"] for e in rec["history"]],
+            "train_s": rec.train_seconds, "fit_s": rec.fit_seconds,
+            "batches": rec.batches, "test_accuracy": rec.test_accuracy,
+            "epoch_train_s": [e["train_seconds"] for e in rec.history],
             "threads": thread_info(), "variant": args.variant,
             "flops_per_image": train_flops_per_image(SIZE)}
 
@@ -388,7 +393,7 @@ def run_child(args, side: str, variant: str = "") -> dict:
         cmd += ["--variant", variant]
     # Our side runs in the environment a catsdogs worker gets (its allocator), unless the
     # variant asks for the system's; the article's side keeps TensorFlow's defaults.
-    from catsdogs.backends import tensorflow as tf_backend
+    from catsdogs.training.backends import tensorflow as tf_backend
 
     env = dict(os.environ)
     parts = set(variant.split("+"))

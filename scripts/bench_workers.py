@@ -7,13 +7,13 @@ so a change in the machine's load hits both). It prints each run's wall time, th
 per-trial figures from the results store (a trial's wall and training seconds, images/s), and
 what they say about the ratio.
 
-With the local backend, one worker trains on all the cores (TensorFlow's default thread pools);
-N workers each get cores // N intra-op threads and one inter-op thread (`sweep.slot_env`). With
-`--backend ray` the same split comes from the CPUs each Ray task asks for, and every sweep starts
+With the local runner, one worker trains on all the cores (TensorFlow's default thread pools);
+N workers each get cores // N intra-op threads and one inter-op thread (`worker.slot_env`). With
+`--runner ray` the same split comes from the CPUs each Ray actor asks for, and every sweep starts
 its own local Ray (about 10 s, counted in its wall time).
 
-    python scripts/bench_workers.py                         # local backend, 1 vs 2 workers
-    python scripts/bench_workers.py --backend ray --repeat 2
+    python scripts/bench_workers.py                         # local runner, 1 vs 2 workers
+    python scripts/bench_workers.py --runner ray --repeat 2
     python scripts/bench_workers.py --work /tmp/bw --keep   # keep the data and the outputs
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 
 def prepare_data(data_dir: Path, size: int, per_class: int) -> None:
-    from catsdogs.prepare import prepare
+    from catsdogs.data.prepare import prepare
 
     train = per_class * 6 // 10
     val = (per_class - train) // 2
@@ -40,12 +40,12 @@ def prepare_data(data_dir: Path, size: int, per_class: int) -> None:
             split=(train, val, per_class - train - val), size=size, log=lambda *a: None, progress=False)
 
 
-def run_sweep(data_dir: Path, out: Path, workers: int, epochs: int, backend: str) -> float:
+def run_sweep(data_dir: Path, out: Path, workers: int, epochs: int, runner: str) -> float:
     """One sweep in a fresh process; its wall time in seconds (start-up and Ray start included)."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "catsdogs", "sweep", "--data-dir", str(data_dir), "--out", str(out),
            "--name", "bench", "--opt", "adam", "sgd", "--batch-size", "16", "32", "--seeds", "1",
-           "--epochs", str(epochs), "--workers", str(workers), "--backend", backend]
+           "--epochs", str(epochs), "--workers", str(workers), "--runner", runner]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local Ray, not a cluster
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -72,7 +72,7 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=64, help="image side in pixels [64]")
     ap.add_argument("--per-class", type=int, default=100, help="images per class, split 60/20/20 [100]")
     ap.add_argument("--epochs", type=int, default=2, help="epochs per trial [2]")
-    ap.add_argument("--backend", choices=["local", "ray"], default="local")
+    ap.add_argument("--runner", choices=["local", "ray"], default="local", help="where the trials run [local]")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each --workers value [1]")
     ap.add_argument("--work", type=Path, default=None, help="folder for the data and outputs [a temp dir]")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -82,7 +82,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     data_dir = work / "data"
     cores = os.cpu_count() or 1
-    print(f"{cores} cores, backend {args.backend}; 4 trials (adam, sgd x batch 16, 32), {args.size} px, "
+    print(f"{cores} cores, runner {args.runner}; 4 trials (adam, sgd x batch 16, 32), {args.size} px, "
           f"{args.per_class} images/class, {args.epochs} epochs; data in {data_dir}")
     prepare_data(data_dir, args.size, args.per_class)
 
@@ -92,7 +92,7 @@ def main() -> int:
         for workers in ((1, 2) if i % 2 == 0 else (2, 1)):
             out = work / f"out-w{workers}-{i}"
             load = os.getloadavg()[0]
-            wall = run_sweep(data_dir, out, workers, args.epochs, args.backend)
+            wall = run_sweep(data_dir, out, workers, args.epochs, args.runner)
             walls[workers].append(wall)
             stats[workers].append(trial_stats(out))
             print(f"  --workers {workers}: {wall:6.1f} s   (load average before: {load:.1f})")

@@ -1,6 +1,6 @@
 """Calibrate the synthetic PetImages stand-in: how well does the article's model learn it?
 
-Generates a synthetic archive (catsdogs.synthetic) in a temporary folder, then does its own
+Generates a synthetic archive (catsdogs.data.synthetic) in a temporary folder, then does its own
 minimal version of the pipeline, independent of the rest of catsdogs: decode every member
 that Pillow can fully load (as RGB), pick a seeded `--per-class` images per class, split them
 60/20/20 into train/validation/test, resize each whole image to `--size` squared with nearest
@@ -42,7 +42,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from catsdogs.synthetic import CLASS_NAMES, ClassSignal, make_synthetic_archive  # noqa: E402
+from catsdogs.data.synthetic import CLASS_NAMES, ClassSignal, make_synthetic_archive  # noqa: E402
 
 
 def _ints(text: str) -> list[int]:

@@ -13,8 +13,12 @@ import argparse
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs import report as rp
-from catsdogs.figures import save_figure
+from catsdogs.analysis.markdown import collapse_markdown
+from catsdogs.analysis.plots import make_collapse_figure
+from catsdogs.analysis.rows import load_trials
+from catsdogs.analysis.tables import collapse_table
+from catsdogs.plotting import save_figure
+from catsdogs.store import store_path
 
 
 def main() -> None:
@@ -26,12 +30,12 @@ def main() -> None:
     a = p.parse_args()
     trials = {}
     for name in a.sweeps:
-        for t in rp.load_trials(a.out_dir / config.STORE_FILE, name):
+        for t in load_trials(store_path(a.out_dir), name):
             trials[t["key"]] = t  # a trial two sweeps share counts once
-    table = rp.collapse_table(list(trials.values()))
-    fig, _ = rp.make_collapse_figure(table, a.note)
+    table = collapse_table(list(trials.values()))
+    fig, _ = make_collapse_figure(table, a.note)
     paths = save_figure(fig, a.figure)
-    print("\n".join(rp.collapse_markdown(table)[6:]))
+    print("\n".join(collapse_markdown(table)[6:]))
     print(f"-> {paths['png']} (and .svg)")
 
 

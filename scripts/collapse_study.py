@@ -28,11 +28,11 @@ def study(data_dir: Path, optimizer: str, batch_size: int, seed: int, warmup_epo
     import keras
     import numpy as np
 
-    from catsdogs import data
-    from catsdogs.engine import inspection_model, make_optimizer
-    from catsdogs.manifest import require_prepared
+    from catsdogs.data import loading as data
+    from catsdogs.data.manifest import require_prepared
     from catsdogs.model import build_model, loss_and_metrics
     from catsdogs.schema import TrialConfig, plan_steps
+    from catsdogs.training.engine import inspection_model, make_optimizer
 
     manifest = require_prepared(data_dir)
     splits = data.load_dataset(data_dir, "standard")
@@ -77,7 +77,7 @@ def study(data_dir: Path, optimizer: str, batch_size: int, seed: int, warmup_epo
 
 
 class _TensorFlow:
-    """The parts of catsdogs.backends.tensorflow make_optimizer needs (Keras's own optimizers)."""
+    """The parts of catsdogs.training.backends.tensorflow make_optimizer needs (Keras's own optimizers)."""
 
     @staticmethod
     def optimizer_class(name: str, strategy: str):

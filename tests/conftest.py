@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import threading
 import zipfile
 from dataclasses import dataclass, field
@@ -16,9 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from catsdogs.synthetic import make_synthetic_archive
+from catsdogs.data.synthetic import make_synthetic_archive
 
 SMALL_N_VALID = 24  # valid images per class in the session archive: small, but every kind fits
+
+# What runs in this process (trials in-process, pipelines) runs on TensorFlow, whatever the shell
+# says; a test that wants JAX asks for it (`keras_backend`) and gets it in its workers.
+os.environ["KERAS_BACKEND"] = "tensorflow"
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ def prepared_data(tmp_path_factory: pytest.TempPathFactory):
     """prepared_data(size, split=(24, 8, 8)) -> a data dir prepared from the synthetic source.
 
     Prepared once per (size, split) per session; tests only read it."""
-    from catsdogs.prepare import prepare
+    from catsdogs.data.prepare import prepare
 
     made: dict = {}
 
@@ -147,3 +152,35 @@ def file_server(monkeypatch: pytest.MonkeyPatch):
         httpd.shutdown()
         httpd.server_close()
         thread.join(timeout=5)
+
+
+# --- a sweep slot in this process ---------------------------------------------------------------
+
+
+class InProcessSlot:
+    """A sweep slot that runs each trial in this process's engine (TensorFlow), where a local slot
+    runs it in a worker process: for tests of what a sweep decides (its rounds, resuming, its
+    records), not of how its workers live and die (tests/test_engine.py). The engine is the
+    same, and its results are the same to the bit in a worker or alone (tests/test_engine.py)."""
+
+    def __init__(self, slot: int = 0, workers: int = 1, workdir: Path | None = None):
+        self.trials = 0
+
+    def shapes(self) -> set[str]:
+        from catsdogs.training import engine
+
+        return set(engine.STEPS.shapes())
+
+    def run(self, cfg, data_dir, on_epoch=None):
+        from catsdogs.messages import TrialTask
+        from catsdogs.training import engine
+
+        self.trials += 1
+        return engine.run_task(TrialTask(cfg, str(Path(data_dir).resolve())),
+                               emit=lambda kind, row: on_epoch(row) if on_epoch else None)
+
+    def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,15 +1,14 @@
-"""Adaptive seeds (`--target-ci`, `--max-seeds`), several learning rates in one sweep, and what a
-trial records about its model (validation accuracy, collapse, dead units)."""
+"""Adaptive seeds (`--target-ci`, `--max-seeds`) and several learning rates in one sweep."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import InProcessSlot
 
-from catsdogs import seeds
+from catsdogs import plans, seeds
 from catsdogs.cli import cli
 from catsdogs.plans import load, trials
 from catsdogs.schema import TrialConfig
@@ -63,32 +62,41 @@ def test_given_one_finished_seed_when_next_seeds_then_it_needs_another():
 
 @pytest.mark.slow
 def test_an_adaptive_sweep_adds_seeds_to_wide_cells_until_the_cap_and_resumes(data_dir, tmp_path):
+    from catsdogs.training.sweep import run
+
     # given cells that start with one seed (no interval yet) and a target of ±0.001 points
-    args = ["--batch-size", "8", "16", "--seeds", "1", "--target-ci", "0.001", "--max-seeds", "3"]
-    result = sweep(data_dir, tmp_path, *args)
-    assert result.exit_code == 0, result.output
+    grid = trials(plans.with_overrides(plans.command_line_plan(), {"seeds": 1, "name": "a"},
+                                       {"opt": ["adam"], "batch_size": [8, 16], "epochs": 1}), data_dir, "tensorflow")
+    lines: list[str] = []
+
+    def sweep_adaptively():
+        return run("a", grid, data_dir, tmp_path, target_ci=0.001, max_seeds=3, log=lines.append,
+                   slots=lambda i, n, workdir: InProcessSlot())
+    counts = sweep_adaptively()
     # then round 2 gives both cells seed 1; a third round only the cells whose two seeds differ
-    assert "Adaptive seeds, round 2: 2 cells wider than ±0.001 points get another seed" in result.output
+    assert "Adaptive seeds, round 2: 2 cells wider than ±0.001 points get another seed" in "\n".join(lines)
     with Store(tmp_path / "results.sqlite") as store:
-        trials = store.trials("a")
+        stored = store.trials("a")
     by_cell: dict[int, list[float]] = {}
-    for t in trials:
+    for t in stored:
         by_cell.setdefault(t["batch_size"], []).append(t["test_accuracy"])
     for bs, accuracies in by_cell.items():
         # a cell stops at two seeds only when they agree (a zero-width interval), else at the cap
         assert len(accuracies) == (2 if len(set(accuracies[:2])) == 1 else 3), (bs, accuracies)
-    assert [t["seed"] for t in trials][:4] == [0, 0, 1, 1]  # seed-major
+    assert [t["seed"] for t in stored][:4] == [0, 0, 1, 1]  # seed-major
+    assert counts["trials"] == len(stored) and counts["done"] == len(stored)
     n_capped = sum(len(a) == 3 for a in by_cell.values())
-    # when the same command runs again, then nothing trains
-    again = sweep(data_dir, tmp_path, *args)
-    assert again.exit_code == 0 and "epoch 1/1" not in again.output
+    # when the same sweep runs again, then nothing trains
+    lines.clear()
+    sweep_adaptively()
+    assert "epoch 1/1" not in "\n".join(lines)
     # when the report runs, then it lists the cells that reached --max-seeds
     report = CliRunner().invoke(cli, ["report", "--name", "a", "--out", str(tmp_path)])
     assert report.exit_code == 0, report.output
     md = (tmp_path / "a" / "results.md").read_text()
     assert "## Adaptive seeds" in md and f"{2 - n_capped} of 2 cells meet it" in md
     assert md.count("reached --max-seeds (3)") == n_capped
-    # when --max-seeds is below the seeds already run, then one line, exit 1, nothing run
+    # when the command's --max-seeds is below the seeds already run, then one line, exit 1, nothing run
     most = max(len(a) for a in by_cell.values())
     lower = sweep(data_dir, tmp_path, "--batch-size", "8", "16", "--seeds", "1", "--target-ci", "0.001",
                   "--max-seeds", "1")
@@ -100,7 +108,7 @@ def test_an_adaptive_sweep_adds_seeds_to_wide_cells_until_the_cap_and_resumes(da
     (["--target-ci", "0"], "Invalid value for '--target-ci': must be a positive number of points, got 0"),
     (["--target-ci", "-2"], "must be a positive number of points"),
     (["--target-ci", "5", "--max-seeds", "2"], "2 is below the 3 seeds every cell starts with"),
-    (["--max-seeds", "5"], "--max-seeds caps adaptive seeds: give --target-ci too"),
+    (["--max-seeds", "5"], "Invalid value for '--max-seeds': caps adaptive seeds, which need a target"),
     (["--lr", "0"], "learning rate must be positive"),
 ])
 def test_bad_adaptive_and_lr_options_are_one_line_usage_errors(data_dir, tmp_path, args, message):
@@ -114,7 +122,7 @@ def test_a_plan_with_a_bad_target_is_a_usage_error(data_dir, tmp_path):
     plan.write_text('max_seeds = 5\n[grids.g]\nopt = ["adam"]\nbatch_size = [8]\n')
     result = CliRunner().invoke(cli, ["reproduce", "--config", str(plan), "--data-dir", str(data_dir),
                                       "--out", str(tmp_path)])
-    assert result.exit_code == 2 and "max_seeds caps adaptive seeds: give target_ci too" in result.output
+    assert result.exit_code == 2 and "max_seeds: caps adaptive seeds, which need a target" in result.output
     plan.write_text('target_ci = -1\n[grids.g]\nopt = ["adam"]\nbatch_size = [8]\n')
     result = CliRunner().invoke(cli, ["reproduce", "--config", str(plan), "--data-dir", str(data_dir),
                                       "--out", str(tmp_path)])
@@ -140,31 +148,9 @@ def test_several_learning_rates_are_crossed_and_the_default_is_the_articles_tria
 
 def test_the_tuned_plan_crosses_four_learning_rates_per_optimizer(data_dir):
     plan = load("tuned")
-    planned = trials(plan, data_dir)
+    planned = trials(plan, data_dir, "tensorflow")
     assert len(planned) == 2 * 4 * 4 * plan.settings["seeds"]
     # the default learning rates are the article's trials (lr None), shared with its plans
     assert {(t.optimizer, t.lr) for t in planned} == {
         ("sgd", None), ("sgd", 0.03), ("sgd", 0.1), ("sgd", 0.3),
         ("adam", 0.0003), ("adam", None), ("adam", 0.003), ("adam", 0.01)}
-
-
-# --- what a trial records about its model -----------------------------------------------------
-
-
-def test_a_trial_records_validation_accuracy_and_its_models_collapse_diagnostics(data_dir, tmp_path):
-    result = sweep(data_dir, tmp_path, "--batch-size", "8", "--seeds", "1")
-    assert result.exit_code == 0, result.output
-    with open(tmp_path / "a" / "results.csv") as f:
-        (row,) = list(csv.DictReader(f))
-    with Store(tmp_path / "results.sqlite") as store:
-        (trial,) = store.trials("a")
-    # then the validation accuracy is the last epoch's, and the collapse flag agrees with the dog share
-    assert float(row["val_accuracy"]) == pytest.approx(trial["history"][-1]["val_accuracy"])
-    assert trial["collapsed"] == int(trial["dog_share"] in (0.0, 1.0))
-    # the test accuracy and the dog share describe the same predictions: with 8 cats and 8 dogs,
-    # predicting every image Dog (or Cat) is exactly 50% accurate
-    if trial["collapsed"]:
-        assert trial["test_accuracy"] == pytest.approx(0.5)
-    for k in ("dead_units", "initial_dead_units", "dog_share", "initial_dog_share"):
-        assert 0 <= trial[k] <= 1, k
-    assert trial["initial_logit_abs"] > 0 and trial["logit_sd"] >= 0

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from catsdogs import report
-from catsdogs.backends import jax as jax_backend
-from catsdogs.backends import tensorflow as tf_backend
+from catsdogs.analysis import tables
 from catsdogs.cli import cli
 from catsdogs.model import predict_max_batch_size_planned
 from catsdogs.schema import TrialConfig
+from catsdogs.training.backends import jax as jax_backend
+from catsdogs.training.backends import tensorflow as tf_backend
 
 SIZE = 32
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,14 +68,14 @@ def test_two_backends_results_never_share_a_cell():
     trials = [_trial(None, 0, 0.70), _trial("tensorflow", 1, 0.72), _trial("jax", 0, 0.50),
               _trial("jax", 1, 0.52)]
     # when the report sorts them into figures
-    rows = report.summarize(trials)["figures"][0]["rows"]
+    rows = tables.summarize(trials)["figures"][0]["rows"]
     # then each backend has its own cell, labelled, with its own trials only
     by_series = {r["series"]: r for r in rows}
     assert set(by_series) == {"Adam, TensorFlow", "Adam, JAX"}
     assert by_series["Adam, TensorFlow"]["accuracies"] == [0.70, 0.72]
     assert by_series["Adam, JAX"]["accuracies"] == [0.50, 0.52]
     # and a figure of one backend only is labelled as before
-    alone = report.summarize(trials[:2])["figures"][0]["rows"]
+    alone = tables.summarize(trials[:2])["figures"][0]["rows"]
     assert {r["series"] for r in alone} == {"Adam"}
 
 
@@ -97,6 +97,18 @@ def test_the_h100s_out_of_memory_texts_are_out_of_memory_on_jax():
     assert jax_backend.classify_error(allocation) == "oom"
     assert jax_backend.classify_error(MemoryError()) == "oom"
     assert jax_backend.classify_error(ValueError("batch size 64 is larger than the 48 images")) == "failed"
+
+
+def test_tensorflows_out_of_memory_errors_are_out_of_memory():
+    tf = pytest.importorskip("tensorflow")
+    # the allocator's error on a GPU or under a logical device's cap, and the host's
+    exhausted = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[64,200,200,32]")
+    assert tf_backend.classify_error(exhausted) == "oom"
+    assert tf_backend.classify_error(MemoryError()) == "oom"
+    assert tf_backend.classify_error(RuntimeError("std::bad_alloc")) == "oom"
+    # an error of another kind is a failure, even a ResourceExhausted-free message about memory units
+    assert tf_backend.classify_error(ValueError("batch size 64 is larger than the 48 images")) == "failed"
+    assert tf_backend.classify_error(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes")) == "failed"
 
 
 def test_a_planned_prediction_finds_the_largest_batch_under_the_cap():
@@ -178,6 +190,7 @@ print(float(jax.grad(f)(jnp.array([30.0]))[0]))
 
 
 @needs_jax
+@pytest.mark.slow
 def test_a_confidently_wrong_prediction_still_has_a_gradient_on_jax():
     # given the article's model with its last layer saturated the wrong way, on JAX, whose
     # cross-entropy of a sigmoid output is clipped (Keras on TensorFlow recovers the logit)
@@ -205,6 +218,7 @@ def _site_without_tensorflow(root: Path) -> Path:
 
 @needs_jax
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("CI"), reason="CI runs it (CI=true): it builds a virtual environment")
 def test_catsdogs_installs_with_no_deps_and_runs_on_jax_without_tensorflow(tmp_path):
     # given a fresh virtual environment without TensorFlow, the other packages on PYTHONPATH,
     # and catsdogs installed with --no-deps from a copy of its source

@@ -11,9 +11,12 @@ import pytest
 from click.testing import CliRunner
 from test_report import config as report_config
 
-from catsdogs import claims, stats
-from catsdogs import report as rp
+from catsdogs import stats
+from catsdogs.analysis import claims, plots, tables
+from catsdogs.analysis import report as rp
+from catsdogs.analysis.rows import load_trials
 from catsdogs.cli import cli
+from catsdogs.messages import TrialRecord
 from catsdogs.store import Store
 
 T_975_DF4 = 2.776  # Student t, 0.975 quantile, 4 degrees of freedom (any statistics table)
@@ -29,7 +32,7 @@ def build_store(out: Path, name: str, trials: list[tuple[dict, dict]]) -> Path:
         keys = store.register_sweep(name, {}, [c for c, _ in trials])
         for key, (_, record) in zip(keys, trials, strict=True):
             assert store.claim([key])["key"] == key
-            assert store.finish(key, {"status": "done", **record})
+            assert store.finish(key, TrialRecord(status="done", **record))
     return out
 
 
@@ -39,7 +42,7 @@ def cell(optimizer, batch_size, accuracies, dataset="standard", **extra) -> list
 
 
 def verdicts(out: Path, name: str) -> dict[str, dict]:
-    summary = rp.summarize(rp.load_trials(out / "results.sqlite", name))
+    summary = tables.summarize(load_trials(out / "results.sqlite", name))
     (context,) = summary["claims"]
     return {r["claim"].id: r for r in context["results"]}
 
@@ -146,7 +149,7 @@ def test_given_a_cell_of_collapses_when_summarized_then_rate_1_and_no_surviving_
     build_store(tmp_path, "s", cell("adam", 256, [0.5, 0.5, 0.5], **collapsed)
                 + [(config("adam", 128, seed=s), {"test_accuracy": a, "collapsed": c, "dead_units": 0.5})
                    for s, (a, c) in enumerate([(0.5, 1), (0.8, 0), (0.84, 0), (0.5, 1)])])
-    table = rp.summarize(rp.load_trials(tmp_path / "results.sqlite", "s"))["collapse"]
+    table = tables.summarize(load_trials(tmp_path / "results.sqlite", "s"))["collapse"]
     at = {r["x"]: r for r in table["rows"]}
     assert at[256]["collapse_rate"] == 1 and at[256]["n_collapsed"] == 3 and at[256]["collapse_ci_high"] == 1
     assert at[256]["n_not_collapsed"] == 0 and at[256]["not_collapsed_mean"] is None
@@ -166,7 +169,7 @@ def test_given_rows_when_plot_collapse_then_rates_and_wilson_bars_are_drawn():
                  ("low", "high"), (stats.wilson(k, 4)["ci_low"], stats.wilson(k, 4)["ci_high"]), strict=True)}}
             for x, k in ((64, 0), (128, 2), (256, 4))]
     ax = Figure().add_subplot()
-    artists = rp.plot_collapse(ax, rows)
+    artists = plots.plot_collapse(ax, {"rows": rows})
     assert list(artists["Adam, standard"]["rate"].get_ydata()) == [0, 50, 100]
     assert ax.get_xscale() == "log" and [t.get_text() for t in ax.texts] == ["0/4", "2/4", "4/4"]
 
@@ -183,7 +186,7 @@ def test_given_several_learning_rates_when_tuned_then_chosen_by_validation_not_t
     # and at 128: only a larger learning rate trains (validation 0.75 against 0.5)
     trials += lr_cell(128, None, 0.50, 0.50) + lr_cell(128, 0.004, 0.75, 0.76)
     build_store(tmp_path, "s", trials)
-    table = next(t for t in rp.summarize(rp.load_trials(tmp_path / "results.sqlite", "s"))["figures"]
+    table = next(t for t in tables.summarize(load_trials(tmp_path / "results.sqlite", "s"))["figures"]
                  if t["name"] == "tuned")
     tuned = {r["x"]: r for r in table["rows"] if r["series"] == "Adam, lr tuned per batch size"}
     # then the tuned curve has 0.002 at 16 (reporting its test accuracy) and 0.004 at 128
@@ -202,5 +205,5 @@ def test_given_several_learning_rates_when_tuned_then_chosen_by_validation_not_t
 
 def test_given_one_learning_rate_when_summarized_then_no_tuned_figure(tmp_path):
     build_store(tmp_path, "s", cell("adam", 16, [0.8, 0.82]) + cell("adam", 32, [0.8, 0.81]))
-    names = [t["name"] for t in rp.summarize(rp.load_trials(tmp_path / "results.sqlite", "s"))["figures"]]
+    names = [t["name"] for t in tables.summarize(load_trials(tmp_path / "results.sqlite", "s"))["figures"]]
     assert "tuned" not in names

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from catsdogs.backends.tensorflow import train_batches
-from catsdogs.data import Split, batch_schedule, epoch_order
+from catsdogs.data.loading import Split, batch_schedule, epoch_order
+from catsdogs.training.backends.tensorflow import train_batches
 
 
 def test_given_the_articles_protocol_when_scheduling_then_each_epoch_is_a_fresh_permutation_cut_into_full_batches():
@@ -80,3 +80,28 @@ def test_given_a_batch_larger_than_the_split_when_scheduling_then_across_epochs_
     # when each epoch must hold whole batches: a clear error, not a division by zero
     with pytest.raises(ValueError, match="larger than the 10 images"):
         batch_schedule(10, 25, 0, n_batches=2)
+
+
+def test_given_a_split_when_jax_serves_the_batches_then_they_are_the_tensorflow_pipelines():
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("jax")
+    from catsdogs.training.backends import jax as jax_backend
+
+    # given: 20 tiny images whose first pixel names them, and the TensorFlow pipeline's batches
+    images = np.zeros((20, 4, 4, 3), dtype=np.uint8)
+    images[:, 0, 0, 0] = np.arange(20)
+    split = Split(images, (np.arange(20) % 2).astype(np.float32), [f"{i}.jpg" for i in range(20)])
+    expected = [(np.asarray(x), np.asarray(y)) for x, y in train_batches(split, 6, seed=7, n_batches=6)]
+
+    # when: JAX's pipeline gathers them on the device, one jitted op a batch
+    served = jax_backend.train_batches(split, 6, seed=7, n_batches=6)
+    batches = [tuple(np.asarray(a) for a in served[i]) for i in range(len(served))]
+
+    # then: the same images and labels, batch for batch, as uint8
+    assert len(batches) == len(expected) == 6
+    for (x, y), (ex, ey) in zip(batches, expected, strict=True):
+        assert x.dtype == np.uint8 and np.array_equal(x, ex) and np.array_equal(y, ey)
+    # and the evaluation batches are every image once, in order, the last one partial
+    evaluated = jax_backend.eval_batches(split, 8)
+    assert [len(np.asarray(evaluated[i][0])) for i in range(len(evaluated))] == [8, 8, 4]
+    assert np.concatenate([np.asarray(evaluated[i][0]) for i in range(3)])[:, 0, 0, 0].tolist() == list(range(20))

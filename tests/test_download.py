@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from catsdogs.download import CONNECT_RETRIES, download, sha256_of
+from catsdogs.data.download import CONNECT_RETRIES, download, sha256_of
 from catsdogs.errors import ChecksumError, DownloadError, UnreachableError
 
 FAST = {"progress": False, "backoff": 0.01, "timeout": 5.0}
@@ -452,11 +452,16 @@ def test_given_no_server_to_reach_when_downloading_then_few_retries_and_an_unrea
 
 
 def test_given_no_network_when_the_readmes_first_command_downloads_then_the_error_says_what_to_do(
-    refusing_url: str, tmp_path: Path
+    refusing_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
+    from types import SimpleNamespace
+
     from click.testing import CliRunner
 
     from catsdogs.cli import cli
+    from catsdogs.data import download as download_module
+
+    monkeypatch.setattr(download_module, "time", SimpleNamespace(sleep=lambda seconds: None))  # no backoff
 
     # when reproduce (the README's first command) cannot reach the archive's server
     result = CliRunner().invoke(cli, ["reproduce", "--source", refusing_url, "--data-dir", str(tmp_path / "d"),

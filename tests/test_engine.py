@@ -9,14 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from catsdogs import backends
-from catsdogs.manifest import require_prepared
-from catsdogs.schema import TrialConfig
-from catsdogs.sweep import LocalSlot, claim_order, run_sweep
-from catsdogs.worker import Worker
+from catsdogs.data.manifest import require_prepared
+from catsdogs.host import oom_kills
+from catsdogs.messages import PeakTask, TrialTask
+from catsdogs.schema import Status, TrialConfig
+from catsdogs.store import Store
+from catsdogs.training import backends
+from catsdogs.training.sweep import LocalSlot, claim_order, run_sweep
+from catsdogs.training.worker import Worker
 
 SIZE = 32
-pytestmark = pytest.mark.slow
+ALONE: dict[str, object] = {}  # a trial's record alone in a fresh worker, by key: made once, compared often
 
 
 @pytest.fixture(scope="module")
@@ -25,27 +28,51 @@ def data_dir(prepared_data) -> Path:
     return prepared_data(SIZE, (24, 8, 8))
 
 
-def trial(data_dir: Path, **kw) -> TrialConfig:
+def trial(data_dir: Path | None, **kw) -> TrialConfig:
+    fingerprint = require_prepared(data_dir)["fingerprint"][kw.get("dataset", "standard")] if data_dir else "f"
     fields = {"optimizer": "adam", "batch_size": 8, "dataset": "standard", "seed": 0, "epochs": 2,
-              "image_size": SIZE, "data": require_prepared(data_dir)["fingerprint"][kw.get("dataset", "standard")],
-              "backend": backends.name()}
+              "image_size": SIZE, "data": fingerprint, "backend": backends.name()}
     return TrialConfig(**{**fields, **kw})
 
 
-def outcome(record: dict) -> tuple:
+def outcome(record) -> tuple:
     """What a trial's result is, without its timings."""
-    history = [{k: v for k, v in row.items() if "seconds" not in k} for row in record["history"]]
-    return record["weights_digest"], record["test_accuracy"], record["test_loss"], history, record["steps"]
+    history = [{k: v for k, v in row.items() if "seconds" not in k} for row in record.history]
+    return record.weights_digest, record.test_accuracy, record.test_loss, history, record.steps
 
 
-def run_in_fresh_process(cfg: TrialConfig, data_dir: Path, tmp_path: Path, env: dict | None = None) -> dict:
-    slot = LocalSlot(0, 1, tmp_path / "fresh", isolate=True, env=env)
+def run_in_fresh_process(cfg: TrialConfig, data_dir: Path, workdir: Path, env: dict | None = None):
+    slot = LocalSlot(0, 1, workdir, isolate=True, env=env)
     try:
         return slot.run(cfg, data_dir)
     finally:
         slot.close()
 
 
+def alone(cfg: TrialConfig, data_dir: Path, workdir: Path):
+    """The trial alone in a fresh worker (with the worker's allocator), once per session."""
+    if cfg.key() not in ALONE:
+        ALONE[cfg.key()] = run_in_fresh_process(cfg, data_dir, workdir / "alone")
+    return ALONE[cfg.key()]
+
+
+def test_a_slot_claims_cached_shapes_first_within_the_lowest_seed():
+    a0, b0, a1, b1 = (trial(None, optimizer=o, seed=s) for s in (0, 1) for o in ("adam", "sgd"))
+    grid = [a0, b0, a1, b1]
+    by_key = {c.key(): c for c in grid}
+    keys = [c.key() for c in grid]
+    # given a worker that holds SGD's compiled step, then one that holds nothing
+    sgd = {repr(b0.shape())}
+    # then seed 0 comes first either way, and within it the shape the worker holds
+    assert claim_order(keys, by_key, sgd) == [b0.key(), a0.key(), b1.key(), a1.key()]
+    assert claim_order(keys, by_key, set()) == keys
+
+
+# --- the same results, whatever process runs them -----------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engine-alone")
 def test_a_trial_is_bit_identical_alone_or_as_a_later_trial_of_a_worker(keras_backend, data_dir, tmp_path):
     # given one trial, and a worker that first runs other trials: two of its shape (other
     # seeds, the other data set) and one of another shape (SGD)
@@ -55,133 +82,146 @@ def test_a_trial_is_bit_identical_alone_or_as_a_later_trial_of_a_worker(keras_ba
     slot = LocalSlot(0, 1, tmp_path / "worker")
     try:
         records = [slot.run(cfg, data_dir) for cfg in [*before, target]]
-        pid = slot.worker.proc.pid
     finally:
         slot.close()
-    assert all(r["status"] == "done" for r in records), [r.get("error") for r in records]
+    assert all(r.status == Status.DONE for r in records), [r.error for r in records]
     in_worker = records[-1]
     # when the same trial runs alone in a fresh process
-    alone = run_in_fresh_process(target, data_dir, tmp_path)
-    # then the worker reused its compiled step for it, in one process, and the results are
-    # the same to the bit: weights, test accuracy and loss, every epoch's history
-    assert in_worker["step_reused"] and not alone["step_reused"] and pid
-    assert outcome(in_worker) == outcome(alone)
-    assert records[2]["step_reused"]  # the augmented trial reused the standard trials' step
+    first = alone(target, data_dir, tmp_path)
+    # then the worker reused its compiled step for it, and the results are the same to the bit:
+    # weights, test accuracy and loss, every epoch's history
+    assert in_worker.step_reused and not first.step_reused
+    assert outcome(in_worker) == outcome(first)
+    assert records[2].step_reused  # the augmented trial reused the standard trials' step
     assert outcome(records[0]) != outcome(in_worker)  # another seed: really another trial
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("engine-alone")
 def test_results_are_the_same_with_the_systems_allocator(data_dir, tmp_path):
-    # given the worker's BFC allocator (the default) and glibc's malloc instead
-    cfg = trial(data_dir, seed=4, batch_size=16)
-    bfc = run_in_fresh_process(cfg, data_dir, tmp_path / "bfc")
+    # given the trial alone with the worker's BFC allocator (the default) and with glibc's malloc
+    cfg = trial(data_dir, seed=2, backend="tensorflow")
+    bfc = alone(cfg, data_dir, tmp_path)
     system = run_in_fresh_process(cfg, data_dir, tmp_path / "sys", env={"TF_CPU_ALLOCATOR_USE_BFC": "false"})
     # then the allocator changes nothing but time
+    assert system.status == bfc.status == Status.DONE
     assert outcome(bfc) == outcome(system)
 
 
-def test_a_failed_trial_ends_its_worker_and_the_next_trial_gets_a_fresh_one(data_dir, tmp_path):
-    slot = LocalSlot(0, 1, tmp_path)
-    try:
-        # given a worker that has run a trial
-        assert slot.run(trial(data_dir), data_dir)["status"] == "done"
-        first = slot.worker.proc.pid
-        # when a trial fails in it (a batch larger than the 48 training images)
-        failed = slot.run(trial(data_dir, batch_size=64), data_dir)
-        # then the failure is recorded in one line, and the worker is gone
-        assert failed["status"] == "failed"
-        assert failed["error"].splitlines()[0] == ("CatsdogsError: batch size 64 is larger than the 48 "
-                                                    "training images: not one full batch to train on")
-        assert not slot.worker.alive
-        # and the next trial runs in a fresh process, from scratch
-        after = slot.run(trial(data_dir, seed=1), data_dir)
-        assert after["status"] == "done" and not after["step_reused"]
-        assert slot.worker.proc.pid != first
-    finally:
-        slot.close()
+# --- faults stay in their trial -------------------------------------------------------------------
 
 
-class KillsItsWorker(LocalSlot):
-    """A slot whose worker is killed from outside (kill -9) during the bs=8 trial's first epoch."""
+class FaultySlot(LocalSlot):
+    """A local slot that notes which worker process trained each trial, and kills its worker from
+    outside (kill -9) during the first epoch of the batch-8 trial."""
+
+    pids: dict[str, int] = {}
 
     def run(self, cfg, data_dir, on_epoch=None):
-        if cfg.batch_size != 8:
-            return super().run(cfg, data_dir, on_epoch)
+        def epoch(row):
+            FaultySlot.pids.setdefault(cfg.key(), self.worker.proc.pid)
+            if cfg.batch_size == 8:
+                os.kill(self.worker.proc.pid, signal.SIGKILL)
+            elif on_epoch:
+                on_epoch(row)
+        return super().run(cfg, data_dir, epoch)
 
-        def kill(_epoch):
-            os.kill(self.worker.proc.pid, signal.SIGKILL)
 
-        return super().run(cfg, data_dir, kill)
-
-
-def test_a_worker_killed_mid_trial_is_recorded_and_the_sweep_goes_on(keras_backend, data_dir, tmp_path):
-    from catsdogs.store import Store
-
-    grid = [trial(data_dir, batch_size=8, epochs=3), trial(data_dir, batch_size=16)]
+@pytest.fixture(scope="module")
+def faulty_sweep(data_dir, tmp_path_factory):
+    """When: a sweep runs, in this order, a trial, one that fails (a batch larger than the 48
+    training images), one whose worker is killed mid-trial, and another seed of the first."""
+    out = tmp_path_factory.mktemp("faulty")
+    grid = [trial(data_dir, batch_size=16), trial(data_dir, batch_size=64), trial(data_dir, batch_size=8, epochs=3),
+            trial(data_dir, batch_size=16, seed=1)]
     lines: list[str] = []
-    # when a sweep's worker is killed from outside during its first trial
-    counts = run_sweep("k", grid, data_dir, tmp_path, log=lines.append,
-                       slots=lambda i, n, workdir: KillsItsWorker(i, n, workdir))
-    # then that trial has a status and a one-line reason, and the next trial ran and is done
-    with Store(tmp_path / "results.sqlite") as store:
-        rows = {t["batch_size"]: t for t in store.trials("k")}
-    killed = rows[8]
-    assert killed["status"] in ("failed", "oom"), killed
-    assert killed["error"].startswith("worker process killed by signal 9 (SIGKILL)")
-    assert killed["test_accuracy"] is None
-    assert rows[16]["status"] == "done" and counts["done"] == 1
-    assert any("killed by signal 9" in line for line in lines)
+    counts = run_sweep("f", grid, data_dir, out, log=lines.append,
+                       slots=lambda i, n, workdir: FaultySlot(i, n, workdir))
+    with Store(out / "results.sqlite") as store:
+        rows = {(t["batch_size"], t["seed"]): t for t in store.trials("f")}
+    return {"grid": grid, "rows": rows, "counts": counts, "lines": lines, "pids": FaultySlot.pids}
 
 
-def test_data_re_prepared_under_a_worker_is_noticed(tmp_path):
-    from catsdogs.prepare import prepare
-
-    def prepare_with(seed: int) -> str:
-        prepare(source="synthetic", data_dir=tmp_path / "data", per_class=40, split=(24, 8, 8), size=SIZE,
-                seed=seed, log=lambda *a: None, progress=False)
-        return require_prepared(tmp_path / "data")["fingerprint"]["standard"]
-
-    data = tmp_path / "data"
-    old = prepare_with(0)
-    slot = LocalSlot(0, 1, tmp_path / "work")
-    try:
-        # given a worker that has decoded the data for a trial
-        assert slot.run(trial(data, seed=0), data)["status"] == "done"
-        # when the data is prepared again (another choice of images) under it
-        new = prepare_with(1)
-        assert new != old
-        # then a trial planned on the old data fails in one line, and loses nothing else
-        stale = slot.run(TrialConfig("adam", 8, "standard", 1, epochs=2, image_size=SIZE, data=old), data)
-        assert stale["status"] == "failed"
-        assert "changed since this trial was planned" in stale["error"].splitlines()[0]
-        # and a trial planned on the new data trains on the new images, not the cached ones
-        fresh_cfg = TrialConfig("adam", 8, "standard", 1, epochs=2, image_size=SIZE, data=new)
-        in_worker = slot.run(trial(data, seed=0), data)
-        assert in_worker["status"] == "done"
-        again = slot.run(fresh_cfg, data)
-    finally:
-        slot.close()
-    alone = run_in_fresh_process(fresh_cfg, data, tmp_path)
-    assert again["step_reused"] and outcome(again) == outcome(alone)
+@pytest.mark.slow
+@pytest.mark.xdist_group("engine-faulty")
+def test_a_failed_trial_ends_its_worker_and_the_next_trial_gets_a_fresh_one(faulty_sweep):
+    rows, pids = faulty_sweep["rows"], faulty_sweep["pids"]
+    first, failing, killed, again = (c.key() for c in faulty_sweep["grid"])
+    # then the failure is recorded, its first line the one-line reason (the traceback below it)
+    assert rows[(64, 0)]["status"] == Status.FAILED
+    assert rows[(64, 0)]["error"].splitlines()[0] == (
+        "CatsdogsError: batch size 64 is larger than the 48 training images: not one full batch to train on")
+    assert "Traceback" in rows[(64, 0)]["error"]
+    # and the trial after it trained in another process than the one before it
+    assert pids[killed] != pids[first]
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("engine-faulty")
+def test_a_worker_killed_mid_trial_is_recorded_and_the_sweep_goes_on(faulty_sweep):
+    rows, pids = faulty_sweep["rows"], faulty_sweep["pids"]
+    first, failing, killed, again = (c.key() for c in faulty_sweep["grid"])
+    # then the killed trial has a status and a one-line reason: a kill that the kernel's OOM
+    # killer did not do is a failure (where its counter cannot be read, most likely memory)
+    row = rows[(8, 0)]
+    assert row["status"] == (Status.FAILED if oom_kills() is not None else Status.OOM)
+    assert row["error"].startswith("worker process killed by signal 9 (SIGKILL)")
+    assert ("(not by the OOM killer)" if oom_kills() is not None else "(likely out of memory)") in row["error"]
+    assert row["test_accuracy"] is None and row["history"] is None
+    assert any("killed by signal 9" in line for line in faulty_sweep["lines"])
+    # and the sweep went on in a fresh worker, which compiled its step anew
+    assert rows[(16, 1)]["status"] == Status.DONE and not rows[(16, 1)]["step_reused"]
+    assert pids[again] not in (pids[killed], pids[first])
+    assert faulty_sweep["counts"]["done"] == 2
+
+
+@pytest.mark.slow
 def test_a_worker_that_cannot_start_gives_a_failed_record(tmp_path):
     # given a worker whose process dies before it is ready (an unknown backend module)
     worker = Worker(tmp_path / "w.log", env={"PYTHONPATH": str(tmp_path / "nothing"),
                                              "KERAS_BACKEND": "nonesuch"})
     # when a task is sent to it
-    record = worker.run({"kind": "peak", "precision": "float32"})
+    record = worker.run(PeakTask("float32", 1.0))
     # then the task has a status and the reason, never an exception
-    assert record["status"] == "failed"
-    assert record["error"].startswith("worker process exited with code 1 without a result")
+    assert record.status == Status.FAILED
+    assert record.error.startswith("worker process exited with code 1 without a result")
 
 
-def test_a_slot_claims_cached_shapes_first_within_the_lowest_seed(data_dir):
-    a0, b0, a1, b1 = (trial(data_dir, optimizer=o, seed=s) for s in (0, 1) for o in ("adam", "sgd"))
-    grid = [a0, b0, a1, b1]
-    by_key = {c.key(): c for c in grid}
-    keys = [c.key() for c in grid]
-    # given a worker that holds SGD's compiled step, then one that holds nothing
-    sgd = {repr(b0.shape())}
-    # then seed 0 comes first either way, and within it the shape the worker holds
-    assert claim_order(keys, by_key, sgd) == [b0.key(), a0.key(), b1.key(), a1.key()]
-    assert claim_order(keys, by_key, set()) == keys
+# --- the data under a worker ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_data_re_prepared_under_a_worker_is_noticed(tmp_path, monkeypatch):
+    from catsdogs.data.prepare import prepare
+    from catsdogs.training import engine
+
+    # A worker's memory of the data is the engine's, so the engine runs here, in this process.
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    data = tmp_path / "data"
+
+    def prepare_with(seed: int) -> str:
+        prepare(source="synthetic", data_dir=data, per_class=40, split=(24, 8, 8), size=SIZE,
+                seed=seed, log=lambda *a: None, progress=False)
+        return require_prepared(data)["fingerprint"]["standard"]
+
+    def run(cfg):
+        return engine.run_task(TrialTask(cfg, str(data.resolve())))
+
+    old = prepare_with(0)
+    # given an engine that has decoded the data for a trial
+    assert run(trial(data, seed=0)).status == Status.DONE
+    # when the data is prepared again (another choice of images) under it
+    new = prepare_with(1)
+    assert new != old
+    # then a trial planned on the old data fails in one line, and loses nothing else
+    stale = run(TrialConfig("adam", 8, "standard", 1, epochs=2, image_size=SIZE, data=old))
+    assert stale.status == Status.FAILED
+    assert "changed since this trial was planned" in stale.error.splitlines()[0]
+    # and a trial planned on the new data trains on the new images, not the cached ones: the same
+    # result as with nothing cached at all
+    fresh = TrialConfig("adam", 8, "standard", 1, epochs=2, image_size=SIZE, data=new)
+    with_cache = run(fresh)
+    monkeypatch.setattr(engine, "DATA", engine.DataCache())
+    without = run(fresh)
+    assert with_cache.status == without.status == Status.DONE
+    assert outcome(with_cache) == outcome(without)

@@ -82,7 +82,7 @@ def test_a_file_named_like_a_plan_gets_told_to_give_its_path(tmp_path, monkeypat
     ('[grids.g]\nopt = ["adam"]\n', "[grids.g] batch_size: is missing"),
     ("seeds = 0\n" + GRID, "seeds: must be a whole number >= 1, got 0"),
     ("seeds = true\n" + GRID, "seeds: must be a whole number >= 1, got True"),
-    ("max_seeds = 5\n" + GRID, "max_seeds caps adaptive seeds: give target_ci too"),
+    ("max_seeds = 5\n" + GRID, "max_seeds: caps adaptive seeds, which need a target: give target_ci"),
     ("target_ci = 5\nmax_seeds = 2\n" + GRID, "max_seeds: 2 is below the 3 seeds every cell starts with"),
     ('name = "../up"\n' + GRID, "name: '../up': use letters"),
     ("[prepare]\nsplit = '600,200'\n" + GRID, "[prepare] split: expected three counts"),

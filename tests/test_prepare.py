@@ -21,11 +21,11 @@ from click.testing import CliRunner
 from PIL import Image
 
 from catsdogs import config
-from catsdogs import prepare as prep_module
 from catsdogs.cli import cli
+from catsdogs.data import prepare as prep_module
+from catsdogs.data.manifest import load_manifest, require_prepared
+from catsdogs.data.prepare import folder_fingerprint, prepare
 from catsdogs.errors import ArchiveError, CatsdogsError, ChecksumError, DownloadError
-from catsdogs.manifest import load_manifest, require_prepared
-from catsdogs.prepare import folder_fingerprint, prepare
 
 CLASSES = config.CLASSES
 SPLITS = config.SPLIT_NAMES
@@ -353,6 +353,27 @@ def test_given_a_member_that_escapes_the_folder_when_extracting_then_archive_err
     assert not (data / "extracted").exists() or list((data / "extracted").iterdir()) == []
 
 
+def test_given_a_symbolic_link_in_the_archive_when_extracting_then_archive_error_and_no_link(small_archive, tmp_path):
+    # given: a zip whose member is a symbolic link to a file outside the data folder (as `zip
+    # --symlinks` stores one: the link's target as the member's bytes, S_IFLNK in its mode)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not yours")
+    archive = tmp_path / "links.zip"
+    with zipfile.ZipFile(small_archive.path) as src, zipfile.ZipFile(archive, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, src.read(info))
+        link = zipfile.ZipInfo("PetImages/Cat/link.jpg")
+        link.external_attr = (0o120777 << 16)  # a symbolic link, rwx for all
+        dst.writestr(link, str(secret))
+    data = tmp_path / "data"
+
+    # when / then: the whole archive is refused, and no link was made
+    with pytest.raises(ArchiveError, match="symbolic link in archive, refusing to extract: 'PetImages/Cat/link.jpg'"):
+        run(data, archive, per_class=20, split=(12, 4, 4), size=32)
+    assert [p for p in tmp_path.rglob("link.jpg")] == []
+    assert load_manifest(data) is None
+
+
 def test_given_a_file_that_is_not_a_zip_when_preparing_then_a_clear_archive_error(tmp_path):
     # given
     fake = tmp_path / "kagglecatsanddogs.zip"
@@ -457,6 +478,7 @@ def _gone_or_replaced(path: Path):
     return check
 
 
+@pytest.mark.slow
 def test_given_prepare_is_killed_at_any_moment_then_no_half_split_is_taken_as_finished(tmp_path):
     # given: a data folder, and prepares killed with SIGKILL at points spread over their run
     data = tmp_path / "data"

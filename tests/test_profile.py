@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from catsdogs import figures
-from catsdogs import profile as prof
 from catsdogs.cli import cli
-from catsdogs.figures import (
+from catsdogs.measure import figures
+from catsdogs.measure import profile as prof
+from catsdogs.measure.figures import (
     THESIS_BATCH_SIZES,
     THESIS_GPU_MEMORY_MB,
     THESIS_GPU_USAGE_PERCENT,
     THESIS_LABEL,
     make_figure,
 )
-from catsdogs.profile import PROFILE_COLUMNS, read_table
+from catsdogs.measure.profile import PROFILE_COLUMNS, read_table
 
 SIZE = 64
 BATCHES = (2, 64)  # 64 is more than the 48 training images: batches repeat them
@@ -36,7 +36,7 @@ def profiled(data_dir, tmp_path_factory):
     """When: profiling batch sizes 2 and 64, 1 warm-up and 2 timed steps each."""
     out = tmp_path_factory.mktemp("out")
     lines: list[str] = []
-    rows = prof.profile("p", BATCHES, data_dir, out, steps=2, warmup=1, log=lines.append)
+    rows = prof.profile("p", BATCHES, data_dir, out, steps=2, warmup=1, peak_seconds=0.2, log=lines.append)
     return {"rows": rows, "out": out, "lines": lines}
 
 
@@ -45,6 +45,7 @@ def by_label(lines, label):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("profiled")
 def test_profile_writes_one_csv_row_per_batch_size_with_every_measure(profiled):
     with open(profiled["out"] / "p" / "profile.csv") as f:
         reader = csv.DictReader(f)
@@ -72,6 +73,7 @@ def test_profile_writes_one_csv_row_per_batch_size_with_every_measure(profiled):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("profiled")
 def test_profile_reports_one_line_per_batch_size_and_writes_three_figures(profiled):
     per_size = [ln for ln in profiled["lines"] if ln.startswith("batch size")]
     assert len(per_size) == len(BATCHES)
@@ -84,6 +86,7 @@ def test_profile_reports_one_line_per_batch_size_and_writes_three_figures(profil
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("profiled")
 def test_the_figures_draw_the_table_and_the_thesis_reference(profiled):
     rows = profiled["rows"]
     fig, art = make_figure("throughput", rows)
@@ -149,18 +152,24 @@ def test_a_reference_in_other_units_goes_on_a_secondary_axis():
 @pytest.mark.slow
 def test_out_of_memory_under_a_cap_is_a_recorded_outcome(data_dir, tmp_path):
     lines: list[str] = []
-    rows = prof.profile("capped", [4], data_dir, tmp_path, steps=1, warmup=0, measure_peak=False,
-                        memory_cap_bytes=200 * 2**20, log=lines.append)  # below the runtime's own size
+    # when two batch sizes are profiled under a cap below the runtime's own size (CPU: resident set)
+    rows = prof.profile("capped", [4, 8], data_dir, tmp_path, steps=1, warmup=0, measure_peak=False,
+                        memory_cap_bytes=200 * 2**20, log=lines.append)
     if rows[0]["memory_kind"] == "gpu":
         pytest.skip("a 200 MiB cap on the CPU's resident set only")
-    assert rows[0]["status"] == "oom" and "200 MiB cap" in rows[0]["error"]
-    assert rows[0]["peak_memory_mb"] > 200
-    assert read_table(tmp_path / "capped" / "profile.csv")[0]["status"] == "oom"
+    # then each is out of memory, with its peak and the cap it went over, in the table and the log
+    assert [r["batch_size"] for r in rows] == [4, 8]
+    for row in rows:
+        assert row["status"] == "oom" and "200 MiB cap" in row["error"], row
+        assert row["peak_memory_mb"] > 200 and row["memory_cap_mb"] == 200
+        assert (row["optimizer"], row["precision"], row["image_size"]) == ("adam", "float32", SIZE)
+    assert [r["status"] for r in read_table(tmp_path / "capped" / "profile.csv")] == ["oom", "oom"]
     assert any(ln.startswith("batch size     4: oom") for ln in lines)
+    assert any(ln.startswith("batch size     8: oom") for ln in lines)
 
 
 def test_impossible_settings_are_refused_before_any_probe(data_dir, tmp_path):
-    for kwargs, message in [({"batch_sizes": [0]}, "batch sizes must be >= 1"),
+    for kwargs, message in [({"batch_sizes": [0]}, "batch size must be at least 1"),
                             ({"batch_sizes": []}, "at least one batch size"),
                             ({"optimizer": "adamw"}, "unknown optimizer"),
                             ({"precision": "fp8"}, "unknown precision"),
@@ -173,14 +182,11 @@ def test_impossible_settings_are_refused_before_any_probe(data_dir, tmp_path):
 
 # --- the command ------------------------------------------------------------------------------------
 
-wired = pytest.mark.skipif("profile" not in cli.commands, reason="profile is not in catsdogs.cli yet")
 
-
-@wired
 @pytest.mark.parametrize("args, message", [
-    (["--batch-size", "0"], "batch sizes must be >= 1"),
-    (["--batch-size", "4", "-8"], "batch sizes must be >= 1"),
-    (["--steps", "0"], "steps must be >= 1"),
+    (["--batch-size", "0"], "Invalid value for '--batch-size': batch size must be at least 1"),
+    (["--batch-size", "4", "-8"], "batch size must be at least 1, got -8"),
+    (["--steps", "0"], "Invalid value for '--steps': steps must be >= 1"),
     (["--memory-limit", "lots"], "not a memory size"),
     (["--precision", "fp8"], "--precision"),
 ])
@@ -191,11 +197,10 @@ def test_bad_profile_options_are_one_line_usage_errors(data_dir, tmp_path, args,
     assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0]
 
 
-@wired
-@pytest.mark.slow
-def test_the_profile_command_takes_variadic_batch_sizes(data_dir, tmp_path):
-    result = CliRunner().invoke(cli, ["profile", "--batch-size", "4", "8", "--memory-limit", "200MiB",
-                                      "--steps", "1", "--data-dir", str(data_dir), "--out", str(tmp_path),
-                                      "--name", "cli"])
-    assert result.exit_code == 0, result.output
-    assert [r["batch_size"] for r in read_table(tmp_path / "cli" / "profile.csv")] == [4, 8]
+def test_the_profile_command_takes_variadic_batch_sizes():
+    # given the batch sizes written after one --batch-size, and a cap with its unit
+    command = cli.commands["profile"]
+    ctx = command.make_context("profile", ["--batch-size", "4", "8", "--memory-limit", "200MiB", "--steps", "1"])
+    # then the command has them as several values, the cap in bytes
+    assert ctx.params["batch_size"] == (4, 8) and ctx.params["memory_limit"] == 200 * 2**20
+    assert ctx.params["steps"] == 1

@@ -1,4 +1,4 @@
-"""The Ray backend: a sweep's trials as Ray tasks on a local Ray, results in the same store.
+"""The Ray runner: a sweep's trials on Ray actors on a local Ray, results in the same store.
 
 Skipped where Ray is not installed (`pip install 'catsdogs[ray]'`). One local Ray serves the
 whole module (started by the first sweep, about 10 s), and is shut down at its end.
@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one local Ray, in one test process
 
 from click.testing import CliRunner  # noqa: E402
 
-from catsdogs import ray_backend  # noqa: E402
 from catsdogs.cli import cli  # noqa: E402
-from catsdogs.schema import TrialConfig  # noqa: E402
+from catsdogs.schema import Status, TrialConfig  # noqa: E402
 from catsdogs.store import Store  # noqa: E402
+from catsdogs.training import ray_runner  # noqa: E402
 
 SIZE = 32
 
@@ -47,7 +48,7 @@ def data_dir(prepared_data) -> Path:
 
 
 def ray_sweep(data_dir, out, name, *extra):
-    return ["sweep", "--backend", "ray", "--data-dir", str(data_dir), "--out", str(out), "--name", name,
+    return ["sweep", "--runner", "ray", "--data-dir", str(data_dir), "--out", str(out), "--name", name,
             "--opt", "adam", "--epochs", "1", "--seeds", "1", *extra]
 
 
@@ -64,15 +65,15 @@ def by_batch_size(out: Path, name: str) -> dict[int, dict]:
 # --- without a cluster ------------------------------------------------------------------------
 
 
-def test_without_ray_the_backend_is_a_one_line_error(data_dir, tmp_path, monkeypatch):
+def test_without_ray_the_runner_is_a_one_line_error(data_dir, tmp_path, monkeypatch):
     # given Ray cannot be imported
     monkeypatch.setitem(sys.modules, "ray", None)
-    # when a sweep asks for the ray backend
+    # when a sweep asks for the ray runner
     result = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "n", "--batch-size", "8"))
     # then one line says how to install it, and nothing ran
     assert result.exit_code == 1
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert lines == ["Error: --backend ray needs Ray, which is not installed; "
+    assert lines == ["Error: --runner ray needs Ray, which is not installed; "
                      "install the extra: pip install 'catsdogs[ray]'"]
     assert not (tmp_path / "results.sqlite").exists()
 
@@ -80,45 +81,53 @@ def test_without_ray_the_backend_is_a_one_line_error(data_dir, tmp_path, monkeyp
 def test_how_ray_errors_become_records():
     ex = ray.exceptions
     # a lost worker, a dead node, a cancelled task: lost, to be run again
-    assert ray_backend.outcome_of_error(ex.WorkerCrashedError(), ray)["status"] == "lost"
-    assert ray_backend.outcome_of_error(ex.NodeDiedError("node 1.2.3.4 died"), ray)["status"] == "lost"
-    assert ray_backend.outcome_of_error(ex.TaskCancelledError(), ray)["status"] == "lost"
+    assert ray_runner.outcome_of_error(ex.WorkerCrashedError(), ray).status == Status.LOST
+    assert ray_runner.outcome_of_error(ex.NodeDiedError("node 1.2.3.4 died"), ray).status == Status.LOST
+    assert ray_runner.outcome_of_error(ex.TaskCancelledError(), ray).status == Status.LOST
     # killed by Ray's memory monitor: out of memory, as a killed child process is locally
-    assert ray_backend.outcome_of_error(ex.OutOfMemoryError("memory used 96%"), ray)["status"] == "oom"
+    assert ray_runner.outcome_of_error(ex.OutOfMemoryError("memory used 96%"), ray).status == Status.OOM
     # the task's code raised (outside the trial's own guard): failed, with the error
-    failed = ray_backend.outcome_of_error(ex.RayTaskError("f", "Traceback ...", ImportError("no catsdogs")), ray)
-    assert failed["status"] == "failed" and "ImportError: no catsdogs" in failed["error"]
+    failed = ray_runner.outcome_of_error(ex.RayTaskError("f", "Traceback ...", ImportError("no catsdogs")), ray)
+    assert failed.status == Status.FAILED and "ImportError: no catsdogs" in failed.error
     # a task error caused by a system failure: lost
     crashed = ex.RayTaskError("f", "Traceback ...", ex.WorkerCrashedError())
-    assert ray_backend.outcome_of_error(crashed, ray)["status"] == "lost"
+    assert ray_runner.outcome_of_error(crashed, ray).status == Status.LOST
 
 
 # --- on a local Ray -----------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_a_sweep_on_local_ray_records_every_trial_in_the_store(data_dir, tmp_path):
-    # when a 2-trial sweep runs on a local Ray on this machine's cores
-    result = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "r", "--batch-size", "8", "16"))
+def test_a_sweep_on_local_ray_records_every_trial_and_its_actors_keep_their_compiled_steps(data_dir, tmp_path):
+    # when a sweep of two batch sizes and two seeds runs on a local Ray on this machine's cores
+    args = ray_sweep(data_dir, tmp_path, "r", "--batch-size", "8", "16", "--seeds", "2")
+    result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    # then Ray ran them (as many at once as the cores allow) and the sweep recorded both
+    # then Ray ran them (as many at once as the cores allow) and the sweep recorded every one
     assert "Ray: 1 node(s)" in result.output
-    assert f"{max(1, os.cpu_count() or 1)} at a time" in result.output
+    workers = max(1, os.cpu_count() or 1)
+    assert f"{workers} at a time" in result.output
     table = csv_rows(tmp_path, "r")
-    assert len(table) == 2 and {r["status"] for r in table} == {"done"}
+    assert len(table) == 4 and {r["status"] for r in table} == {"done"}
     assert all(0 <= float(r["test_accuracy"]) <= 1 and int(r["steps"]) > 0 for r in table)
-    trials = by_batch_size(tmp_path, "r")
-    assert [trials[b]["attempts"] for b in (8, 16)] == [1, 1]
+    with Store(tmp_path / "results.sqlite") as store:
+        trials = {(t["batch_size"], t["seed"]): t for t in store.trials("r")}
+    assert [t["attempts"] for t in trials.values()] == [1] * 4
     assert all(t["history"] and t["env"]["tensorflow"] for t in trials.values())
+    # and the actors lived on: the first slot free for seed 1 claimed the shape its actor had
+    # compiled, and reused it
+    assert not any(trials[(b, 0)]["step_reused"] for b in (8, 16))
+    assert sum(bool(trials[(b, 1)]["step_reused"]) for b in (8, 16)) >= 1
     # when the same command runs again, then nothing is trained again
-    again = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "r", "--batch-size", "8", "16"))
-    assert again.exit_code == 0 and "2 of 2 trials already finished" in again.output
-    assert [by_batch_size(tmp_path, "r")[b]["attempts"] for b in (8, 16)] == [1, 1]
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 0 and "4 of 4 trials already finished" in again.output
+    with Store(tmp_path / "results.sqlite") as store:
+        assert [t["attempts"] for t in store.trials("r")] == [1] * 4
 
 
 @pytest.mark.slow
 def test_a_lost_worker_never_leaves_a_half_result(data_dir, tmp_path, monkeypatch):
-    real = ray_backend._run_in_worker
+    real = ray_runner._run_in_worker
     attempts = tmp_path / "attempts"
     attempts.mkdir()
 
@@ -126,14 +135,14 @@ def test_a_lost_worker_never_leaves_a_half_result(data_dir, tmp_path, monkeypatc
     # attempt only, the bs=16 trial's every attempt (a node that keeps dying). Defined here, it
     # travels to the actors by value; the attempt files are all that the test shares with them.
     def dies(task):
-        log = attempts / f"bs{task['config']['batch_size']}"
+        log = attempts / f"bs{task.config.batch_size}"
         with open(log, "a") as f:
             f.write("attempt\n")
-        if task["config"]["batch_size"] == 16 or len(log.read_text().splitlines()) == 1:
+        if task.config.batch_size == 16 or len(log.read_text().splitlines()) == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         return real(task)
 
-    monkeypatch.setattr(ray_backend, "_run_in_worker", dies)
+    monkeypatch.setattr(ray_runner, "_run_in_worker", dies)
     # when the sweep runs
     result = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "lost", "--batch-size", "8", "16"))
     # then the slot ran the bs=8 trial again on a new actor, and it is done, once, in the store
@@ -142,14 +151,14 @@ def test_a_lost_worker_never_leaves_a_half_result(data_dir, tmp_path, monkeypatc
     assert (attempts / "bs8").read_text().count("attempt") == 2
     assert trials[8]["status"] == "done" and trials[8]["attempts"] == 1
     # and the bs=16 trial, lost after every retry, is pending again with no result at all
-    assert (attempts / "bs16").read_text().count("attempt") == 1 + ray_backend.MAX_RETRIES
+    assert (attempts / "bs16").read_text().count("attempt") == 1 + ray_runner.MAX_RETRIES
     assert "lost: ActorDiedError" in result.output and "left pending" in result.output
     lost = trials[16]
     assert lost["status"] == "pending" and lost["attempts"] == 0
     assert lost["test_accuracy"] is None and lost["history"] is None and lost["finished_at"] is None
 
     # when the same command runs again with workers that live
-    monkeypatch.setattr(ray_backend, "_run_in_worker", real)
+    monkeypatch.setattr(ray_runner, "_run_in_worker", real)
     again = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "lost", "--batch-size", "8", "16"))
     # then only the lost trial runs, and now every trial is done
     assert again.exit_code == 0, again.output
@@ -161,33 +170,28 @@ def test_a_lost_worker_never_leaves_a_half_result(data_dir, tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-def test_a_stopped_trial_comes_back_lost(data_dir, monkeypatch):
-    # given a trial that would run for a long time
+def test_a_stopped_trial_comes_back_lost(data_dir, tmp_path, monkeypatch):
+    started = tmp_path / "started"
+
+    # given a trial that would run for a long time, and says when it has begun
     def sleeps(task):
         import time
 
+        started.write_text("running")
         time.sleep(120)
 
-    monkeypatch.setattr(ray_backend, "_run_in_worker", sleeps)
-    make_slot, concurrency = ray_backend.make_slots(log=lambda *_: None)
+    monkeypatch.setattr(ray_runner, "_run_in_worker", sleeps)
+    make_slot, concurrency = ray_runner.make_slots(log=lambda *_: None)
     assert concurrency >= 1
     slot = make_slot(0, 1)
-    # when the sweep stops it (Ctrl-C), which kills its actor
-    threading.Timer(5, slot.stop).start()
+
+    def stop_once_running():
+        while not started.exists():
+            threading.Event().wait(0.1)
+        slot.stop()
+
+    # when the sweep stops it (Ctrl-C) while it runs, which kills its actor
+    threading.Thread(target=stop_once_running, daemon=True).start()
     record = slot.run(TrialConfig("adam", 8, "standard", 0, epochs=1, image_size=SIZE), data_dir)
     # then the slot returns at once, the trial lost (given back), never a result
-    assert record["status"] == "lost" and "Actor" in record["error"]
-
-
-def test_a_slot_keeps_its_actor_between_trials_and_reuses_the_compiled_step(data_dir):
-    make_slot, _ = ray_backend.make_slots(log=lambda *_: None)
-    slot = make_slot(0, 1)
-    try:
-        # when one slot runs two seeds of one configuration
-        records = [slot.run(TrialConfig("adam", 8, "standard", seed, epochs=1, image_size=SIZE), data_dir)
-                   for seed in (0, 1)]
-    finally:
-        slot.close()
-    # then the second reused the first one's compiled step, in the same actor process
-    assert [r["status"] for r in records] == ["done", "done"]
-    assert [r["step_reused"] for r in records] == [False, True]
+    assert record.status == Status.LOST and "Actor" in record.error

@@ -1,19 +1,22 @@
-"""The report: figures and tables of a sweep, from a results store built by hand (no training)."""
+"""The report: figures and tables of a sweep, from a results store built by hand (no training):
+loading (rows), cells and figures (tables), drawing (plots), files (report)."""
 
 from __future__ import annotations
 
 import csv
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from catsdogs import report as rp
+from catsdogs import stats
+from catsdogs.analysis import plots, tables
+from catsdogs.analysis import report as rp
+from catsdogs.analysis.rows import load_trials
 from catsdogs.errors import CatsdogsError
+from catsdogs.messages import TrialRecord
 from catsdogs.store import Store
 
 T_975_DF2 = 4.303  # Student t, 0.975 quantile, 2 degrees of freedom (any statistics table)
@@ -40,7 +43,7 @@ def build_store(out: Path, name: str, outcomes: list[tuple[dict, str, float | No
             if status == "running":
                 continue
             error = "ResourceExhaustedError: OOM when allocating tensor" if status == "oom" else None
-            assert store.finish(key, {"status": status, "test_accuracy": acc, "error": error})
+            assert store.finish(key, TrialRecord(status=status, test_accuracy=acc, error=error))
     return path
 
 
@@ -78,14 +81,14 @@ def test_given_known_degrees_of_freedom_when_t_quantile_then_matches_the_tables(
     table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 9: 2.262, 29: 2.045, 30: 2.042, 120: 1.980}
     # when / then
     for df, expected in table.items():
-        assert rp.t_quantile(0.975, df) == pytest.approx(expected, abs=1e-3)
-    assert rp.t_quantile(0.975, 10**6) == pytest.approx(1.95996, abs=1e-4)
+        assert stats.t_quantile(0.975, df) == pytest.approx(expected, abs=1e-3)
+    assert stats.t_quantile(0.975, 10**6) == pytest.approx(1.95996, abs=1e-4)
 
 
 def test_given_three_values_when_mean_ci_then_it_is_the_hand_computed_student_interval():
     # given: 0.6, 0.7, 0.8: mean 0.7, sd 0.1
     # when
-    s = rp.mean_ci([0.6, 0.7, 0.8])
+    s = stats.mean_ci([0.6, 0.7, 0.8])
     # then: half-width t_{0.975,2} * sd / sqrt(3)
     half = T_975_DF2 * 0.1 / math.sqrt(3)
     assert s["mean"] == pytest.approx(0.7)
@@ -95,7 +98,7 @@ def test_given_three_values_when_mean_ci_then_it_is_the_hand_computed_student_in
 
 
 def test_given_one_value_when_mean_ci_then_there_is_a_mean_and_no_interval():
-    s = rp.mean_ci([0.55])
+    s = stats.mean_ci([0.55])
     assert s["mean"] == 0.55 and s["ci_low"] is None and s["ci_high"] is None and s["sd"] is None
 
 
@@ -114,21 +117,14 @@ def test_given_no_store_when_report_then_catsdogs_error_and_no_store_created(tmp
     assert not (tmp_path / "empty" / "results.sqlite").exists()
 
 
-def test_given_the_report_module_when_imported_then_no_tensorflow_keras_or_trainer():
-    code = ("import sys, catsdogs.report; "
-            "print(sorted(m for m in ('tensorflow', 'keras', 'catsdogs.engine', 'catsdogs.sweep', 'catsdogs.backends.tensorflow') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-
-
 # --- tables -------------------------------------------------------------------------------------
 
 
 def test_given_the_article_sweep_when_summarized_then_cells_have_the_right_statistics(article_sweep):
     # given
-    trials = rp.load_trials(article_sweep / "results.sqlite", "article")
+    trials = load_trials(article_sweep / "results.sqlite", "article")
     # when
-    summary = rp.summarize(trials)
+    summary = tables.summarize(trials)
     # then: the two article figures, no protocol figures
     assert [t["name"] for t in summary["figures"]] == ["optimizers", "augmentation"]
     opt = rows_of(summary, "optimizers")
@@ -186,9 +182,9 @@ def test_given_the_article_sweep_when_report_then_every_file_is_written(article_
 
 def test_given_the_optimizers_table_when_drawn_then_series_points_intervals_and_labels_are_right(article_sweep):
     # given
-    table = rp.summarize(rp.load_trials(article_sweep / "results.sqlite", "article"))["figures"][0]
+    table = tables.summarize(load_trials(article_sweep / "results.sqlite", "article"))["figures"][0]
     # when
-    fig, art = rp.make_figure(table, note="synthetic data")
+    fig, art = plots.make_figure(table, note="synthetic data")
     ax = fig.axes[0]
     # then: x is log2 with the batch sizes as tick labels
     assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
@@ -216,7 +212,7 @@ def test_given_the_optimizers_table_when_drawn_then_series_points_intervals_and_
     assert "1 oom" in [t.get_text() for t in ax.texts]
     # the article's points: stars labelled as single runs, at 62% (SGD 16) and 67% (Adam 64)
     stars = art["article"]
-    assert stars.get_label() == rp.ARTICLE_LABEL == "article (single run)"
+    assert stars.get_label() == plots.ARTICLE_LABEL == "article (single run)"
     assert sorted(stars.get_offsets()[:, 1]) == [pytest.approx(62.0), pytest.approx(67.0)]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend[:2] == ["SGD", "Adam"] and "article (single run)" in legend
@@ -231,14 +227,14 @@ def test_given_the_optimizers_table_when_drawn_then_series_points_intervals_and_
 
 def test_given_rows_when_plot_accuracy_on_any_axis_then_it_draws_there():
     # given: two cells of one series, built by hand
-    rows = rp.cells([
+    rows = tables.cells([
         {"key": k, "status": "done", "test_accuracy": a, "optimizer": "adam", "dataset": "standard",
          "batch_size": bs, "seed": s, "config": {}}
         for k, (bs, s, a) in enumerate([(32, 0, 0.6), (32, 1, 0.7), (32, 2, 0.8), (128, 0, 0.5)])
-    ], series_of=lambda t: "Adam")
+    ], series_of=lambda t: ((), "Adam"))
     ax = Figure().add_subplot()
     # when
-    art = rp.plot_accuracy(ax, rows)
+    art = plots.plot_accuracy(ax, {"rows": rows})
     # then
     assert np.allclose(art["Adam"]["mean"].get_ydata(), [70.0, 50.0])
     assert [t.get_text() for t in ax.get_xticklabels()] == ["32", "128"]
@@ -266,15 +262,16 @@ def protocol_sweep(tmp_path: Path) -> Path:
 
 def test_given_protocol_variants_when_summarized_then_only_the_article_protocol_is_in_its_figures(protocol_sweep):
     # when
-    summary = rp.summarize(rp.load_trials(protocol_sweep / "results.sqlite", "beyond"))
+    summary = tables.summarize(load_trials(protocol_sweep / "results.sqlite", "beyond"))
     # then: no augmented data, so no augmentation figure; the variants get their own figures
     assert [t["name"] for t in summary["figures"]] == ["optimizers", "protocols", "accumulation"]
     opt = rows_of(summary, "optimizers")
     assert [(r["series"], r["x"], r["n_done"]) for r in opt] == [("Adam", 32, 2), ("Adam", 256, 2)]
     assert [r["mean"] for r in opt] == [pytest.approx(0.65), pytest.approx(0.55)]
     prot = next(t for t in summary["figures"] if t["name"] == "protocols")
+    # in the order of their data: the article's protocol, then by option (lr scaling, then budget)
     assert prot["series"] == ["article protocol", "equal updates (steps budget)",
-                              "linear lr + equal updates", "linear lr scaling"]
+                              "linear lr scaling", "linear lr + equal updates"]
     assert row(prot["rows"], "linear lr scaling", 256)["mean"] == pytest.approx(0.66)
     assert "Adam, standard data" in prot["title"]
     # accumulation: x is the effective batch size; 32 x 8 sits at 256 next to plain 256
@@ -288,19 +285,19 @@ def test_given_protocol_variants_when_summarized_then_only_the_article_protocol_
 def test_given_protocol_variants_when_report_then_protocols_figure_has_one_series_each(protocol_sweep):
     # when
     paths = rp.report("beyond", protocol_sweep, log=lambda _: None)
-    summary = rp.summarize(rp.load_trials(protocol_sweep / "results.sqlite", "beyond"))
-    fig, art = rp.make_figure(next(t for t in summary["figures"] if t["name"] == "protocols"))
+    summary = tables.summarize(load_trials(protocol_sweep / "results.sqlite", "beyond"))
+    fig, art = plots.make_figure(next(t for t in summary["figures"] if t["name"] == "protocols"))
     # then
     assert set(paths["figures"]) == {"optimizers", "protocols", "accumulation"}
     assert paths["figures"]["accumulation"]["svg"].exists()
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert legend[:4] == ["article protocol", "equal updates (steps budget)",
-                          "linear lr + equal updates", "linear lr scaling"]
+                          "linear lr scaling", "linear lr + equal updates"]
     # side by side: each series shifted to its own x near the batch size
     xs = [art[s]["mean"].get_xdata()[0] for s in legend[:4]]
     assert xs == sorted(xs) and len(set(xs)) == 4 and all(abs(math.log2(x) - 5) < 0.3 for x in xs)
     # accumulation: the accumulated cell says which batch and steps make its effective batch
-    acc_fig, _ = rp.make_figure(next(t for t in summary["figures"] if t["name"] == "accumulation"))
+    acc_fig, _ = plots.make_figure(next(t for t in summary["figures"] if t["name"] == "accumulation"))
     assert "32×8" in [t.get_text() for t in acc_fig.axes[0].texts]
     assert acc_fig.axes[0].get_xlabel().startswith("effective batch size")
     with open(paths["summary_csv"]) as f:
@@ -328,12 +325,12 @@ def test_given_one_backend_the_subtitle_names_it_and_given_two_each_series_does(
     build_store(tmp_path / "one", "one", jax_only)
     build_store(tmp_path / "two", "two", jax_only + tf)
     # when each is summarized and drawn
-    one = next(t for t in rp.summarize(rp.load_trials(tmp_path / "one" / "results.sqlite", "one"))["figures"]
+    one = next(t for t in tables.summarize(load_trials(tmp_path / "one" / "results.sqlite", "one"))["figures"]
                if t["name"] == "optimizers")
-    two = next(t for t in rp.summarize(rp.load_trials(tmp_path / "two" / "results.sqlite", "two"))["figures"]
+    two = next(t for t in tables.summarize(load_trials(tmp_path / "two" / "results.sqlite", "two"))["figures"]
                if t["name"] == "optimizers")
     # then one backend is named once, in the subtitle; two are named per series, not in the subtitle
     assert one["setting"] == "5 epochs, 200 px, Keras on JAX" and one["series"] == ["Adam"]
     assert "Keras on" not in two["setting"] and sorted(two["series"]) == ["Adam, JAX", "Adam, TensorFlow"]
-    fig, _ = rp.make_figure(one)
+    fig, _ = plots.make_figure(one)
     assert "Keras on JAX" in fig.axes[0].get_title(loc="left")

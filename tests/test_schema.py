@@ -1,20 +1,23 @@
-"""One trial schema: the CLI's options, the store's columns, the report's defaults and a plan's
-grid keys all come from catsdogs.schema, and a store written by the old engine still reads."""
+"""One vocabulary and one trial schema: the CLI's options, the store's columns, the report's article
+protocol and a plan's grid keys all come from catsdogs.schema; every status is one enum member; a
+store written by the old engine still reads."""
 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
-import subprocess
-import sys
 from dataclasses import fields
 
 import pytest
 from click.testing import CliRunner
 
-from catsdogs import plans, report, schema
+from catsdogs import plans, schema
+from catsdogs.analysis import report
+from catsdogs.analysis.rows import ARTICLE_PROTOCOL, is_article_protocol
 from catsdogs.cli import cli, sweep
-from catsdogs.schema import PROTOCOL_FIELDS, TrialConfig
+from catsdogs.errors import SettingError
+from catsdogs.schema import PROTOCOL_FIELDS, Status, TrialConfig
 from catsdogs.store import CSV_COLUMNS, Store
 
 
@@ -41,21 +44,74 @@ def test_every_field_is_a_store_column_and_every_protocol_field_a_csv_column(tmp
     assert set(PROTOCOL_FIELDS) <= set(CSV_COLUMNS)
 
 
-def test_the_report_and_a_plans_grid_use_the_schemas_protocol_and_defaults():
-    assert report.PROTOCOL_DEFAULTS == schema.protocol_defaults()
-    assert tuple(report.PROTOCOL_DEFAULTS) == PROTOCOL_FIELDS
-    assert set(report.ARTICLE_PROTOCOL) <= set(PROTOCOL_FIELDS)
-    assert set(PROTOCOL_FIELDS) <= set(plans.GRID_KEYS)
+def test_the_article_protocol_is_every_protocol_option_at_its_default():
+    # given the article's protocol as the article states it (docs/protocol.md): Keras's default
+    # learning rate, unscaled, no warm-up, n // batch size updates per epoch, no accumulation,
+    # float32 on one device
+    stated = {"lr": None, "lr_scaling": "none", "warmup_epochs": 0.0, "budget": "epochs", "accumulate": 1,
+              "precision": "float32", "strategy": "none"}
+    # then the report's article protocol, derived from the schema, is exactly it
+    assert ARTICLE_PROTOCOL == stated
+    # and a trial is the article's exactly when no protocol option moves from its default
+    assert is_article_protocol({"config": {}})
+    assert is_article_protocol({"config": {"base_batch_size": 64}})  # scales nothing under it
+    for name, value in (("lr", 0.01), ("lr_scaling", "linear"), ("warmup_epochs", 1.0), ("budget", "steps"),
+                        ("accumulate", 2), ("precision", "mixed_bfloat16"), ("strategy", "mirrored")):
+        assert not is_article_protocol({"config": {name: value}}), name
 
 
-def test_one_vocabulary_of_statuses():
-    # the store accepts exactly the schema's statuses
-    from catsdogs import findbs, store
+def test_every_protocol_field_is_a_key_a_plans_grid_may_vary(tmp_path):
+    # given a plan whose grid sets every protocol field to a value of its own
+    values = {"lr": 0.002, "lr_scaling": "sqrt", "base_batch_size": 16, "warmup_epochs": 0.5, "budget": "steps",
+              "accumulate": 2, "precision": "mixed_float16", "strategy": "mirrored"}
+    assert set(values) == set(PROTOCOL_FIELDS)
+    path = tmp_path / "p.toml"
+    path.write_text('[grids.g]\nopt = "adam"\nbatch_size = 8\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
+    # when its trials are made, then each trial carries them
+    (trial,) = plans.configs(plans.load(str(path)), 1, image_size=32, fingerprints={"standard": "f"}, backend="jax")
+    assert {k: getattr(trial, k) for k in values} == values
 
-    assert store.STATUSES == tuple(schema.STATUSES)
-    assert set(schema.FINISHED) <= set(schema.STATUSES) and schema.LOST not in schema.STATUSES
-    # a probe that fits is done, as a trial that finished is
-    assert findbs.FITS == "done"
+
+def test_statuses_are_one_enum_of_strings_with_their_meanings():
+    # every status prints, formats and compares as the string the store holds
+    for status in Status:
+        assert str(status) == f"{status}" == status.value and status == status.value
+        assert {status.value: 1}[status] == 1  # one dictionary key
+        assert status.meaning
+    # the store accepts exactly the statuses a row may have; lost is not one, and says so
+    assert Status.LOST not in schema.STORED and "never a stored status" in Status.LOST.meaning
+    assert set(schema.FINISHED) <= set(schema.STORED) and set(schema.UNFINISHED) <= set(schema.STORED)
+
+
+def test_the_store_refuses_a_status_that_is_not_a_rows(tmp_path):
+    with Store(tmp_path / "results.sqlite") as store:
+        (key,) = store.register_sweep("s", {}, [{"optimizer": "adam", "batch_size": 8, "dataset": "standard",
+                                                 "seed": 0}])
+        with pytest.raises(sqlite3.IntegrityError):
+            store.db.execute("UPDATE trials SET status=? WHERE key=?", (Status.LOST, key))
+
+
+@pytest.mark.parametrize("rule, value, key", [
+    (schema.check_run_name, "../up", "name"), (schema.check_sha256, "abc", "sha256"),
+    (schema.parse_split, "600,200", "split"), (schema.parse_split, "a,b,c", "split"),
+])
+def test_each_rule_raises_a_setting_error_naming_its_key(rule, value, key):
+    with pytest.raises(SettingError) as e:
+        rule(value)
+    assert e.value.key == key and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("target, most, seeds, key, message", [
+    (None, 5, 3, "max_seeds", "give target_ci (--target-ci) too"),
+    (0, None, 3, "target_ci", "must be a positive number of points, got 0"),
+    (-1.5, None, 3, "target_ci", "got -1.5"),
+    (5, 2, 3, "max_seeds", "2 is below the 3 seeds every cell starts with"),
+])
+def test_adaptive_seeds_are_checked_once_for_plans_and_options(target, most, seeds, key, message):
+    with pytest.raises(SettingError, match=re.escape(message)) as e:
+        schema.check_adaptive(target, most, seeds)
+    assert e.value.key == key
+    schema.check_adaptive(5, 8, 3)  # and a good setting passes
 
 
 def test_a_bad_protocol_value_is_a_one_line_usage_error(tmp_path):
@@ -65,11 +121,13 @@ def test_a_bad_protocol_value_is_a_one_line_usage_error(tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_the_schema_imports_no_framework():
-    code = ("import sys, catsdogs.schema, catsdogs.store, catsdogs.worker, catsdogs.sweep; "
-            "print(sorted(m for m in ('tensorflow', 'keras', 'jax') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+def test_linear_scaling_is_one_rule_for_trials_and_the_recommendation():
+    from catsdogs.measure.find_batch_size import linear_scaled_lr
+
+    # the recommendation's learning rate is the one a trial with --lr-scaling linear trains with
+    for opt, bs in (("adam", 256), ("sgd", 8)):
+        trial = TrialConfig(opt, bs, "standard", 0, lr_scaling="linear")
+        assert linear_scaled_lr(opt, bs) == schema.learning_rate(trial) == schema.DEFAULT_LR[opt] * bs / 32
 
 
 # --- a store written by catsdogs 0.2.0, the engine of one process per trial -----------------------

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from catsdogs.cli import cli
-from catsdogs.schema import TrialConfig, learning_rate, plan_steps
+from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.store import CSV_COLUMNS, Store
 
 SIZE = 32
@@ -51,28 +51,30 @@ def test_article_model_has_40961153_parameters_at_200px():
     assert model.output_shape == (None, 1)
 
 
+@pytest.mark.slow
 def test_same_trial_twice_gives_the_same_test_accuracy(data_dir):
-    from catsdogs.engine import run_trial
+    from catsdogs.training.engine import run_trial
 
     # given one configuration, when it is trained twice in the same process
     cfg = TrialConfig("adam", 8, "standard", seed=3, epochs=2, image_size=SIZE)
     a, b = run_trial(cfg, data_dir), run_trial(cfg, data_dir)
     # then every number of the result is the same
-    assert a["test_accuracy"] == b["test_accuracy"]
-    assert a["test_loss"] == b["test_loss"]
-    assert [h["loss"] for h in a["history"]] == [h["loss"] for h in b["history"]]
+    assert a.test_accuracy == b.test_accuracy
+    assert a.test_loss == b.test_loss
+    assert [h["loss"] for h in a.history] == [h["loss"] for h in b.history]
     # and the article's protocol holds: 48 // 8 = 6 updates per epoch, all 16 test images
-    assert a["steps"] == 2 * 6 and a["n_test"] == 16 and a["n_validation"] == 16
-    assert {"loss", "accuracy", "val_loss", "val_accuracy", "seconds"} <= set(a["history"][0])
-    assert a["peak_memory_mb"] > 0 and a["env"]["tensorflow"] and a["env"]["device"]
+    assert a.steps == 2 * 6 and a.n_test == 16 and a.n_validation == 16
+    assert {"loss", "accuracy", "val_loss", "val_accuracy", "seconds"} <= set(a.history[0])
+    assert a.peak_memory_mb > 0 and a.env["tensorflow"] and a.env["device"]
 
 
+@pytest.mark.slow
 def test_different_seed_gives_a_different_trial(data_dir):
-    from catsdogs.engine import run_trial
+    from catsdogs.training.engine import run_trial
 
     a = run_trial(TrialConfig("sgd", 16, "standard", seed=0, epochs=1, image_size=SIZE), data_dir)
     b = run_trial(TrialConfig("sgd", 16, "standard", seed=1, epochs=1, image_size=SIZE), data_dir)
-    assert a["history"][0]["loss"] != b["history"][0]["loss"]
+    assert a.history[0]["loss"] != b.history[0]["loss"]
 
 
 def test_protocol_arithmetic():
@@ -90,57 +92,99 @@ def test_protocol_arithmetic():
 
 # --- the sweep ------------------------------------------------------------------------------
 
+GRID_PLAN = """seeds = 1
+epochs = 1
+[grids.grid]
+opt = ["adam", "sgd"]
+batch_size = [8, 16]
+[grids.too_large]  # more than the 48 training images: no full batch to train on
+opt = ["sgd"]
+batch_size = [64]
+"""
+
+
+@pytest.fixture(scope="module")
+def swept(data_dir, tmp_path_factory):
+    """When: `catsdogs sweep` runs a plan of Adam and SGD at batch sizes 8 and 16, and SGD at a
+    batch size larger than the training set, last (so one worker runs them all)."""
+    out = tmp_path_factory.mktemp("swept")
+    plan = out / "grid.toml"
+    plan.write_text(GRID_PLAN)
+    args = ["sweep", "--config", str(plan), "--data-dir", str(data_dir), "--out", str(out)]
+    return {"out": out, "args": args, "result": CliRunner().invoke(cli, args)}
+
 
 @pytest.mark.slow
-def test_sweep_of_2_optimizers_by_2_batch_sizes_gives_4_done_rows(data_dir, tmp_path):
-    # when a 2 x 2 sweep runs
-    result = CliRunner().invoke(cli, sweep_args(data_dir, tmp_path, "grid", "--opt", "adam", "sgd",
-                                                "--batch-size", "8", "16"))
-    assert result.exit_code == 0, result.output
-    # then the CSV has exactly 4 done rows, one per cell, with the promised columns
-    table = rows(tmp_path, "grid")
+@pytest.mark.xdist_group("swept")
+def test_sweep_of_2_optimizers_by_2_batch_sizes_gives_4_done_rows(swept):
+    out = swept["out"]
+    # then the CSV has a row per trial: the 4 cells done, with the promised columns
+    table = [r for r in rows(out, "grid") if r["batch_size"] != "64"]
     assert len(table) == 4 and {r["status"] for r in table} == {"done"}
     assert {(r["optimizer"], r["batch_size"]) for r in table} == {
         ("adam", "8"), ("adam", "16"), ("sgd", "8"), ("sgd", "16")}
-    assert list(table[0])[:12] == CSV_COLUMNS[:12]
+    assert list(table[0]) == CSV_COLUMNS
     assert all(0 <= float(r["test_accuracy"]) <= 1 and int(r["steps"]) > 0 for r in table)
     assert {r["backend"] for r in table} == {"tensorflow"}  # the default; on JAX: test_reproduce
-    assert (tmp_path / "grid" / "sweep.json").exists()
-
-    # when the same command runs again, then nothing is trained again
-    again = CliRunner().invoke(cli, sweep_args(data_dir, tmp_path, "grid", "--opt", "adam", "sgd",
-                                               "--batch-size", "8", "16"))
-    assert again.exit_code == 0 and "4 of 4 trials already finished" in again.output
-    assert "epoch 1/1" not in again.output
-    with Store(tmp_path / "results.sqlite") as store:
-        assert [t["attempts"] for t in store.trials("grid")] == [1, 1, 1, 1]
-
-    # when another sweep shares a trial, then the shared trial is not run again
-    other = CliRunner().invoke(cli, sweep_args(data_dir, tmp_path, "other", "--opt", "adam",
-                                               "--batch-size", "8", "--dataset", "standard", "augmented"))
-    assert other.exit_code == 0, other.output
-    assert other.output.count("epoch 1/1") == 1  # only the augmented trial trained
-    with Store(tmp_path / "results.sqlite") as store:
-        assert len(store.trials()) == 5 and len(store.trials("other")) == 2
+    assert (out / "grid" / "sweep.json").exists()
 
 
 @pytest.mark.slow
-def test_a_failing_trial_is_recorded_and_the_others_finish(data_dir, tmp_path):
-    # given a batch size larger than the 48 training images: no full batch to train on
-    result = CliRunner().invoke(cli, sweep_args(data_dir, tmp_path, "f", "--opt", "sgd",
-                                                "--batch-size", "64", "16"))
-    # then the sweep goes on, reports failure in its exit code, and records the error text
-    assert result.exit_code == 1
-    table = {r["batch_size"]: r for r in rows(tmp_path, "f")}
-    assert table["16"]["status"] == "done"
-    assert table["64"]["status"] == "failed" and "larger than the 48 training images" in table["64"]["error"]
-    with Store(tmp_path / "results.sqlite") as store:
-        failed = next(t for t in store.trials("f") if t["status"] == "failed")
+@pytest.mark.xdist_group("swept")
+def test_a_failing_trial_is_recorded_and_the_others_finish(swept):
+    # then the sweep went on, reported the failure in its exit code, and recorded the error text
+    assert swept["result"].exit_code == 1, swept["result"].output
+    assert "4 done, 1 failed, 0 out of memory, of 5" in swept["result"].output
+    table = {(r["optimizer"], r["batch_size"]): r for r in rows(swept["out"], "grid")}
+    assert table[("sgd", "64")]["status"] == "failed"
+    assert "larger than the 48 training images" in table[("sgd", "64")]["error"]
+    with Store(swept["out"] / "results.sqlite") as store:
+        failed = next(t for t in store.trials("grid") if t["status"] == Status.FAILED)
         assert "Traceback" in failed["error"]  # the full error text is kept in the store
 
 
 @pytest.mark.slow
-def test_a_sweep_killed_with_kill_9_resumes_without_repeating_finished_trials(keras_backend, data_dir, tmp_path):
+@pytest.mark.xdist_group("swept")
+def test_a_trial_records_validation_accuracy_and_its_models_collapse_diagnostics(swept):
+    with Store(swept["out"] / "results.sqlite") as store:
+        trial = next(t for t in store.trials("grid") if t["optimizer"] == "adam" and t["batch_size"] == 8)
+    row = next(r for r in rows(swept["out"], "grid") if r["optimizer"] == "adam" and r["batch_size"] == "8")
+    # then the validation accuracy is the last epoch's, and the collapse flag agrees with the dog share
+    assert float(row["val_accuracy"]) == pytest.approx(trial["history"][-1]["val_accuracy"])
+    assert trial["collapsed"] == int(trial["dog_share"] in (0.0, 1.0))
+    # the test accuracy and the dog share describe the same predictions: with 8 cats and 8 dogs,
+    # predicting every image Dog (or Cat) is exactly 50% accurate
+    if trial["collapsed"]:
+        assert trial["test_accuracy"] == pytest.approx(0.5)
+    for k in ("dead_units", "initial_dead_units", "dog_share", "initial_dog_share"):
+        assert 0 <= trial[k] <= 1, k
+    assert trial["initial_logit_abs"] > 0 and trial["logit_sd"] >= 0
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("swept")
+def test_the_same_sweep_again_resumes_and_a_shared_trial_runs_once(swept, data_dir):
+    out = swept["out"]
+    # when the same command runs again, then nothing is trained again (the failure stays failed)
+    again = CliRunner().invoke(cli, swept["args"])
+    assert again.exit_code == 1 and "5 of 5 trials already finished" in again.output
+    assert "epoch 1/1" not in again.output
+    with Store(out / "results.sqlite") as store:
+        assert [t["attempts"] for t in store.trials("grid")] == [1] * 5
+    # when another sweep shares a trial, then the shared trial is not run again
+    other = CliRunner().invoke(cli, sweep_args(data_dir, out, "other", "--opt", "adam", "--batch-size", "8",
+                                               "--dataset", "standard", "augmented"))
+    assert other.exit_code == 0, other.output
+    assert other.output.count("epoch 1/1") == 1  # only the augmented trial trained
+    with Store(out / "results.sqlite") as store:
+        assert len(store.trials()) == 6 and len(store.trials("other")) == 2
+
+
+# --- processes: kill -9 and Ctrl-C --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_with_kill_9_resumes_without_repeating_finished_trials(data_dir, tmp_path):
     cmd = [sys.executable, "-m", "catsdogs", *sweep_args(data_dir, tmp_path, "k", "--opt", "adam", "sgd",
                                                          "--batch-size", "8", "16")]
     db = tmp_path / "results.sqlite"
@@ -149,7 +193,7 @@ def test_a_sweep_killed_with_kill_9_resumes_without_repeating_finished_trials(ke
     deadline = time.time() + 240
     done_first = []
     while time.time() < deadline and not done_first:
-        time.sleep(0.5)
+        time.sleep(0.2)
         if db.exists():
             try:
                 done_first = _done_rows(db)
@@ -160,10 +204,17 @@ def test_a_sweep_killed_with_kill_9_resumes_without_repeating_finished_trials(ke
     proc.wait()
     assert done_first, "no trial finished in time"
     assert workers, "the sweep ran no worker process"
-    time.sleep(1)
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
     # then its worker processes died with it (PR_SET_PDEATHSIG): none runs on
-    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
-                and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
+    deadline = time.time() + 10
+    while any(alive(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in workers if alive(pid)]
     # when the same command runs again
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
     # then every trial is done, and those done before the kill were not run again
@@ -189,6 +240,29 @@ def _children(pid: int) -> list[int]:
 def _done_rows(db: Path) -> list[tuple]:
     with sqlite3.connect(db) as c:
         return c.execute("SELECT key, finished_at, attempts FROM trials WHERE status='done'").fetchall()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_and_gives_the_trial_back(data_dir, tmp_path):
+    cmd = [sys.executable, "-m", "catsdogs", *sweep_args(data_dir, tmp_path, "c", "--opt", "adam",
+                                                         "--batch-size", "8")]
+    # As from a terminal: SIGINT at its default, even where the suite itself was started in the
+    # background (a shell without job control starts background jobs with SIGINT ignored, and a
+    # Python started so ignores Ctrl-C for good)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    for line in proc.stdout:  # wait until the trial is running
+        if line.startswith("[1/1]"):
+            break
+    else:
+        pytest.fail("the sweep ended before its trial started")
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130
+    assert "run the same command again to resume" in out and "Traceback" not in out
+    with Store(tmp_path / "results.sqlite") as store:
+        assert [t["status"] for t in store.trials("c")] == ["pending"]
 
 
 # --- the command line -----------------------------------------------------------------------
@@ -238,16 +312,19 @@ def test_a_plan_runs_the_same_trials_with_sweep_as_with_reproduce(data_dir, tmp_
     # then sweep plans every trial of both its grids, each once, under the plan's name
     assert result.exit_code == 0, result.output
     keys = [line.split()[0] for line in result.output.splitlines()[:-1]]
-    assert keys == [t.key() for t in trials(load("quick"), data_dir)] and len(keys) == 24
+    assert keys == [t.key() for t in trials(load("quick"), data_dir, "tensorflow")] and len(keys) == 24
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--opt", "adamw"], "unknown optimizer 'adamw'"),
-    (["--dataset", "cats"], "unknown dataset 'cats'"),
-    (["--batch-size", "0"], "batch sizes must be whole numbers >= 1"),
+    (["--opt", "adamw"], "Invalid value for '--opt': unknown optimizer 'adamw'"),
+    (["--dataset", "cats"], "Invalid value for '--dataset': unknown dataset 'cats'"),
+    (["--batch-size", "0"], "Invalid value for '--batch-size': batch sizes must be whole numbers >= 1"),
     (["--batch-size", "16", "-4"], "batch sizes must be whole numbers >= 1"),
     (["--precision", "fp8"], "Invalid value for '--precision'"),
     (["--workers", "0"], "Invalid value for '--workers': 0 is not in the range x>=1"),
+    (["--workers", "2", "--strategy", "mirrored"], "Invalid value for '--workers': --strategy mirrored uses "
+                                                    "every GPU for one trial"),
+    (["--name", "../up"], "Invalid value for '--name': '../up': use letters"),
 ])
 def test_bad_sweep_options_are_one_line_usage_errors(data_dir, tmp_path, args, message):
     result = CliRunner().invoke(cli, ["sweep", "--data-dir", str(data_dir), "--out", str(tmp_path), *args])
@@ -271,24 +348,17 @@ def test_a_bad_config_key_is_a_usage_error(data_dir, tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
-@pytest.mark.slow
-def test_ctrl_c_stops_cleanly_and_gives_the_trial_back(keras_backend, data_dir, tmp_path):
-    cmd = [sys.executable, "-m", "catsdogs", *sweep_args(data_dir, tmp_path, "c", "--opt", "adam",
-                                                         "--batch-size", "8")]
-    # As from a terminal: SIGINT at its default, even where the suite itself was started in the
-    # background (a shell without job control starts background jobs with SIGINT ignored, and a
-    # Python started so ignores Ctrl-C for good)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    for line in proc.stdout:  # wait until the trial is running
-        if line.startswith("[1/1]"):
-            break
-    else:
-        pytest.fail("the sweep ended before its trial started")
-    proc.send_signal(signal.SIGINT)
-    out = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 130
-    assert "run the same command again to resume" in out and "Traceback" not in out
-    with Store(tmp_path / "results.sqlite") as store:
-        assert [t["status"] for t in store.trials("c")] == ["pending"]
+def test_where_trials_run_is_the_runner_and_the_old_option_name_still_works_with_a_notice(data_dir, tmp_path):
+    # given the option's 0.6.0 name, `--backend`
+    base = ["sweep", "--data-dir", str(data_dir), "--out", str(tmp_path), "--dry-run"]
+    old = CliRunner().invoke(cli, [*base, "--backend", "local"])
+    new = CliRunner().invoke(cli, [*base, "--runner", "local"])
+    # then it does what --runner does, and says once, on one line, what it is called now
+    assert old.exit_code == new.exit_code == 0
+    notice = [ln for ln in old.output.splitlines() if "--backend" in ln]
+    assert notice == ["Note: --backend local is now --runner local (where trials run; --backend goes in "
+                      "catsdogs 0.8)."]
+    assert old.output.replace(notice[0] + "\n", "") == new.output
+    # and the help names --runner, and the backend only as Keras's
+    help_text = CliRunner().invoke(cli, ["sweep", "--help"]).output
+    assert "--runner [local|ray]" in help_text and "--backend" not in help_text

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageFile, UnidentifiedImageError
 
-from catsdogs.synthetic import (
+from catsdogs.data.synthetic import (
     BAD_KINDS,
     LICENSE_NAME,
     N_BAD,

@@ -39,6 +39,7 @@ from catsdogs.schema import FINISHED, Status, TrialConfig
 
 DEFAULT_STEPS = 20
 DEFAULT_WARMUP = 2  # the first step traces and compiles, the second may still autotune
+PEAK_SECONDS = 1.0  # each of the matmul peak's three timings lasts about this long
 
 PROFILE_COLUMNS = columns(ProbeRecord, "profile")
 
@@ -53,20 +54,20 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 def parse_memory(text: str) -> int:
     """'4GiB' -> 4294967296, '1.5 GB' -> 1500000000, '512MiB', '800M' (binary). Whole bytes.
 
-    A unit is required (a bare '4' is surely not four bytes); ValueError with a one-line reason."""
+    A unit is required (a bare '4' is surely not four bytes); a SettingError with a one-line reason."""
     import re
 
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", str(text))
     if not m:
-        raise ValueError(f"not a memory size: {text!r} (use a number and a unit, like 4GiB or 512MB)")
+        raise SettingError(f"not a memory size: {text!r} (use a number and a unit, like 4GiB or 512MB)", "memory_limit")
     number, unit = float(m.group(1)), m.group(2).lower()
     if not unit:
-        raise ValueError(f"{text!r} has no unit: write it like 4GiB, 4096MiB or 4GB")
+        raise SettingError(f"{text!r} has no unit: write it like 4GiB, 4096MiB or 4GB", "memory_limit")
     if unit not in _UNITS:
-        raise ValueError(f"unknown unit {m.group(2)!r} in {text!r}; use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB")
+        raise SettingError(f"unknown unit {m.group(2)!r} in {text!r}; use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB", "memory_limit")
     value = int(number * _UNITS[unit])
     if value <= 0:
-        raise ValueError(f"a memory size must be positive, got {text!r}")
+        raise SettingError(f"a memory size must be positive, got {text!r}", "memory_limit")
     return value
 
 
@@ -172,7 +173,8 @@ def progress_line(row: dict) -> str:
 def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = Path(config.DEFAULT_OUT), *,
             optimizer: str = "adam", dataset: str = "standard", precision: str = "float32",
             steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP, memory_cap_bytes: int | None = None,
-            min_seconds: float | None = None, measure_peak: bool = True, isolate: bool = False,
+            min_seconds: float | None = None, measure_peak: bool = True, peak_seconds: float = PEAK_SECONDS,
+            isolate: bool = False,
             log: Callable[[str], None] = print) -> list[dict]:
     """Profile each batch size (in workers: measure.prober.Prober); write OUT/NAME/profile.csv|json
     and figures. `isolate`: a fresh worker process for each probe.
@@ -191,7 +193,7 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
     settings = {"name": name, "batch_sizes": [int(b) for b in batch_sizes], "optimizer": optimizer,
                 "dataset": dataset, "precision": precision, "steps": steps, "warmup": warmup,
                 "image_size": manifest["params"]["size"], "data_dir": str(Path(data_dir).resolve()),
-                "memory_cap_bytes": memory_cap_bytes, "min_seconds": min_seconds}
+                "memory_cap_bytes": memory_cap_bytes, "min_seconds": min_seconds, "peak_seconds": peak_seconds}
     log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {optimizer}, {dataset} data "
         f"({settings['image_size']} px), {precision}; {warmup} warm-up + {steps} timed steps each")
     prober = Prober(work, memory_cap_bytes, isolate=isolate)
@@ -215,7 +217,7 @@ def _probe_all(prober, batch_sizes, data_dir, settings: dict, csv_path: Path, me
     """The matmul peak, then each batch size's probe; the CSV rewritten after each probe."""
     peak = None
     if measure_peak:
-        peak = prober.run(PeakTask(settings["precision"]))
+        peak = prober.run(PeakTask(settings["precision"], settings["peak_seconds"]))
         if peak.status == Status.DONE:
             log(f"matmul peak: {peak.peak_flops_per_second / 1e9:.1f} GFLOP/s "
                 f"({peak.matmul_size}x{peak.matmul_size} {peak.matmul_dtype}, {peak.device})")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from catsdogs import config, schema
-from catsdogs.data.manifest import require_prepared
+from catsdogs.data.manifest import load_manifest
 from catsdogs.errors import SettingError
 from catsdogs.schema import PROTOCOL_FIELDS, TrialConfig
 
@@ -304,21 +304,28 @@ def listing() -> list[str]:
 
 def trials(plan: Plan, data_dir: Path, backend: str) -> list[TrialConfig]:
     """Every trial of every grid on the prepared data in `data_dir`, for the Keras `backend` the
-    workers run on, each once (a trial two grids share runs once)."""
-    manifest = require_prepared(Path(data_dir))
-    return _configs(plan, plan.settings.get("seeds", config.SEEDS), image_size=manifest["params"]["size"],
+    workers run on, each once (a trial two grids share runs once). Unprepared data is an error
+    that says how to prepare what the plan asks for."""
+    manifest = load_manifest(Path(data_dir))
+    if manifest is None:
+        also = f" (or `catsdogs reproduce --config {plan.ref}`, which prepares and trains)" if plan.ref else ""
+        raise SettingError(f"{data_dir} holds no finished prepared data set: run "
+                           f"`{prepare_command(plan, data_dir)}` first{also}")
+    return configs(plan, plan.settings.get("seeds", config.SEEDS), image_size=manifest["params"]["size"],
                     fingerprints=manifest["fingerprint"], backend=backend)
 
 
 def count(plan: Plan, seeds: int | None = None) -> int:
     """How many trials the plan starts with (or has with `seeds` seeds), without prepared data:
     each data set's name stands in for its fingerprint."""
-    return len(_configs(plan, seeds or plan.settings.get("seeds", config.SEEDS),
+    return len(configs(plan, seeds or plan.settings.get("seeds", config.SEEDS),
                         image_size=plan.settings.get("prepare", {}).get("size", config.IMAGE_SIZE),
                         fingerprints={d: d for d in schema.DATASETS}, backend=schema.default("backend")))
 
 
-def _configs(plan: Plan, seeds: int, **identity) -> list[TrialConfig]:
+def configs(plan: Plan, seeds: int, **identity) -> list[TrialConfig]:
+    """The plan's trials with `seeds` seeds each and the given identity (image size, data
+    fingerprints by data set, backend), each once."""
     out = []
     for grid in plan.settings["grids"].values():
         out += grid_configs(as_list(grid["opt"]), as_list(grid["batch_size"]),

@@ -1,0 +1,176 @@
+"""The shape of the package: stages that import one way, data and analysis free of every framework,
+and documentation whose command lines are the CLI's."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from catsdogs.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "catsdogs"
+FRAMEWORKS = ("keras", "tensorflow", "jax", "jaxlib")
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of a catsdogs module (a package's __init__.py), or None."""
+    path = ROOT.joinpath(*name.split("."))
+    if path.is_dir():
+        return path / "__init__.py"
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
+
+
+def _imports(name: str) -> set[str]:
+    """Every module a catsdogs module imports, anywhere in it (a function's lazy import too)."""
+    path = _module_file(name)
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names if _module_file(f"{base}.{a.name}")}
+    return out
+
+
+def closure(start: str) -> set[str]:
+    """Every module reachable from `start` by imports: catsdogs's own followed, others listed."""
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name.split(".")[0] == "catsdogs" and _module_file(name):
+            todo += [m for m in _imports(name) if m not in seen]
+    return seen
+
+
+def modules_of(package: str) -> list[str]:
+    folder = ROOT.joinpath(*package.split("."))
+    return [f"{package}.{p.relative_to(folder).with_suffix('').as_posix().replace('/', '.')}".removesuffix(".__init__")
+            for p in sorted(folder.rglob("*.py"))]
+
+
+@pytest.mark.parametrize("package", ["catsdogs.data", "catsdogs.analysis"])
+def test_data_and_analysis_import_no_framework_anywhere_in_their_code(package):
+    # given every module of the stage, and everything of catsdogs that it imports, even lazily
+    reached = set().union(*(closure(m) for m in modules_of(package)))
+    # then no framework is among them, nor the model (Keras) or the training stage
+    assert not {m for m in reached if m.split(".")[0] in FRAMEWORKS}
+    assert "catsdogs.model" not in reached
+    assert not {m for m in reached if m.startswith("catsdogs.training")}
+
+
+def test_the_stages_import_one_way():
+    # data <- training <- measure, and analysis apart: no stage imports a later one
+    later = {"catsdogs.data": ("catsdogs.training", "catsdogs.measure", "catsdogs.analysis"),
+             "catsdogs.training": ("catsdogs.measure", "catsdogs.analysis"),
+             "catsdogs.analysis": ("catsdogs.training", "catsdogs.measure")}
+    for stage, forbidden in later.items():
+        for module in modules_of(stage):
+            bad = {m for m in _imports(module) if m.startswith(forbidden)}
+            assert not bad, f"{module} imports {sorted(bad)}"
+    # and the shared core at the package root imports no stage but data's manifest (plans)
+    for path in PACKAGE.glob("*.py"):
+        name = f"catsdogs.{path.stem}"
+        if name in ("catsdogs.cli", "catsdogs.reproduce", "catsdogs.__main__"):
+            continue  # the entry points, above every stage
+        stages = {m for m in _imports(name) if m.startswith(("catsdogs.training", "catsdogs.measure",
+                                                              "catsdogs.analysis"))}
+        assert not stages, f"{name} imports {sorted(stages)}"
+
+
+@pytest.mark.slow
+def test_data_and_analysis_load_no_framework_when_run():
+    # the same, as Python sees it: every module of both stages imported in a fresh interpreter
+    names = [*modules_of("catsdogs.data"), *modules_of("catsdogs.analysis"), "catsdogs.store", "catsdogs.plans"]
+    code = (f"import importlib, sys; [importlib.import_module(m) for m in {names!r}]; "
+            f"print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --- the documentation's command lines ------------------------------------------------------------
+
+SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "<", "2>&1"}
+
+
+def shell_blocks(markdown: str) -> list[str]:
+    """The fenced code blocks of a Markdown text marked bash, sh or console, or unmarked."""
+    blocks, current = [], None
+    for line in markdown.splitlines():
+        fence = re.fullmatch(r"\s*```\s*(\S*)\s*", line)
+        if fence and current is None:
+            current = [] if fence.group(1) in ("", "bash", "sh", "console", "shell") else False
+        elif fence:
+            if current is not False:
+                blocks.append("\n".join(current))
+            current = None
+        elif current not in (None, False):
+            current.append(line)
+    return blocks
+
+
+def documented_command_lines() -> list[tuple[str, list[str]]]:
+    """(where, arguments) of every `catsdogs ...` command in the README's and docs' code blocks."""
+    found = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in shell_blocks(doc.read_text()):
+            for line in block.replace("\\\n", " ").splitlines():
+                if not re.search(r"(^|[\s/])catsdogs\s", line):
+                    continue  # not a command line of ours (a diagram, another tool)
+                words = shlex.split(line, comments=True)
+                segment: list[str] = []
+                for word in [*words, "&&"]:
+                    if word in SHELL_OPERATORS:
+                        rest = [w for w in segment if not re.fullmatch(r"[A-Z_]+=\S*", w)]  # env assignments
+                        if rest and Path(rest[0]).name == "catsdogs":
+                            found.append((f"{doc.name}: {line.strip()}", rest[1:]))
+                        segment = []
+                    else:
+                        segment.append(word)
+    return found
+
+
+def test_the_readme_shows_the_commands():
+    shown = {args[0] for _, args in documented_command_lines() if args}
+    readme = {args[0] for where, args in documented_command_lines() if where.startswith("README.md") and args}
+    assert {"prepare", "sweep", "report", "reproduce", "plans", "profile", "find-batch-size"} <= readme <= shown
+
+
+@pytest.mark.parametrize("where, args", documented_command_lines(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_documented_command_line_parses(where, args):
+    # given a command line as the docs show it, when the CLI's own parser reads it
+    ctx = cli.make_context("catsdogs", [], resilient_parsing=True)
+    if not args or args[0].startswith("-"):
+        assert set(args) <= {"--version", "--help", "-h"}, where
+        return
+    name, command, rest = cli.resolve_command(ctx, list(args))
+    assert command is not None, f"{where}: no command {args[0]!r}"
+    # then every option exists and takes what it is given, and nothing is left over
+    sub = click.Context(command, info_name=name, parent=ctx)
+    parser = command.make_parser(sub)
+    try:
+        opts, leftover, _ = parser.parse_args(command.expand_variadic(rest))
+    except click.UsageError as e:
+        pytest.fail(f"{where}: {e.format_message()}")
+    assert not leftover, f"{where}: left over {leftover}"
+    for param in command.params:
+        values = opts.get(param.name)
+        if values is not None and isinstance(param.type, click.Choice):
+            for v in values if isinstance(values, list) else [values]:
+                assert v in param.type.choices, f"{where}: {param.name} {v!r}"
