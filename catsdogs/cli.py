@@ -361,7 +361,7 @@ def sweep(ctx, **values):
                     overwrite=values["overwrite"], retry_failed=values["retry_failed"], log=click.echo,
                     sweep_config={"plan": plan.settings, "plan_origin": plan.origin}, workers=workers,
                     isolate=values["isolate"], slots=slots)
-    return 0 if counts["done"] == counts["trials"] else 1
+    return 0 if counts[schema.Status.DONE] == counts["trials"] else 1
 
 
 def _plan_value(value):
@@ -516,7 +516,7 @@ def reproduce(plan, source, seeds, target_ci, max_seeds, name, data_dir, out, wo
                  workers=workers, isolate=isolate, overwrite=overwrite, log=click.echo,
                  progress=not quiet and sys.stderr.isatty())
     counts = result["counts"]
-    return 0 if counts["done"] == result["trials"] else 1
+    return 0 if counts[schema.Status.DONE] == result["trials"] else 1
 
 
 # --- plans ----------------------------------------------------------------------------------

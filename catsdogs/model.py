@@ -13,7 +13,7 @@ def build_model(size: int = 200) -> keras.Sequential:
     ImageDataGenerator(rescale=1/255) did on the host: a quarter of the bytes cross to the
     device, and the layer has no weights, so the parameter count is the article's.
 
-    The last layer's sigmoid is folded into the loss (`LOSS`, from logits), so the model outputs
+    The last layer's sigmoid is folded into the loss (`loss_and_metrics`: from logits), so the model outputs
     the logit. That is what the article's TensorFlow did with its sigmoid output: Keras on
     TensorFlow recovers the logit behind a sigmoid and computes the cross-entropy from it. Keras on
     JAX cannot: it clips the saturated probability, whose gradient is then zero, and every Adam

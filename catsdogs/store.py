@@ -52,7 +52,7 @@ def _schema() -> str:
 CREATE TABLE IF NOT EXISTS trials (
   key TEXT PRIMARY KEY,
   config TEXT NOT NULL,
-  status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN {tuple(str(s) for s in STORED)}),
+  status TEXT NOT NULL DEFAULT '{Status.PENDING}' CHECK (status IN {tuple(str(s) for s in STORED)}),
   owner TEXT,
   attempts INTEGER NOT NULL DEFAULT 0,
   created_at REAL, started_at REAL, finished_at REAL,

@@ -152,20 +152,18 @@ def test_a_reference_in_other_units_goes_on_a_secondary_axis():
 @pytest.mark.slow
 def test_out_of_memory_under_a_cap_is_a_recorded_outcome(data_dir, tmp_path):
     lines: list[str] = []
-    # when two batch sizes are profiled under a cap below the runtime's own size (CPU: resident set)
-    rows = prof.profile("capped", [4, 8], data_dir, tmp_path, steps=1, warmup=0, measure_peak=False,
+    # when a batch size is profiled under a cap below the runtime's own size (CPU: resident set)
+    rows = prof.profile("capped", [4], data_dir, tmp_path, steps=1, warmup=0, measure_peak=False,
                         memory_cap_bytes=200 * 2**20, log=lines.append)
     if rows[0]["memory_kind"] == "gpu":
         pytest.skip("a 200 MiB cap on the CPU's resident set only")
-    # then each is out of memory, with its peak and the cap it went over, in the table and the log
-    assert [r["batch_size"] for r in rows] == [4, 8]
-    for row in rows:
-        assert row["status"] == "oom" and "200 MiB cap" in row["error"], row
-        assert row["peak_memory_mb"] > 200 and row["memory_cap_mb"] == 200
-        assert (row["optimizer"], row["precision"], row["image_size"]) == ("adam", "float32", SIZE)
-    assert [r["status"] for r in read_table(tmp_path / "capped" / "profile.csv")] == ["oom", "oom"]
+    # then it is out of memory, with its peak and the cap it went over, in the table and the log
+    (row,) = rows
+    assert row["status"] == "oom" and "200 MiB cap" in row["error"], row
+    assert row["peak_memory_mb"] > 200 and row["memory_cap_mb"] == 200
+    assert (row["batch_size"], row["optimizer"], row["precision"], row["image_size"]) == (4, "adam", "float32", SIZE)
+    assert read_table(tmp_path / "capped" / "profile.csv")[0]["status"] == "oom"
     assert any(ln.startswith("batch size     4: oom") for ln in lines)
-    assert any(ln.startswith("batch size     8: oom") for ln in lines)
 
 
 def test_impossible_settings_are_refused_before_any_probe(data_dir, tmp_path):

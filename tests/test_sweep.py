@@ -171,13 +171,13 @@ def test_the_same_sweep_again_resumes_and_a_shared_trial_runs_once(swept, data_d
     assert "epoch 1/1" not in again.output
     with Store(out / "results.sqlite") as store:
         assert [t["attempts"] for t in store.trials("grid")] == [1] * 5
-    # when another sweep shares a trial, then the shared trial is not run again
-    other = CliRunner().invoke(cli, sweep_args(data_dir, out, "other", "--opt", "adam", "--batch-size", "8",
-                                               "--dataset", "standard", "augmented"))
+    # when another sweep names a trial this one ran, then it is the same trial, already done
+    other = CliRunner().invoke(cli, sweep_args(data_dir, out, "other", "--opt", "adam", "--batch-size", "8"))
     assert other.exit_code == 0, other.output
-    assert other.output.count("epoch 1/1") == 1  # only the augmented trial trained
+    assert "1 of 1 trials already finished" in other.output and "epoch 1/1" not in other.output
     with Store(out / "results.sqlite") as store:
-        assert len(store.trials()) == 6 and len(store.trials("other")) == 2
+        assert len(store.trials()) == 5 and len(store.trials("other")) == 1
+        assert store.trials("other")[0]["attempts"] == 1
 
 
 # --- processes: kill -9 and Ctrl-C --------------------------------------------------------------

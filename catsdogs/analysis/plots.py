@@ -12,6 +12,7 @@ from matplotlib.lines import Line2D
 
 from catsdogs.analysis.tables import BATCH_LABEL, incomplete_note, problems, status_counts
 from catsdogs.plotting import batch_axis
+from catsdogs.schema import Status
 from catsdogs.stats import LEVEL
 
 ARTICLE_LABEL = "article (single run)"
@@ -158,8 +159,8 @@ def figure_title(table: dict, note: str | None = None) -> str:
         seeds = "1 seed per point: no interval"
     bits = [b for b in (note, table.get("setting"), f"mean and {LEVEL:.0%} CI, {seeds}",
                         incomplete_note(table["rows"])) if b]
-    if c["failed"] or c["oom"]:
-        bits.append(", ".join(f"{c[k]} {k}" for k in ("failed", "oom") if c[k]) + " (marked at the bottom)")
+    if c[Status.FAILED] or c[Status.OOM]:
+        bits.append(", ".join(f"{c[k]} {k}" for k in (Status.FAILED, Status.OOM) if c[k]) + " (marked at the bottom)")
     return table["title"] + "\n" + " · ".join(bits)
 
 

@@ -21,7 +21,7 @@ from catsdogs.analysis.rows import data_source_kind, load_trials, sweep_config
 from catsdogs.analysis.tables import adaptive_state, status_counts, summarize
 from catsdogs.files import write_text_atomic
 from catsdogs.plotting import save_figure
-from catsdogs.schema import UNFINISHED
+from catsdogs.schema import UNFINISHED, Status
 from catsdogs.store import store_path
 
 
@@ -43,7 +43,7 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
         paths["figures"][table["name"]] = save_figure(fig, folder / "figures" / table["name"])
         c = status_counts(table["rows"])
         extra = "".join(f", {c[k]} {k}" for k in UNFINISHED if c[k])
-        log(f"{table['name']}: {len(table['rows'])} cells, {c['done']} trials done{extra} -> "
+        log(f"{table['name']}: {len(table['rows'])} cells, {c[Status.DONE]} trials done{extra} -> "
             f"{paths['figures'][table['name']]['png']} (and .svg)")
     if summary["collapse"]["rows"]:
         fig, _ = make_collapse_figure(summary["collapse"], note)

@@ -207,7 +207,7 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
            "data": {k: manifest[k] for k in ("params", "source", "fingerprint")}}
     write_json_atomic(folder / "profile.json", doc, indent=2)
     counts = {s: sum(r["status"] == s for r in rows) for s in FINISHED}
-    log(f"Profile {name}: {counts['done']} done, {counts['oom']} out of memory, {counts['failed']} failed -> "
+    log(f"Profile {name}: {counts[Status.DONE]} done, {counts[Status.OOM]} out of memory, {counts[Status.FAILED]} failed -> "
         f"{folder / 'profile.csv'}, {len(figures)} figures in {folder / 'figures'}")
     return rows
 

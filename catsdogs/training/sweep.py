@@ -170,7 +170,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
             e.wait()
         with Store(store_path(out)) as store:
             counts = store.counts(keys)
-        log(f"Interrupted: {counts['done']} of {total} trials done; run the same command again to resume.")
+        log(f"Interrupted: {counts[Status.DONE]} of {total} trials done; run the same command again to resume.")
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -178,8 +178,8 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
             runner.close()
     with Store(store_path(out)) as store:
         counts = store.counts(keys)
-    log(f"Sweep {name} finished: {counts['done']} done, {counts['failed']} failed, "
-        f"{counts['oom']} out of memory, of {total}.")
+    log(f"Sweep {name} finished: {counts[Status.DONE]} done, {counts[Status.FAILED]} failed, "
+        f"{counts[Status.OOM]} out of memory, of {total}.")
     return counts
 
 

@@ -19,8 +19,8 @@ file, never into the channel.
 - `isolate`: a fresh worker for every task, the engine's old one-process-per-trial behaviour.
 - Memory caps (profile, find-batch-size): the worker resets its resident set's high-water
   mark when a task starts, and the parent watches it (VmHWM) and kills the worker the moment
-  it goes over the cap. A worker's memory only grows (allocators keep what they freed), so a
-  probe reuses a worker only when it is larger than every probe that worker has run.
+  it goes over the cap. A worker's memory only grows (allocators keep what they freed), so
+  catsdogs.measure.prober reuses a worker only for a probe larger than every one it has run.
 """
 
 from __future__ import annotations

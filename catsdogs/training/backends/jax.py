@@ -41,6 +41,7 @@ from catsdogs.host import (
     peak_rss_mb,
     reset_peak_rss,
 )
+from catsdogs.schema import Status
 from catsdogs.training.backends import matmul_rate
 
 NAME = "jax"
@@ -335,8 +336,8 @@ OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "Failed t
 def classify_error(exc: BaseException) -> str:
     """'oom' for running out of memory (device or host), else 'failed'."""
     if isinstance(exc, MemoryError):
-        return "oom"
-    return "oom" if any(m in str(exc) for m in OOM_MARKERS) else "failed"
+        return Status.OOM
+    return Status.OOM if any(m in str(exc) for m in OOM_MARKERS) else Status.FAILED
 
 
 # --- the device's matmul peak -------------------------------------------------------------------

@@ -20,6 +20,7 @@ import os
 import time
 
 from catsdogs.host import cpu_description, host_memory_bytes, peak_rss_mb, reset_peak_rss
+from catsdogs.schema import Status
 from catsdogs.training.backends import matmul_rate
 
 NAME = "tensorflow"
@@ -271,8 +272,8 @@ def classify_error(exc: BaseException) -> str:
     import tensorflow as tf
 
     if isinstance(exc, (tf.errors.ResourceExhaustedError, MemoryError)):
-        return "oom"
-    return "oom" if any(m in str(exc) for m in OOM_MARKERS) else "failed"
+        return Status.OOM
+    return Status.OOM if any(m in str(exc) for m in OOM_MARKERS) else Status.FAILED
 
 
 # --- the device's matmul peak -------------------------------------------------------------------
