@@ -2,11 +2,11 @@
 
 Each of the sweep's `workers` slots holds one worker that runs trial after trial, reusing decoded
 data and compiled training steps: a process on this machine (the local runner, `LocalSlot`) or a
-Ray actor (catsdogs.training.ray_runner); a trial that does not end
-`done` takes its worker with it and the slot starts a fresh one. A slot claims, among the
-trials of the lowest seed still pending, first those whose shape its worker has compiled: the
-order stays seed-major (a sweep stopped early still covers the whole figure) while steps are
-reused. `isolate` gives every trial a fresh worker (one process per trial).
+Ray actor (catsdogs.training.ray_runner). A trial that does not end done takes its worker with it
+and the slot starts a fresh one. A slot claims, among the trials of the lowest seed still
+pending, first those whose shape its worker has compiled: the order stays seed-major (a sweep
+stopped early still covers the whole figure) while steps are reused. `isolate` gives every trial
+a fresh worker (one process per trial). Only this process writes the store.
 
 Resuming is the default: a finished trial (done, failed, out of memory) is never run again
 unless asked (`overwrite`, `retry_failed`); a trial left `running` by a sweep that died is
