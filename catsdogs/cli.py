@@ -233,7 +233,7 @@ def prepare(source, sha256, no_verify, data_dir, per_class, split, size, seed, q
 
     if no_verify:
         click.echo("Warning: SHA-256 verification skipped (--no-verify).", err=True)
-    run(source=source, data_dir=data_dir or config.default_data_dir(), sha256=None if no_verify else sha256,
+    run(source=source, data_dir=data_dir, sha256=None if no_verify else sha256,
         per_class=per_class, split=split, size=size, seed=seed, log=click.echo,
         progress=not quiet and sys.stderr.isatty())
 

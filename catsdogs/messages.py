@@ -59,6 +59,10 @@ class Record:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def view(self, name: str) -> dict:
+        """The fields `name` shows (`columns`), in their declared order."""
+        return {k: getattr(self, k) for k in columns(type(self), name)}
+
 
 # --- records -------------------------------------------------------------------------------------
 

@@ -164,7 +164,7 @@ class InProcessSlot:
     same, and its results are the same to the bit in a worker or alone (tests/test_engine.py)."""
 
     def __init__(self, slot: int = 0, workers: int = 1, workdir: Path | None = None):
-        self.trials = 0
+        pass
 
     def shapes(self) -> set[str]:
         from catsdogs.training import engine
@@ -175,7 +175,6 @@ class InProcessSlot:
         from catsdogs.messages import TrialTask
         from catsdogs.training import engine
 
-        self.trials += 1
         return engine.run_task(TrialTask(cfg, str(Path(data_dir).resolve())),
                                emit=lambda kind, row: on_epoch(row) if on_epoch else None)
 

@@ -224,6 +224,13 @@ def _name(trial: dict) -> str:
     return OPTIMIZER_NAMES.get(o, o)
 
 
+def _combos_text(combos) -> str:
+    """"SGD, standard data; Adam, augmented data": the (optimizer, data set) pairs a figure holds,
+    in the order of their data."""
+    shown = sorted(combos, key=lambda c: trial_order({"optimizer": c[0], "dataset": c[1]}))
+    return "; ".join(f"{OPTIMIZER_NAMES.get(o, o)}, {d} data" for o, d in shown)
+
+
 def summarize(trials: list[dict]) -> dict:
     """Sort a sweep's trials into the report's figures.
 
@@ -274,10 +281,8 @@ def summarize(trials: list[dict]) -> dict:
                 return None
             prefix = f"{_name(t)}, {combo[1]}: " if many else ""
             return trial_order(t), prefix + protocol_label(protocol_of(t)) + sfx(t)
-        shown = sorted(combos, key=lambda c: trial_order({"optimizer": c[0], "dataset": c[1]}))
-        what = "; ".join(f"{OPTIMIZER_NAMES.get(o, o)}, {d} data" for o, d in shown)
-        tables.append(_table("protocols", f"{FIGURE_TITLES['protocols']} ({what})", chosen, by_protocol,
-                             article=article_value))
+        tables.append(_table("protocols", f"{FIGURE_TITLES['protocols']} ({_combos_text(combos)})", chosen,
+                             by_protocol, article=article_value))
 
     # 4. beyond the article: gradient accumulation against the plain batch it stands for
     def group_of(t):
@@ -298,8 +303,7 @@ def summarize(trials: list[dict]) -> dict:
             prefix += "" if rest == "article protocol" else f"{rest}: "
             what = "plain batches" if p["accumulate"] == 1 else f"gradient accumulation ×{p['accumulate']}"
             return trial_order(t, dict(g[2])) + (p["accumulate"],), prefix + what + sfx(t)
-        shown = sorted({g[:2] for g in groups}, key=lambda c: trial_order({"optimizer": c[0], "dataset": c[1]}))
-        combos_text = "; ".join(f"{OPTIMIZER_NAMES.get(o, o)}, {d} data" for o, d in shown)
+        combos_text = _combos_text({g[:2] for g in groups})
         tables.append(_table("accumulation", f"{FIGURE_TITLES['accumulation']} ({combos_text})", chosen,
                              by_accumulation, xlabel=EFFECTIVE_BATCH_LABEL,
                              x_of=lambda t: int(field_of(t, "batch_size")) * protocol_of(t)["accumulate"],

@@ -258,8 +258,7 @@ def resolve_source(params: PrepareParams, data_dir: Path, log, progress: bool) -
         pets = path if (path / "Cat").is_dir() else path / "PetImages"
         check_layout(pets, f"--source {src}")
         return pets, {"kind": "folder", "path": str(path.resolve()), "sha256": None}
-    check_source(src)
-    pets, sha = extract_archive(path, data_dir, params.sha256, log)
+    pets, sha = extract_archive(path, data_dir, params.sha256, log)  # a file: prepare checked it exists
     return pets, {"kind": "zip", "path": str(path.resolve()), "sha256": sha}
 
 

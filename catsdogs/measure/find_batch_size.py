@@ -282,7 +282,7 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
         if result.largest_fit:
             summary["prediction"]["percent_apart"] = percent_apart(pred["max_batch_size"], result.largest_fit)
 
-    summary["probes"] = [{k: getattr(p, k) for k in PROBE_COLUMNS} for p in probes]
+    summary["probes"] = [p.view("search") for p in probes]
     summary["versions"] = versions()
     _write(folder, summary)
     for line in summary_lines(summary):

@@ -112,7 +112,7 @@ def profile_row(record: ProbeRecord, peak: PeakRecord | None, image_size: int | 
         record.error = record.error.splitlines()[0][:500]
     if not record.device and peak:
         record.device = peak.device
-    return {k: getattr(record, k) for k in PROFILE_COLUMNS}
+    return record.view("profile")
 
 
 def write_csv(rows: list[dict], path: Path, columns: Sequence[str]) -> Path:
