@@ -147,8 +147,10 @@ class ProbeRecord(Record):
     steps: int | None = _field(views=("profile",))
     warmup: int | None = _field(views=("profile",))
     memory_cap_mb: float | None = _field(views=("profile", "search"))  # the cap it ran under (parent)
+    worker: str | None = _field(views=("profile", "search"))  # fresh, reused or retried (parent; prober)
     predicted_peak_mb: float | None = _field(views=("search",))  # by the memory model (parent)
     device_memory_limit_mb: float | None = _field(views=("search",))
+    memory_fraction: float | None = _field(views=("search",))  # XLA's share of the GPU (JAX on a GPU)
     step_times_s: list | None = _field()
     error: str | None = _field(views=("profile", "search"))
     log: str | None = _field(views=("search",))  # the worker's log, kept when it did not end done
@@ -172,7 +174,7 @@ class PeakRecord(Record):
 
 @dataclass
 class MemoryPlan(Record):
-    """The largest batch size under a cap by the compiler's plan (model.predict_max_batch_size_planned)."""
+    """The largest batch size under a cap by the compiler's plan (costs.predict_max_batch_size_planned)."""
 
     status: Status = Status.FAILED
     max_batch_size: int | None = None

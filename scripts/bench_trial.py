@@ -281,7 +281,7 @@ def child_trial_ours(args) -> dict:
     import keras  # noqa: F401
     import tensorflow as tf  # noqa: F401
 
-    from catsdogs.model import train_flops_per_image
+    from catsdogs.costs import train_flops_per_image
     from catsdogs.schema import TrialConfig
     from catsdogs.training.engine import run_trial
 

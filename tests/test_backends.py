@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from catsdogs.analysis import tables
 from catsdogs.cli import cli
-from catsdogs.model import predict_max_batch_size_planned
+from catsdogs.costs import predict_max_batch_size_planned
 from catsdogs.schema import TrialConfig
 from catsdogs.training.backends import jax as jax_backend
 from catsdogs.training.backends import tensorflow as tf_backend

@@ -98,10 +98,12 @@ def test_the_stages_import_one_way():
 def test_data_analysis_and_the_parents_side_of_training_load_no_framework_when_run():
     # the same, as Python sees it: every module of both stages imported in a fresh interpreter,
     # with the command line and the parent's side of training (the schema, the store, the sweep
-    # and its workers' handles), which start workers without importing what they run
+    # and its workers' handles) and of measuring (the prober, find-batch-size and its analytic
+    # memory model), which start workers without importing what they run
     names = [*modules_of("catsdogs.data"), *modules_of("catsdogs.analysis"), "catsdogs.store", "catsdogs.plans",
              "catsdogs.schema", "catsdogs.messages", "catsdogs.cli", "catsdogs.training.sweep",
-             "catsdogs.training.worker", "catsdogs.measure.prober"]
+             "catsdogs.training.worker", "catsdogs.measure.prober", "catsdogs.measure.find_batch_size",
+             "catsdogs.measure.profile", "catsdogs.costs"]
     code = (f"import importlib, sys; [importlib.import_module(m) for m in {names!r}]; "
             f"print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -42,7 +42,8 @@ def rows(out: Path, name: str) -> list[dict]:
 
 def test_article_model_has_40961153_parameters_at_200px():
     # given the article's model at its input size, built but not trained
-    from catsdogs.model import build_model, parameter_count
+    from catsdogs.costs import parameter_count
+    from catsdogs.model import build_model
 
     model = build_model(200)
     # then its parameter count is the article's, layer by layer
@@ -362,3 +363,37 @@ def test_where_trials_run_is_the_runner_and_the_old_option_name_still_works_with
     # and the help names --runner, and the backend only as Keras's
     help_text = CliRunner().invoke(cli, ["sweep", "--help"]).output
     assert "--runner [local|ray]" in help_text and "--backend" not in help_text
+
+
+class ReusedWorkerRunsOutOfMemory:
+    """A worker whose trials run out of memory once it has run one before (what an allocator
+    kept from earlier trials can do), and fit in a fresh process."""
+
+    def __init__(self, log_path, env=None):
+        self.log_path, self.tasks, self.alive, self.starts = Path(log_path), 0, False, 0
+
+    def run(self, task, on_progress=None, memory_cap_bytes=None):
+        from catsdogs.messages import TrialRecord
+
+        if not self.alive:
+            self.alive, self.tasks, self.starts = True, 0, self.starts + 1
+        self.tasks += 1
+        if self.tasks > 1:
+            self.alive = False  # as the real worker: gone after a trial that did not end done
+            return TrialRecord(status=Status.OOM, error="ResourceExhaustedError: OOM when allocating")
+        return TrialRecord(status=Status.DONE)
+
+    def close(self):
+        self.alive = False
+
+
+def test_a_trial_out_of_memory_in_a_reused_worker_runs_again_in_a_fresh_one(monkeypatch, tmp_path):
+    from catsdogs.training import sweep
+
+    monkeypatch.setattr(sweep, "Worker", ReusedWorkerRunsOutOfMemory)
+    slot = sweep.LocalSlot(0, 1, tmp_path)
+    # given a slot whose worker has run a trial
+    assert slot.run(TrialConfig("adam", 8, "standard", 0), tmp_path).status == Status.DONE
+    # when the next trial runs out of memory there, then it is run again in a fresh worker
+    record = slot.run(TrialConfig("adam", 64, "standard", 0), tmp_path)
+    assert record.status == Status.DONE and slot.worker.starts == 2

@@ -24,11 +24,15 @@ The memory cap: on a GPU its memory (or `--memory-limit` as a logical device); o
 watches VmHWM and kills a probe that goes over), and without it 90% of the memory available
 when the search starts. "Fits" means the probe's peak memory stayed under the cap.
 
-Beside the measured answer: the backend's memory model's, its baseline calibrated by a probe at
-batch size 1, and how far apart they are. On TensorFlow the analytic model of each tensor's
-lifetime (catsdogs.model.predict_max_batch_size); on JAX, whose compiler fuses ops and assigns
-buffers itself, XLA's own plan of the step (model.predict_max_batch_size_planned), compiled at a
-few batch sizes in a worker of its own.
+The prediction comes first: after the batch-size-1 probe (the calibration) and before the search,
+so it uses no probe above its calibration. On TensorFlow the step's allocations replayed through
+a model of its BFC allocator (catsdogs.costs.predict_max_batch_size: on the CPU, the pages its
+growing regions have had written), arithmetic in this process; on JAX, whose
+compiler fuses ops and assigns buffers itself, XLA's own plan of the step
+(costs.predict_max_batch_size_planned), compiled at a few batch sizes in a worker of its own.
+Either way this process imports no framework. The prediction then sets which probes need a fresh
+worker: every probe at or above FRESH_SHARE of the predicted limit (catsdogs.measure.prober says
+why a reused worker cannot answer near the limit), and any that ran out of memory in a reused one.
 
 The margin: `margin` (e.g. 0.1) takes that fraction off the largest size that fits, then
 rounds down to a multiple of 8 (GPU kernels and tensor cores like multiples of 8), or to a
@@ -43,7 +47,6 @@ default (SGD 0.01, Adam 0.001) times batch size / the base batch size (32).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +70,7 @@ CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline come
 MAX_FAILED_IN_A_ROW = 2
 TIE = 0.05  # throughputs within 5% are the same, for the recommendation
 HOST_CAP_FRACTION = 0.9
+FRESH_SHARE = 0.8  # probes at or above this share of the predicted limit run in a fresh worker
 
 PROBE_COLUMNS = columns(ProbeRecord, "search")  # find_batch_size.csv, and each probe in the .json
 
@@ -182,6 +186,11 @@ def recommend(probes: list[ProbeRecord], safe: int) -> ProbeRecord | None:
     return min((p for p in fits if p.images_per_second >= (1 - TIE) * best), key=lambda p: p.batch_size)
 
 
+def fresh_threshold(predicted_max: int) -> int:
+    """The smallest batch size that gets a fresh worker, given the predicted largest that fits."""
+    return max(1, math.ceil(FRESH_SHARE * predicted_max))
+
+
 def percent_apart(predicted: float, measured: float) -> float:
     return 100.0 * (predicted - measured) / measured
 
@@ -189,8 +198,12 @@ def percent_apart(predicted: float, measured: float) -> float:
 # --- the search, probing for real ------------------------------------------------------------------
 
 
+METHODS = {"bfc": "the step replayed through TensorFlow's allocator", "xla": "XLA's memory plan"}
+
+
 def _probe_line(p: ProbeRecord) -> str:
-    parts = [f"{p.phase:<9} batch size {p.batch_size:>5}: {p.status}"]
+    worker = {"fresh": "", "reused": "", "retried": " (out of memory in a reused worker; again in a fresh one)"}
+    parts = [f"{p.phase:<9} batch size {p.batch_size:>5}: {p.status}{worker.get(p.worker or '', '')}"]
     if p.peak_memory_mb is not None:
         cap = f" of {p.memory_cap_mb:.0f}" if p.memory_cap_mb else ""
         parts.append(f"peak {p.peak_memory_mb:.0f}{cap} MiB")
@@ -260,8 +273,16 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
         return p
 
     prober = Prober(work, memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=isolate)
+    pred = None
     try:
         calib = run(CALIBRATION_BATCH, "calibrate")
+        cap_mb = calib.memory_cap_mb or calib.device_memory_limit_mb
+        if calib.status == Status.DONE and calib.peak_memory_mb and cap_mb:
+            pred = _predict(calib, cap_mb, data_dir, work, size, optimizer, dataset, precision, warmup + steps, log)
+        if pred:
+            prober.fresh_from = fresh_threshold(pred["max_batch_size"])
+            log(f"Predicted before the search: {pred['max_batch_size']} ({METHODS[pred['method']]}); "
+                f"probes of {prober.fresh_from} and above run in a fresh worker.")
         result = search(lambda b: run(b, "search").status, mode=mode, start=start,
                         max_batch=max_batch, resolution=resolution)
         summary = _decide(result, probes, run, margin, optimizer)
@@ -269,18 +290,14 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
         prober.close()
     summary["settings"] = settings
     summary["prediction"] = None
-    cap_mb = calib.memory_cap_mb or calib.device_memory_limit_mb
-    pred = None
-    if calib.status == Status.DONE and calib.peak_memory_mb and cap_mb:
-        pred = _predict(calib, cap_mb, data_dir, work, size, optimizer, dataset, precision, log)
     if pred:
         for p in probes:
-            p.predicted_peak_mb = (pred["baseline_bytes"] + pred["state_bytes"]
-                                   + pred["per_image_bytes"] * p.batch_size) / 2**20
+            p.predicted_peak_mb = _predicted_peak_bytes(pred, p.batch_size, settings) / 2**20
         summary["prediction"] = {**pred, "calibration_batch_size": CALIBRATION_BATCH,
-                                 "calibration_peak_mb": calib.peak_memory_mb}
+                                 "calibration_peak_mb": calib.peak_memory_mb, "fresh_from": prober.fresh_from}
         if result.largest_fit:
             summary["prediction"]["percent_apart"] = percent_apart(pred["max_batch_size"], result.largest_fit)
+    summary["memory_fraction"] = calib.memory_fraction
 
     summary["probes"] = [p.view("search") for p in probes]
     summary["versions"] = versions()
@@ -329,18 +346,20 @@ def _write(folder: Path, summary: dict) -> None:
 
 
 def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size: int, optimizer: str,
-             dataset: str, precision: str, log) -> dict | None:
+             dataset: str, precision: str, steps: int, log) -> dict | None:
     """The backend's memory model's answer, calibrated on the batch-1 probe: XLA's plan where the
-    backend's compiler states one (JAX), compiled in a worker of its own; else the analytic model
-    of TensorFlow's tensors. None when the plan could not be made (said in the log)."""
-    from catsdogs.model import CPU_PIPELINE_BATCHES, predict_max_batch_size
+    backend's compiler states one (JAX), compiled in a worker of its own; else TensorFlow's step
+    replayed through BFC. None when the plan could not be made (said in the log)."""
     from catsdogs.training.worker import run_isolated
 
     cap_bytes, peak_bytes = cap_mb * 2**20, calib.peak_memory_mb * 2**20
     if backends.current().compiled_step_bytes is None:
-        host = CPU_PIPELINE_BATCHES if calib.memory_kind == "cpu-rss" else 0
+        from catsdogs.costs import predict_max_batch_size
+
+        images, device = _train_images(data_dir, dataset), "cpu" if calib.memory_kind == "cpu-rss" else "gpu"
         return {**predict_max_batch_size(cap_bytes, CALIBRATION_BATCH, peak_bytes, size, optimizer, precision,
-                                         host_batches=host), "method": "analytic"}
+                                         train_images=images, device=device, steps=steps),
+                "train_images": images, "device": device, "steps": steps}
     log_path = work / "memory-plan.log"
     task = MemoryPlanTask(str(data_dir), optimizer, dataset, precision, cap_bytes, CALIBRATION_BATCH, peak_bytes)
     plan = run_isolated(task, log_path)
@@ -348,11 +367,25 @@ def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size
         log(f"XLA's memory plan failed: {str(plan.error).splitlines()[0]} (log: {log_path})")
         return None
     log_path.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        work.rmdir()  # empty unless a probe that did not end done left its log, as the prober leaves it
     pred = {k: v for k, v in plan.as_dict().items() if k not in ("status", "error", "traceback")}
     pred["planned_bytes"] = {int(b): v for b, v in pred["planned_bytes"].items()}
     return pred
+
+
+def _train_images(data_dir: Path, dataset: str) -> int:
+    from catsdogs.data.manifest import require_prepared
+
+    return sum(require_prepared(Path(data_dir))["counts"][dataset]["train"].values())
+
+
+def _predicted_peak_bytes(pred: dict, batch: int, s: dict) -> float:
+    """A probe's peak by the prediction: the BFC replay's, or the line of XLA's plan."""
+    if pred["method"] == "bfc":
+        from catsdogs.costs import predicted_peak_bytes
+
+        return predicted_peak_bytes(batch, pred["baseline_bytes"], s["image_size"], s["optimizer"], s["precision"],
+                                    pred["train_images"], pred["device"], pred["steps"])
+    return pred["baseline_bytes"] + pred["state_bytes"] + pred["per_image_bytes"] * batch
 
 
 def summary_lines(summary: dict) -> list[str]:
@@ -371,6 +404,10 @@ def summary_lines(summary: dict) -> list[str]:
         why = (f"; {nxt} did not" if nxt else
                f"; every size up to --max {s['max']} fit" if summary["reached_max"] else "")
         lines.append(f"Largest batch size that fits{under}: {largest} (measured{why}).")
+    fraction = summary.get("memory_fraction")
+    if fraction and cap_mb:
+        lines.append(f"That limit is XLA's: {fraction:.0%} of the GPU's memory (XLA_CLIENT_MEM_FRACTION, 75% by "
+                     f"default, with preallocation off too); a training run gets the same unless it sets it.")
     pred = summary.get("prediction")
     if pred:
         apart = f" ({pred['percent_apart']:+.1f}% from the measured {largest})" if "percent_apart" in pred else ""
@@ -382,11 +419,13 @@ def summary_lines(summary: dict) -> list[str]:
                 f"{pred['baseline_bytes'] / 2**20:.0f} MiB runtime baseline "
                 f"(from the batch-size-{pred['calibration_batch_size']} probe).")
         else:
+            written = " written" if pred.get("device") == "cpu" else ""
             lines.append(
-                f"Analytic memory model predicts {pred['max_batch_size']}{apart}: "
-                f"{pred['per_image_bytes'] / 2**20:.2f} MiB per image, {pred['state_bytes'] / 2**20:.0f} MiB of "
-                f"weights, gradients and {s['optimizer']} slots, {pred['baseline_bytes'] / 2**20:.0f} MiB runtime "
-                f"baseline (from the batch-size-{pred['calibration_batch_size']} probe).")
+                f"The step replayed through TensorFlow's allocator predicts {pred['max_batch_size']}{apart}: "
+                f"{pred['per_image_bytes'] / 2**20:.2f} MiB{written} per image up to it, "
+                f"{pred['state_bytes'] / 2**20:.0f} MiB of weights, gradients and {s['optimizer']} slots, "
+                f"{pred['baseline_bytes'] / 2**20:.0f} MiB runtime baseline "
+                f"(from the batch-size-{pred['calibration_batch_size']} probe).")
     if largest is None:
         return lines
     if summary.get("fastest"):

@@ -2,9 +2,21 @@
 
 A worker's memory only grows (allocators keep what they freed), so a worker is reused only for a
 probe larger than every probe it has run, and replaced after any probe that did not end done.
+
+A reused worker also holds more than a fresh one would at the same batch size: TensorFlow's BFC
+pool and XLA's allocator keep the regions earlier, smaller steps grew, and a larger step needs
+larger blocks than those regions free. On this CPU at 40 px, batch size 128 peaked at 961 MiB in
+a worker that had run 1 to 64, and at 827 MiB in a fresh one (TensorFlow; JAX at 256: 989
+against 880). A fit in a reused worker is still a fit, but an out-of-memory there says nothing
+about a training process, which runs one batch size from its start. So:
+- a probe at or above `fresh_from` (find-batch-size: 80% of its predicted limit) gets a fresh
+  worker, as does every probe of `isolate`;
+- a probe that runs out of memory in a reused worker runs again in a fresh one, and only that
+  answer counts (`worker`: "fresh", "reused", or "retried").
+
 `memory_cap_bytes` caps every probe (the CPU: the worker's peak resident memory, watched by
 catsdogs.training.worker, which kills it the moment it goes over; a GPU: a logical device of that
-size); `cpu_cap_bytes` caps only probes that run on the CPU. `isolate`: a worker per probe.
+size); `cpu_cap_bytes` caps only probes that run on the CPU.
 """
 
 from __future__ import annotations
@@ -23,9 +35,10 @@ class Prober:
     """Probes in workers, each worker reused while the batch sizes grow."""
 
     def __init__(self, workdir: Path, memory_cap_bytes: int | None = None, cpu_cap_bytes: int | None = None,
-                 isolate: bool = False):
+                 isolate: bool = False, fresh_from: int | None = None):
         self.workdir = Path(workdir)
         self.memory_cap_bytes, self.cpu_cap_bytes, self.isolate = memory_cap_bytes, cpu_cap_bytes, isolate
+        self.fresh_from = fresh_from  # probes of at least this batch size run in a fresh worker
         self._env = {MEMORY_CAP_ENV: str(memory_cap_bytes)} if memory_cap_bytes else {}
         self._started = 0
         self.worker: Worker | None = None
@@ -45,23 +58,39 @@ class Prober:
                 self.worker.log_path.unlink(missing_ok=True)
             self.worker = None
 
-    def run(self, task: Task):
-        """The task's record; a probe's with the cap it ran under (and the worker's log kept when
-        it did not end done)."""
-        probe = isinstance(task, ProbeTask)
+    def wants_fresh(self, task: Task) -> bool:
+        """Whether `task` needs a worker that has run nothing yet (see the module's docstring)."""
         worker = self.worker
-        if (worker is None or not worker.alive or self.isolate
-                or (worker.tasks and probe and task.batch_size <= worker.largest_batch)):
-            worker = self._fresh()
+        if worker is None or not worker.alive or self.isolate:
+            return True
+        if not isinstance(task, ProbeTask) or not worker.tasks:
+            return False
+        return task.batch_size <= worker.largest_batch or (
+            self.fresh_from is not None and task.batch_size >= self.fresh_from)
+
+    def run(self, task: Task):
+        """The task's record; a probe's with the cap it ran under, the worker it ran in (and
+        the worker's log kept when it did not end done)."""
+        record, reused = self._run_once(task)
+        if isinstance(task, ProbeTask) and reused and record.status == Status.OOM:
+            self._clean = True  # the answer that counts is the fresh one: the reused one's log goes
+            record, _ = self._run_once(task, fresh=True)
+            record.worker = "retried"
+        return record
+
+    def _run_once(self, task: Task, fresh: bool = False):
+        worker = self._fresh() if fresh or self.wants_fresh(task) else self.worker
+        reused = worker.tasks > 0
         if not worker.alive:
             worker.start_or_record()
         cap = self.memory_cap_bytes or (self.cpu_cap_bytes if worker.device == "cpu" else None)
         record = worker.run(task, memory_cap_bytes=cap)
         if record.status != Status.DONE:
             self._clean = False
-        if not probe:
-            return record
-        return self._as_capped(record, task, cap, worker)
+        if not isinstance(task, ProbeTask):
+            return record, reused
+        record.worker = "reused" if reused else "fresh"
+        return self._as_capped(record, task, cap, worker), reused
 
     def _as_capped(self, record: ProbeRecord, task: ProbeTask, cap: int | None, worker: Worker) -> ProbeRecord:
         cap_mb = cap / 2**20 if cap else None

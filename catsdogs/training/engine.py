@@ -28,6 +28,7 @@ import traceback
 from collections import OrderedDict
 from pathlib import Path
 
+from catsdogs.costs import OPTIMIZER_SLOTS, parameter_count, train_flops_per_image
 from catsdogs.data import loading
 from catsdogs.data.manifest import require_prepared
 from catsdogs.errors import CatsdogsError
@@ -43,13 +44,7 @@ from catsdogs.messages import (
     TrialRecord,
     TrialTask,
 )
-from catsdogs.model import (
-    OPTIMIZER_SLOTS,
-    build_model,
-    loss_and_metrics,
-    parameter_count,
-    train_flops_per_image,
-)
+from catsdogs.model import build_model, loss_and_metrics
 from catsdogs.provenance import environment
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.training import backends
@@ -455,12 +450,12 @@ def run_memory_plan(task: MemoryPlanTask) -> MemoryPlan:
     """The largest batch size under `cap_bytes` by the compiler's memory plan (backends whose
     compiler states one: JAX), its baseline from a measured probe (`calibration_peak_bytes` at
     `calibration_batch`). Compiles the probe's step at a few batch sizes; runs nothing."""
-    from catsdogs.model import predict_max_batch_size_planned
+    from catsdogs.costs import predict_max_batch_size_planned
 
     backend = backends.current()
     backend.start()
     if backend.compiled_step_bytes is None:
-        raise CatsdogsError(f"{backend.NAME} states no memory plan: use catsdogs.model's analytic model")
+        raise CatsdogsError(f"{backend.NAME} states no memory plan: use catsdogs.costs' analytic model")
     manifest = require_prepared(Path(task.data_dir))
     size = manifest["params"]["size"]
     cfg = TrialConfig(task.optimizer, int(task.calibration_batch), task.dataset, 0, epochs=1,

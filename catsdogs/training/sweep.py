@@ -67,7 +67,13 @@ class LocalSlot:
         task = TrialTask(cfg, str(Path(data_dir).resolve()))
         if not (self.isolate or needs_fresh_worker(cfg)):
             self.running = self.worker
-            return self.worker.run(task, on_progress=on_epoch)
+            reused = self.worker.alive and self.worker.tasks > 0
+            record = self.worker.run(task, on_progress=on_epoch)
+            if record.status == Status.OOM and reused:
+                # A reused worker holds what its earlier trials' allocators kept (see
+                # catsdogs.measure.prober): out of memory there is only an answer for a fresh one.
+                record = self.worker.run(task, on_progress=on_epoch)
+            return record
         # A process of its own, started for this trial and ended with it; the kept worker is
         # ended too, so the trial has the machine (all GPUs, for mirrored) to itself.
         self.worker.close()

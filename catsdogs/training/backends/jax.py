@@ -97,6 +97,7 @@ def setup_device(memory_cap_bytes: int | None) -> str:
         total = gpu_total_bytes()
         if total:
             fraction = min(1.0, memory_cap_bytes / total)
+            os.environ.pop("XLA_CLIENT_MEM_FRACTION", None)  # jaxlib refuses both at once
             os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{fraction:.4f}"
             capped = True
     kind = start()
@@ -276,13 +277,26 @@ def _stats() -> dict:
     return {}
 
 
+DEFAULT_MEMORY_FRACTION = 0.75  # jaxlib's, when neither variable below is set
+
+
+def memory_fraction() -> float:
+    """The share of the GPU's memory XLA's allocator may use, as jaxlib reads it at start-up
+    (xla_client.generate_pjrt_gpu_plugin_options): XLA_CLIENT_MEM_FRACTION, else the older
+    XLA_PYTHON_CLIENT_MEM_FRACTION, else 75%. It is the allocator's limit whether or not it
+    preallocates (XLA_PYTHON_CLIENT_PREALLOCATE=false only stops it taking the memory up front)."""
+    text = os.environ.get("XLA_CLIENT_MEM_FRACTION") or os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    return float(text) if text else DEFAULT_MEMORY_FRACTION
+
+
 def peak_memory() -> dict:
-    """{'peak_memory_mb', 'memory_kind', 'allocator_peak_mb'?, 'device_memory_limit_mb'?}: on a
-    GPU XLA's allocator peak since the worker started ('gpu-worker') and its limit; on the CPU
-    the peak resident set since the last reset (VmHWM)."""
+    """{'peak_memory_mb', 'memory_kind', 'allocator_peak_mb'?, 'device_memory_limit_mb'?,
+    'memory_fraction'?}: on a GPU XLA's allocator peak since the worker started ('gpu-worker'),
+    its limit and its share of the GPU; on the CPU the peak resident set since the last reset
+    (VmHWM)."""
     stats = _stats()
     if stats:
-        out = {"memory_kind": "gpu-worker"}
+        out = {"memory_kind": "gpu-worker", "memory_fraction": memory_fraction()}
         if "peak_bytes_in_use" in stats:
             out["peak_memory_mb"] = out["allocator_peak_mb"] = stats["peak_bytes_in_use"] / 2**20
         if "bytes_limit" in stats:
