@@ -361,7 +361,7 @@ def sweep(ctx, **values):
                     overwrite=values["overwrite"], retry_failed=values["retry_failed"], log=click.echo,
                     sweep_config={"plan": plan.settings, "plan_origin": plan.origin}, workers=workers,
                     isolate=values["isolate"], slots=slots)
-    return 0 if counts[schema.Status.DONE] == counts["trials"] else 1
+    return 0 if sw.succeeded(counts, counts["trials"]) else 1
 
 
 def _plan_value(value):
@@ -515,8 +515,9 @@ def reproduce(plan, source, seeds, target_ci, max_seeds, name, data_dir, out, wo
     result = run(plan, data_dir=plans.data_dir(plan, data_dir), out=out, backend=backends.check(), source=source,
                  workers=workers, isolate=isolate, overwrite=overwrite, log=click.echo,
                  progress=not quiet and sys.stderr.isatty())
-    counts = result["counts"]
-    return 0 if counts[schema.Status.DONE] == result["trials"] else 1
+    from catsdogs.training.sweep import succeeded
+
+    return 0 if succeeded(result["counts"], result["trials"]) else 1
 
 
 # --- plans ----------------------------------------------------------------------------------

@@ -8,6 +8,12 @@ Adam / standard points belong to both of the article's figures) is run once; `sw
 says which sweeps list it. Every change is one transaction; a running trial names its owner,
 a sweep process holding a lock file, so a sweep killed with kill -9 leaves rows that the next
 sweep can tell are abandoned and runs again.
+
+Several sweeps may share one store at once. Opening it (creating it, switching it to WAL,
+adding the columns a newer catsdogs has) takes a file lock beside it, so processes opening it
+together wait their turn rather than fail on SQLite's own lock, which its busy timeout does not
+cover for a change of journal mode. A reader (the report) reads in one transaction: one
+consistent snapshot while sweeps write.
 """
 
 from __future__ import annotations
@@ -79,12 +85,14 @@ class Store:
     def __init__(self, path: Path | str):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(_schema())  # IF NOT EXISTS: idempotent, safe to race
-        self._add_missing_columns()
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(_schema())  # IF NOT EXISTS: idempotent
+            self._add_missing_columns()
         self._owner_lock = None
 
     def _add_missing_columns(self) -> None:
@@ -93,8 +101,7 @@ class Store:
         have = {r[1] for r in self.db.execute("PRAGMA table_info(trials)")}
         for name, sql_type in {**CONFIG_COLUMNS, **RESULT_COLUMNS}.items():
             if name not in have:
-                with contextlib.suppress(sqlite3.OperationalError):  # another process added it
-                    self.db.execute(f"ALTER TABLE trials ADD COLUMN {name} {sql_type}")
+                self.db.execute(f"ALTER TABLE trials ADD COLUMN {name} {sql_type}")
 
     def close(self) -> None:
         self.db.close()
@@ -117,6 +124,15 @@ class Store:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads inside see the store as it was at the first of them, whatever sweeps write."""
+        self.db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self.db.execute("COMMIT")
 
     # --- owners: which process runs a trial, and is it still alive ---------------------------
 
@@ -246,6 +262,13 @@ class Store:
             rows = self.db.execute("SELECT t.* FROM trials t JOIN sweep_trials s ON s.key = t.key "
                                    "WHERE s.sweep=? ORDER BY s.position", (sweep,))
         return [_row(r) for r in rows]
+
+    def running_elsewhere(self, keys: list[str]) -> list[int]:
+        """The process ids of the live sweeps, other than this one, running trials of `keys`."""
+        rows = self.db.execute(f"SELECT owner FROM trials WHERE status=? AND key IN ({','.join('?' * len(keys))})",
+                               [Status.RUNNING, *keys])
+        mine = getattr(self, "owner", None)
+        return [int(r[0].split("-")[0]) for r in rows if r[0] != mine and self.owner_alive(r[0])]
 
     def counts(self, keys: list[str]) -> dict[str, int]:
         out = dict.fromkeys(STORED, 0)

@@ -184,9 +184,23 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
             runner.close()
     with Store(store_path(out)) as store:
         counts = store.counts(keys)
+        elsewhere = store.running_elsewhere(keys)
+    # A trial another live sweep is running is neither failed nor left to do: it counts neither way.
+    counts[RUNNING_ELSEWHERE] = len(elsewhere)
+    running = (f", {len(elsewhere)} running in another sweep (pid {', '.join(map(str, sorted(set(elsewhere))))})"
+               if elsewhere else "")
     log(f"Sweep {name} finished: {counts[Status.DONE]} done, {counts[Status.FAILED]} failed, "
-        f"{counts[Status.OOM]} out of memory, of {total}.")
+        f"{counts[Status.OOM]} out of memory{running}, of {total}.")
     return counts
+
+
+RUNNING_ELSEWHERE = "running_elsewhere"  # counts' key: trials another live sweep is running
+
+
+def succeeded(counts: dict, total: int) -> bool:
+    """A sweep's exit status: every trial done, or being run by another live sweep; any failed,
+    out-of-memory or left-over trial makes it a failure (exit code 1)."""
+    return counts[Status.DONE] + counts.get(RUNNING_ELSEWHERE, 0) == total
 
 
 def claim_order(keys: list[str], by_key: dict[str, TrialConfig], shapes: set[str]) -> list[str]:
