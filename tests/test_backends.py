@@ -260,3 +260,57 @@ def test_catsdogs_installs_with_no_deps_and_runs_on_jax_without_tensorflow(tmp_p
     tf = catsdogs("sweep", "--data-dir", str(data), "--out", str(out), KERAS_BACKEND="tensorflow")
     assert tf.returncode == 1 and tf.stderr.strip() == (
         "Error: KERAS_BACKEND=tensorflow needs tensorflow, which is not installed: pip install tensorflow")
+
+
+# --- honest timers: waiting for dispatched steps ----------------------------------------------
+
+
+class WeightsOf:
+    """Stands in for a model: its trainable variables hold `arrays` (as Keras variables' .value)."""
+
+    def __init__(self, *arrays):
+        self.trainable_variables = [type("Variable", (), {"value": a, "shape": a.shape})() for a in arrays]
+
+
+def test_jax_waits_for_a_dispatched_step_before_the_timer_stamps():
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def slow_step(x):  # a "training step" of known cost: 20 products of 1,000 x 1,000 matrices
+        return jax.lax.fori_loop(0, 20, lambda i, y: (y @ x) / 1000.0, x)
+
+    x = jnp.ones((1000, 1000), jnp.float32)
+    jax.block_until_ready(slow_step(x))  # compiled, and its cost measured
+    t0 = time.perf_counter()
+    jax.block_until_ready(slow_step(x))
+    cost = time.perf_counter() - t0
+    # given a step dispatched, its result not yet asked for
+    t0 = time.perf_counter()
+    weights = slow_step(x)
+    dispatched = time.perf_counter() - t0
+    # when the timer waits for the steps, then the wait covers the step's remaining time
+    jax_backend.wait_for_steps(WeightsOf(weights))
+    waited = time.perf_counter() - t0
+    assert dispatched < 0.5 * cost <= waited, (dispatched, cost, waited)
+
+
+def test_the_epoch_timer_stamps_the_end_of_training_after_the_steps_have_run():
+    import time
+
+    from catsdogs.training.engine import _epoch_timer
+
+    # given steps that take 0.2 s more to finish than to dispatch (as JAX's do)
+    rows = []
+    timer = _epoch_timer(2, rows.append, wait_for_steps=lambda model: time.sleep(0.2))
+    timer.set_model(object())
+    # when an epoch with validation, then one without, end
+    timer.on_epoch_begin(0)
+    timer.on_test_begin()
+    timer.on_epoch_end(0)
+    timer.on_epoch_begin(1)
+    timer.on_epoch_end(1)
+    # then both epochs' training time holds the steps' 0.2 s
+    assert [r["train_seconds"] >= 0.2 for r in rows] == [True, True]

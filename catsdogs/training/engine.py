@@ -270,7 +270,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> TrialRecord:
                                      cross_epochs=cfg.budget == "steps")
     val_ds = backend.eval_batches(val, cfg.batch_size) if len(val) else None
     test_ds = backend.eval_batches(test, cfg.batch_size)
-    timer = _epoch_timer(epochs, on_epoch)
+    timer = _epoch_timer(epochs, on_epoch, backend.wait_for_steps)
     with step.strategy.scope():  # JAX's trainer reads its distribution when fit runs
         initial = diagnose(step, test_ds, prefix="initial_")  # the model as it starts (changes nothing)
         fit_started = time.time()
@@ -315,8 +315,10 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> TrialRecord:
     )
 
 
-def _epoch_timer(n_epochs: int, on_epoch):
-    """A callback timing the training and validation parts of each epoch, reporting each."""
+def _epoch_timer(n_epochs: int, on_epoch, wait_for_steps=lambda model: None):
+    """A callback timing the training and validation parts of each epoch, reporting each. The
+    end of training is stamped after `wait_for_steps(model)`: a backend that dispatches steps
+    asynchronously (JAX) would otherwise have its training end when the last step was queued."""
     import keras
 
     class EpochTimer(keras.callbacks.Callback):
@@ -329,9 +331,12 @@ def _epoch_timer(n_epochs: int, on_epoch):
 
         def on_test_begin(self, logs=None):  # validation starts: training of the epoch is over
             if self.t_train is None:
+                wait_for_steps(self.model)
                 self.t_train = time.perf_counter()
 
         def on_epoch_end(self, epoch, logs=None):
+            if self.t_train is None:  # no validation: training ends with the epoch
+                wait_for_steps(self.model)
             end = time.perf_counter()
             row = {"epoch": epoch + 1, "train_seconds": (self.t_train or end) - self.t0,
                    "seconds": end - self.t0}

@@ -258,6 +258,15 @@ def distribution(strategy: str) -> Distribution:
     return Distribution(keras.distribution.DataParallel(devices=devices), len(devices))
 
 
+def wait_for_steps(model) -> None:
+    """Return when every dispatched training step has run: JAX dispatches asynchronously, so a
+    timer stamped without waiting measures the dispatch, not the training. Waits on the weights,
+    which the last step wrote (Keras has put them back on the model by the time training ends)."""
+    import jax
+
+    jax.block_until_ready([v.value for v in model.trainable_variables])
+
+
 # --- memory ------------------------------------------------------------------------------------
 
 

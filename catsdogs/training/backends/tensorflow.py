@@ -204,6 +204,14 @@ def distribution(strategy: str):
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
 
 
+def wait_for_steps(model) -> None:
+    """Return when every dispatched training step has run. On a CPU TensorFlow's steps have; on a
+    GPU reading the smallest weight back waits for the kernels queued before its update."""
+    import math
+
+    min(model.trainable_variables, key=lambda v: math.prod(v.shape)).value.numpy()
+
+
 # --- memory ------------------------------------------------------------------------------------
 
 
