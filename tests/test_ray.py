@@ -126,6 +126,21 @@ def test_a_sweep_on_local_ray_records_every_trial_and_its_actors_keep_their_comp
 
 
 @pytest.mark.slow
+def test_a_sweep_on_local_ray_trains_on_jax_when_keras_backend_says_so(data_dir, tmp_path, monkeypatch):
+    # given KERAS_BACKEND=jax in the sweep's process (Ray may have been started under TensorFlow)
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    # when a sweep of four trials runs on the local Ray
+    result = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "j", "--batch-size", "8", "16", "--seeds", "2"))
+    assert result.exit_code == 0, result.output
+    # then every trial trained on JAX, and says so
+    with Store(tmp_path / "results.sqlite") as store:
+        trials = store.trials("j")
+    assert len(trials) == 4 and {t["status"] for t in trials} == {Status.DONE}
+    assert {t["backend"] for t in trials} == {"jax"}
+    assert all(t["env"]["backend"] == "jax" and "jax" in t["env"] for t in trials)
+
+
+@pytest.mark.slow
 def test_a_lost_worker_never_leaves_a_half_result(data_dir, tmp_path, monkeypatch):
     real = ray_runner._run_in_worker
     attempts = tmp_path / "attempts"

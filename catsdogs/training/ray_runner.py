@@ -161,7 +161,9 @@ class RaySlot:
         from catsdogs.training import backends
 
         backend = backends.current()
-        env = {**backend.process_env(), **self.env, **backend.strategy_env(cfg.strategy)}
+        # The backend by name: an actor's process may not see this process's KERAS_BACKEND or
+        # keras.json (Ray started by an earlier sweep, another node)
+        env = {**backend.process_env(), **self.env, **backend.strategy_env(cfg.strategy), "KERAS_BACKEND": backend.NAME}
         if self.plan["use_gpus"]:
             gpus = max(self.plan["node_gpus"]) if cfg.strategy == "mirrored" else 1
             options = {"num_gpus": gpus, "num_cpus": self.plan["cpus"]}
