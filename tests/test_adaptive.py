@@ -154,3 +154,46 @@ def test_the_tuned_plan_crosses_four_learning_rates_per_optimizer(data_dir):
     assert {(t.optimizer, t.lr) for t in planned} == {
         ("sgd", None), ("sgd", 0.03), ("sgd", 0.1), ("sgd", 0.3),
         ("adam", 0.0003), ("adam", None), ("adam", 0.003), ("adam", 0.01)}
+
+
+class CountedSlot:
+    """A slot whose trials end done at once, a seed's accuracy alternating (so cells stay wide);
+    counts the slots made and closed."""
+
+    made: list = []
+
+    def __init__(self, *args):
+        self.closed, self.trials = False, 0
+        CountedSlot.made.append(self)
+
+    def shapes(self) -> set[str]:
+        return set()
+
+    def run(self, cfg, data_dir, on_epoch=None):
+        from catsdogs.messages import TrialRecord
+        from catsdogs.schema import Status
+
+        self.trials += 1
+        return TrialRecord(status=Status.DONE, test_accuracy=0.6 + 0.2 * (cfg.seed % 2), images_per_second=1.0)
+
+    def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_adaptive_rounds_share_one_set_of_slots_and_close_it_at_the_end(data_dir, tmp_path):
+    from catsdogs.training.sweep import run
+
+    # given two cells whose seeds disagree, so every round adds a seed, up to 3
+    grid = trials(plans.with_overrides(plans.command_line_plan(), {"seeds": 1, "name": "a"},
+                                       {"opt": ["adam"], "batch_size": [8, 16], "epochs": 1}), data_dir, "tensorflow")
+    CountedSlot.made = []
+    lines: list[str] = []
+    counts = run("a", grid, data_dir, tmp_path, target_ci=0.001, max_seeds=3, workers=2, log=lines.append,
+                 slots=CountedSlot)
+    # then three rounds ran 6 trials in the same two slots, closed once the rounds were over
+    assert "Adaptive seeds, round 3" in "\n".join(lines) and counts["trials"] == 6
+    assert len(CountedSlot.made) == 2 and sum(s.trials for s in CountedSlot.made) == 6
+    assert all(s.closed for s in CountedSlot.made)

@@ -123,12 +123,14 @@ class _Board:
 def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
               overwrite: bool = False, retry_failed: bool = False, log=print,
               sweep_config: dict | None = None, worker_env: dict | None = None,
-              workers: int = 1, isolate: bool = False, slots=None) -> dict:
+              workers: int = 1, isolate: bool = False, slots=None, kept: list | None = None) -> dict:
     """Run every trial of `grid` not finished yet, up to `workers` at once; return status counts.
 
     `slots(index, workers, workdir)` makes the object that runs slot `index`'s trials (its
     `run(cfg, data_dir, on_epoch)` returns a record; `shapes()`, `stop()`, `close()`); by
-    default a LocalSlot, a worker process on this machine. Whatever runs the trials, only this
+    default a LocalSlot, a worker process on this machine. `kept`: slots made by the caller
+    (`make_slots`), used and left open, so their workers' decoded data and compiled steps serve
+    the caller's next call too (the adaptive rounds). Whatever runs the trials, only this
     process writes the store, one transaction per outcome."""
     out = Path(out)
     sweep_dir = out / name
@@ -152,8 +154,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
     log(f"Sweep {name}: {total} trials, {workers} at a time in {how}; results in {store_path(out)} "
         f"and {csv_path}")
     board = _Board(total, already, workers, log)
-    make_slot = slots or (lambda i, n, workdir: LocalSlot(i, n, workdir, isolate=isolate, env=worker_env))
-    runners = [make_slot(i, max(1, workers), out / ".work") for i in range(max(1, workers))]
+    runners = kept if kept is not None else make_slots(out, workers, isolate, worker_env, slots)
     work = dict(keys=keys, by_key={c.key(): c for c in grid}, data_dir=data_dir, out=out, name=name,
                 board=board, retry_failed=retry_failed)
     # Each slot's thread sets its event when it ends. Waiting on events rather than
@@ -180,7 +181,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for runner in runners:
+        for runner in runners if kept is None else []:
             runner.close()
     with Store(store_path(out)) as store:
         counts = store.counts(keys)
@@ -195,6 +196,13 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
 
 
 RUNNING_ELSEWHERE = "running_elsewhere"  # counts' key: trials another live sweep is running
+
+
+def make_slots(out: Path, workers: int = 1, isolate: bool = False, worker_env: dict | None = None,
+               slots=None) -> list:
+    """The slots a sweep runs its trials in: `slots(index, workers, workdir)` each, else LocalSlots."""
+    make_slot = slots or (lambda i, n, workdir: LocalSlot(i, n, workdir, isolate=isolate, env=worker_env))
+    return [make_slot(i, max(1, workers), Path(out) / ".work") for i in range(max(1, workers))]
 
 
 def succeeded(counts: dict, total: int) -> bool:
@@ -290,23 +298,30 @@ def run_adaptive_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: 
         raise CatsdogsError(f"sweep {name!r} already has seeds 0-{seeds_run - 1} of these cells: "
                             f"--max-seeds must be at least {seeds_run}")
     sweep_config = {**(sweep_config or {}), "adaptive": {"target_ci": target_ci, "max_seeds": max_seeds}}
-    round_no = 1
-    while True:
-        counts = run_sweep(name, grid, data_dir, out, overwrite=overwrite and round_no == 1, log=log,
-                           sweep_config=sweep_config, **kwargs)
-        with Store(store_path(out)) as store:
-            rows = {c.key(): store.get(c.key()) or {} for c in grid}
-        step = next_seeds(grid, rows, target_ci, max_seeds)
-        states = [c["state"] for c in step["cells"].values()]
-        summary = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
-        if not step["add"]:
-            log(f"Adaptive seeds: every cell is done ({summary}; target ±{target_ci:g} points, "
-                f"at most {max_seeds} seeds).")
-            return {**counts, "cells": step["cells"], "trials": len(grid)}
-        round_no += 1
-        log(f"Adaptive seeds, round {round_no}: {len(step['add'])} cells wider than ±{target_ci:g} points "
-            f"get another seed ({summary}).")
-        grid = grid + step["add"]
+    # One set of slots for every round: their workers keep their decoded data and compiled steps
+    kept = make_slots(out, kwargs.get("workers", 1), kwargs.get("isolate", False), kwargs.get("worker_env"),
+                      kwargs.get("slots"))
+    try:
+        round_no = 1
+        while True:
+            counts = run_sweep(name, grid, data_dir, out, overwrite=overwrite and round_no == 1, log=log,
+                               sweep_config=sweep_config, kept=kept, **kwargs)
+            with Store(store_path(out)) as store:
+                rows = {c.key(): store.get(c.key()) or {} for c in grid}
+            step = next_seeds(grid, rows, target_ci, max_seeds)
+            states = [c["state"] for c in step["cells"].values()]
+            summary = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
+            if not step["add"]:
+                log(f"Adaptive seeds: every cell is done ({summary}; target ±{target_ci:g} points, "
+                    f"at most {max_seeds} seeds).")
+                return {**counts, "cells": step["cells"], "trials": len(grid)}
+            round_no += 1
+            log(f"Adaptive seeds, round {round_no}: {len(step['add'])} cells wider than ±{target_ci:g} "
+                f"points get another seed ({summary}).")
+            grid = grid + step["add"]
+    finally:
+        for runner in kept:
+            runner.close()
 
 
 def _seeds_in_store(name: str, grid: list[TrialConfig], out: Path) -> int:
