@@ -6,30 +6,55 @@ still wider than ±W points, round after round; the report lists the cells that 
 --max-seeds. The oracle of an adaptive sweep: it decides what to run next, from the store alone,
 apart from what runs trials. Framework-free: the sweep (training) and the report (analysis) both
 ask it.
+
+No cell is settled by agreement alone. Seeds that agree exactly have a zero-width interval, and
+bimodal cells (seeds at 50% and at 85%) often start that way. So the interval's per-seed standard
+deviation is never taken below the test set's own sampling noise: the binomial standard deviation
+of an accuracy p measured on the cell's n test images, sqrt(p(1-p)/n), with p kept within
+[0.1, 0.9] (a cell at 0% or 100% still has noise left to find). With 400 test images that is
+2.5 points at p = 0.5, so a cell whose seeds agree meets a ±5 target at 4 seeds, not at 2.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from catsdogs.schema import Status, TrialConfig
-from catsdogs.stats import mean_ci
+from catsdogs.stats import LEVEL, mean_ci, t_quantile
+
+P_RANGE = (0.1, 0.9)  # the accuracy the binomial floor is taken at is kept within this range
 
 
-def half_width_points(accuracies: list[float]) -> float | None:
-    """The 95% interval's half-width over the seeds, in percentage points; None below 2 seeds."""
-    half = mean_ci(accuracies)["ci_half_width"]
-    return None if half is None else 100 * half
+def sd_floor(accuracy: float, n_test: int) -> float:
+    """The binomial standard deviation of an accuracy measured on n_test images (a fraction)."""
+    p = min(max(accuracy, P_RANGE[0]), P_RANGE[1])
+    return math.sqrt(p * (1 - p) / n_test)
 
 
-def next_seeds(grid: list[TrialConfig], rows: dict[str, dict], target_ci: float, max_seeds: int) -> dict:
+def interval(accuracies: list[float], n_test: int | None = None) -> dict:
+    """{"half_width": points or None below 2 seeds, "floored": whether the binomial floor on the
+    per-seed sd decided it}: the 95% Student-t half-width over the seeds."""
+    stats = mean_ci(accuracies)
+    if stats["ci_half_width"] is None:
+        return {"half_width": None, "floored": False}
+    floor = sd_floor(stats["mean"], n_test) if n_test else 0.0
+    if stats["sd"] >= floor:
+        return {"half_width": 100 * stats["ci_half_width"], "floored": False}
+    n = stats["n"]
+    return {"half_width": 100 * t_quantile((1 + LEVEL) / 2, n - 1) * floor / math.sqrt(n), "floored": True}
+
+
+def next_seeds(grid: list[TrialConfig], rows: dict[str, dict], target_ci: float, max_seeds: int,
+               n_test: int | None = None) -> dict:
     """Which cells get one more seed, and why the others do not.
 
     rows: the store's rows by key. A cell gets seed n (its seeds being 0..n-1) while its interval's
     half-width is above `target_ci` points (or it has fewer than 2 finished seeds) and n is below
     `max_seeds`; not after its latest trial failed or ran out of memory (another seed would too).
-    Returns {"add": [TrialConfig], "cells": {cell: {"seeds", "half_width", "state"}}}, state one
-    of met, max-seeds, stopped (failed / oom) or more."""
+    `n_test`: the test images each accuracy was measured on, for the binomial floor (None: no
+    floor, as catsdogs 0.7.0 decided). Returns {"add": [TrialConfig], "cells": {cell: {"seeds",
+    "half_width", "floored", "state"}}}, state one of met, max-seeds, stopped (failed / oom) or more."""
     by_cell: dict[TrialConfig, list[TrialConfig]] = {}
     for cfg in grid:
         by_cell.setdefault(cfg.cell(), []).append(cfg)
@@ -37,7 +62,8 @@ def next_seeds(grid: list[TrialConfig], rows: dict[str, dict], target_ci: float,
     for cell, members in by_cell.items():
         members.sort(key=lambda c: c.seed)
         done = [rows[c.key()] for c in members if (rows.get(c.key()) or {}).get("status") == Status.DONE]
-        half = half_width_points([r["test_accuracy"] for r in done if r.get("test_accuracy") is not None])
+        ci = interval([r["test_accuracy"] for r in done if r.get("test_accuracy") is not None], n_test)
+        half = ci["half_width"]
         last = (rows.get(members[-1].key()) or {}).get("status")
         n = members[-1].seed + 1
         if half is not None and half <= target_ci:
@@ -49,5 +75,5 @@ def next_seeds(grid: list[TrialConfig], rows: dict[str, dict], target_ci: float,
         else:
             state = "more"
             add.append(replace(members[-1], seed=n))
-        cells[cell] = {"seeds": n, "half_width": half, "state": state}
+        cells[cell] = {"seeds": n, "half_width": half, "floored": ci["floored"], "state": state}
     return {"add": add, "cells": cells}

@@ -52,6 +52,33 @@ def test_given_cells_when_next_seeds_then_only_wide_cells_under_the_cap_get_one_
     assert step["cells"][TrialConfig("adam", 16, "standard", 0)]["half_width"] < 5
 
 
+def test_the_binomial_floor_is_the_sampling_sd_of_an_accuracy_on_the_test_images():
+    assert seeds.sd_floor(0.5, 400) == pytest.approx(0.025)  # 2.5 points
+    assert seeds.sd_floor(0.8, 400) == pytest.approx((0.8 * 0.2 / 400) ** 0.5)
+    assert seeds.sd_floor(1.0, 400) == seeds.sd_floor(0.9, 400) > 0  # p kept away from 1
+    assert seeds.sd_floor(0.0, 400) == seeds.sd_floor(0.1, 400)
+
+
+def test_seeds_that_agree_exactly_are_not_met_until_the_floor_allows():
+    # given a cell whose seeds all collapsed to 50% on 400 test images, and a ±5 point target
+    for n, expected in [(2, "more"), (3, "more"), (4, "met")]:
+        grid, rows = _cell(16, [0.5] * n)
+        cell = seeds.next_seeds(grid, rows, target_ci=5, max_seeds=10, n_test=400)["cells"][grid[0].cell()]
+        # then 2 and 3 identical seeds are not enough; 4 are (t(0.975, 3) x 2.5 / 2 = 3.98 points)
+        assert cell["state"] == expected, (n, cell)
+        assert cell["floored"]
+    assert cell["half_width"] == pytest.approx(3.182446 * 2.5 / 2, rel=1e-4)
+    # and without the floor (catsdogs 0.7.0's rule), 2 identical seeds were called met
+    grid, rows = _cell(16, [0.5, 0.5])
+    assert seeds.next_seeds(grid, rows, target_ci=5, max_seeds=10)["cells"][grid[0].cell()]["state"] == "met"
+
+
+def test_seeds_that_disagree_more_than_the_floor_keep_their_own_interval():
+    grid, rows = _cell(16, [0.5, 0.9, 0.7])
+    cell = seeds.next_seeds(grid, rows, target_ci=5, max_seeds=10, n_test=400)["cells"][grid[0].cell()]
+    assert not cell["floored"] and cell["half_width"] > 40
+
+
 def test_given_one_finished_seed_when_next_seeds_then_it_needs_another():
     grid, rows = _cell(16, [0.8])
     assert seeds.next_seeds(grid, rows, target_ci=5, max_seeds=3)["add"] == [TrialConfig("adam", 16, "standard", 1)]
@@ -73,19 +100,20 @@ def test_an_adaptive_sweep_adds_seeds_to_wide_cells_until_the_cap_and_resumes(da
         return run("a", grid, data_dir, tmp_path, target_ci=0.001, max_seeds=3, log=lines.append,
                    slots=lambda i, n, workdir: InProcessSlot())
     counts = sweep_adaptively()
-    # then round 2 gives both cells seed 1; a third round only the cells whose two seeds differ
-    assert "Adaptive seeds, round 2: 2 cells wider than ±0.001 points get another seed" in "\n".join(lines)
+    # then round 2 gives both cells seed 1, and round 3 seed 2: no cell is settled by its seeds
+    # agreeing (the binomial floor of its 16 test images keeps every interval wider than ±0.001)
+    text = "\n".join(lines)
+    assert "Adaptive seeds, round 2: 2 cells wider than ±0.001 points get another seed" in text
+    assert "Adaptive seeds, round 3: 2 cells wider than ±0.001 points get another seed" in text
     with Store(tmp_path / "results.sqlite") as store:
         stored = store.trials("a")
     by_cell: dict[int, list[float]] = {}
     for t in stored:
         by_cell.setdefault(t["batch_size"], []).append(t["test_accuracy"])
-    for bs, accuracies in by_cell.items():
-        # a cell stops at two seeds only when they agree (a zero-width interval), else at the cap
-        assert len(accuracies) == (2 if len(set(accuracies[:2])) == 1 else 3), (bs, accuracies)
-    assert [t["seed"] for t in stored][:4] == [0, 0, 1, 1]  # seed-major
+    assert {bs: len(a) for bs, a in by_cell.items()} == {8: 3, 16: 3}  # both at the cap
+    assert [t["seed"] for t in stored] == [0, 0, 1, 1, 2, 2]  # seed-major
     assert counts["trials"] == len(stored) and counts["done"] == len(stored)
-    n_capped = sum(len(a) == 3 for a in by_cell.values())
+    n_capped = 2
     # when the same sweep runs again, then nothing trains
     lines.clear()
     sweep_adaptively()

@@ -145,15 +145,19 @@ def adaptive_markdown(state: dict | None) -> list[str]:
         return []
     cells_ = state["cells"]
     met = sum(1 for c in cells_.values() if c["state"] == "met")
+    floored = sum(1 for c in cells_.values() if c["state"] == "met" and c.get("floored"))
     lines = ["## Adaptive seeds", "", f"Target: every cell's 95% interval within ±{state['target_ci']:g} points, "
              f"with at most {state['max_seeds']} seeds. {met} of {len(cells_)} cells meet it."]
-    short = [(cell, c) for cell, c in cells_.items() if c["state"] != "met"]
-    if short:
-        lines += ["", "Cells that do not meet it:", "", "| cell | seeds | half-width (points) | why |", "|---|---|---|---|"]
-        why = {"max-seeds": f"reached --max-seeds ({state['max_seeds']})", "more": "still running (seeds to add)"}
-        for cell, c in short:
-            half = "—" if c["half_width"] is None else f"{c['half_width']:.1f}"
-            lines.append(f"| {cell.label().replace(' seed=0', '')} | {c['seeds']} | {half} | {why.get(c['state'], c['state'])} |")
+    if floored:  # no cell is settled by agreement alone (catsdogs.seeds)
+        lines[-1] += (f" For {floored} of them the test set's sampling noise decided it: their seeds agreed "
+                      "more closely than the binomial floor on the per-seed sd allows (marked below).")
+    lines += ["", "| cell | seeds | half-width (points) | state | binomial floor |", "|---|---|---|---|---|"]
+    why = {"max-seeds": f"reached --max-seeds ({state['max_seeds']})", "more": "still running (seeds to add)"}
+    for cell, c in cells_.items():
+        half = "—" if c["half_width"] is None else f"{c['half_width']:.1f}"
+        floor = "decided it" if c.get("floored") else ""
+        lines.append(f"| {cell.label().replace(' seed=0', '')} | {c['seeds']} | {half} | "
+                     f"{why.get(c['state'], c['state'])} | {floor} |")
     return [*lines, ""]
 
 

@@ -19,6 +19,7 @@ from catsdogs.analysis.markdown import csv_text, markdown
 from catsdogs.analysis.plots import make_collapse_figure, make_figure
 from catsdogs.analysis.rows import data_source_kind, load_trials, sweep_config
 from catsdogs.analysis.tables import adaptive_state, status_counts, summarize
+from catsdogs.data.manifest import test_images
 from catsdogs.files import write_text_atomic
 from catsdogs.plotting import save_figure
 from catsdogs.schema import UNFINISHED, Status
@@ -35,7 +36,8 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
     if note is None and data_source_kind(recorded) == "synthetic":
         note = "synthetic data"  # a figure from the stand-in data set always says so
     summary = summarize(trials)
-    summary["adaptive"] = adaptive_state(trials, recorded.get("adaptive"))
+    counts = (recorded.get("data") or {}).get("counts")
+    summary["adaptive"] = adaptive_state(trials, recorded.get("adaptive"), test_images(counts) if counts else None)
     folder = out / name
     paths: dict = {"figures": {}}
     for table in summary["figures"]:

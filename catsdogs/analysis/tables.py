@@ -434,12 +434,14 @@ def claims_by_context(trials: list[dict]) -> list[dict]:
     return out
 
 
-def adaptive_state(trials: list[dict], adaptive: dict | None) -> dict | None:
-    """Where each cell of an adaptive-seeds sweep stands ({"target_ci", "max_seeds", "cells"})."""
+def adaptive_state(trials: list[dict], adaptive: dict | None, n_test: int | None = None) -> dict | None:
+    """Where each cell of an adaptive-seeds sweep stands ({"target_ci", "max_seeds", "cells"}),
+    judged as the sweep judged it: with the binomial floor of `n_test` test images."""
     if not adaptive:
         return None
     grid = [TrialConfig.from_dict(t["config"]) for t in trials if t.get("config")]
-    state = seeds.next_seeds(grid, {t["key"]: t for t in trials}, adaptive["target_ci"], adaptive["max_seeds"])
+    state = seeds.next_seeds(grid, {t["key"]: t for t in trials}, adaptive["target_ci"], adaptive["max_seeds"],
+                             n_test=n_test)
     return {**adaptive, "cells": state["cells"]}
 
 

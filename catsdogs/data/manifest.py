@@ -30,6 +30,12 @@ def count_files(root: Path) -> dict:
     return counts
 
 
+def test_images(counts: dict) -> int:
+    """How many images every trial's accuracy is measured on, from a manifest's `counts`: the
+    standard test split, which both data sets test on (catsdogs.data.loading.FOLDERS)."""
+    return sum(counts["standard"]["test"].values())
+
+
 def load_manifest(data_dir: Path) -> dict | None:
     """The manifest of a finished prepare whose folders are all there, or None."""
     try:

@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs.data.manifest import require_prepared
+from catsdogs.data.manifest import require_prepared, test_images
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.files import write_json_atomic
 from catsdogs.messages import TrialRecord, TrialTask
@@ -298,6 +298,7 @@ def run_adaptive_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: 
         raise CatsdogsError(f"sweep {name!r} already has seeds 0-{seeds_run - 1} of these cells: "
                             f"--max-seeds must be at least {seeds_run}")
     sweep_config = {**(sweep_config or {}), "adaptive": {"target_ci": target_ci, "max_seeds": max_seeds}}
+    n_test = test_images(require_prepared(Path(data_dir))["counts"])  # for the binomial floor
     # One set of slots for every round: their workers keep their decoded data and compiled steps
     kept = make_slots(out, kwargs.get("workers", 1), kwargs.get("isolate", False), kwargs.get("worker_env"),
                       kwargs.get("slots"))
@@ -308,7 +309,7 @@ def run_adaptive_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: 
                                sweep_config=sweep_config, kept=kept, **kwargs)
             with Store(store_path(out)) as store:
                 rows = {c.key(): store.get(c.key()) or {} for c in grid}
-            step = next_seeds(grid, rows, target_ci, max_seeds)
+            step = next_seeds(grid, rows, target_ci, max_seeds, n_test=n_test)
             states = [c["state"] for c in step["cells"].values()]
             summary = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
             if not step["add"]:
