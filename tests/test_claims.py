@@ -203,6 +203,38 @@ def test_given_several_learning_rates_when_tuned_then_chosen_by_validation_not_t
     assert (tmp_path / "s" / "figures" / "tuned.png").exists()
 
 
+def test_a_tuned_choice_on_the_edge_of_its_grid_is_marked_in_the_table_and_the_figure(tmp_path):
+    def lr_cell(bs, lr, val):
+        return [(config("adam", bs, seed=s, lr=lr), {"test_accuracy": val, "val_accuracy": val}) for s in range(2)]
+    # given three rates at each batch size: at 16 the middle one is best, at 128 the highest
+    trials = lr_cell(16, 0.0005, 0.70) + lr_cell(16, None, 0.80) + lr_cell(16, 0.002, 0.75)
+    trials += lr_cell(128, 0.0005, 0.60) + lr_cell(128, None, 0.65) + lr_cell(128, 0.002, 0.75)
+    build_store(tmp_path, "s", trials)
+    table = next(t for t in tables.summarize(load_trials(tmp_path / "results.sqlite", "s"))["figures"]
+                 if t["name"] == "tuned")
+    # then the choice at 128 is marked as the highest rate tried, the one at 16 is not
+    chosen = {c["batch_size"]: c for c in table["choices"] if c["chosen"]}
+    assert chosen[16]["edge"] is None and chosen[128]["edge"] == "highest"
+    tuned = {r["x"]: r for r in table["rows"] if r["series"] == "Adam, lr tuned per batch size"}
+    assert tuned[16]["lr_edge"] is None and tuned[128]["lr_edge"] == "highest"
+    # and the report says so in its table and on the figure
+    rp.report("s", tmp_path, log=lambda *a: None)
+    md = (tmp_path / "s" / "results.md").read_text()
+    assert md.count("at the edge of the grid, widen it") == 1
+    assert "1 of the choices sit at the edge of their grid" in md
+    fig, _ = plots.make_figure(table)
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert "lr 0.002\n(grid edge)" in labels and "lr 0.001" in labels
+
+
+def test_the_edge_of_a_grid():
+    assert tables.grid_edge(0.01, [0.001, 0.003, 0.01]) == "highest"
+    assert tables.grid_edge(0.001, [0.001, 0.003, 0.01]) == "lowest"
+    assert tables.grid_edge(0.003, [0.001, 0.003, 0.01]) is None
+    assert tables.grid_edge(0.001, [0.001]) is None  # one rate: no grid to be on the edge of
+    assert tables.grid_edge(None, [0.001, 0.01]) is None
+
+
 def test_given_one_learning_rate_when_summarized_then_no_tuned_figure(tmp_path):
     build_store(tmp_path, "s", cell("adam", 16, [0.8, 0.82]) + cell("adam", 32, [0.8, 0.81]))
     names = [t["name"] for t in tables.summarize(load_trials(tmp_path / "results.sqlite", "s"))["figures"]]

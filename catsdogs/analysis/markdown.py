@@ -103,9 +103,14 @@ def tuned_markdown(table: dict) -> list[str]:
              "mean test accuracy (what the figure reports), over finished seeds; ✓ the choice.", "",
              "| series | batch size | lr | n done | validation | test | chosen |", "|---|---|---|---|---|---|---|"]
     for c in table["choices"]:
+        edge = f" ({c['edge']} rate tried: at the edge of the grid, widen it)" if c.get("edge") else ""
         lines.append(f"| {c['series']} | {c['batch_size']} | {c['lr']:g} | {c['n_done']} | {_pct(c['val_mean'])} "
-                     f"| {_pct(c['test_mean'])} | {'✓' if c['chosen'] else ''} |")
+                     f"| {_pct(c['test_mean'])} | {'✓' if c['chosen'] else ''}{edge} |")
     lines.append("")
+    on_edge = sum(1 for c in table["choices"] if c.get("edge"))
+    if on_edge:
+        lines += [f"{on_edge} of the choices sit at the edge of their grid of learning rates: the best rate "
+                  "may lie outside it. Widen the grid (the plan's `lr`) until every choice is interior.", ""]
     for d in table["drops"]:
         if d["best"] is None:
             continue

@@ -173,7 +173,8 @@ def make_figure(table: dict, note: str | None = None) -> tuple[Figure, dict]:
     if table["name"] == "tuned":  # the learning rate each tuned point trained with
         for r in table["rows"]:
             if r.get("lr") is not None and r["n_done"] and "tuned" in r["series"]:
-                ax.annotate(f"lr {r['lr']:g}", (r["x"] * artists[r["series"]]["shift"], 100 * r["mean"]),
+                edge = "\n(grid edge)" if r.get("lr_edge") else ""  # the optimum may lie outside the grid
+                ax.annotate(f"lr {r['lr']:g}{edge}", (r["x"] * artists[r["series"]]["shift"], 100 * r["mean"]),
                             xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7.5,
                             color=artists[r["series"]]["mean"].get_color(), zorder=6)
     ax.set_title(figure_title(table, note), fontsize=10.5, loc="left")

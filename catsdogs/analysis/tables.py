@@ -348,6 +348,7 @@ def tune_learning_rates(trials: list[dict]) -> dict:
     choices = []
     members: dict[str, list[dict]] = {}  # by series; a default-rate trial may be in both of its group's
     chosen_lr: dict[tuple[str, int], float] = {}  # (tuned series, batch size) -> the rate it trained with
+    chosen_edge: dict[tuple[str, int], str | None] = {}  # ... -> "lowest" / "highest" of its grid, or None
     many = len({g[1] for g in groups}) > 1  # name the data set only where the figure has two
     label_of: dict[tuple, tuple[str, str]] = {}
     for g in groups:
@@ -368,12 +369,14 @@ def tune_learning_rates(trials: list[dict]) -> dict:
             scored = {lr: v for lr, v in scored.items() if v is not None}
             # ties go to the learning rate nearer the optimizer's default (log scale)
             best = max(scored, key=lambda lr: (scored[lr], -abs(math.log(lr / DEFAULT_LR[g[0]]))), default=None)
+            edge = grid_edge(best, sorted(by_lr))
             for lr in sorted(by_lr):
                 choices.append({"series": tuned, "batch_size": bs, "lr": lr, "n_done": len(done[lr]),
-                                "val_mean": scored.get(lr),
-                                "test_mean": mean_of(accuracy(t) for t in done[lr]), "chosen": lr == best})
+                                "val_mean": scored.get(lr), "test_mean": mean_of(accuracy(t) for t in done[lr]),
+                                "chosen": lr == best, "edge": edge if lr == best else None})
             if best is not None:
                 chosen_lr[(tuned, bs)] = best
+                chosen_edge[(tuned, bs)] = edge
                 members.setdefault(tuned, []).extend(by_lr[best])
             members.setdefault(default_rate, []).extend(by_lr.get(DEFAULT_LR[g[0]], []))
     # every tuned series, then every default-rate one, each in its group's order
@@ -381,12 +384,21 @@ def tune_learning_rates(trials: list[dict]) -> dict:
     rows = [r for i, s in enumerate(order) for r in cells(members.get(s, []), lambda t, i=i, s=s: ((i,), s))]
     for r in rows:
         r["lr"] = chosen_lr.get((r["series"], r["x"]))
+        r["lr_edge"] = chosen_edge.get((r["series"], r["x"]))
     keys = {t.get("key") for ts in members.values() for t in ts}
     tuned_trials = [t for g in groups for t in members.get(label_of[g][0], [])]
     return {"name": "tuned", "title": FIGURE_TITLES["tuned"], "xlabel": BATCH_LABEL,
             "series": list(dict.fromkeys(r["series"] for r in rows)), "rows": rows, "article": [],
             "setting": setting(tuned_trials), "keys": keys, "choices": choices,
             "drops": [_drop(rows, label_of[g][0]) for g in groups]}
+
+
+def grid_edge(chosen: float | None, grid: list[float]) -> str | None:
+    """"lowest" or "highest" when the chosen rate sits on that edge of a grid of 2 or more rates:
+    the optimum may lie outside the grid. None when it is interior (or nothing was chosen)."""
+    if chosen is None or len(grid) < 2:
+        return None
+    return "lowest" if chosen == min(grid) else "highest" if chosen == max(grid) else None
 
 
 def _drop(rows: list[dict], series: str) -> dict:
