@@ -94,6 +94,7 @@ class Store:
             self.db.executescript(_schema())  # IF NOT EXISTS: idempotent
             self._add_missing_columns()
         self._owner_lock = None
+        self.owner: str | None = None  # this process's token, once it claims a trial (become_owner)
 
     def _add_missing_columns(self) -> None:
         """A store written by an older catsdogs lacks the newer columns: add them (empty), so its
@@ -267,8 +268,7 @@ class Store:
         """The process ids of the live sweeps, other than this one, running trials of `keys`."""
         rows = self.db.execute(f"SELECT owner FROM trials WHERE status=? AND key IN ({','.join('?' * len(keys))})",
                                [Status.RUNNING, *keys])
-        mine = getattr(self, "owner", None)
-        return [int(r[0].split("-")[0]) for r in rows if r[0] != mine and self.owner_alive(r[0])]
+        return [int(r[0].split("-")[0]) for r in rows if r[0] != self.owner and self.owner_alive(r[0])]
 
     def counts(self, keys: list[str]) -> dict[str, int]:
         out = dict.fromkeys(STORED, 0)

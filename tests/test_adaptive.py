@@ -23,6 +23,12 @@ def data_dir(prepared_data) -> Path:
     return prepared_data(SIZE, (24, 8, 8))
 
 
+def one_seed_grid(data_dir: Path) -> list[TrialConfig]:
+    """Adam at batch sizes 8 and 16, one epoch, seed 0 only: two cells to add seeds to."""
+    return trials(plans.with_overrides(plans.command_line_plan(), {"seeds": 1, "name": "a"},
+                                       {"opt": ["adam"], "batch_size": [8, 16], "epochs": 1}), data_dir, "tensorflow")
+
+
 def sweep(data_dir, out, *extra):
     return CliRunner().invoke(cli, ["sweep", "--data-dir", str(data_dir), "--out", str(out), "--name", "a",
                                     "--epochs", "1", "--opt", "adam", *extra])
@@ -92,8 +98,7 @@ def test_an_adaptive_sweep_adds_seeds_to_wide_cells_until_the_cap_and_resumes(da
     from catsdogs.training.sweep import run
 
     # given cells that start with one seed (no interval yet) and a target of ±0.001 points
-    grid = trials(plans.with_overrides(plans.command_line_plan(), {"seeds": 1, "name": "a"},
-                                       {"opt": ["adam"], "batch_size": [8, 16], "epochs": 1}), data_dir, "tensorflow")
+    grid = one_seed_grid(data_dir)
     lines: list[str] = []
 
     def sweep_adaptively():
@@ -215,8 +220,7 @@ def test_the_adaptive_rounds_share_one_set_of_slots_and_close_it_at_the_end(data
     from catsdogs.training.sweep import run
 
     # given two cells whose seeds disagree, so every round adds a seed, up to 3
-    grid = trials(plans.with_overrides(plans.command_line_plan(), {"seeds": 1, "name": "a"},
-                                       {"opt": ["adam"], "batch_size": [8, 16], "epochs": 1}), data_dir, "tensorflow")
+    grid = one_seed_grid(data_dir)
     CountedSlot.made = []
     lines: list[str] = []
     counts = run("a", grid, data_dir, tmp_path, target_ci=0.001, max_seeds=3, workers=2, log=lines.append,

@@ -278,7 +278,9 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
         calib = run(CALIBRATION_BATCH, "calibrate")
         cap_mb = calib.memory_cap_mb or calib.device_memory_limit_mb
         if calib.status == Status.DONE and calib.peak_memory_mb and cap_mb:
-            pred = _predict(calib, cap_mb, data_dir, work, size, optimizer, dataset, precision, warmup + steps, log)
+            train_images = sum(manifest["counts"][dataset]["train"].values())
+            pred = _predict(calib, cap_mb, data_dir, work, size, train_images, optimizer, dataset, precision,
+                            warmup + steps, log)
         if pred:
             prober.fresh_from = fresh_threshold(pred["max_batch_size"])
             log(f"Predicted before the search: {pred['max_batch_size']} ({METHODS[pred['method']]}); "
@@ -345,8 +347,8 @@ def _write(folder: Path, summary: dict) -> None:
     write_csv(summary["probes"], folder / "find_batch_size.csv", PROBE_COLUMNS)
 
 
-def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size: int, optimizer: str,
-             dataset: str, precision: str, steps: int, log) -> dict | None:
+def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size: int, train_images: int,
+             optimizer: str, dataset: str, precision: str, steps: int, log) -> dict | None:
     """The backend's memory model's answer, calibrated on the batch-1 probe: XLA's plan where the
     backend's compiler states one (JAX), compiled in a worker of its own; else TensorFlow's step
     replayed through BFC. None when the plan could not be made (said in the log)."""
@@ -356,10 +358,10 @@ def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size
     if backends.current().compiled_step_bytes is None:
         from catsdogs.costs import predict_max_batch_size
 
-        images, device = _train_images(data_dir, dataset), "cpu" if calib.memory_kind == "cpu-rss" else "gpu"
+        device = "cpu" if calib.memory_kind == "cpu-rss" else "gpu"
         return {**predict_max_batch_size(cap_bytes, CALIBRATION_BATCH, peak_bytes, size, optimizer, precision,
-                                         train_images=images, device=device, steps=steps),
-                "train_images": images, "device": device, "steps": steps}
+                                         train_images=train_images, device=device, steps=steps),
+                "train_images": train_images, "device": device, "steps": steps}
     log_path = work / "memory-plan.log"
     task = MemoryPlanTask(str(data_dir), optimizer, dataset, precision, cap_bytes, CALIBRATION_BATCH, peak_bytes)
     plan = run_isolated(task, log_path)
@@ -370,12 +372,6 @@ def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size
     pred = {k: v for k, v in plan.as_dict().items() if k not in ("status", "error", "traceback")}
     pred["planned_bytes"] = {int(b): v for b, v in pred["planned_bytes"].items()}
     return pred
-
-
-def _train_images(data_dir: Path, dataset: str) -> int:
-    from catsdogs.data.manifest import require_prepared
-
-    return sum(require_prepared(Path(data_dir))["counts"][dataset]["train"].values())
 
 
 def _predicted_peak_bytes(pred: dict, batch: int, s: dict) -> float:

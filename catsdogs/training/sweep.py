@@ -181,8 +181,9 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for runner in runners if kept is None else []:
-            runner.close()
+        if kept is None:  # kept slots are the caller's to close
+            for runner in runners:
+                runner.close()
     with Store(store_path(out)) as store:
         counts = store.counts(keys)
         elsewhere = store.running_elsewhere(keys)
