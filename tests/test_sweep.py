@@ -244,6 +244,29 @@ def _done_rows(db: Path) -> list[tuple]:
 
 
 @pytest.mark.slow
+def test_a_worker_started_from_a_thread_outlives_that_thread(tmp_path):
+    import threading
+
+    from catsdogs.messages import PeakTask
+    from catsdogs.training.worker import Worker
+
+    # given a worker started from a thread that then ends, as a sweep slot's thread ends between
+    # two adaptive rounds that keep their workers
+    worker = Worker(tmp_path / "worker.log")
+    starter = threading.Thread(target=worker.start)
+    starter.start()
+    starter.join()
+    time.sleep(1.0)  # time for a kill tied to that thread to land
+    try:
+        # then the worker is alive and runs the next task
+        assert worker.alive, f"the worker died with the thread that started it: {worker.proc.poll()}"
+        record = worker.run(PeakTask("float32", seconds=0.01, matmul_size=32))
+        assert record.status == Status.DONE
+    finally:
+        worker.close()
+
+
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_gives_the_trial_back(data_dir, tmp_path):
     cmd = [sys.executable, "-m", "catsdogs", *sweep_args(data_dir, tmp_path, "c", "--opt", "adam",
                                                          "--batch-size", "8")]

@@ -14,8 +14,9 @@ file, never into the channel.
   outcome of that task: `oom` when the kernel's OOM killer struck (its counter in
   /proc/vmstat went up) or a memory cap was crossed, else `failed`, with the signal or exit
   code and the log's last line.
-- Workers die with their parent, even one killed with kill -9 (PR_SET_PDEATHSIG), so no
-  orphan trial runs on while the next sweep runs it again; Ctrl-C stops them (`kill`).
+- Workers die with their parent, even one killed with kill -9 (PR_SET_PDEATHSIG, armed from a
+  thread that lives as long as the parent: `_Spawner`), so no orphan trial runs on while the
+  next sweep runs it again; Ctrl-C stops them (`kill`).
 - `isolate`: a fresh worker for every task, the engine's old one-process-per-trial behaviour.
 - Memory caps (profile, find-batch-size): the worker resets its resident set's high-water
   mark when a task starts, and the parent watches it (VmHWM) and kills the worker the moment
@@ -29,6 +30,7 @@ import contextlib
 import ctypes
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -101,6 +103,46 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+class _Spawner:
+    """Forks every worker from one thread that lives as long as this process.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not the process. A
+    worker started from a sweep slot's thread would be killed the moment that thread ends,
+    which is what the adaptive rounds did to the workers they keep from round to round
+    (catsdogs 0.7.1: the next round's first trial either met a dead worker and started a fresh
+    one, or, racing the kill, was recorded as failed)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def popen(self, *args, **kwargs) -> subprocess.Popen:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="catsdogs-spawner", daemon=True)
+                self._thread.start()
+        done: dict = {}
+        ready = threading.Event()
+        self._requests.put((args, kwargs, done, ready))
+        ready.wait()
+        if "error" in done:
+            raise done["error"]
+        return done["proc"]
+
+    def _loop(self) -> None:
+        while True:
+            args, kwargs, done, ready = self._requests.get()
+            try:
+                done["proc"] = subprocess.Popen(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                done["error"] = e
+            ready.set()
+
+
+SPAWNER = _Spawner()
+
+
 class WorkerDied(Exception):
     """The worker process ended before it answered."""
 
@@ -127,7 +169,7 @@ class Worker:
     def start(self) -> None:
         self._stopped = False
         with open(self.log_path, "a") as log:  # the child has its own copy of the descriptor
-            self.proc = subprocess.Popen(
+            self.proc = SPAWNER.popen(
                 [sys.executable, "-m", "catsdogs.training.worker"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, text=True, env=self.env, bufsize=1,
                 start_new_session=True,  # Ctrl-C reaches the parent, which stops the worker
