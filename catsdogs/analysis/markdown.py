@@ -157,7 +157,8 @@ def adaptive_markdown(state: dict | None) -> list[str]:
         lines[-1] += (f" For {floored} of them the test set's sampling noise decided it: their seeds agreed "
                       "more closely than the binomial floor on the per-seed sd allows (marked below).")
     lines += ["", "| cell | seeds | half-width (points) | state | binomial floor |", "|---|---|---|---|---|"]
-    why = {"max-seeds": f"reached --max-seeds ({state['max_seeds']})", "more": "still running (seeds to add)"}
+    why = {"max-seeds": f"reached --max-seeds ({state['max_seeds']})",
+           "more": "more seeds needed (the same command adds them)"}
     for cell, c in cells_.items():
         half = "—" if c["half_width"] is None else f"{c['half_width']:.1f}"
         floor = "decided it" if c.get("floored") else ""
