@@ -267,16 +267,24 @@ class PlanType(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+NOISE_SCALE_HELP = ("Record each trial's gradient noise scale B_simple (McCandlish et al. 2018: the "
+                    "batch size beyond which a larger batch buys few steps), with its 95% interval, at "
+                    "the start and after every epoch, from "
+                    f"{config.NOISE_PAIRS * config.NOISE_MICROS * config.NOISE_MICRO} images' gradients "
+                    "drawn apart from training: the trial trains exactly as without it, and its time is in no epoch's "
+                    "clock. Not part of a trial's identity: finished trials are not run again for it "
+                    "(--overwrite does). The report draws it (figure `noise`) and tests its prediction.")
 TARGET_CI_HELP = ("Adaptive seeds: keep adding seeds (round by round, seed-major) to every cell whose "
                   "95% interval of test accuracy is wider than ±W percentage points, until it meets W "
                   "or has --max-seeds seeds. --seeds is where every cell starts.")
 
 
-def _deprecated_backend(ctx, param, value):
-    """--backend local|ray, 0.6.0's name for --runner: still taken for one release, with a notice."""
+def _renamed_backend(ctx, param, value):
+    """--backend local|ray, catsdogs 0.6's name for --runner, taken with a notice by 0.7 and gone
+    since 0.8: a usage error that says what to write instead."""
     if value is not None:
-        click.echo(f"Note: --backend {value} is now --runner {value} (where trials run; --backend goes "
-                   "in catsdogs 0.8).", err=True)
+        raise click.UsageError(f"--backend {value} is now --runner {value} (where trials run; the Keras "
+                               "backend is KERAS_BACKEND's)", ctx)
     return value
 
 
@@ -295,6 +303,7 @@ def _deprecated_backend(ctx, param, value):
                  help=f"The most seeds a cell gets with --target-ci [default: {config.MAX_SEEDS}]."),
     click.option("--epochs", type=click.IntRange(min=1), default=config.EPOCHS, show_default=True,
                  help="Epochs per trial."),
+    click.option("--noise-scale", is_flag=True, default=None, help=NOISE_SCALE_HELP),
     name_option("sweep", "Name of the sweep: its CSV and figures go to OUT/NAME/."),
     click.option("--config", "plan", type=PlanType(), default=None,
                  help="A plan: a built-in plan's name (`catsdogs plans`) or a TOML file's path. Its "
@@ -316,8 +325,8 @@ def _deprecated_backend(ctx, param, value):
                       "(one GPU, or CPU cores, each) on the cluster at --ray-address, else a local "
                       "Ray (the catsdogs[ray] extra); --workers then defaults to what the cluster "
                       "runs at once. What trains them is Keras's backend, KERAS_BACKEND's choice."),
-    click.option("--backend", "old_runner", type=click.Choice(["local", "ray"]), default=None, hidden=True,
-                 callback=_deprecated_backend, help="Old name of --runner (catsdogs 0.6)."),
+    click.option("--backend", "old_runner", default=None, hidden=True, expose_value=False,
+                 callback=_renamed_backend, help="Old name of --runner (catsdogs 0.6), gone since 0.8."),
     click.option("--ray-address", default=None,
                  help="Ray cluster to run on, e.g. auto or ray://head:10001 [default: $RAY_ADDRESS, "
                       "else a local Ray started for the sweep]. The prepared data must be at the same "
@@ -339,7 +348,8 @@ def sweep(ctx, **values):
     # Without a plan every option counts, its default too; with one, only those given.
     counted = (lambda k: True) if values["plan"] is None else (lambda k: given(ctx, k))
     grid = {k: _plan_value(values[k]) for k in plans.GRID_KEYS if counted(k) and values[k] not in (None, ())}
-    top = {k: values[k] for k in ("seeds", "name", "target_ci", "max_seeds") if counted(k) and values[k] is not None}
+    top = {k: values[k] for k in ("seeds", "name", "target_ci", "max_seeds", "noise_scale")
+           if counted(k) and values[k] is not None}
     plan = plans.with_overrides(values["plan"] or plans.command_line_plan(), top, grid)
     data_dir = plans.data_dir(plan, values["data_dir"])
     trials = plans.trials(plan, data_dir, backends.check())
@@ -350,7 +360,7 @@ def sweep(ctx, **values):
             click.echo(line)
         return 0
     slots = None
-    if (values["old_runner"] or values["runner"]) == "ray":
+    if values["runner"] == "ray":
         from catsdogs.training import ray_runner
 
         explicit = given(ctx, "workers")
@@ -360,7 +370,7 @@ def sweep(ctx, **values):
     counts = sw.run(plan.name, trials, data_dir, values["out"], target_ci=target_ci, max_seeds=max_seeds,
                     overwrite=values["overwrite"], retry_failed=values["retry_failed"], log=click.echo,
                     sweep_config={"plan": plan.settings, "plan_origin": plan.origin}, workers=workers,
-                    isolate=values["isolate"], slots=slots)
+                    isolate=values["isolate"], slots=slots, noise=plans.noise_settings(plan))
     return 0 if sw.succeeded(counts, counts["trials"]) else 1
 
 
@@ -436,22 +446,29 @@ def profile(batch_size, steps, warmup, min_seconds, name, opt, dataset, precisio
 @click.option("--resolution", type=click.IntRange(min=1), default=None,
               help="Stop bisecting when the gap is this small [default: 8, or an eighth of the "
                    "largest size that fits when smaller].")
+@click.option("--noise-scale/--no-noise-scale", default=True, show_default=True,
+              help="After the search, measure the gradient noise scale (the critical batch size, beyond "
+                   "which a larger batch buys few steps) on the data's first epoch at batch size 32, in "
+                   "well under a minute at 64 px on a CPU; the recommendation then stays at or below it "
+                   "and scales the learning rate by the paper's rule. --no-noise-scale skips it.")
 @name_option("find-batch-size", "Name of the run: OUT/NAME/find_batch_size.json and .csv.")
 @MEASUREMENT_OPTIONS
-def find_batch_size(mode, start, max_batch, margin, steps, resolution, name, opt, dataset, precision,
+def find_batch_size(mode, start, max_batch, margin, steps, resolution, noise_scale, name, opt, dataset, precision,
                     memory_limit, data_dir, out, isolate):
-    """The largest batch size that fits in memory, the fastest, and which to train with.
+    """The largest batch size that fits, the fastest, the critical one, and which to train with.
 
     Every probe is a few steps of the sweep's own training step at one batch size; one that
     runs out of memory ends its worker process, so it cannot poison the next. Prints the
-    measured answer beside the memory model's, and a recommendation: batch size, throughput,
-    and the learning rate the linear scaling rule pairs with it. Without --memory-limit a GPU's
-    own memory is the cap, and on the CPU 90% of the memory available when the search starts."""
+    measured answer beside the memory model's, the critical batch size from the gradient noise
+    scale, and a recommendation that joins the three limits (memory, speed, statistics) and
+    names the one that binds, with its learning rate. Without --memory-limit a GPU's own memory
+    is the cap, and on the CPU 90% of the memory available when the search starts."""
     from catsdogs.measure.find_batch_size import find_batch_size as run
 
     run(name, data_dir or config.default_data_dir(), out, mode=mode, start=start, max_batch=max_batch,
         margin=margin, optimizer=opt, dataset=dataset, precision=precision, steps=steps,
-        memory_cap_bytes=memory_limit, resolution=resolution, isolate=isolate, log=click.echo)
+        memory_cap_bytes=memory_limit, resolution=resolution, isolate=isolate, noise_scale=noise_scale,
+        log=click.echo)
     return 0
 
 
@@ -492,6 +509,8 @@ def report(name, out, title_note):
               help=TARGET_CI_HELP + " Overrides the plan's target_ci.")
 @click.option("--max-seeds", type=int, default=None, metavar="M",
               help=f"The most seeds a cell gets with a target [default: the plan's max_seeds, else {config.MAX_SEEDS}].")
+@click.option("--noise-scale", is_flag=True, default=None,
+              help=NOISE_SCALE_HELP + " Overrides the plan's noise_scale.")
 @name_option(None, "Override the plan's name (the sweep; outputs in OUT/NAME/).")
 @DATA_DIR
 @out_option("Where the results store and the sweep's folder go.")
@@ -500,7 +519,8 @@ def report(name, out, title_note):
 @ISOLATE
 @click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def reproduce(plan, source, seeds, target_ci, max_seeds, name, data_dir, out, workers, isolate, overwrite, quiet):
+def reproduce(plan, source, seeds, target_ci, max_seeds, noise_scale, name, data_dir, out, workers, isolate,
+              overwrite, quiet):
     """The whole article in one command: prepare, the plan's grids, report.
 
     Trials the two figures share run once; run it again to resume. Figures and tables land
@@ -510,7 +530,7 @@ def reproduce(plan, source, seeds, target_ci, max_seeds, name, data_dir, out, wo
     from catsdogs.training import backends
 
     top = {k: v for k, v in (("seeds", seeds), ("name", name), ("target_ci", target_ci),
-                             ("max_seeds", max_seeds)) if v is not None}
+                             ("max_seeds", max_seeds), ("noise_scale", noise_scale)) if v is not None}
     plan = plans.with_overrides(plan, top, {})
     result = run(plan, data_dir=plans.data_dir(plan, data_dir), out=out, backend=backends.check(), source=source,
                  workers=workers, isolate=isolate, overwrite=overwrite, log=click.echo,

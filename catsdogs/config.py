@@ -39,6 +39,14 @@ SEEDS = 3  # the article ran each point once; three seeds show the spread
 # seeds, up to this many. Bimodal cells (some seeds collapse) need ~40 for ±5 points: 20 caps the
 # cost of one cell at 7x a 3-seed cell and still halves a 3-seed interval's width several times.
 MAX_SEEDS = 20
+# The gradient noise scale (catsdogs.noise; `sweep --noise-scale`, find-batch-size). A measurement
+# is NOISE_PAIRS large batches, each NOISE_MICROS micro-batches of NOISE_MICRO images drawn with
+# replacement: 80 images' per-example gradients. Sized so that measuring at a trial's start and
+# after each of its epochs costs at most 15% of its training at 64 px (scripts/bench_noise.py);
+# the report pools a cell's seeds, find-batch-size measures more pairs once.
+NOISE_MICRO = 1  # B_s: each example its own micro-batch (the Gram matrix gives any B_s for free)
+NOISE_MICROS = 10  # micro-batches per large batch: B_b = 10
+NOISE_PAIRS = 8  # the fewest that give Fieller's interval a usable t (2.36 on 7 df)
 DEFAULT_OUT = "outputs"
 STORE_FILE = "results.sqlite"  # under --out, shared by every sweep
 

@@ -90,6 +90,14 @@ class TrialRecord(Record):
     initial_logit_abs: float | None = _field(csv=True)
     initial_logit_sd: float | None = _field()
     history: list | None = _field()  # per epoch: loss, accuracy, val_loss, val_accuracy, seconds
+    # the gradient noise scale B_simple (catsdogs.noise; sweep --noise-scale), measured after the
+    # last epoch: the estimate (None: the noise dominated, low is then a lower bound), its 95%
+    # interval (high None: unbounded above); each epoch's is in `history`, the start's here
+    noise_scale: float | None = _field(csv=True)
+    noise_scale_low: float | None = _field(csv=True)
+    noise_scale_high: float | None = _field(csv=True)
+    initial_noise: dict | None = _field()  # the measurement before the first update, in full
+    noise_seconds: float | None = _field(csv=True)  # time spent measuring it, in no epoch's clock
     steps: int | None = _field(csv=True)  # optimizer updates (weights changed)
     batches: int | None = _field()  # batches fit ran (accumulation: several per update)
     learning_rate: float | None = _field(csv=True)
@@ -118,7 +126,7 @@ class ProbeRecord(Record):
     "profile" is OUT/NAME/profile.csv, "search" the probes of find_batch_size.json and .csv."""
 
     order: int | None = _field(views=("search",))  # the search's n-th probe
-    phase: str | None = _field(views=("search",))  # calibrate, search or confirm
+    phase: str | None = _field(views=("search",))  # calibrate, search, confirm or critical
     batch_size: int | None = _field(views=("profile", "search"))
     status: Status = field(default=Status.FAILED, metadata={"views": ("profile", "search")})
     step_time_median_s: float | None = _field(views=("profile", "search"))
@@ -193,12 +201,14 @@ class MemoryPlan(Record):
 
 @dataclass(frozen=True)
 class TrialTask:
-    """Train and test `config` on the prepared data in `data_dir` (an absolute path)."""
+    """Train and test `config` on the prepared data in `data_dir` (an absolute path), recording
+    the gradient noise scale as `noise` (catsdogs.noise.NoiseSettings, as a dict) says."""
 
     KIND: ClassVar[str] = "trial"
     RECORD: ClassVar[type] = TrialRecord
     config: TrialConfig
     data_dir: str
+    noise: dict | None = None  # measure the noise scale with these NoiseSettings; not the trial's identity
 
 
 @dataclass(frozen=True)

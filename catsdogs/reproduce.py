@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs.plans import Plan, adaptive, trials
+from catsdogs.plans import Plan, adaptive, noise_settings, trials
 from catsdogs.schema import parse_split
 
 
@@ -35,7 +35,7 @@ def reproduce(plan: Plan, *, data_dir: Path, out: Path, backend: str, source: st
     target_ci, max_seeds = adaptive(plan)
     counts = run(plan.name, grid, data_dir, out, target_ci=target_ci, max_seeds=max_seeds,
                  overwrite=overwrite, log=log, workers=workers, isolate=isolate, slots=slots,
-                 sweep_config={"plan": plan.settings, "plan_origin": plan.origin})
+                 sweep_config={"plan": plan.settings, "plan_origin": plan.origin}, noise=noise_settings(plan))
     note = plan.settings.get("note") or ("synthetic data" if manifest["source"]["kind"] == "synthetic" else None)
     log("== report")
     paths = report(plan.name, out, note=note, log=log)

@@ -171,11 +171,11 @@ class InProcessSlot:
 
         return set(engine.STEPS.shapes())
 
-    def run(self, cfg, data_dir, on_epoch=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise=None):
         from catsdogs.messages import TrialTask
         from catsdogs.training import engine
 
-        return engine.run_task(TrialTask(cfg, str(Path(data_dir).resolve())),
+        return engine.run_task(TrialTask(cfg, str(Path(data_dir).resolve()), noise),
                                emit=lambda kind, row: on_epoch(row) if on_epoch else None)
 
     def stop(self) -> None:

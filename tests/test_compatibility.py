@@ -35,6 +35,7 @@ def test_a_store_written_by_0_6_0_loads_and_gains_the_newer_columns(old_store):
     # given the columns 0.6.0's store had
     with sqlite3.connect(old_store / "results.sqlite") as db:
         before = {r[1] for r in db.execute("PRAGMA table_info(trials)")}
+    assert "noise_scale" not in before
     # when it is read now
     trials = load_trials(old_store / "results.sqlite", "old")
     # then every trial is there, as it finished, and the store has every column of today's
@@ -53,8 +54,9 @@ def test_a_0_6_0_adaptive_sweep_reports_with_the_binomial_floor(old_store):
     assert "0 of 4 cells meet it" in text
     adaptive = text.split("## Adaptive seeds")[1]
     assert adaptive.count("decided it") == 4 and "more seeds needed" in adaptive
-    # and its figures and claims are made
+    # and its figures and claims are made; the noise scale, never recorded then, is not claimed
     assert paths["figures"]["optimizers"]["png"].is_file()
+    assert "## Noise scale" not in text and "the noise scale was not measured" in text
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (OLD / "plans").glob("*.toml")))

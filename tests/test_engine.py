@@ -96,6 +96,43 @@ def test_a_trial_is_bit_identical_alone_or_as_a_later_trial_of_a_worker(keras_ba
     assert outcome(records[0]) != outcome(in_worker)  # another seed: really another trial
 
 
+def without_noise(record) -> tuple:
+    """`outcome`, the noise scale's fields left out of the history."""
+    digest, acc, loss, history, steps = outcome(record)
+    return digest, acc, loss, [{k: v for k, v in row.items() if not k.startswith("noise")} for row in history], steps
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engine-alone")
+def test_recording_the_noise_scale_changes_nothing_the_trial_trains(keras_backend, data_dir, tmp_path):
+    from catsdogs import config
+    from catsdogs.noise import NoiseSettings
+
+    # given a trial alone in a fresh worker, and the same trial with the noise scale recorded
+    target = trial(data_dir, seed=2)
+    settings = NoiseSettings(config.NOISE_MICRO, config.NOISE_MICROS, config.NOISE_PAIRS)
+    slot = LocalSlot(0, 1, tmp_path / "noise", isolate=True)
+    try:
+        recorded = slot.run(target, data_dir, noise=settings.as_dict())
+    finally:
+        slot.close()
+    plain = alone(target, data_dir, tmp_path)
+    assert recorded.status == plain.status == Status.DONE, recorded.error
+    # then the trial trained exactly as without it: weights, accuracies, losses, history, steps
+    assert without_noise(recorded) == without_noise(plain)
+    assert plain.initial_noise is None and plain.noise_scale_low is None
+    # and it was measured at the start and after each epoch, the last in the row
+    assert recorded.initial_noise["epoch"] == 0 and recorded.initial_noise["pairs"] == config.NOISE_PAIRS
+    assert [row["noise_scale_low"] is not None for row in recorded.history] == [True, True]
+    last = recorded.history[-1]
+    assert (recorded.noise_scale, recorded.noise_scale_low) == (last["noise_scale"], last["noise_scale_low"])
+    # and its time is in no epoch's clock: fit's wall time holds the epochs and the measurements
+    measuring = sum(row["noise_seconds"] for row in recorded.history)
+    assert measuring > 0 and recorded.noise_seconds == pytest.approx(measuring + recorded.initial_noise["seconds"],
+                                                                     abs=1e-3)
+    assert recorded.fit_seconds >= sum(row["seconds"] for row in recorded.history) + measuring - 0.05
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("engine-alone")
 def test_results_are_the_same_with_the_systems_allocator(data_dir, tmp_path, monkeypatch):
@@ -123,14 +160,14 @@ class FaultySlot(LocalSlot):
 
     pids: dict[str, int] = {}
 
-    def run(self, cfg, data_dir, on_epoch=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise=None):
         def epoch(row):
             FaultySlot.pids.setdefault(cfg.key(), self.worker.proc.pid)
             if cfg.batch_size == 8:
                 os.kill(self.worker.proc.pid, signal.SIGKILL)
             elif on_epoch:
                 on_epoch(row)
-        return super().run(cfg, data_dir, epoch)
+        return super().run(cfg, data_dir, epoch, noise)
 
 
 @pytest.fixture(scope="module")

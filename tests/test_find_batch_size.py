@@ -200,14 +200,41 @@ def test_a_bad_mode_or_start_is_refused():
         search(FakeDevice(10), start=0)
 
 
-def test_recommendation_is_the_fastest_at_or_below_the_margin_smaller_on_a_tie():
-    probes = [ProbeRecord(batch_size=b, status=s, images_per_second=ips) for b, s, ips in [
+def speed_curve() -> list[ProbeRecord]:
+    return [ProbeRecord(batch_size=b, status=s, images_per_second=ips) for b, s, ips in [
         (8, "done", 50.0), (16, "done", 90.0), (32, "done", 100.0), (64, "done", 98.0),
-        (128, "done", 120.0), (256, "oom", None)]]
-    assert recommend(probes, safe=64).batch_size == 32  # 64 is within 5% of 32: the smaller
-    assert recommend(probes, safe=128).batch_size == 128
-    assert recommend(probes, safe=16).batch_size == 16
-    assert recommend(probes, safe=4) is None
+        (128, "done", 120.0), (192, "done", 110.0), (256, "oom", None)]]
+
+
+def test_recommendation_is_the_fastest_at_or_below_the_margin_smaller_on_a_tie():
+    probes = speed_curve()
+    assert recommend(probes, safe=64) == (probes[2], "speed")  # 64 is within 5% of 32: the smaller
+    assert recommend(probes, safe=128) == (probes[4], "memory")  # the fastest is the largest allowed
+    assert recommend(probes, safe=192) == (probes[4], "speed")  # throughput peaked below the limit
+    assert recommend(probes, safe=16)[0].batch_size == 16
+    assert recommend(probes, safe=4) == (None, None)
+
+
+@pytest.mark.parametrize("value, expected", [(3.3, 2), (7.9, 4), (8.0, 8), (50.4, 48), (0.4, 1)])
+def test_a_critical_batch_size_is_rounded_down_as_the_margins_size_is(value, expected):
+    assert findbs.round_batch(value) == expected
+
+
+def test_the_critical_batch_size_is_probed_only_below_the_memory_limit():
+    assert findbs.critical_probe({"b_simple": 50.4}, safe=656) == 48
+    assert findbs.critical_probe({"b_simple": 900.0}, safe=656) is None  # memory binds first
+    assert findbs.critical_probe({"b_simple": None, "low": 40.0}, safe=656) is None  # a lower bound only
+    assert findbs.critical_probe(None, safe=656) is None
+
+
+def test_the_critical_batch_size_caps_the_recommendation_and_is_named_when_it_binds():
+    probes = speed_curve()
+    # given a critical batch size of 100: 128 would be fastest, but is above it
+    assert recommend(probes, safe=192, critical=100.0) == (probes[2], "statistics")
+    # one above the fastest size binds nothing
+    assert recommend(probes, safe=192, critical=500.0) == (probes[4], "speed")
+    # one below every size that fits leaves the smallest
+    assert recommend(probes, safe=192, critical=4.0) == (probes[0], "statistics")
 
 
 # --- TensorFlow's memory: the step's allocations replayed through BFC ----------------------------
@@ -413,7 +440,7 @@ def test_the_prediction_comes_before_the_search_from_the_calibration_probe_alone
     # given a device whose memory is exactly linear in the batch size, under a 1000 MiB cap
     lines: list[str] = []
     s = findbs.find_batch_size("fbs", data_dir, tmp_path, memory_cap_bytes=1000 * 2**20, resolution=1,
-                               margin=0.0, log=lines.append)
+                               margin=0.0, noise_scale=False, log=lines.append)
     # then the prediction was stated after the calibration probe, before any search probe
     predicted = s["prediction"]["max_batch_size"]
     at = next(i for i, ln in enumerate(lines) if ln.startswith("Predicted before the search"))
@@ -435,12 +462,78 @@ def test_xlas_memory_fraction_is_reported_beside_the_limit(data_dir, tmp_path, m
     # given probes that ran on a GPU whose allocator may use 75% of it
     LinearProber.record_extra = {"memory_fraction": 0.75}
     lines: list[str] = []
-    s = findbs.find_batch_size("fbs", data_dir, tmp_path, memory_cap_bytes=1000 * 2**20, log=lines.append)
+    s = findbs.find_batch_size("fbs", data_dir, tmp_path, memory_cap_bytes=1000 * 2**20, noise_scale=False,
+                               log=lines.append)
     LinearProber.record_extra = {}
     # then the summary records it and says it beside the limit found
     assert s["memory_fraction"] == 0.75
     limit = next(i for i, ln in enumerate(lines) if ln.startswith("Largest batch size that fits"))
     assert lines[limit + 1].startswith("That limit is XLA's: 75% of the GPU's memory")
+
+
+def measured(b_simple, low, high=None) -> dict:
+    return {"b_simple": b_simple, "low": low, "high": high, "batch_size": 32, "seconds": 20.0, "pairs": 32,
+            "small": 8, "large": 32}
+
+
+@pytest.mark.parametrize("noise, binding, rule", [
+    (measured(100.0, 60.0, 180.0), "statistics", "paper"),  # below the fastest: it binds
+    (measured(None, 900.0), "memory", "linear"),  # a lower bound only: it binds nothing
+])
+def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_dir, tmp_path, monkeypatch,
+                                                                        noise, binding, rule):
+    from catsdogs.measure import prober
+
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setattr(prober, "Prober", SpeedProber)
+    monkeypatch.setattr(findbs, "measure_noise_scale", lambda *args: noise)
+    # given probes ever faster up to the memory limit (104 with the margin), and a measured noise scale
+    lines: list[str] = []
+    s = findbs.find_batch_size("fbs", data_dir, tmp_path, memory_cap_bytes=1000 * 2**20, log=lines.append)
+    rec = s["recommendation"]
+    text = "\n".join(lines)
+    # then the recommendation names the limit that binds, and the learning rate follows its rule
+    assert rec["binding"] == binding and rec["learning_rate_rule"] == rule
+    assert s["noise_scale"] == noise
+    if rule == "paper":
+        assert rec["batch_size"] <= noise["b_simple"]
+        assert rec["learning_rate"] == pytest.approx(0.001 * (1 + 100 / 32) / (1 + 100 / rec["batch_size"]))
+        assert "statistics binds" in text and "the paper's rule" in text
+        assert "Critical batch size (the gradient noise scale B_simple after one epoch at batch size 32): 100" in text
+    else:
+        assert rec["learning_rate"] == pytest.approx(0.001 * rec["batch_size"] / 32)
+        assert "above 900" in text and "only a lower bound" in text
+
+
+def test_the_critical_batch_size_is_probed_and_recommended_when_statistics_binds(data_dir, tmp_path, monkeypatch):
+    from catsdogs.measure import prober
+
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setattr(prober, "Prober", SpeedProber)
+    def noise_step(*args):
+        args[-1]("Noise scale: measured")  # its log
+        return measured(50.4, 30.0, 90.0)
+
+    monkeypatch.setattr(findbs, "measure_noise_scale", noise_step)
+    # given a noise scale of 50 and probes ever faster up to the memory limit (104 with the margin)
+    lines: list[str] = []
+    s = findbs.find_batch_size("fbs", data_dir, tmp_path, memory_cap_bytes=1000 * 2**20, log=lines.append)
+    # then 48, the critical batch size rounded down, is probed after the search, and recommended
+    critical = [p for p in s["probes"] if p["phase"] == "critical"]
+    assert [p["batch_size"] for p in critical] == [48] and critical[0]["order"] == len(s["probes"])
+    assert s["recommendation"]["batch_size"] == 48 and s["recommendation"]["binding"] == "statistics"
+    # and the statistics were measured before the first probe
+    first_probe = next(i for i, ln in enumerate(lines) if ln.startswith("calibrate"))
+    assert lines.index("Noise scale: measured") < first_probe
+
+
+class SpeedProber(LinearProber):
+    """LinearProber whose throughput rises with the batch size: without statistics, memory binds."""
+
+    def run(self, task):
+        record = super().run(task)
+        record.images_per_second = 10.0 * task.batch_size
+        return record
 
 
 def test_jax_reads_xlas_memory_fraction_as_jaxlib_does(monkeypatch):
@@ -484,7 +577,8 @@ def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_lands_within
     resolution = 8  # 2% of the answer: fine enough to hold 15%
     lines: list[str] = []
     s = findbs.find_batch_size("fbs", data_dir, tmp_path, start=start, margin=0.0, steps=2, warmup=1,
-                               memory_cap_bytes=int(cap_mb * 2**20), resolution=resolution, log=lines.append)
+                               memory_cap_bytes=int(cap_mb * 2**20), resolution=resolution, noise_scale=False,
+                               log=lines.append)
     probes = s["probes"]
     by_size = {p["batch_size"]: p for p in probes}
     largest, above = s["largest_fitting"], s["first_not_fitting"]
@@ -521,7 +615,7 @@ def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_lands_within
              "jax": "XLA's memory plan predicts"}
     assert model[keras_backend] in text and "Recommendation: batch size" in text
     assert {p["backend"] for p in probes} == {keras_backend}
-    assert "heuristic" in text
+    assert "The linear scaling rule holds only below the critical batch size" in text
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -549,10 +643,10 @@ def test_find_batch_size_on_unprepared_data_is_a_usage_error(tmp_path):
     assert result.exit_code == 2 and "catsdogs prepare" in result.output
 
 
-OWN_LINES = ("Find batch size", "calibrate ", "search ", "confirm ", "Predicted before the search",
+OWN_LINES = ("Find batch size", "calibrate ", "search ", "confirm ", "critical ", "Predicted before the search",
              "Largest batch size", "No batch size fits", "The step replayed", "XLA's memory plan",
              "That limit is XLA's", "Fastest that fits", "With a ", "Recommendation:", "No recommendation",
-             "The linear scaling rule")
+             "The linear scaling rule", "Noise scale", "Critical batch size", "Learning rate")
 
 
 @pytest.mark.slow
@@ -568,6 +662,8 @@ def test_the_command_prints_only_its_own_lines_on_either_backend(keras_backend, 
     lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
     assert [ln for ln in lines if not ln.startswith(OWN_LINES)] == []
     assert any(ln.startswith("Predicted before the search") for ln in lines)
+    # and the noise scale was measured by default, and joined the recommendation
+    assert any(ln.startswith("Critical batch size (the gradient noise scale") for ln in lines), lines
 
 
 @pytest.mark.slow

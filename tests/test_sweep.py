@@ -372,17 +372,15 @@ def test_a_bad_config_key_is_a_usage_error(data_dir, tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_where_trials_run_is_the_runner_and_the_old_option_name_still_works_with_a_notice(data_dir, tmp_path):
-    # given the option's 0.6.0 name, `--backend`
+def test_where_trials_run_is_the_runner_and_the_old_option_name_says_so(data_dir, tmp_path):
+    # given the option's 0.6.0 name, `--backend`, which 0.7 took with a notice and 0.8 no longer takes
     base = ["sweep", "--data-dir", str(data_dir), "--out", str(tmp_path), "--dry-run"]
-    old = CliRunner().invoke(cli, [*base, "--backend", "local"])
+    old = CliRunner().invoke(cli, [*base, "--backend", "ray"])
     new = CliRunner().invoke(cli, [*base, "--runner", "local"])
-    # then it does what --runner does, and says once, on one line, what it is called now
-    assert old.exit_code == new.exit_code == 0
-    notice = [ln for ln in old.output.splitlines() if "--backend" in ln]
-    assert notice == ["Note: --backend local is now --runner local (where trials run; --backend goes in "
-                      "catsdogs 0.8)."]
-    assert old.output.replace(notice[0] + "\n", "") == new.output
+    # then it is a one-line usage error that says what to write instead, and runs nothing
+    assert new.exit_code == 0 and old.exit_code == 2
+    lines = [ln for ln in old.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--backend ray is now --runner ray" in lines[0]
     # and the help names --runner, and the backend only as Keras's
     help_text = CliRunner().invoke(cli, ["sweep", "--help"]).output
     assert "--runner [local|ray]" in help_text and "--backend" not in help_text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 
-from catsdogs.analysis import claims
+from catsdogs.analysis import claims, critical
 from catsdogs.analysis.rows import field, protocol_label, protocol_of
 from catsdogs.analysis.tables import CELL_CSV_COLUMNS, incomplete_note
 from catsdogs.schema import UNFINISHED
@@ -31,7 +31,7 @@ def markdown(name: str, summary: dict, note: str | None = None) -> str:
         "interval (marked n=1). *article*: the value the article reports (its text, one run). "
         "failed / oom / pending / running: trials of the cell that did not finish, or not yet; "
         "none is dropped.", ""]
-    lines += claims_markdown(summary.get("claims") or [])
+    lines += claims_markdown(summary.get("claims") or [], summary.get("critical") or [])
     if not summary["figures"]:
         lines += ["No figure: the sweep has no trial that any figure shows.", ""]
     for table in summary["figures"]:
@@ -65,6 +65,7 @@ def markdown(name: str, summary: dict, note: str | None = None) -> str:
         lines.append("")
     lines += collapse_markdown(summary.get("collapse"))
     lines += adaptive_markdown(summary.get("adaptive"))
+    lines += noise_markdown(name, summary.get("noise"), summary.get("critical") or [])
     unused = summary["unused"]
     if unused:
         kinds: dict[str, int] = {}
@@ -79,9 +80,13 @@ def markdown(name: str, summary: dict, note: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def claims_markdown(contexts: list[dict]) -> list[str]:
-    if not contexts:
+def claims_markdown(contexts: list[dict], critical_contexts: list[dict] = ()) -> list[str]:
+    """The article's claims, and the critical batch size's (catsdogs.analysis.critical) in the
+    same table, per context."""
+    if not contexts and not critical_contexts:
         return []
+    extra = {c["context"]: c["results"] for c in critical_contexts}
+    contexts = [*contexts, *({"context": c, "results": []} for c in extra if c not in {x["context"] for x in contexts})]
     lines = ["## The article's claims", "",
              "Each claim of the article compares cells of its protocol. The difference of two cells' mean "
              f"test accuracies (points) has Welch's {LEVEL:.0%} interval (unequal spreads and numbers of "
@@ -90,11 +95,77 @@ def claims_markdown(contexts: list[dict]) -> list[str]:
              f"are needed. A \"sharp\" drop is more than {claims.SHARP:g} points; \"still good\" is less than "
              f"{claims.SHARP:g} points below; \"optimal\" is above every other batch size of the optimizer "
              "(shown: against its strongest rival). Seeds: the cell's, then the compared cells'.", ""]
+    if extra:
+        lines += ["The last rows test the paper's model of the critical batch size (McCandlish et al. 2018) "
+                  "against this sweep, per series: section *Noise scale* below says how.", ""]
     for ctx in contexts:
         if len(contexts) > 1:
             lines += [f"### {ctx['context']}", ""]
-        lines += claims.markdown_table(ctx["results"]) + [""]
+        lines += claims.markdown_table(ctx["results"]) + critical.table_rows(extra.get(ctx["context"], [])) + [""]
         lines += [f"- {claims.sentence(r)}" for r in ctx["results"]] + [""]
+    return lines
+
+
+def noise_markdown(name: str, table: dict | None, contexts: list[dict]) -> list[str]:
+    """The noise scale over training, the cells that lack it, and the critical-batch-size claim
+    in detail."""
+    if not table or not table["measured"]:
+        return []
+    lines = ["## Noise scale", "",
+             "B_simple = tr(Σ)/|G|² (McCandlish et al. 2018): the batch size at which the gradient's noise "
+             "equals its signal, below which doubling the batch nearly halves the steps and above which it buys "
+             "little. Each trial recorded with `--noise-scale` measured it before its first update (epoch 0) "
+             f"and after every epoch ({', '.join(f'{p} pairs of {s} and {b} images' for s, b, p in table['sampling'])}, "
+             "drawn with replacement, apart from training). Per cell and epoch, the pairs of all its seeds "
+             "pooled: the ratio of means over every pair, with Fieller's 95% interval (∞: unbounded above); "
+             "\"≥ N\": the noise dominated, a lower bound only. catsdogs/noise.py says how it is estimated.",
+             ""]
+    if table["groups"]:
+        lines += ["![noise](figures/noise.png)", ""]
+    for g in table["groups"]:
+        epochs = sorted({p["epoch"] for s in g["series"] for p in s["points"]})
+        lines += [f"**{g['label']}**", "", "| series | seeds | " + " | ".join(f"epoch {e}" for e in epochs) + " |",
+                  "|---|---|" + "---|" * len(epochs)]
+        for s in g["series"]:
+            by_epoch = {p["epoch"]: p for p in s["points"]}
+            cols = [critical.point_text(by_epoch[e]) if e in by_epoch else "—" for e in epochs]
+            lines.append(f"| {s['label']} | {s['seeds']} | " + " | ".join(cols) + " |")
+        lines.append("")
+    if table["missing"]:
+        lines += [f"{len(table['missing'])} cells have finished trials without the measurement (run before it, "
+                  "or without `--noise-scale`):", ""]
+        lines += [f"- {m['cell']}: seeds {', '.join(map(str, m['seeds']))}" for m in table["missing"]]
+        lines += ["", "To measure them, run the sweep again with `--noise-scale --overwrite` (for example "
+                  f"`catsdogs sweep --name {name} --config PLAN --noise-scale --overwrite`, with the plan or options "
+                  "that made it): it trains those trials again, to the same weights, and records the measurement.",
+                  ""]
+    for ctx in contexts:
+        lines += [f"**The critical batch size, {ctx['context']}.** The paper's model: S = S_min(1 + B_noise/B) steps "
+                  "and E = E_min(1 + B/B_noise) examples to reach a target, so a fixed number of epochs reaches it "
+                  f"for B ≤ B_noise(E/E_min − 1). Target: within {critical.SHARP:g} points of the smallest batch "
+                  "size's final validation accuracy, first reached after epoch e*; E/E_min = (E/e*)(1 + B₀/B_noise); "
+                  "B_noise: B_simple at the smallest batch size from epoch e* to the end, every pair of its seeds "
+                  "pooled. Well below "
+                  "the limit: ≤ half the limit at B_noise's 95% low end; well above: ≥ twice the limit at its high "
+                  f"end (none where that is open). Held: less than {critical.SHARP:g} points of test accuracy below the "
+                  "smallest batch size (Welch's 95% interval), lost: more. The paper assumes the learning rate tuned "
+                  "at every batch size; the article's series keep Keras's default, so the tuned series are the "
+                  "fair test.", "",
+                  "| series | B₀ | e* | B_noise | E/E_min | limit | well below / above | batch size: predicted, "
+                  "difference vs B₀ (95% interval) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in ctx["results"]:
+            bound = "≥ " if r["limit_is_bound"] else ""
+            tests = "; ".join(f"{t['batch_size']}: {t['predicted']}, {t['diff']:+.1f}"
+                              + ("" if t["ci_low"] is None else f" ({t['ci_low']:+.1f} to {t['ci_high']:+.1f})")
+                              + {True: " ✓", False: " ✗", None: " ?"}[t["agrees"]] for t in r["tests"]) or "—"
+            sides = "—" if r["held_up_to"] is None else (
+                f"≤ {r['held_up_to']:.0f} / " + ("—" if r["lost_from"] is None else f"≥ {r['lost_from']:.0f}"))
+            cells = [r["series"], str(r["b0"]), "—" if r["e_star"] is None else str(r["e_star"]),
+                     "—" if r["b_noise"] is None else critical.noise_text(r),
+                     "—" if r["budget_ratio"] is None else f"{r['budget_ratio']:.2f}",
+                     "—" if r["limit"] is None else f"{bound}{r['limit']:.0f}", sides, tests, r["verdict_text"]]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "✓ as predicted, ✗ clearly not, ? unsettled.", ""]
     return lines
 
 

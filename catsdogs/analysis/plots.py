@@ -1,14 +1,17 @@
-"""The report's figures: accuracy and collapse rate against batch size, from a table.
+"""The report's figures: accuracy and collapse rate against batch size, the noise scale over
+training, each from a table.
 
 Plot functions take a matplotlib axis and a table (catsdogs.analysis.tables) and return the
-artists they drew; `make_figure` and `make_collapse_figure` build a whole `Figure` (no pyplot, no
-global state). Batch size is on a log2 axis (catsdogs.plotting).
+artists they drew; `make_figure`, `make_collapse_figure` and `make_noise_figure` build a whole
+`Figure` (no pyplot, no global state). Batch size is on a log2 axis (catsdogs.plotting).
 """
 
 from __future__ import annotations
 
+import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import NullLocator
 
 from catsdogs.analysis.tables import BATCH_LABEL, incomplete_note, problems, status_counts
 from catsdogs.plotting import batch_axis
@@ -178,4 +181,79 @@ def make_figure(table: dict, note: str | None = None) -> tuple[Figure, dict]:
                             xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7.5,
                             color=artists[r["series"]]["mean"].get_color(), zorder=6)
     ax.set_title(figure_title(table, note), fontsize=10.5, loc="left")
+    return fig, artists
+
+
+def plot_noise(ax, group: dict, batch_sizes: list[int], dodge: float = 0.06) -> dict:
+    """Draw one panel of the noise table (catsdogs.analysis.critical.noise_table): per series (a
+    batch size, and its learning rate where several were run) B_simple against the epoch, pooled
+    over its seeds, with its 95% interval (an arrow where it is unbounded above), on a log2 axis
+    that also marks the sweep's batch sizes (dotted), so a series reads against the batch sizes
+    trained: below the line a larger batch buys nearly linear speed-ups, above it little. Where
+    the noise dominated (a lower bound only), an open triangle at the bound. Returns {series:
+    {"line", "ci", "bounds"}, "legend"}."""
+    series = group["series"]
+    k = len(series)
+    out: dict = {}
+    values: list[float] = list(batch_sizes)
+    for s in series:
+        values += [v for p in s["points"] for v in (p["b_simple"], p["low"], p["high"]) if v]
+    top = 2 ** np.ceil(np.log2(max(values)))  # where an interval open above is drawn to
+    for i, s in enumerate(series):
+        color = f"C{i % 10}"
+        shift = (i - (k - 1) / 2) * dodge
+        shown = [p for p in s["points"] if p["b_simple"] is not None]
+        (line,) = ax.plot([p["epoch"] + shift for p in shown], [p["b_simple"] for p in shown], "-o", color=color,
+                          markersize=5, linewidth=1.6, label=s["label"], zorder=4)
+        ci = None
+        if shown:
+            ci = ax.errorbar([p["epoch"] + shift for p in shown], [p["b_simple"] for p in shown],
+                             yerr=[[p["b_simple"] - p["low"] for p in shown],
+                                   [(p["high"] if p["high"] is not None else top) - p["b_simple"] for p in shown]],
+                             fmt="none", ecolor=color, elinewidth=1.1, capsize=3, zorder=3)
+            for p in shown:
+                if p["high"] is None:  # unbounded above
+                    ax.annotate("", (p["epoch"] + shift, top * 1.15), (p["epoch"] + shift, top),
+                                arrowprops={"arrowstyle": "->", "color": color, "lw": 1.1}, zorder=3)
+        bound = [p for p in s["points"] if p["b_simple"] is None and p["low"]]
+        bounds = ax.scatter([p["epoch"] + shift for p in bound], [p["low"] for p in bound], marker="^", s=40,
+                            facecolors="none", edgecolors=color, linewidths=1.2, zorder=5) if bound else None
+        out[s["label"]] = {"line": line, "ci": ci, "bounds": bounds}
+    for b in batch_sizes:
+        ax.axhline(b, color="0.55", linestyle=":", linewidth=0.9, zorder=1)
+        ax.annotate(f"batch {b}", (1.0, b), xycoords=("axes fraction", "data"), xytext=(3, 0),
+                    textcoords="offset points", va="center", fontsize=7.5, color="0.4")
+    ax.set_yscale("log", base=2)
+    ticks = [2**e for e in range(int(np.floor(np.log2(min(values)))), int(np.log2(top)) + 1)]
+    ax.set_yticks(ticks, labels=[f"{t:g}" for t in ticks])
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_ylim(ticks[0] / 1.2, top * 1.25)
+    ax.set_xticks(sorted({p["epoch"] for s in series for p in s["points"]}))
+    ax.set_xlabel("epoch (0: before the first update)")
+    ax.set_ylabel("B_simple (log2 scale)")
+    ax.set_title(group["label"], fontsize=10, loc="left")
+    ax.grid(True, axis="y", alpha=0.25)
+    handles = [out[s["label"]]["line"] for s in series]
+    handles.append(Line2D([], [], linestyle="none", marker="|", color="0.2", markersize=12, markeredgewidth=1.2,
+                          label=f"{LEVEL:.0%} CI (Fieller; pooled over seeds)"))
+    if any(o["bounds"] is not None for o in out.values()):
+        handles.append(Line2D([], [], linestyle="none", marker="^", markerfacecolor="none", color="0.3",
+                              label="noise dominated: a lower bound"))
+    handles.append(Line2D([], [], linestyle=":", color="0.55", label="the sweep's batch sizes"))
+    out["legend"] = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.09, 1.0), borderaxespad=0.0,
+                              fontsize=8.5, frameon=False)
+    return out
+
+
+def make_noise_figure(table: dict, note: str | None = None) -> tuple[Figure, list[dict]]:
+    """The noise table's figure: one panel per group (optimizer, data set, protocol), or where a
+    group has several learning rates, its default rate's and its tuned one's (table["panels"])."""
+    groups = table["panels"]
+    fig = Figure(figsize=(10.5, 0.9 + 3.4 * len(groups)), layout="constrained")
+    axes = fig.subplots(len(groups), 1, squeeze=False)[:, 0]
+    artists = [plot_noise(ax, g, table["batch_sizes"]) for ax, g in zip(axes, groups, strict=True)]
+    sampling = "; ".join(f"{pairs} pairs of {small} and {large} images" for small, large, pairs in table["sampling"])
+    bits = [b for b in (note, f"McCandlish et al. (2018): B_simple = tr(Σ)/|G|², from {sampling}, drawn with "
+                        "replacement") if b]
+    fig.suptitle(table["title"] + "\n" + " · ".join(bits), x=0.01, ha="left", fontsize=10.5)
     return fig, artists

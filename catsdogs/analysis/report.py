@@ -15,8 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from catsdogs import config
+from catsdogs.analysis import critical
 from catsdogs.analysis.markdown import csv_text, markdown
-from catsdogs.analysis.plots import make_collapse_figure, make_figure
+from catsdogs.analysis.plots import make_collapse_figure, make_figure, make_noise_figure
 from catsdogs.analysis.rows import data_source_kind, load_trials, sweep_config
 from catsdogs.analysis.tables import adaptive_state, status_counts, summarize
 from catsdogs.data.manifest import test_images
@@ -38,6 +39,8 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
     summary = summarize(trials)
     counts = (recorded.get("data") or {}).get("counts")
     summary["adaptive"] = adaptive_state(trials, recorded.get("adaptive"), test_images(counts) if counts else None)
+    summary["noise"] = critical.noise_table(trials)
+    summary["critical"] = critical.claims_by_context(trials)
     folder = out / name
     paths: dict = {"figures": {}}
     for table in summary["figures"]:
@@ -51,9 +54,20 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
         fig, _ = make_collapse_figure(summary["collapse"], note)
         paths["figures"]["collapse"] = save_figure(fig, folder / "figures" / "collapse")
         log(f"collapse: {len(summary['collapse']['rows'])} cells -> {paths['figures']['collapse']['png']} (and .svg)")
+    noise = summary["noise"]
+    if noise["groups"]:
+        fig, _ = make_noise_figure(noise, note)
+        paths["figures"]["noise"] = save_figure(fig, folder / "figures" / "noise")
+        log(f"noise: {noise['measured']} of {noise['done']} finished trials measured -> "
+            f"{paths['figures']['noise']['png']} (and .svg)")
+    if noise["measured"] and noise["missing"]:
+        log(f"noise: {len(noise['missing'])} cells lack the measurement (results.md says how to get it)")
     for ctx in summary["claims"]:
         verdicts = [r["verdict"] for r in ctx["results"]]
         log(f"claims ({ctx['context']}): " + ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts)))
+    for ctx in summary["critical"]:
+        log(f"critical batch size ({ctx['context']}): "
+            + "; ".join(f"{r['series']}: {r['verdict_text']}" for r in ctx["results"]))
     if not summary["figures"]:
         log(f"no figure: none of the {len(trials)} trials of {name!r} belongs to one")
     if summary["unused"]:

@@ -337,8 +337,9 @@ def tune_learning_rates(trials: list[dict]) -> dict:
     A table like the figures' (rows from `cells`), with two series per group: the tuned choice
     ("Adam, lr tuned per batch size") and, where it was run, the optimizer's default ("Adam,
     default lr 0.001"); plus "choices": one row per (group, batch size, learning rate) with
-    its seeds' mean validation and test accuracy and whether it was chosen, and "drops": per
-    group, the best batch size and the first larger one clearly below it."""
+    its seeds' mean validation and test accuracy and whether it was chosen; "chosen": per tuned
+    series and batch size, the keys of the chosen rate's trials; and "drops": per group, the best
+    batch size and the first larger one clearly below it."""
     plain = [t for t in trials if protocol_of(t)["accumulate"] == 1]
     lrs: dict[tuple, set] = {}
     for t in plain:
@@ -349,6 +350,7 @@ def tune_learning_rates(trials: list[dict]) -> dict:
     members: dict[str, list[dict]] = {}  # by series; a default-rate trial may be in both of its group's
     chosen_lr: dict[tuple[str, int], float] = {}  # (tuned series, batch size) -> the rate it trained with
     chosen_edge: dict[tuple[str, int], str | None] = {}  # ... -> "lowest" / "highest" of its grid, or None
+    chosen_keys: dict[str, dict[int, list[str]]] = {}  # tuned series -> batch size -> the chosen trials' keys
     many = len({g[1] for g in groups}) > 1  # name the data set only where the figure has two
     label_of: dict[tuple, tuple[str, str]] = {}
     for g in groups:
@@ -377,6 +379,7 @@ def tune_learning_rates(trials: list[dict]) -> dict:
             if best is not None:
                 chosen_lr[(tuned, bs)] = best
                 chosen_edge[(tuned, bs)] = edge
+                chosen_keys.setdefault(tuned, {})[bs] = [t.get("key") for t in by_lr[best]]
                 members.setdefault(tuned, []).extend(by_lr[best])
             members.setdefault(default_rate, []).extend(by_lr.get(DEFAULT_LR[g[0]], []))
     # every tuned series, then every default-rate one, each in its group's order
@@ -389,7 +392,7 @@ def tune_learning_rates(trials: list[dict]) -> dict:
     tuned_trials = [t for g in groups for t in members.get(label_of[g][0], [])]
     return {"name": "tuned", "title": FIGURE_TITLES["tuned"], "xlabel": BATCH_LABEL,
             "series": list(dict.fromkeys(r["series"] for r in rows)), "rows": rows, "article": [],
-            "setting": setting(tuned_trials), "keys": keys, "choices": choices,
+            "setting": setting(tuned_trials), "keys": keys, "choices": choices, "chosen": chosen_keys,
             "drops": [_drop(rows, label_of[g][0]) for g in groups]}
 
 

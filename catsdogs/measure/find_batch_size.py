@@ -38,11 +38,28 @@ The margin: `margin` (e.g. 0.1) takes that fraction off the largest size that fi
 rounds down to a multiple of 8 (GPU kernels and tensor cores like multiples of 8), or to a
 power of two below 8. That size is probed too if it was not already ("confirm").
 
-The recommendation: of the sizes that fit and are no larger than the margin's, the fastest
-(images/s of the probes' median step); a smaller size within 5% of it wins, being as fast within
-the probes' noise and kinder to generalization. Its learning rate follows the linear scaling
-rule, as a trial's `--lr-scaling linear` does (schema.learning_rate): the optimizer's Keras
-default (SGD 0.01, Adam 0.001) times batch size / the base batch size (32).
+The statistics: before the search, the gradient noise scale B_simple (catsdogs.noise) is measured
+on a short run, the data's first epoch at the base batch size (32), in a worker of its own that
+ends before any probe starts: the critical batch size, beyond which a larger batch buys few steps
+(McCandlish et al. 2018). One epoch in is early, and B_simple grows as training goes on
+(several-fold, in the paper; on this model's chaotic first epoch it varies from seed to seed), so
+this is a cautious estimate. When it lies below the margin's size, the search also probes it,
+rounded down as the margin's size is ("critical"), so the recommendation has a probe at the
+statistics' limit. `noise_scale=False` (--no-noise-scale) skips it.
+
+The recommendation (`recommend`) joins the three limits: of the sizes that fit and are no larger
+than the margin's (memory) and, when the noise scale was measured as a number, no larger than it
+(statistics), the fastest (images/s of the probes' median step; speed); a smaller size within 5%
+of it wins, being as fast within the probes' noise and kinder to generalization. It names the
+limit that binds: statistics when the critical batch size rules out the size memory and speed
+alone would pick, memory when that size is the largest the margin allows (a larger batch might
+be faster still), else speed (throughput peaked below both). A noise scale that is only a lower
+bound rules nothing out. Its learning rate: with the noise scale measured, the paper's rule,
+eps(B) = eps(32) (1 + B_noise/32) / (1 + B_noise/B), from the optimizer's Keras default at the base
+batch size (32); linear in B well below B_noise, where it agrees with the linear scaling rule,
+and flat well above it, where the linear rule would overshoot. Without it, the linear scaling
+rule, as a trial's `--lr-scaling linear` does (schema.learning_rate): the Keras default (SGD
+0.01, Adam 0.001) times batch size / 32.
 """
 
 from __future__ import annotations
@@ -52,11 +69,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from catsdogs import config
+from catsdogs import config, noise
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.files import write_json_atomic
 from catsdogs.host import host_memory_available
-from catsdogs.messages import MemoryPlanTask, ProbeRecord, ProbeTask, columns
+from catsdogs.messages import (
+    MemoryPlanTask,
+    ProbeRecord,
+    ProbeTask,
+    TrialRecord,
+    TrialTask,
+    columns,
+)
 from catsdogs.schema import Status, TrialConfig, default, learning_rate
 from catsdogs.training import backends
 
@@ -171,19 +195,51 @@ def apply_margin(largest: int, margin: float) -> int:
     return 2 ** int(math.log2(target)) if target >= 1 else 1
 
 
+def round_batch(value: float) -> int:
+    """A batch size at or below `value`, as the margin's is rounded: a multiple of 8, or a power
+    of two below 8; at least 1."""
+    whole = max(1, math.floor(value + 1e-9))
+    return whole // 8 * 8 if whole >= 8 else 2 ** int(math.log2(whole))
+
+
+def critical_probe(measured: dict | None, safe: int | None) -> int | None:
+    """The batch size to probe at the critical batch size (rounded down), when the noise scale is
+    a number below the memory limit's size; None otherwise."""
+    if not measured or measured.get("b_simple") is None or safe is None:
+        return None
+    size = round_batch(measured["b_simple"])
+    return size if size < safe else None
+
+
 def linear_scaled_lr(optimizer: str, batch_size: int) -> float:
     """The linear scaling rule from the optimizer's Keras default at the base batch size: the
     learning rate a trial with `--lr-scaling linear` trains with."""
     return learning_rate(TrialConfig(optimizer, batch_size, "standard", 0, lr_scaling="linear"))
 
 
-def recommend(probes: list[ProbeRecord], safe: int) -> ProbeRecord | None:
-    """The fastest probe that fit with batch size <= safe; a smaller one within TIE of it wins."""
+def fastest(probes: list[ProbeRecord]) -> ProbeRecord | None:
+    """The fastest of `probes`; a smaller one within TIE of it wins."""
+    if not probes:
+        return None
+    best = max(p.images_per_second for p in probes)
+    return min((p for p in probes if p.images_per_second >= (1 - TIE) * best), key=lambda p: p.batch_size)
+
+
+def recommend(probes: list[ProbeRecord], safe: int, critical: float | None = None) -> tuple[ProbeRecord | None, str | None]:
+    """(the recommended probe, the limit that binds: "memory", "speed" or "statistics").
+
+    Of the probes that fit with batch size <= safe (memory) and <= `critical` (statistics: the
+    critical batch size, when known as a number), the fastest (speed); a smaller one within TIE
+    of it wins. When the critical batch size is below every fitting size, the smallest fits."""
     fits = [p for p in probes if p.status == Status.DONE and p.batch_size <= safe and p.images_per_second]
     if not fits:
-        return None
-    best = max(p.images_per_second for p in fits)
-    return min((p for p in fits if p.images_per_second >= (1 - TIE) * best), key=lambda p: p.batch_size)
+        return None, None
+    by_speed = fastest(fits)
+    if critical is not None and by_speed.batch_size > critical:
+        within = [p for p in fits if p.batch_size <= critical]
+        return (fastest(within) if within else min(fits, key=lambda p: p.batch_size)), "statistics"
+    largest = max(p.batch_size for p in fits)
+    return by_speed, ("memory" if by_speed.batch_size == largest else "speed")
 
 
 def fresh_threshold(predicted_max: int) -> int:
@@ -219,8 +275,9 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
                     margin: float = DEFAULT_MARGIN, optimizer: str = "adam", dataset: str = "standard",
                     precision: str = "float32", steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
                     memory_cap_bytes: int | None = None, resolution: int | None = None,
-                    isolate: bool = False, log: Callable[[str], None] = print) -> dict:
-    """Search, predict, recommend; write OUT/NAME/find_batch_size.json and .csv; return the summary.
+                    isolate: bool = False, noise_scale: bool = True, log: Callable[[str], None] = print) -> dict:
+    """Search, predict, measure the noise scale, recommend; write OUT/NAME/find_batch_size.json and
+    .csv; return the summary.
 
     Raises SettingError for impossible settings, CatsdogsError when the data is not prepared or
     when not even batch size 1 fits (after writing the records). `isolate`: a fresh worker
@@ -250,6 +307,7 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     settings = {"name": name, "mode": mode, "start": start, "max": max_batch, "margin": margin,
                 "optimizer": optimizer, "dataset": dataset, "precision": precision, "steps": steps,
                 "warmup": warmup, "resolution": resolution, "memory_cap_bytes": memory_cap_bytes,
+                "noise_scale": noise_scale,
                 "cpu_cap_bytes_default": cpu_cap, "image_size": size,
                 "data_dir": str(Path(data_dir).resolve())}
     cap_text = (f"each probe capped at {prof.format_bytes(memory_cap_bytes)}" if memory_cap_bytes else
@@ -272,6 +330,9 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
         log(_probe_line(p))
         return p
 
+    # The statistics first, in a worker of its own that ends before any probe starts: the probes'
+    # memory is not touched, and the search can then probe the critical batch size itself.
+    measured = measure_noise_scale(data_dir, manifest, optimizer, dataset, precision, work, log) if noise_scale else None
     prober = Prober(work, memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=isolate)
     pred = None
     try:
@@ -287,9 +348,15 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
                 f"probes of {prober.fresh_from} and above run in a fresh worker.")
         result = search(lambda b: run(b, "search").status, mode=mode, start=start,
                         max_batch=max_batch, resolution=resolution)
-        summary = _decide(result, probes, run, margin, optimizer)
+        safe = apply_margin(result.largest_fit, margin) if result.largest_fit is not None else None
+        if safe is not None and safe not in {p.batch_size for p in probes}:
+            run(safe, "confirm")
+        critical = critical_probe(measured, safe)
+        if critical is not None and critical not in {p.batch_size for p in probes}:
+            run(critical, "critical")  # the statistics' limit, so the recommendation can stand on it
     finally:
         prober.close()
+    summary = _decide(result, probes, safe, optimizer, measured)
     summary["settings"] = settings
     summary["prediction"] = None
     if pred:
@@ -315,29 +382,72 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     return summary
 
 
-def _decide(result: SearchResult, probes: list[ProbeRecord], run, margin: float, optimizer: str) -> dict:
-    """The measured answer, the margin's size (probed to confirm it), fastest, recommendation."""
+def _decide(result: SearchResult, probes: list[ProbeRecord], safe: int | None, optimizer: str,
+            measured: dict | None) -> dict:
+    """The measured answer, the margin's size, the fastest, the noise scale, the recommendation."""
     summary: dict = {"largest_fitting": result.largest_fit,
-                     "first_not_fitting": result.first_failure, "reached_max": result.reached_max}
-
-    if result.largest_fit is not None:
-        safe = apply_margin(result.largest_fit, margin)
-        summary["margin_batch_size"] = safe
-        if safe not in {p.batch_size for p in probes}:
-            run(safe, "confirm")
-        fits = [p for p in probes if p.status == Status.DONE and p.images_per_second]
-        fastest = max(fits, key=lambda p: p.images_per_second) if fits else None
-        summary["fastest"] = ({"batch_size": fastest.batch_size,
-                               "images_per_second": fastest.images_per_second} if fastest else None)
-        rec = recommend(probes, safe)
-        if rec:
-            base = default("base_batch_size")
-            summary["recommendation"] = {
-                "batch_size": rec.batch_size, "images_per_second": rec.images_per_second,
-                "learning_rate": linear_scaled_lr(optimizer, rec.batch_size),
-                "base_learning_rate": linear_scaled_lr(optimizer, base), "base_batch_size": base}
-
+                     "first_not_fitting": result.first_failure, "reached_max": result.reached_max,
+                     "noise_scale": measured}
+    if result.largest_fit is None:
+        return summary
+    summary["margin_batch_size"] = safe
+    fits = [p for p in probes if p.status == Status.DONE and p.images_per_second]
+    top = max(fits, key=lambda p: p.images_per_second) if fits else None
+    summary["fastest"] = {"batch_size": top.batch_size, "images_per_second": top.images_per_second} if top else None
+    critical = (measured or {}).get("b_simple")
+    rec, binding = recommend(probes, safe, critical)
+    if rec:
+        base = default("base_batch_size")
+        base_lr = linear_scaled_lr(optimizer, base)
+        lr = (noise.paper_learning_rate(base_lr, base, rec.batch_size, critical) if critical
+              else linear_scaled_lr(optimizer, rec.batch_size))
+        summary["recommendation"] = {
+            "batch_size": rec.batch_size, "images_per_second": rec.images_per_second, "binding": binding,
+            "learning_rate": lr, "learning_rate_rule": "paper" if critical else "linear",
+            "linear_learning_rate": linear_scaled_lr(optimizer, rec.batch_size),
+            "base_learning_rate": base_lr, "base_batch_size": base}
     return summary
+
+
+def noise_settings() -> noise.NoiseSettings:
+    """find-batch-size's measurement: eight times a sweep's pairs, for a narrow interval: it is
+    the one measurement the recommendation rests on."""
+    return noise.NoiseSettings(config.NOISE_MICRO, config.NOISE_MICROS, NOISE_PAIRS)
+
+
+NOISE_PAIRS = 8 * config.NOISE_PAIRS
+
+
+def measure_noise_scale(data_dir: Path, manifest: dict, optimizer: str, dataset: str, precision: str, work: Path,
+                        log: Callable[[str], None]) -> dict | None:
+    """B_simple after the data's first epoch at the base batch size, trained as a sweep's trial is
+    (seed 0), in a worker of its own; with the measurement's wall time (worker start included).
+    None, said in the log, when the short run failed."""
+    import time
+
+    from catsdogs.training.worker import run_isolated
+
+    base = default("base_batch_size")
+    cfg = TrialConfig(optimizer, base, dataset, 0, epochs=1, image_size=manifest["params"]["size"],
+                      data=manifest["fingerprint"][dataset], precision=precision, backend=backends.name())
+    log(f"Noise scale: one epoch at batch size {base}, then B_simple from {NOISE_PAIRS} pairs of "
+        f"{config.NOISE_MICRO} and {config.NOISE_MICRO * config.NOISE_MICROS} images ...")
+    started = time.perf_counter()
+    log_path = work / "noise-scale.log"
+    record: TrialRecord = run_isolated(TrialTask(cfg, str(Path(data_dir).resolve()), noise_settings().as_dict()),
+                                       log_path)
+    seconds = time.perf_counter() - started
+    if record.status != Status.DONE or not record.history:
+        log(f"Noise scale not measured: the short run {record.status}: {str(record.error).splitlines()[0]} "
+            f"(log: {log_path})")
+        return None
+    log_path.unlink(missing_ok=True)
+    last = record.history[-1]
+    return {"b_simple": last["noise_scale"], "low": last["noise_scale_low"], "high": last["noise_scale_high"],
+            "gradient_sq": last["noise_gradient_sq"], "trace": last["noise_trace"], "epochs": 1,
+            "batch_size": base, "initial": record.initial_noise, "pairs": NOISE_PAIRS,
+            "small": config.NOISE_MICRO, "large": config.NOISE_MICRO * config.NOISE_MICROS,
+            "measure_seconds": record.noise_seconds, "seconds": round(seconds, 2)}
 
 
 def _write(folder: Path, summary: dict) -> None:
@@ -382,6 +492,16 @@ def _predicted_peak_bytes(pred: dict, batch: int, s: dict) -> float:
         return predicted_peak_bytes(batch, pred["baseline_bytes"], s["image_size"], s["optimizer"], s["precision"],
                                     pred["train_images"], pred["device"], pred["steps"])
     return pred["baseline_bytes"] + pred["state_bytes"] + pred["per_image_bytes"] * batch
+
+
+def _linear_rule_note(rec: dict, b_noise: float) -> str:
+    """How the linear scaling rule compares with the paper's, and why."""
+    if rec["batch_size"] > b_noise:
+        return ", too large: above the critical batch size a larger batch no longer takes larger steps."
+    if abs(rec["learning_rate"] / rec["linear_learning_rate"] - 1) <= 0.2:
+        return ", close to it, as it should be well below the critical batch size."
+    return (f", which holds only when both batch sizes ({rec['batch_size']} and {rec['base_batch_size']}) are well "
+            "below the critical batch size, as they are not here.")
 
 
 def summary_lines(summary: dict) -> list[str]:
@@ -430,14 +550,36 @@ def summary_lines(summary: dict) -> list[str]:
                      f"(median of {s['steps']} steps per probe).")
     if s["margin"]:
         lines.append(f"With a {s['margin']:.0%} margin: {summary['margin_batch_size']}.")
+    measured = summary.get("noise_scale")
+    if measured:
+        shown = noise.describe(measured)
+        lines.append(f"Critical batch size (the gradient noise scale B_simple after one epoch at batch size "
+                     f"{measured['batch_size']}): {shown}; measured in {measured['seconds']:.0f} s. It grows as "
+                     "training goes on, so this early value is a cautious one.")
+    elif s.get("noise_scale"):
+        lines.append("Critical batch size: not measured (the short run failed; see above).")
     rec = summary.get("recommendation")
-    if rec:
-        lines.append(
-            f"Recommendation: batch size {rec['batch_size']}, {rec['images_per_second']:.1f} images/s, "
-            f"learning rate {rec['learning_rate']:.3g} ({s['optimizer']}'s default {rec['base_learning_rate']:g} "
-            f"x {rec['batch_size']}/{rec['base_batch_size']}, the linear scaling rule).")
-        lines.append("The linear scaling rule is a heuristic: check the accuracy, and consider a "
-                     "learning-rate warm-up at large batch sizes.")
-    else:
+    if not rec:
         lines.append("No recommendation: no size at or below the margin's fit with a throughput measured.")
+        return lines
+    why = {"memory": f"memory binds: it is the largest size the {s['margin']:.0%} margin allows, and the fastest",
+           "speed": "speed binds: throughput peaked below the memory limit"
+                    + (" and the critical batch size" if measured and measured.get("b_simple") else ""),
+           "statistics": "statistics binds: a larger batch would be faster but is above the critical batch "
+                         "size, where it buys few steps"}[rec["binding"]]
+    lines.append(f"Recommendation: batch size {rec['batch_size']}, {rec['images_per_second']:.1f} images/s ({why}).")
+    if rec["learning_rate_rule"] == "paper":
+        b_noise = measured["b_simple"]
+        lines.append(
+            f"Learning rate {rec['learning_rate']:.3g}: the paper's rule, {s['optimizer']}'s default "
+            f"{rec['base_learning_rate']:g} at batch size {rec['base_batch_size']} x (1 + {b_noise:.0f}/"
+            f"{rec['base_batch_size']}) / (1 + {b_noise:.0f}/{rec['batch_size']}); the linear scaling rule "
+            f"would give {rec['linear_learning_rate']:.3g}" + _linear_rule_note(rec, b_noise))
+    else:
+        lines.append(
+            f"Learning rate {rec['learning_rate']:.3g} ({s['optimizer']}'s default {rec['base_learning_rate']:g} "
+            f"x {rec['batch_size']}/{rec['base_batch_size']}, the linear scaling rule"
+            + ("; the noise scale is only a lower bound, so the paper's rule cannot be applied)." if measured else ")."))
+        lines.append("The linear scaling rule holds only below the critical batch size: check the accuracy, "
+                     "and consider a learning-rate warm-up at large batch sizes.")
     return lines

@@ -26,12 +26,13 @@ from pathlib import Path
 from catsdogs import config, schema
 from catsdogs.data.manifest import load_manifest
 from catsdogs.errors import SettingError
+from catsdogs.noise import NoiseSettings
 from catsdogs.schema import PROTOCOL_FIELDS, TrialConfig
 
 # The keys of each part of a plan, with what each may hold (docs/usage.md, "Plans"). A grid's keys
 # are `sweep`'s grid options by their names (`opt` is --opt), so the command line can replace them.
 TOP_KEYS = ("name", "description", "duration", "note", "seeds", "epochs", "target_ci", "max_seeds",
-            "data_dir", "prepare", "grids")
+            "noise_scale", "data_dir", "prepare", "grids")
 PREPARE_KEYS = ("source", "sha256", "verify", "per_class", "split", "size", "seed")
 GRID_KEYS = ("opt", "batch_size", "dataset", "epochs", *PROTOCOL_FIELDS)
 DEFAULT_PLAN = "article"  # what `catsdogs reproduce` runs: the article's case study, in full
@@ -191,6 +192,8 @@ def _check_top_value(key: str, v) -> None:
         raise SettingError(f"must be a string, got {v!r}", key)
     if key == "name":
         schema.check_run_name(v)
+    if key == "noise_scale" and not isinstance(v, bool):
+        raise SettingError(f"must be true or false, got {v!r}", key)
     if key in ("prepare", "grids") and not isinstance(v, dict):
         raise SettingError(f"must be a table ([{key}] ...), got {v!r}", key)
 
@@ -276,6 +279,14 @@ def prepare_command(plan: Plan, data_dir: Path) -> str:
             value = ",".join(map(str, value)) if isinstance(value, list) else value
             options.append(f"--{key.replace('_', '-')} {value}")
     return "catsdogs prepare " + " ".join(options)
+
+
+def noise_settings(plan: Plan) -> NoiseSettings | None:
+    """How each trial's gradient noise scale is measured, when the plan asks for it
+    (`noise_scale = true`; `--noise-scale`); None when it does not."""
+    if not plan.settings.get("noise_scale"):
+        return None
+    return NoiseSettings(config.NOISE_MICRO, config.NOISE_MICROS, config.NOISE_PAIRS)
 
 
 def adaptive(plan: Plan) -> tuple[float | None, int | None]:

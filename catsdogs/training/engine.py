@@ -28,6 +28,7 @@ import traceback
 from collections import OrderedDict
 from pathlib import Path
 
+from catsdogs import noise
 from catsdogs.costs import OPTIMIZER_SLOTS, parameter_count, train_flops_per_image
 from catsdogs.data import loading
 from catsdogs.data.manifest import require_prepared
@@ -242,8 +243,11 @@ def weights_digest(model) -> str:
 # --- a trial -----------------------------------------------------------------------------------
 
 
-def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> TrialRecord:
-    """Train and test one configuration; return its record (status done)."""
+def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
+              noise_settings: noise.NoiseSettings | None = None) -> TrialRecord:
+    """Train and test one configuration; return its record (status done). With `noise_settings`,
+    the gradient noise scale is measured at the start and at each epoch's end (`measure_noise`),
+    outside the epochs' clocks and without touching what the trial trains with."""
     import keras
 
     cfg.check()
@@ -270,9 +274,15 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> TrialRecord:
                                      cross_epochs=cfg.budget == "steps")
     val_ds = backend.eval_batches(val, cfg.batch_size) if len(val) else None
     test_ds = backend.eval_batches(test, cfg.batch_size)
-    timer = _epoch_timer(epochs, on_epoch, backend.wait_for_steps)
+    measure = None
+    if noise_settings:
+        def measure(epoch: int) -> dict:
+            return measure_noise(step, train, noise_settings, cfg.seed, epoch, backend)
+    timer = _epoch_timer(epochs, on_epoch, backend.wait_for_steps,
+                         after_epoch=(lambda epoch: history_fields(measure(epoch))) if measure else None)
     with step.strategy.scope():  # JAX's trainer reads its distribution when fit runs
         initial = diagnose(step, test_ds, prefix="initial_")  # the model as it starts (changes nothing)
+        initial_noise = measure(0) if measure else None
         fit_started = time.time()
         hist = model.fit(train_ds, validation_data=val_ds, epochs=epochs, steps_per_epoch=per_epoch,
                          callbacks=[timer], shuffle=False, verbose=0)  # the dataset shuffles
@@ -289,6 +299,13 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> TrialRecord:
         row.update(timer.epochs[i])
         history.append(row)
     train_seconds = sum(e["train_seconds"] for e in timer.epochs)
+    last_noise = {}
+    if initial_noise:
+        last = history[-1] if history else {}
+        last_noise = {"noise_scale": last.get("noise_scale"), "noise_scale_low": last.get("noise_scale_low"),
+                      "noise_scale_high": last.get("noise_scale_high"),
+                      "noise_seconds": round(initial_noise["seconds"] + sum(h.get("noise_seconds") or 0
+                                                                            for h in history), 4)}
     memory = backend.peak_memory()
     return TrialRecord(
         status=Status.DONE,
@@ -297,6 +314,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> TrialRecord:
         val_accuracy=history[-1].get("val_accuracy") if history else None,
         **final, **initial,
         history=history,
+        initial_noise=initial_noise, **last_noise,
         steps=updates,
         batches=batches,
         learning_rate=learning_rate(cfg),
@@ -315,10 +333,13 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None) -> TrialRecord:
     )
 
 
-def _epoch_timer(n_epochs: int, on_epoch, wait_for_steps=lambda model: None):
+def _epoch_timer(n_epochs: int, on_epoch, wait_for_steps=lambda model: None, after_epoch=None):
     """A callback timing the training and validation parts of each epoch, reporting each. The
     end of training is stamped after `wait_for_steps(model)`: a backend that dispatches steps
-    asynchronously (JAX) would otherwise have its training end when the last step was queued."""
+    asynchronously (JAX) would otherwise have its training end when the last step was queued.
+    `after_epoch(epoch)` (1-based) runs once the epoch's clock has stopped, so its time is in
+    neither `train_seconds` nor `seconds`, and its fields join the epoch's row: at `on_epoch_end`
+    Keras's JAX trainer has put the weights back on the model, so they can be read."""
     import keras
 
     class EpochTimer(keras.callbacks.Callback):
@@ -340,11 +361,50 @@ def _epoch_timer(n_epochs: int, on_epoch, wait_for_steps=lambda model: None):
             end = time.perf_counter()
             row = {"epoch": epoch + 1, "train_seconds": (self.t_train or end) - self.t0,
                    "seconds": end - self.t0}
+            if after_epoch:
+                row.update(after_epoch(epoch + 1))
             self.epochs.append(row)
             if on_epoch:
                 on_epoch({**row, "epochs": n_epochs, **{k: float(v) for k, v in (logs or {}).items()}})
 
     return EpochTimer()
+
+
+# --- the gradient noise scale -----------------------------------------------------------------
+
+
+def measure_noise(step: TrainingStep, split, settings: noise.NoiseSettings, seed: int, epoch: int,
+                  backend) -> dict:
+    """B_simple at the model's current weights (catsdogs.noise): `settings.pairs` large batches
+    drawn with replacement from the training split by the noise's own generator (seed, epoch);
+    each one's per-example gradient Gram matrix from the backend (catsdogs.training.per_example),
+    up to GRAM_EXAMPLES images a call, gives its micro-batches' and its own squared norms.
+    Nothing the trial trains with moves: not its batches, weights, optimizer, metrics or random
+    state. {"epoch", the estimate's fields, "seconds"}."""
+    import numpy as np
+
+    started = time.perf_counter()
+    indices = noise.draw(len(split), settings, seed, epoch).reshape(settings.pairs, settings.large)
+    per_call = max(d for d in range(1, settings.pairs + 1)  # equal calls: one compiled shape
+                   if settings.pairs % d == 0 and d * settings.large <= max(GRAM_EXAMPLES, settings.large))
+    grams = [backend.per_example_gram(step.model, split.images[chunk], split.labels[chunk], settings.large)
+             for chunk in (indices[i:i + per_call].ravel() for i in range(0, settings.pairs, per_call))]
+    small, large = noise.norms_from_gram(np.concatenate(grams), settings.micro)
+    estimate = noise.estimate(small, large, settings.micro, settings.large)
+    return {"epoch": epoch, **estimate, "seconds": round(time.perf_counter() - started, 4)}
+
+
+# Images whose per-example gradients one call of the noise measurement holds: enough for an
+# efficient batch, few enough that 200 px activations and conv windows stay within a few GB.
+GRAM_EXAMPLES = 128
+
+
+def history_fields(m: dict) -> dict:
+    """A measurement as the fields of a trial's history row (its pairs' estimates as two lists,
+    which a report pools over seeds: catsdogs.noise.pool)."""
+    return {"noise_scale": m["b_simple"], "noise_scale_low": m["low"], "noise_scale_high": m["high"],
+            "noise_gradient_sq": m["gradient_sq"], "noise_trace": m["trace"], "noise_seconds": m["seconds"],
+            "noise_pair_gradient_sq": m["pair_gradient_sq"], "noise_pair_trace": m["pair_trace"]}
 
 
 # --- a probe -----------------------------------------------------------------------------------
@@ -492,7 +552,9 @@ def run_task(task: Task, emit=lambda kind, payload: None):
     (failed, or oom), never the worker's end. `emit("progress", row)` reports a trial's epochs."""
     try:
         if isinstance(task, TrialTask):
-            return run_trial(task.config, Path(task.data_dir), on_epoch=lambda row: emit("progress", row))
+            settings = noise.NoiseSettings(**task.noise) if task.noise else None
+            return run_trial(task.config, Path(task.data_dir), on_epoch=lambda row: emit("progress", row),
+                             noise_settings=settings)
         if isinstance(task, ProbeTask):
             return run_probe(task)
         if isinstance(task, PeakTask):

@@ -173,8 +173,8 @@ class RaySlot:
         cls = self.ray.remote(max_restarts=0, max_task_retries=0)(TrialActor)
         return cls.options(name=f"catsdogs worker {id(self)}-{time.monotonic_ns()}", **options).remote(env)
 
-    def run(self, cfg, data_dir, on_epoch=None) -> TrialRecord:
-        task = TrialTask(cfg, str(Path(data_dir).resolve()))
+    def run(self, cfg, data_dir, on_epoch=None, noise: dict | None = None) -> TrialRecord:
+        task = TrialTask(cfg, str(Path(data_dir).resolve()), noise)
         fresh = self.isolate or needs_fresh_worker(cfg)  # an actor started for it, ended with it
         record = TrialRecord(status=Status.LOST)
         for attempt in range(1 + self.max_retries):

@@ -22,10 +22,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from catsdogs import config
+from catsdogs import noise as noise_scale
 from catsdogs.data.manifest import require_prepared, test_images
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.files import write_json_atomic
 from catsdogs.messages import TrialRecord, TrialTask
+from catsdogs.noise import NoiseSettings
 from catsdogs.provenance import versions
 from catsdogs.schema import FINISHED, Status, TrialConfig
 from catsdogs.seeds import next_seeds
@@ -63,8 +65,8 @@ class LocalSlot:
     def shapes(self) -> set[str]:
         return self.worker.shapes if self.worker.alive else set()
 
-    def run(self, cfg: TrialConfig, data_dir: Path, on_epoch=None) -> TrialRecord:
-        task = TrialTask(cfg, str(Path(data_dir).resolve()))
+    def run(self, cfg: TrialConfig, data_dir: Path, on_epoch=None, noise: dict | None = None) -> TrialRecord:
+        task = TrialTask(cfg, str(Path(data_dir).resolve()), noise)
         if not (self.isolate or needs_fresh_worker(cfg)):
             self.running = self.worker
             reused = self.worker.alive and self.worker.tasks > 0
@@ -123,11 +125,14 @@ class _Board:
 def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
               overwrite: bool = False, retry_failed: bool = False, log=print,
               sweep_config: dict | None = None, worker_env: dict | None = None,
-              workers: int = 1, isolate: bool = False, slots=None, kept: list | None = None) -> dict:
+              workers: int = 1, isolate: bool = False, slots=None, kept: list | None = None,
+              noise: NoiseSettings | None = None) -> dict:
     """Run every trial of `grid` not finished yet, up to `workers` at once; return status counts.
 
+    `noise`: record each trial's gradient noise scale with these settings (catsdogs.noise). It is
+    no part of a trial's identity: trials already finished are not run again for it.
     `slots(index, workers, workdir)` makes the object that runs slot `index`'s trials (its
-    `run(cfg, data_dir, on_epoch)` returns a record; `shapes()`, `stop()`, `close()`); by
+    `run(cfg, data_dir, on_epoch, noise)` returns a record; `shapes()`, `stop()`, `close()`); by
     default a LocalSlot, a worker process on this machine. `kept`: slots made by the caller
     (`make_slots`), used and left open, so their workers' decoded data and compiled steps serve
     the caller's next call too (the adaptive rounds). Whatever runs the trials, only this
@@ -138,6 +143,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
     manifest = require_prepared(Path(data_dir))
     resolved = {
         "name": name, **(sweep_config or {}), "data_dir": str(Path(data_dir).resolve()),
+        "noise_scale": noise.as_dict() if noise else None,
         "data": {k: manifest[k] for k in ("params", "source", "fingerprint", "counts")},
         "trials": [asdict(c) for c in grid], "versions": versions(),
     }
@@ -156,7 +162,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
     board = _Board(total, already, workers, log)
     runners = kept if kept is not None else make_slots(out, workers, isolate, worker_env, slots)
     work = dict(keys=keys, by_key={c.key(): c for c in grid}, data_dir=data_dir, out=out, name=name,
-                board=board, retry_failed=retry_failed)
+                board=board, retry_failed=retry_failed, noise=noise.as_dict() if noise else None)
     # Each slot's thread sets its event when it ends. Waiting on events rather than
     # Thread.join: a join cut short by Ctrl-C can leave the thread looking finished when it is not.
     ended = [threading.Event() for _ in runners]
@@ -226,7 +232,7 @@ def _slot_thread(runner, slot: int, ended: threading.Event, **work) -> None:
         ended.set()
 
 
-def _work(runner, slot: int, *, keys, by_key, data_dir, out, name, board: _Board, retry_failed) -> None:
+def _work(runner, slot: int, *, keys, by_key, data_dir, out, name, board: _Board, retry_failed, noise) -> None:
     """Claim, run, record; until nothing is left or the sweep is stopped."""
     tag = f"[w{slot}] " if board.workers > 1 else ""
     with Store(store_path(out)) as store:
@@ -243,7 +249,7 @@ def _work(runner, slot: int, *, keys, by_key, data_dir, out, name, board: _Board
             cfg = by_key[row["key"]]
             board.log(f"{tag}[{min(position, board.total)}/{board.total}] {cfg.label()}{eta}")
             t0 = time.time()
-            record = runner.run(cfg, data_dir, on_epoch=_epoch_logger(board.log, tag))
+            record = runner.run(cfg, data_dir, on_epoch=_epoch_logger(board.log, tag), noise=noise)
             if board.stop.is_set() or record.status == Status.LOST:
                 store.release(row["key"])  # interrupted or lost with its worker: to be run again
                 if record.status == Status.LOST and not board.stop.is_set():
@@ -260,8 +266,12 @@ def _work(runner, slot: int, *, keys, by_key, data_dir, out, name, board: _Board
 def _epoch_logger(log, tag: str = ""):
     def on_epoch(e):
         val = f" val_acc {e['val_accuracy']:.3f}" if "val_accuracy" in e else ""
+        noise = ""
+        if "noise_scale" in e:
+            shown = noise_scale.describe({"b_simple": e["noise_scale"], "low": e["noise_scale_low"], "high": e["noise_scale_high"]})
+            noise = f", B_simple {shown} in {e['noise_seconds']:.1f} s"
         log(f"{tag}    epoch {e['epoch']}/{e['epochs']}: loss {e['loss']:.4f} acc {e['accuracy']:.3f}{val} "
-            f"({e['seconds']:.1f} s)")
+            f"({e['seconds']:.1f} s{noise})")
     return on_epoch
 
 

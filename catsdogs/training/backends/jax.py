@@ -267,6 +267,51 @@ def wait_for_steps(model) -> None:
     jax.block_until_ready([v.value for v in model.trainable_variables])
 
 
+# --- the gradient noise scale ------------------------------------------------------------------
+
+_GRAM_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {block: jitted}
+
+
+def per_example_gram(model, images, labels, block: int):
+    """The per-example gradient Gram matrix of the loss at the model's current weights, within
+    each block of `block` consecutive examples: numpy (n // block, block, block), float64.
+
+    catsdogs.training.per_example does the arithmetic (the model's own layers, "ghost" dot
+    products); here JAX differentiates it, on the variables' values passed in through a
+    StatelessScope, in one jitted function per model and block size. Pure: nothing is written
+    back, and the trainer's train_step, metrics and iteration counter are not touched. Read it
+    between epochs only: during `fit` Keras's JAX trainer holds the weights itself and the
+    variables are stale."""
+    import numpy as np
+
+    functions = _GRAM_FUNCTIONS.setdefault(model, {})
+    if block not in functions:
+        functions[block] = _gram_function(model, block)
+    gram = functions[block]([v.value for v in model.trainable_variables],
+                            [v.value for v in model.non_trainable_variables], images, labels)
+    return np.asarray(gram, np.float64)
+
+
+def _gram_function(model, block: int):
+    import jax
+    import jax.numpy as jnp
+    import keras
+
+    from catsdogs.training import per_example
+
+    tapped = per_example.tapped_layers(model)
+
+    def gram(trainable, non_trainable, images, labels):
+        mapping = [*zip(model.trainable_variables, trainable, strict=True),
+                   *zip(model.non_trainable_variables, non_trainable, strict=True)]
+        with keras.StatelessScope(state_mapping=mapping):
+            taps = [jnp.zeros(shape) for shape in per_example.tap_shapes(model, images.shape[0])]
+            deltas, inputs = jax.grad(lambda t: per_example.forward(model, images, labels, t), has_aux=True)(taps)
+            return per_example.gram_blocks(tapped, inputs, deltas, block)
+
+    return jax.jit(gram)
+
+
 # --- memory ------------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import weakref
 
 from catsdogs.host import cpu_description, host_memory_bytes, peak_rss_mb, reset_peak_rss
 from catsdogs.schema import Status
@@ -210,6 +211,46 @@ def wait_for_steps(model) -> None:
     import math
 
     min(model.trainable_variables, key=lambda v: math.prod(v.shape)).value.numpy()
+
+
+# --- the gradient noise scale ------------------------------------------------------------------
+
+_GRAM_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {block: tf.function}
+
+
+def per_example_gram(model, images, labels, block: int):
+    """The per-example gradient Gram matrix of the loss at the model's current weights, within
+    each block of `block` consecutive examples: numpy (n // block, block, block), float64.
+
+    catsdogs.training.per_example does the arithmetic (the model's own layers, "ghost" dot
+    products); here TensorFlow differentiates it, under a GradientTape, in one tf.function per
+    model and block size. Pure: no variable is assigned, and the trainer's train_step, metrics
+    and iteration counter are not touched."""
+    import numpy as np
+    import tensorflow as tf
+
+    functions = _GRAM_FUNCTIONS.setdefault(model, {})
+    if block not in functions:
+        functions[block] = _gram_function(model, block)
+    return np.asarray(functions[block](tf.constant(images), tf.constant(labels)).numpy(), np.float64)
+
+
+def _gram_function(model, block: int):
+    import tensorflow as tf
+
+    from catsdogs.training import per_example
+
+    tapped = per_example.tapped_layers(model)
+
+    @tf.function  # one trace per batch shape, which stays static (a measurement uses one or two)
+    def gram(images, labels):
+        taps = [tf.zeros(shape) for shape in per_example.tap_shapes(model, images.shape[0])]
+        with tf.GradientTape() as tape:
+            tape.watch(taps)
+            loss, inputs = per_example.forward(model, images, labels, taps)
+        return per_example.gram_blocks(tapped, inputs, tape.gradient(loss, taps), block)
+
+    return gram
 
 
 # --- memory ------------------------------------------------------------------------------------

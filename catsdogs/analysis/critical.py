@@ -1,0 +1,369 @@
+"""The critical batch size: the gradient noise scale over training, and the paper's prediction
+tested against the sweep. Pure functions of a sweep's trial rows; no framework.
+
+**The table** (`noise_table`): each trial recorded with `--noise-scale` has B_simple at the start
+(epoch 0, `initial_noise`) and after each epoch (its history), each from a few pairs. Per cell
+(optimizer, data set, protocol, batch size, learning rate) and epoch, the pairs of all its seeds
+are pooled into one estimate (catsdogs.noise.pool: the ratio of means over every pair, with
+Fieller's interval; "above N" where the noise dominated). Cells whose finished trials lack the
+measurement (run before it, or without `--noise-scale`) are listed, with how to get it.
+
+**The claim** (`claims`), as the paper's model predicts it (McCandlish et al. 2018, section 2):
+with S = S_min (1 + B_noise/B) steps and E = E_min (1 + B/B_noise) examples to reach a target,
+a fixed number of epochs (E fixed) reaches it for B <= B_noise (E/E_min - 1) and not beyond.
+How each piece is read off the sweep, per series (an optimizer and data set under the article's
+protocol; and, where the sweep has them, the series whose learning rate is tuned per batch size,
+which is the fair test: the paper assumes the best learning rate at every batch size, while the
+article keeps Keras's default):
+
+- the target: the accuracy held, no more than SHARP (5) points of validation accuracy below what
+  the smallest batch size B_0 reaches at the end (its mean over seeds);
+- E/E_min: B_0 first reaches the target after e* of the E epochs, so E(B_0) = e* epochs and
+  E_min = E(B_0) / (1 + B_0/B_noise), which gives E/E_min = (E/e*)(1 + B_0/B_noise);
+- B_noise: B_simple measured on B_0's trials from epoch e*, where the target is first met, to
+  the end, where training stays near it: the noise scale *at the target*, which is the one the
+  paper finds to predict the critical batch size for that target (B_simple grows several-fold
+  during training, so neither the start nor the trajectory as a whole would do). Every pair of
+  those measurements of all B_0's seeds is pooled: one measurement is 8 pairs, too few to bound
+  B_noise above. Where it was a lower bound only, the prediction is a lower bound too (the limit
+  grows with B_noise);
+- the limit: L = B_noise (E/E_min - 1), the largest batch size the budget carries to the target.
+
+"Well below" is B <= L/2 and "well above" is B >= 2L: one step of the sweep's power-of-two grid
+on either side of the limit, so no cell sits on the boundary, where the model says the target is
+just reached. Each such cell's mean test accuracy is compared with B_0's by Welch's interval, as
+the article's claims are (catsdogs.analysis.claims): held means less than SHARP points below B_0,
+lost more than SHARP points below. The verdict: **supported** when every compared cell comes out
+as predicted, **contradicted** when one clearly comes out the other way, **unsettled** otherwise;
+**not run** when there is no measurement, or no cell on one side of the limit (with which).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from catsdogs.analysis import claims
+from catsdogs.analysis.rows import (
+    BACKEND_NAMES,
+    OPTIMIZER_NAMES,
+    accuracy,
+    is_article_protocol,
+    learning_rate_of,
+    protocol_label,
+    protocol_of,
+    trial_order,
+)
+from catsdogs.analysis.rows import field as field_of
+from catsdogs.noise import pool
+from catsdogs.schema import DEFAULT_LR, Status, default
+from catsdogs.stats import welch
+
+SHARP = claims.SHARP  # points: "held" is less than this far below the smallest batch size
+WELL = 2.0  # "well below / above" the limit: a factor of 2, one step of a power-of-two grid
+TITLE = "Gradient noise scale B_simple over training, by batch size"
+
+
+# --- reading a trial ----------------------------------------------------------------------------
+
+
+def measurements(trial: dict) -> list[dict]:
+    """The trial's B_simple measurements in order of epoch (0: before the first update), each
+    {"epoch", "b_simple", "low", "high", "large", "pair_gradient_sq", "pair_trace"}; [] when it
+    was not measured."""
+    start = trial.get("initial_noise")
+    if not start:
+        return []
+    keys = ("b_simple", "low", "high", "large", "pair_gradient_sq", "pair_trace")
+    out = [{"epoch": 0, **{k: start.get(k) for k in keys}}]
+    for row in trial.get("history") or []:
+        if "noise_pair_trace" in row:
+            out.append({"epoch": int(row["epoch"]), "b_simple": row.get("noise_scale"),
+                        "low": row.get("noise_scale_low"), "high": row.get("noise_scale_high"),
+                        "large": start.get("large"), "pair_gradient_sq": row["noise_pair_gradient_sq"],
+                        "pair_trace": row["noise_pair_trace"]})
+    return out
+
+
+def _done(trials: Iterable[dict]) -> list[dict]:
+    return [t for t in trials if t.get("status") == Status.DONE and accuracy(t) is not None]
+
+
+def _group(trial: dict) -> tuple:
+    """A figure panel: optimizer, data set, and the protocol but for the learning rate."""
+    p = dict(protocol_of(trial), lr=None)
+    return (field_of(trial, "optimizer"), field_of(trial, "dataset"), tuple(sorted(p.items(), key=str)))
+
+
+def _group_label(trial: dict) -> str:
+    name = OPTIMIZER_NAMES.get(field_of(trial, "optimizer"), field_of(trial, "optimizer"))
+    rest = protocol_label(dict(protocol_of(trial), lr=None))
+    return f"{name}, {field_of(trial, 'dataset')} data" + ("" if rest == "article protocol" else f", {rest}")
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+
+def noise_table(trials: list[dict]) -> dict:
+    """{"name": "noise", "title", "groups": [{"label", "series": [{"label", "batch_size", "lr",
+    "seeds", "points": [{"epoch", "b_simple", "low", "high", "pairs", "measurements"}]}]}],
+    "panels": the figure's panels, like groups, "batch_sizes": every batch size of the sweep's
+    finished trials, "missing": [{"cell", "seeds"}], "sampling": the (B_s, B_b, pairs) the
+    measurements used, "measured" and "done": how many finished trials have the measurement, of
+    how many}.
+
+    A group is every cell of an optimizer, data set and protocol: the tables show them all. Where a
+    group has several learning rates, the figure shows two panels of it, the ones the claim tests:
+    the default rate, and each batch size at the rate validation chose for it (the tuned series,
+    catsdogs.analysis.tables.tune_learning_rates)."""
+    done = _done(trials)
+    measured = [t for t in done if measurements(t)]
+    cells: dict[tuple, list[dict]] = {}
+    for t in measured:
+        cells.setdefault((_group(t), int(field_of(t, "batch_size")), learning_rate_of(t)), []).append(t)
+    groups: dict[tuple, dict] = {}
+    panels: dict[tuple, dict] = {}
+    chosen = _chosen_cells(trials, cells)
+    for (group, bs, lr), members in sorted(cells.items(), key=lambda kv: (trial_order(kv[1][0]), kv[0][1], kv[0][2])):
+        panel = groups.setdefault(group, {"label": _group_label(members[0]), "series": []})
+        many_lrs = len({k[2] for k in cells if k[0] == group}) > 1
+        by_epoch: dict[int, list[dict]] = {}
+        for t in members:
+            for m in measurements(t):
+                by_epoch.setdefault(m["epoch"], []).append(m)
+        series = {"label": f"batch {bs}" + (f", lr {lr:g}" if many_lrs else ""), "batch_size": bs, "lr": lr,
+                  "seeds": len(members), "points": [{"epoch": e, **pool(ms)} for e, ms in sorted(by_epoch.items())]}
+        panel["series"].append(series)
+        if not many_lrs:
+            panels.setdefault((group, "all"), {"label": panel["label"], "series": []})["series"].append(series)
+            continue
+        default_lr = DEFAULT_LR[group[0]]
+        if lr == default_lr:
+            panels.setdefault((group, "default"), {"label": f"{panel['label']}, default lr {default_lr:g}",
+                                                   "series": []})["series"].append({**series, "label": f"batch {bs}"})
+        if (group, bs, lr) in chosen:
+            panels.setdefault((group, "tuned"), {"label": f"{panel['label']}, lr tuned per batch size",
+                                                 "series": []})["series"].append(series)
+    missing: dict[str, list[int]] = {}
+    for t in done:
+        if not measurements(t):
+            cell = f"{_group_label(t)}, batch size {field_of(t, 'batch_size')}"
+            if field_of(t, "lr") is not None:
+                cell += f", lr {learning_rate_of(t):g}"
+            missing.setdefault(cell, []).append(int(field_of(t, "seed", 0)))
+    sampling = sorted({(t["initial_noise"].get("small"), t["initial_noise"].get("large"), t["initial_noise"].get("pairs"))
+                       for t in measured}, key=str)
+    return {"name": "noise", "title": TITLE, "groups": list(groups.values()), "panels": list(panels.values()),
+            "sampling": sampling,
+            "batch_sizes": sorted({int(field_of(t, "batch_size")) for t in done}),
+            "missing": [{"cell": c, "seeds": sorted(s)} for c, s in missing.items()],
+            "measured": len(measured), "done": len(done)}
+
+
+def _chosen_cells(trials: list[dict], cells: dict[tuple, list[dict]]) -> set[tuple]:
+    """The (group, batch size, learning rate) cells whose rate validation chose for their batch
+    size (catsdogs.analysis.tables.tune_learning_rates), among `cells`."""
+    from catsdogs.analysis.tables import tune_learning_rates
+
+    keys = {k for by_bs in tune_learning_rates(trials)["chosen"].values() for ks in by_bs.values() for k in ks}
+    return {cell for cell, members in cells.items() if any(t.get("key") in keys for t in members)}
+
+
+# --- the claim ----------------------------------------------------------------------------------
+
+
+def _tuned_series(trials: list[dict]) -> list[tuple[str, dict[int, list[dict]]]]:
+    """The tuned table's series (catsdogs.analysis.tables.tune_learning_rates): per batch size the
+    trials of the learning rate validation chose."""
+    from catsdogs.analysis.tables import tune_learning_rates
+
+    by_key = {t.get("key"): t for t in trials}
+    chosen = tune_learning_rates(trials)["chosen"]
+    return [(series, {bs: [by_key[k] for k in keys] for bs, keys in cells.items()})
+            for series, cells in chosen.items()]
+
+
+def _article_series(trials: list[dict]) -> list[tuple[str, dict[int, list[dict]]]]:
+    out: dict[tuple, dict[int, list[dict]]] = {}
+    labels: dict[tuple, str] = {}
+    for t in trials:
+        if not is_article_protocol(t):
+            continue
+        key = (trial_order(t)[:2], field_of(t, "optimizer"), field_of(t, "dataset"))
+        name = OPTIMIZER_NAMES.get(key[1], key[1])
+        labels[key] = f"{name}{', augmented data' if key[2] == 'augmented' else ''}, default lr {DEFAULT_LR[key[1]]:g}"
+        out.setdefault(key, {}).setdefault(int(field_of(t, "batch_size")), []).append(t)
+    return [(labels[k], out[k]) for k in sorted(out, key=str)]
+
+
+def _context(trial: dict) -> tuple:
+    return (field_of(trial, "epochs"), field_of(trial, "image_size"), field_of(trial, "backend", default("backend")))
+
+
+def claims_by_context(trials: list[dict]) -> list[dict]:
+    """The critical-batch-size claim for every series of every context (epochs, image size,
+    backend) that has one: [{"context", "results": [result, ...]}]."""
+    contexts: dict[tuple, list[dict]] = {}
+    for t in _done(trials):
+        contexts.setdefault(_context(t), []).append(t)
+    out = []
+    for (epochs, size, backend), members in sorted(contexts.items(), key=lambda kv: str(kv[0])):
+        results = [evaluate(label, cells, int(epochs))
+                   for label, cells in [*_article_series(members), *_tuned_series(members)]]
+        results = [r for r in results if r is not None]
+        if results:
+            label = f"{epochs} epochs, {size} px" + (f", {BACKEND_NAMES.get(backend, backend)}" if len(contexts) > 1 else "")
+            out.append({"context": label, "results": results})
+    return out
+
+
+def _val_curve(members: list[dict]) -> list[float] | None:
+    """The mean over seeds of each epoch's validation accuracy (training accuracy without a
+    validation split)."""
+    curves = []
+    for t in members:
+        history = t.get("history") or []
+        key = "val_accuracy" if history and "val_accuracy" in history[0] else "accuracy"
+        curves.append([float(h[key]) for h in history if h.get(key) is not None])
+    length = min((len(c) for c in curves), default=0)
+    if not length:
+        return None
+    return [sum(c[e] for c in curves) / len(curves) for e in range(length)]
+
+
+def evaluate(label: str, cells: dict[int, list[dict]], epochs: int) -> dict | None:
+    """The claim for one series ({batch size: its trials}); None when the series has fewer than
+    two batch sizes with finished trials (nothing to compare)."""
+    cells = {bs: _done(ts) for bs, ts in cells.items()}
+    cells = {bs: ts for bs, ts in sorted(cells.items()) if ts}
+    if len(cells) < 2:
+        return None
+    b0 = min(cells)
+    base = cells[b0]
+    out = {"series": label, "b0": b0, "epochs": epochs, "limit": None, "limit_is_bound": False,
+           "b_noise": None, "b_noise_low": None, "b_noise_high": None, "held_up_to": None, "lost_from": None,
+           "e_star": None, "budget_ratio": None, "tests": [], "verdict": claims.NOT_RUN, "verdict_text": "",
+           "n": {bs: len(ts) for bs, ts in cells.items()}}
+    if not all(measurements(t) for t in base):
+        out["verdict_text"] = (f"not run: the noise scale was not measured at batch size {b0} "
+                               "(sweep --noise-scale)")
+        return out
+    curve = _val_curve(base)
+    if not curve:
+        out["verdict_text"] = f"not run: batch size {b0} has no per-epoch accuracy"
+        return out
+    target = curve[-1] - SHARP / 100
+    e_star = next(e + 1 for e, v in enumerate(curve) if v >= target)
+    at = pool([m for t in base for m in measurements(t) if m["epoch"] >= e_star])
+    if at is None or at["low"] is None or (at["b_simple"] is None and not at["low"]):
+        out["verdict_text"] = f"not run: no noise scale at batch size {b0} from epoch {e_star} on"
+        return out
+    bound_only = at["b_simple"] is None
+    b_noise = at["low"] if bound_only else at["b_simple"]
+    b_high = None if bound_only else at["high"]  # None: unbounded above
+
+    def limit_at(b: float) -> float:  # B_noise (E/E_min - 1), with E/E_min = (E/e*)(1 + B_0/B_noise)
+        return (epochs / e_star) * (b + b0) - b
+
+    held_up_to = limit_at(at["low"]) / WELL  # the limit grows with B_noise: its interval's low end
+    lost_from = WELL * limit_at(b_high) if b_high is not None else None  # ... and its high end
+    out.update(b_noise=b_noise, b_noise_low=at["low"], b_noise_high=b_high, e_star=e_star,
+               budget_ratio=(epochs / e_star) * (1 + b0 / b_noise), limit=limit_at(b_noise),
+               limit_is_bound=bound_only, held_up_to=held_up_to, lost_from=lost_from, target=target)
+    base_acc = [accuracy(t) for t in base]
+    for bs, ts in cells.items():
+        if bs == b0:
+            continue
+        if bs <= held_up_to * (1 + 1e-9):  # the tolerance: a limit of exactly twice a batch size
+            predicted = "held"
+        elif lost_from is not None and bs >= lost_from * (1 - 1e-9):
+            predicted = "lost"
+        else:
+            continue
+        w = welch([accuracy(t) for t in ts], base_acc)
+        low, high = (None, None) if w["ci_low"] is None else (100 * w["ci_low"], 100 * w["ci_high"])
+        if low is None:
+            agrees = None
+        elif predicted == "held":
+            agrees = True if low > -SHARP else False if high < -SHARP else None
+        else:
+            agrees = True if high < -SHARP else False if low > -SHARP else None
+        out["tests"].append({"batch_size": bs, "predicted": predicted, "diff": 100 * w["diff"], "ci_low": low,
+                             "ci_high": high, "agrees": agrees, "n": len(ts)})
+    sides = {t["predicted"] for t in out["tests"]}
+    if "held" not in sides or "lost" not in sides:
+        side = "below" if "held" not in sides else "above"
+        above = f"≥ {lost_from:.0f}" if lost_from is not None else "none, B_noise's interval is open above"
+        against = [t["batch_size"] for t in out["tests"] if t["agrees"] is False]
+        out["verdict_text"] = (f"not run: no batch size well {side} the limit {'≥ ' if bound_only else ''}"
+                               f"{out['limit']:.0f} (well below: ≤ {held_up_to:.0f}; well above: {above})"
+                               + (f"; of those tested, {', '.join(map(str, against))} went the other way"
+                                  if against else ""))
+        return out
+    verdicts = [t["agrees"] for t in out["tests"]]
+    if False in verdicts:
+        out["verdict"] = out["verdict_text"] = claims.CONTRADICTED
+    elif all(v is True for v in verdicts):
+        out["verdict"] = out["verdict_text"] = claims.SUPPORTED
+    else:
+        ns = sorted({len(base), *(t["n"] for t in out["tests"])})
+        out["verdict"] = claims.UNSETTLED
+        out["verdict_text"] = f"unsettled with {ns[0]}" + (f"-{ns[-1]}" if len(ns) > 1 else "") + " seeds"
+    return out
+
+
+# --- as text --------------------------------------------------------------------------------------
+
+SAYS = "A fixed number of epochs holds accuracy well below the critical batch size and loses it well above"
+
+
+def _shown(r: dict) -> dict | None:
+    """The comparison a one-line summary shows: the first that disagrees, else the first unsettled,
+    else the largest batch size tested."""
+    tests = r["tests"]
+    return (next((t for t in tests if t["agrees"] is False), None) or next((t for t in tests if t["agrees"] is None), None)
+            or (tests[-1] if tests else None))
+
+
+def test_text(r: dict) -> str:
+    if r["limit"] is None:
+        return f"{r['series']}: the limit B_noise (E/E_min − 1) from batch size {r['b0']}"
+    held = [t["batch_size"] for t in r["tests"] if t["predicted"] == "held"]
+    lost = [t["batch_size"] for t in r["tests"] if t["predicted"] == "lost"]
+    bound = "≥ " if r["limit_is_bound"] else ""
+    bits = [f"{r['series']}: limit {bound}{r['limit']:.0f} (B_noise {noise_text(r)} from epoch {r['e_star']} at "
+            f"batch size {r['b0']}, E/E_min {r['budget_ratio']:.2f})"]
+    if held:
+        bits.append(f"held at {', '.join(map(str, held))}")
+    if lost:
+        bits.append(f"lost at {', '.join(map(str, lost))}")
+    return "; ".join(bits) + f", against {r['b0']}"
+
+
+def noise_text(r: dict) -> str:
+    """B_noise as measured: "21 (10–∞)", "≥ 10"."""
+    if r["limit_is_bound"]:
+        return f"≥ {r['b_noise']:.0f}"
+    high = "∞" if r["b_noise_high"] is None else f"{r['b_noise_high']:.0f}"
+    return f"{r['b_noise']:.0f} ({r['b_noise_low']:.0f}–{high})"
+
+
+def table_rows(results: list[dict]) -> list[str]:
+    """Rows for the claims table (catsdogs.analysis.claims.markdown_table's columns)."""
+    lines = []
+    for r in results:
+        t = _shown(r)
+        diff = "—" if t is None else f"{t['diff']:+.1f} ({t['batch_size']} vs {r['b0']})"
+        interval = "—" if t is None or t["ci_low"] is None else f"{t['ci_low']:+.1f} to {t['ci_high']:+.1f}"
+        seeds = " / ".join(str(n) for n in r["n"].values())
+        verdict = r["verdict_text"] if r["verdict"] == claims.NOT_RUN else f"**{r['verdict_text']}**"
+        lines.append("| " + " | ".join([f"{SAYS} (McCandlish et al. 2018)", test_text(r), diff, interval, seeds,
+                                       verdict]) + " |")
+    return lines
+
+
+def point_text(p: dict) -> str:
+    """One epoch's pooled estimate: "84 (51–140)", "84 (51–∞)", "≥ 310", or "?" (undetermined)."""
+    if p["b_simple"] is None:
+        return "?" if p["low"] is None else f"≥ {p['low']:.0f}"
+    high = "∞" if p["high"] is None else f"{p['high']:.0f}"
+    return f"{p['b_simple']:.0f} ({p['low']:.0f}–{high})"

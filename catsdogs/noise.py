@@ -1,0 +1,229 @@
+"""The gradient noise scale: the batch size beyond which a larger batch buys few steps.
+
+McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch Training" (2018). At the
+current weights, let g_i be the gradient of the loss on training example i (the very model and
+loss a trial trains: catsdogs.model, binary cross-entropy from the logit), over the n training
+images. The **true gradient** is G = (1/n) sum g_i and the per-example **covariance** is
+Sigma = (1/n) sum (g_i - G)(g_i - G)^T (normalized by n: the training set is the population).
+A batch of B examples drawn uniformly **with replacement** has mean gradient G_B with
+
+    E |G_B|^2 = |G|^2 + tr(Sigma) / B        exactly, for any B,
+
+and the simple noise scale B_simple = tr(Sigma) / |G|^2 is the batch size at which the noise's
+share of |G_B|^2 equals the signal's. The paper finds it tracks the critical batch size: below
+it, doubling the batch nearly halves the steps to a target loss; above it, a larger batch buys
+little. catsdogs samples with replacement, so the identity above needs no correction (without
+replacement from n examples, tr(Sigma)/B shrinks by (n - B)/(n - 1), which biases |G|^2 low
+by about tr(Sigma)/(n - 1)).
+
+**The estimator** (the paper's appendix A.1). A **pair** is one large batch of B_b = k * B_s
+examples, drawn with replacement and split into k micro-batches of B_s: |G_Bs|^2 is the mean
+of the micro-batches' squared gradient norms, |G_Bb|^2 the squared norm of their mean (the
+large batch's gradient), both at the same weights. Both come from the large batch's per-example
+gradient Gram matrix K (catsdogs.training.per_example: one forward and backward pass, no
+gradient formed): |G_S|^2 = (1/|S|^2) sum_{i,j in S} K_ij (`norms_from_gram`). So B_s can be 1,
+each example its own micro-batch, which puts the most of a pair's examples to use. Each pair
+gives unbiased estimates
+
+    |G|^2    ~ (B_b |G_Bb|^2 - B_s |G_Bs|^2) / (B_b - B_s)
+    tr(Sigma) ~ (|G_Bs|^2 - |G_Bb|^2) / (1/B_s - 1/B_b),
+
+and B_simple is the ratio of their means over the pairs (not the mean of the pairs' ratios,
+which is biased, and undefined whenever one pair's |G|^2 estimate is not positive). A trial's
+measurement has few pairs, to stay cheap; a report pools the pairs of a cell's seeds at the same
+epoch into one estimate (`pool`): the same ratio of means, over several times the pairs.
+
+**The interval**: Fieller's 95% interval for a ratio of two means of paired samples, with
+Student's t on (pairs - 1) degrees of freedom. Not a bootstrap: over 8 to 64 pairs its
+percentile interval is too narrow (catsdogs.stats says the same of seeds). Not the delta
+method: it is symmetric, while the ratio's distribution is skewed, and it cannot say that a
+denominator may be zero. Fieller's interval is exact for normal means and takes the shape the
+data give: bounded when |G|^2 is clearly positive; unbounded above (B_simple "at least N") when
+|G|^2 is not clearly positive, which is what a batch size well below the noise scale sees.
+It is computed for phi = |G|^2 / tr(Sigma), whose denominator (the noise) is always well
+determined, and inverted. When the |G|^2 estimate itself is not positive, the noise dominates:
+there is no number, only a lower bound, "above N" with N = 1/phi_high, the smallest noise
+scale the pairs do not rule out (the large batch size B_b if even phi_high is not positive).
+Never a negative or infinite value.
+
+**The paper's model** of what a batch size costs: S = S_min (1 + B_noise/B) steps and E =
+E_min (1 + B/B_noise) examples to a target loss. A fixed number of epochs (E fixed) reaches
+the target only for B <= B_noise (E/E_min - 1) (`fixed_epochs_limit`); the learning rate that
+is best at batch B is eps_max / (1 + B_noise/B) (`paper_learning_rate`), linear in B only well
+below B_noise.
+
+Framework-free: the backends compute the Gram matrices (`per_example_gram`), the engine draws
+the batches (`draw`) and records the estimates, the report and find-batch-size read them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from catsdogs.stats import LEVEL, t_quantile
+
+STREAM = 0x6E6F6973  # "nois": the noise batches' own random stream, apart from training's
+
+
+@dataclass(frozen=True)
+class NoiseSettings:
+    """How one measurement samples: `pairs` large batches of `micros` x `micro` examples."""
+
+    micro: int  # B_s: examples per micro-batch (1: each example on its own)
+    micros: int  # k: micro-batches per large batch, so B_b = k * B_s
+    pairs: int  # large batches (pairs) per measurement
+
+    @property
+    def large(self) -> int:
+        return self.micro * self.micros
+
+    @property
+    def examples(self) -> int:
+        return self.large * self.pairs
+
+    def check(self) -> None:
+        from catsdogs.errors import SettingError
+
+        if self.micro < 1:
+            raise SettingError(f"micro-batches need at least 1 example, got {self.micro}", "noise_micro")
+        if self.micros < 2:
+            raise SettingError(f"a large batch needs at least 2 micro-batches, got {self.micros}", "noise_micros")
+        if self.pairs < 2:
+            raise SettingError(f"an interval needs at least 2 pairs, got {self.pairs}", "noise_pairs")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def draw(n_train: int, settings: NoiseSettings, seed: int, epoch: int) -> np.ndarray:
+    """(pairs, micros, micro) indices into the training split, uniformly with replacement, from
+    the noise's own generator (seed, epoch, STREAM): nothing training draws from is touched."""
+    rng = np.random.default_rng([seed, epoch, STREAM])
+    return rng.integers(0, n_train, size=(settings.pairs, settings.micros, settings.micro))
+
+
+def norms_from_gram(gram, micro: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each pair's (|G_Bs|^2, |G_Bb|^2) from its large batch's per-example gradient Gram matrix
+    (pairs, B_b, B_b): the mean over its micro-batches (consecutive blocks of `micro` examples)
+    of their mean gradient's squared norm, and the whole batch's."""
+    gram = np.asarray(gram, np.float64)
+    pairs, large, _ = gram.shape
+    k = large // micro
+    blocks = gram.reshape(pairs, k, micro, k, micro)
+    small_sq = np.einsum("pjajb->pj", blocks).mean(axis=1) / micro**2
+    large_sq = gram.sum(axis=(1, 2)) / large**2
+    return small_sq, large_sq
+
+
+def pair_estimates(small_sq, large_sq, b_small: int, b_large: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each pair's unbiased estimates (|G|^2, tr(Sigma)) from its squared norms at B_s and B_b."""
+    small_sq, large_sq = np.asarray(small_sq, np.float64), np.asarray(large_sq, np.float64)
+    if not b_large > b_small >= 1:
+        raise ValueError(f"need B_b > B_s >= 1, got B_s={b_small}, B_b={b_large}")
+    g2 = (b_large * large_sq - b_small * small_sq) / (b_large - b_small)
+    trace = (small_sq - large_sq) / (1.0 / b_small - 1.0 / b_large)
+    return g2, trace
+
+
+def fieller(num, den, level: float = LEVEL) -> tuple[float, float] | None:
+    """Fieller's interval for mean(num)/mean(den) over paired samples, or None when mean(den) is
+    not clearly nonzero (the interval is then unbounded)."""
+    num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
+    p = len(num)
+    a, b = float(num.mean()), float(den.mean())
+    v_aa, v_bb = float(num.var(ddof=1)) / p, float(den.var(ddof=1)) / p
+    v_ab = float(np.cov(num, den, ddof=1)[0, 1]) / p
+    t2 = t_quantile((1 + level) / 2, p - 1) ** 2
+    qa = b * b - t2 * v_bb
+    if qa <= 0:
+        return None
+    qb = a * b - t2 * v_ab
+    qc = a * a - t2 * v_aa
+    root = math.sqrt(max(0.0, qb * qb - qa * qc))
+    return (qb - root) / qa, (qb + root) / qa
+
+
+def estimate(small_sq, large_sq, b_small: int, b_large: int, level: float = LEVEL) -> dict:
+    """B_simple over the pairs of one measurement, with its interval (`from_pairs`)."""
+    g2, trace = pair_estimates(small_sq, large_sq, b_small, b_large)
+    return {**from_pairs(g2, trace, b_large, level), "small": int(b_small), "large": int(b_large)}
+
+
+def pool(measurements: list[dict | None], level: float = LEVEL) -> dict | None:
+    """One estimate from the pairs of several measurements (a cell's seeds at one epoch): the
+    ratio of means over all their pairs, with Fieller's interval; "measurements": how many.
+    None when none has pairs."""
+    usable = [m for m in measurements if m and m.get("pair_gradient_sq")]
+    if not usable:
+        return None
+    g2 = [v for m in usable for v in m["pair_gradient_sq"]]
+    trace = [v for m in usable for v in m["pair_trace"]]
+    floor = max(m.get("large") or 2 for m in usable)
+    return {**from_pairs(g2, trace, floor, level, keep_pairs=False), "measurements": len(usable)}
+
+
+def from_pairs(g2, trace, floor: float, level: float = LEVEL, keep_pairs: bool = True) -> dict:
+    """B_simple from the pairs' estimates of |G|^2 and tr(Sigma). `floor`: the lower bound to
+    report when even the interval's top for |G|^2 / tr(Sigma) is not positive (the large batch
+    size: the measurement's own large batches still looked like pure noise).
+
+    Returns {"b_simple": the ratio of means, or None when the |G|^2 estimate is not positive;
+    "low", "high": the interval (high None: unbounded above; with b_simple None, low is the
+    lower bound, "above low"); "gradient_sq", "trace": the means; "pairs"; and with keep_pairs
+    the pairs' own estimates, "pair_gradient_sq" and "pair_trace" (what `pool` reads)}."""
+    g2, trace = np.asarray(g2, np.float64), np.asarray(trace, np.float64)
+    if len(g2) < 2:
+        raise ValueError(f"an interval needs at least 2 pairs, got {len(g2)}")
+    mean_g2, mean_trace = float(g2.mean()), float(trace.mean())
+    out = {"b_simple": None, "low": None, "high": None, "gradient_sq": mean_g2, "trace": mean_trace,
+           "pairs": len(g2)}
+    if keep_pairs:
+        out["pair_gradient_sq"], out["pair_trace"] = g2.tolist(), trace.tolist()
+    phi = fieller(g2, trace, level)  # |G|^2 / tr(Sigma) = 1 / B_simple
+    if phi is None:  # the noise itself is not clearly positive: B_simple is small, if anything
+        rho = fieller(trace, g2, level)  # B_simple directly, when |G|^2 is clearly nonzero
+        if mean_g2 > 0 and mean_trace > 0:
+            out["b_simple"] = mean_trace / mean_g2
+            out["low"], out["high"] = (max(0.0, rho[0]), rho[1]) if rho is not None and rho[1] > 0 else (0.0, None)
+        return out  # neither clearly positive: undetermined
+    phi_low, phi_high = phi
+    if mean_g2 > 0 and mean_trace > 0:
+        out["b_simple"] = mean_trace / mean_g2
+        out["low"] = 1.0 / phi_high if phi_high > 0 else out["b_simple"]
+        out["high"] = 1.0 / phi_low if phi_low > 0 else None
+    elif phi_high > 0:  # the noise dominates: a lower bound only
+        out["low"] = 1.0 / phi_high
+    else:
+        out["low"] = float(floor)
+    return out
+
+
+def describe(m: dict | None) -> str:
+    """"84 (95%: 51 to 240)", "84 (95%: 51 to unbounded)", "above 310", "undetermined" (neither
+    the gradient nor the noise clearly positive), or "not measured"."""
+    if not m:
+        return "not measured"
+    if m.get("b_simple") is None and m.get("low") is None:
+        return "undetermined"
+    if m.get("b_simple") is None:
+        return f"above {m['low']:.0f}"
+    high = "unbounded" if m.get("high") is None else f"{m['high']:.0f}"
+    return f"{m['b_simple']:.0f} ({LEVEL:.0%}: {m['low']:.0f} to {high})"
+
+
+# --- the paper's model -----------------------------------------------------------------------------
+
+
+def fixed_epochs_limit(b_noise: float, budget_over_minimum: float) -> float:
+    """The largest batch size that reaches the target loss within a fixed number of examples E:
+    B_noise (E/E_min - 1), from E = E_min (1 + B/B_noise)."""
+    return b_noise * (budget_over_minimum - 1.0)
+
+
+def paper_learning_rate(base_lr: float, base_batch: int, batch: int, b_noise: float) -> float:
+    """The learning rate at `batch` by the paper's rule eps(B) = eps_max / (1 + B_noise/B),
+    anchored at `base_lr` for `base_batch`: linear in B well below B_noise, flat well above."""
+    return base_lr * (1.0 + b_noise / base_batch) / (1.0 + b_noise / batch)
