@@ -173,6 +173,24 @@ ISOLATE = click.option("--isolate", is_flag=True,
                             "wants no process reused.")
 
 
+DETERMINISTIC = click.option("--deterministic/--no-deterministic", default=None,
+                             help=schema.DETERMINISTIC_HELP)
+TF32 = click.option("--tf32/--no-tf32", default=None, help=schema.TF32_HELP)
+COMPILE_CACHE = click.option(
+    "--compile-cache/--no-compile-cache", default=True, show_default=True,
+    help="JAX: keep every compiled step in JAX's persistent compilation cache, in catsdogs/jax-compilation "
+         "under the user's cache folder ($XDG_CACHE_HOME, else ~/.cache; $CATSDOGS_COMPILE_CACHE names "
+         "another), so that running a plan again, even into a fresh --out, loads its steps instead of "
+         "compiling them. Nothing on TensorFlow.")
+
+
+def worker_env(compile_cache: bool) -> dict:
+    """What the workers' environment adds for the command line's process options."""
+    from catsdogs.training.backends import COMPILE_CACHE_ENV
+
+    return {} if compile_cache else {COMPILE_CACHE_ENV: "off"}
+
+
 def out_option(help: str):
     return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path(config.DEFAULT_OUT),
                         show_default=True, help=help)
@@ -304,6 +322,8 @@ def _renamed_backend(ctx, param, value):
     click.option("--epochs", type=click.IntRange(min=1), default=config.EPOCHS, show_default=True,
                  help="Epochs per trial."),
     click.option("--noise-scale", is_flag=True, default=None, help=NOISE_SCALE_HELP),
+    DETERMINISTIC,
+    TF32,
     name_option("sweep", "Name of the sweep: its CSV and figures go to OUT/NAME/."),
     click.option("--config", "plan", type=PlanType(), default=None,
                  help="A plan: a built-in plan's name (`catsdogs plans`) or a TOML file's path. Its "
@@ -320,6 +340,7 @@ def _renamed_backend(ctx, param, value):
                       "GPUs, else each pinned to its share of the CPU cores. A worker runs trial "
                       "after trial, reusing decoded data and compiled training steps."),
     ISOLATE,
+    COMPILE_CACHE,
     click.option("--runner", type=click.Choice(["local", "ray"]), default="local", show_default=True,
                  help="Where trials run: local: worker processes on this machine; ray: Ray actors "
                       "(one GPU, or CPU cores, each) on the cluster at --ray-address, else a local "
@@ -348,7 +369,7 @@ def sweep(ctx, **values):
     # Without a plan every option counts, its default too; with one, only those given.
     counted = (lambda k: True) if values["plan"] is None else (lambda k: given(ctx, k))
     grid = {k: _plan_value(values[k]) for k in plans.GRID_KEYS if counted(k) and values[k] not in (None, ())}
-    top = {k: values[k] for k in ("seeds", "name", "target_ci", "max_seeds", "noise_scale")
+    top = {k: values[k] for k in ("seeds", "name", "target_ci", "max_seeds", "noise_scale", *schema.PROCESS_FIELDS)
            if counted(k) and values[k] is not None}
     plan = plans.with_overrides(values["plan"] or plans.command_line_plan(), top, grid)
     data_dir = plans.data_dir(plan, values["data_dir"])
@@ -365,12 +386,14 @@ def sweep(ctx, **values):
 
         explicit = given(ctx, "workers")
         slots, workers = ray_runner.make_slots(values["ray_address"], workers=workers if explicit else None,
-                                               isolate=values["isolate"], log=click.echo)
+                                               isolate=values["isolate"], log=click.echo,
+                                               env=worker_env(values["compile_cache"]))
     target_ci, max_seeds = plans.adaptive(plan)
     counts = sw.run(plan.name, trials, data_dir, values["out"], target_ci=target_ci, max_seeds=max_seeds,
                     overwrite=values["overwrite"], retry_failed=values["retry_failed"], log=click.echo,
                     sweep_config={"plan": plan.settings, "plan_origin": plan.origin}, workers=workers,
-                    isolate=values["isolate"], slots=slots, noise=plans.noise_settings(plan))
+                    isolate=values["isolate"], slots=slots, noise=plans.noise_settings(plan),
+                    worker_env=worker_env(values["compile_cache"]))
     return 0 if sw.succeeded(counts, counts["trials"]) else 1
 
 
@@ -392,9 +415,12 @@ MEASUREMENT_OPTIONS = options(
                  help="Memory cap per probe, like 4GiB or 4096MB (KiB/MiB/GiB binary, KB/MB/GB "
                       "decimal). CPU: the probe's peak resident memory; a probe that goes over is "
                       "stopped and recorded as out of memory. GPU: a logical device of that size."),
+    DETERMINISTIC,
+    TF32,
     DATA_DIR,
     out_option("Results go to OUT/NAME/."),
     ISOLATE,
+    COMPILE_CACHE,
 )
 
 
@@ -411,8 +437,8 @@ MEASUREMENT_OPTIONS = options(
                    "number that means little [default: 2 on a GPU, 0 on the CPU].")
 @name_option("profile", "Name of the run: OUT/NAME/profile.csv and OUT/NAME/figures/.")
 @MEASUREMENT_OPTIONS
-def profile(batch_size, steps, warmup, min_seconds, name, opt, dataset, precision, memory_limit, data_dir, out,
-            isolate):
+def profile(batch_size, steps, warmup, min_seconds, name, opt, dataset, precision, memory_limit, deterministic,
+            tf32, data_dir, out, isolate, compile_cache):
     """Throughput, memory and utilization of the article's model at each batch size.
 
     Each batch size is a probe of the sweep's own training step: warm-up, then --steps timed
@@ -426,7 +452,8 @@ def profile(batch_size, steps, warmup, min_seconds, name, opt, dataset, precisio
 
     rows = run(name, batch_size, data_dir or config.default_data_dir(), out, optimizer=opt, dataset=dataset,
                precision=precision, steps=steps, warmup=warmup, memory_cap_bytes=memory_limit,
-               min_seconds=min_seconds, isolate=isolate, log=click.echo)
+               min_seconds=min_seconds, isolate=isolate, deterministic=deterministic is not False, tf32=tf32,
+               worker_env=worker_env(compile_cache), log=click.echo)
     return 1 if any(r["status"] == schema.Status.FAILED for r in rows) else 0
 
 
@@ -454,7 +481,7 @@ def profile(batch_size, steps, warmup, min_seconds, name, opt, dataset, precisio
 @name_option("find-batch-size", "Name of the run: OUT/NAME/find_batch_size.json and .csv.")
 @MEASUREMENT_OPTIONS
 def find_batch_size(mode, start, max_batch, margin, steps, resolution, noise_scale, name, opt, dataset, precision,
-                    memory_limit, data_dir, out, isolate):
+                    memory_limit, deterministic, tf32, data_dir, out, isolate, compile_cache):
     """The largest batch size that fits, the fastest, the critical one, and which to train with.
 
     Every probe is a few steps of the sweep's own training step at one batch size; one that
@@ -468,7 +495,7 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, noise_sca
     run(name, data_dir or config.default_data_dir(), out, mode=mode, start=start, max_batch=max_batch,
         margin=margin, optimizer=opt, dataset=dataset, precision=precision, steps=steps,
         memory_cap_bytes=memory_limit, resolution=resolution, isolate=isolate, noise_scale=noise_scale,
-        log=click.echo)
+        deterministic=deterministic is not False, tf32=tf32, worker_env=worker_env(compile_cache), log=click.echo)
     return 0
 
 
@@ -511,16 +538,19 @@ def report(name, out, title_note):
               help=f"The most seeds a cell gets with a target [default: the plan's max_seeds, else {config.MAX_SEEDS}].")
 @click.option("--noise-scale", is_flag=True, default=None,
               help=NOISE_SCALE_HELP + " Overrides the plan's noise_scale.")
+@DETERMINISTIC
+@TF32
 @name_option(None, "Override the plan's name (the sweep; outputs in OUT/NAME/).")
 @DATA_DIR
 @out_option("Where the results store and the sweep's folder go.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Trials run at once (see `catsdogs sweep --help`).")
 @ISOLATE
+@COMPILE_CACHE
 @click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def reproduce(plan, source, seeds, target_ci, max_seeds, noise_scale, name, data_dir, out, workers, isolate,
-              overwrite, quiet):
+def reproduce(plan, source, seeds, target_ci, max_seeds, noise_scale, deterministic, tf32, name, data_dir, out,
+              workers, isolate, compile_cache, overwrite, quiet):
     """The whole article in one command: prepare, the plan's grids, report.
 
     Trials the two figures share run once; run it again to resume. Figures and tables land
@@ -529,12 +559,13 @@ def reproduce(plan, source, seeds, target_ci, max_seeds, noise_scale, name, data
     from catsdogs.reproduce import reproduce as run
     from catsdogs.training import backends
 
-    top = {k: v for k, v in (("seeds", seeds), ("name", name), ("target_ci", target_ci),
-                             ("max_seeds", max_seeds), ("noise_scale", noise_scale)) if v is not None}
+    top = {k: v for k, v in (("seeds", seeds), ("name", name), ("target_ci", target_ci), ("max_seeds", max_seeds),
+                             ("noise_scale", noise_scale), ("deterministic", deterministic), ("tf32", tf32))
+           if v is not None}
     plan = plans.with_overrides(plan, top, {})
     result = run(plan, data_dir=plans.data_dir(plan, data_dir), out=out, backend=backends.check(), source=source,
                  workers=workers, isolate=isolate, overwrite=overwrite, log=click.echo,
-                 progress=not quiet and sys.stderr.isatty())
+                 progress=not quiet and sys.stderr.isatty(), worker_env=worker_env(compile_cache))
     from catsdogs.training.sweep import succeeded
 
     return 0 if succeeded(result["counts"], result["trials"]) else 1

@@ -110,7 +110,12 @@ class TrialRecord(Record):
     fit_seconds: float | None = _field()
     setup_seconds: float | None = _field()  # building and compiling, or resetting a kept step
     step_reused: bool | None = _field()
+    # XLA compilations during the trial (JAX; None on TensorFlow), and the persistent compilation
+    # cache's loads, which are not compilations
+    compiles: int | None = _field(csv=True)
+    compile_cache_hits: int | None = _field(csv=True)
     weights_digest: str | None = _field(csv=True)
+    digest_seconds: float | None = _field()  # what the digest added to the trial: its start and its wait
     env: dict | None = _field()  # catsdogs, backend and versions, device, host
     n_train: int | None = _field(stored=False)
     n_validation: int | None = _field(stored=False)
@@ -152,6 +157,8 @@ class ProbeRecord(Record):
     optimizer: str | None = _field(views=("profile",))
     dataset: str | None = _field(views=("profile",))
     image_size: int | None = _field(views=("profile",))
+    deterministic: bool | None = _field(views=("profile", "search"))  # the worker's settings
+    tf32: bool | None = _field(views=("profile", "search"))
     steps: int | None = _field(views=("profile",))
     warmup: int | None = _field(views=("profile",))
     memory_cap_mb: float | None = _field(views=("profile", "search"))  # the cap it ran under (parent)
@@ -227,6 +234,8 @@ class ProbeTask:
     warmup: int
     seed: int = 0
     min_seconds: float | None = None
+    deterministic: bool = True  # the worker's settings (schema.PROCESS_FIELDS), which it checks
+    tf32: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -254,6 +263,8 @@ class MemoryPlanTask:
     cap_bytes: float
     calibration_batch: int
     calibration_peak_bytes: float
+    deterministic: bool = True
+    tf32: bool | None = None
 
 
 TASKS = {t.KIND: t for t in (TrialTask, ProbeTask, PeakTask, MemoryPlanTask)}

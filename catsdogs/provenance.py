@@ -22,4 +22,5 @@ def versions() -> dict:
 def environment(backend) -> dict:
     """A trial's environment: catsdogs, the backend and its versions, Python, device, host."""
     return {"catsdogs": __version__, **backend.versions(), "python": platform.python_version(),
-            "device": backend.device_description(), "host": platform.node(), "cores": len(usable_cores())}
+            "device": backend.device_description(), "host": platform.node(), "cores": len(usable_cores()),
+            **backend.running_settings()}

@@ -16,7 +16,7 @@ from catsdogs.schema import parse_split
 
 def reproduce(plan: Plan, *, data_dir: Path, out: Path, backend: str, source: str | None = None,
               workers: int = 1, isolate: bool = False, overwrite: bool = False, log=print,
-              progress: bool = False, slots=None) -> dict:
+              progress: bool = False, slots=None, worker_env: dict | None = None) -> dict:
     """prepare -> sweep (all grids, shared trials once) -> report; `source` overrides the plan's,
     `backend` is the Keras backend the workers train on."""
     from catsdogs.analysis.report import report
@@ -35,7 +35,8 @@ def reproduce(plan: Plan, *, data_dir: Path, out: Path, backend: str, source: st
     target_ci, max_seeds = adaptive(plan)
     counts = run(plan.name, grid, data_dir, out, target_ci=target_ci, max_seeds=max_seeds,
                  overwrite=overwrite, log=log, workers=workers, isolate=isolate, slots=slots,
-                 sweep_config={"plan": plan.settings, "plan_origin": plan.origin}, noise=noise_settings(plan))
+                 sweep_config={"plan": plan.settings, "plan_origin": plan.origin}, noise=noise_settings(plan),
+                 worker_env=worker_env)
     note = plan.settings.get("note") or ("synthetic data" if manifest["source"]["kind"] == "synthetic" else None)
     log("== report")
     paths = report(plan.name, out, note=note, log=log)

@@ -82,6 +82,20 @@ STRATEGIES = ("none", "mirrored")
 BACKENDS = ("tensorflow", "jax")  # Keras's backends catsdogs runs on; chosen by KERAS_BACKEND
 
 
+DETERMINISTIC_HELP = (
+    "Deterministic kernels, so a trial's result is the same to the bit every time [default: on]. "
+    "TensorFlow's op determinism; on JAX, XLA's --xla_gpu_deterministic_ops. On a GPU this costs "
+    "speed (XLA skips autotuning, and max-pooling's gradient becomes a sorted scatter); on a CPU "
+    "both settings train the same. Recorded with every trial and named in figures when off; the "
+    "two settings never share a cell, and each runs in worker processes of its own.")
+TF32_HELP = (
+    "TensorFloat-32 for float32 matrix multiplies and convolutions on Ampere and later GPUs: "
+    "--tf32 allows it, --no-tf32 forbids it (JAX's precision 'tensorfloat32' or 'highest'; "
+    "TensorFlow's TF32 switch) [default: the framework's, which allows it]. Not --precision, the "
+    "mixed-precision policy: the numbers stay float32, only the matrix units' arithmetic changes. "
+    "No effect on a CPU. Recorded with every trial; set per worker process.")
+
+
 def _protocol(help: str, choices: tuple | None = None, multiple: bool = False):
     """Metadata of a protocol field: a sweep option beyond the article, off by default;
     `multiple`: the option takes several values, and the sweep crosses them with its grid."""
@@ -90,7 +104,10 @@ def _protocol(help: str, choices: tuple | None = None, multiple: bool = False):
 
 # Fields added after trials were first stored: left out of a trial's key while at their default,
 # so a store written before them resumes with the same keys.
-KEY_OMITS_DEFAULT = ("backend",)
+KEY_OMITS_DEFAULT = ("backend", "deterministic", "tf32")
+# The fields a worker process is started with and keeps (set before its framework starts): a trial
+# runs only in a worker of its own settings (catsdogs.training.backends.process_env_for).
+PROCESS_FIELDS = ("deterministic", "tf32")
 
 
 @dataclass(frozen=True)
@@ -126,6 +143,10 @@ class TrialConfig:
         "mirrored: each trial data-parallel over all visible GPUs (TensorFlow: MirroredStrategy; "
         "JAX: keras.distribution.DataParallel); "
         "the batch size is the global batch, split across replicas.", STRATEGIES))
+    # Not options of the article's protocol but of the process that trains it: part of the
+    # identity (never two settings in one cell), set per worker process (PROCESS_FIELDS).
+    deterministic: bool = field(default=True, metadata={"help": DETERMINISTIC_HELP})
+    tf32: bool | None = field(default=None, metadata={"help": TF32_HELP})  # None: the framework's default
     # Not an option: the Keras backend the trial ran on (KERAS_BACKEND, catsdogs.training.backends).
     # Part of the identity, so two backends' results never share a cell.
     backend: str = field(default="tensorflow", metadata={"choices": BACKENDS})

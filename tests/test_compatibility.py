@@ -46,6 +46,18 @@ def test_a_store_written_by_0_6_0_loads_and_gains_the_newer_columns(old_store):
     assert set(RESULT_COLUMNS) <= after
 
 
+def test_every_trial_of_0_6_0_keeps_its_key(old_store):
+    from catsdogs.schema import TrialConfig
+
+    # given the trials 0.6.0 stored, each under the key of its configuration then
+    trials = load_trials(old_store / "results.sqlite", "old")
+    # then today's configuration of each (with the fields added since, at their defaults) has that key
+    for t in trials:
+        cfg = TrialConfig.from_dict(t["config"])
+        assert (cfg.deterministic, cfg.tf32) == (True, None)
+        assert cfg.key() == t["key"]
+
+
 def test_a_0_6_0_adaptive_sweep_reports_with_the_binomial_floor(old_store):
     # when today's report reads 0.6.0's adaptive sweep, whose identical seeds 0.6.0 called settled
     paths = rp.report("old", old_store, log=lambda *a: None)

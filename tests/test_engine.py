@@ -68,6 +68,32 @@ def test_a_slot_claims_cached_shapes_first_within_the_lowest_seed():
     assert claim_order(keys, by_key, set()) == keys
 
 
+def test_the_digest_is_every_weights_bytes_hashed_in_order_as_before():
+    import hashlib
+
+    import keras
+    import numpy as np
+
+    from catsdogs.model import build_model
+    from catsdogs.training.engine import start_weights_digest, weights_digest
+
+    # given a model with weights of its own
+    keras.utils.set_random_seed(5)
+    model = build_model(SIZE)
+    # when it is digested off the critical path
+    pending = start_weights_digest(model)
+    # then the value is catsdogs' digest of old: BLAKE2b-128 of each weight's bytes, in order
+    old = hashlib.blake2b(digest_size=16)
+    for w in model.weights:
+        old.update(keras.ops.convert_to_numpy(w).tobytes())
+    assert pending() == weights_digest(model) == old.hexdigest()
+    # and weights changed after it started do not change it: it digests the weights it was given
+    before = weights_digest(model)
+    pending = start_weights_digest(model)
+    model.weights[-1].assign(np.ones(model.weights[-1].shape, "float32"))
+    assert pending() == before != weights_digest(model)
+
+
 # --- the same results, whatever process runs them -----------------------------------------------
 
 

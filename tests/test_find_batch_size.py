@@ -414,7 +414,7 @@ class LinearProber:
 
     base_mb, calls, record_extra = 700.0, [], {}
 
-    def __init__(self, workdir, memory_cap_bytes=None, cpu_cap_bytes=None, isolate=False, fresh_from=None):
+    def __init__(self, workdir, memory_cap_bytes=None, cpu_cap_bytes=None, isolate=False, fresh_from=None, env=None):
         self.cap_mb, self.fresh_from = memory_cap_bytes / 2**20, fresh_from
         LinearProber.calls = []
 
@@ -486,7 +486,7 @@ def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_di
 
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
     monkeypatch.setattr(prober, "Prober", SpeedProber)
-    monkeypatch.setattr(findbs, "measure_noise_scale", lambda *args: noise)
+    monkeypatch.setattr(findbs, "measure_noise_scale", lambda *args, **kwargs: noise)
     # given probes ever faster up to the memory limit (104 with the margin), and a measured noise scale
     lines: list[str] = []
     s = findbs.find_batch_size("fbs", data_dir, tmp_path, memory_cap_bytes=1000 * 2**20, log=lines.append)
@@ -510,7 +510,7 @@ def test_the_critical_batch_size_is_probed_and_recommended_when_statistics_binds
 
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
     monkeypatch.setattr(prober, "Prober", SpeedProber)
-    def noise_step(*args):
+    def noise_step(*args, **kwargs):
         args[-1]("Noise scale: measured")  # its log
         return measured(50.4, 30.0, 90.0)
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from catsdogs.analysis.rows import field, is_article_protocol
-from catsdogs.schema import Status, default
+from catsdogs.analysis.rows import context_of, field, is_article_protocol
+from catsdogs.schema import Status
 from catsdogs.stats import LEVEL, welch
 
 Cell = tuple[str, str, int]  # (optimizer, dataset, batch size), article protocol
@@ -130,13 +130,13 @@ def evaluate(claim: Claim, accuracies: dict[Cell, list[float]]) -> dict:
 
 
 def article_cells(trials: Iterable[dict]) -> dict[tuple, dict[Cell, list[float]]]:
-    """Finished accuracies of the article-protocol trials by context (epochs, image size,
-    backend) and cell."""
+    """Finished accuracies of the article-protocol trials by context (rows.context_of: epochs,
+    image size, backend, process settings) and cell."""
     out: dict[tuple, dict[Cell, list[float]]] = {}
     for t in trials:
         if t.get("status") != Status.DONE or t.get("test_accuracy") is None or not is_article_protocol(t):
             continue
-        context = (field(t, "epochs"), field(t, "image_size"), field(t, "backend", default("backend")))
+        context = context_of(t)
         cell = (field(t, "optimizer"), field(t, "dataset"), int(field(t, "batch_size")))
         out.setdefault(context, {}).setdefault(cell, []).append(float(t["test_accuracy"]))
     return out

@@ -44,9 +44,10 @@ from collections.abc import Iterable
 
 from catsdogs.analysis import claims
 from catsdogs.analysis.rows import (
-    BACKEND_NAMES,
     OPTIMIZER_NAMES,
     accuracy,
+    context_label,
+    context_of,
     is_article_protocol,
     learning_rate_of,
     protocol_label,
@@ -55,7 +56,7 @@ from catsdogs.analysis.rows import (
 )
 from catsdogs.analysis.rows import field as field_of
 from catsdogs.noise import pool
-from catsdogs.schema import DEFAULT_LR, Status, default
+from catsdogs.schema import DEFAULT_LR, Status
 from catsdogs.stats import welch
 
 SHARP = claims.SHARP  # points: "held" is less than this far below the smallest batch size
@@ -195,24 +196,19 @@ def _article_series(trials: list[dict]) -> list[tuple[str, dict[int, list[dict]]
     return [(labels[k], out[k]) for k in sorted(out, key=str)]
 
 
-def _context(trial: dict) -> tuple:
-    return (field_of(trial, "epochs"), field_of(trial, "image_size"), field_of(trial, "backend", default("backend")))
-
-
 def claims_by_context(trials: list[dict]) -> list[dict]:
     """The critical-batch-size claim for every series of every context (epochs, image size,
     backend) that has one: [{"context", "results": [result, ...]}]."""
     contexts: dict[tuple, list[dict]] = {}
     for t in _done(trials):
-        contexts.setdefault(_context(t), []).append(t)
+        contexts.setdefault(context_of(t), []).append(t)
     out = []
-    for (epochs, size, backend), members in sorted(contexts.items(), key=lambda kv: str(kv[0])):
-        results = [evaluate(label, cells, int(epochs))
+    for context, members in sorted(contexts.items(), key=lambda kv: str(kv[0])):
+        results = [evaluate(label, cells, int(context[0]))
                    for label, cells in [*_article_series(members), *_tuned_series(members)]]
         results = [r for r in results if r is not None]
         if results:
-            label = f"{epochs} epochs, {size} px" + (f", {BACKEND_NAMES.get(backend, backend)}" if len(contexts) > 1 else "")
-            out.append({"context": label, "results": results})
+            out.append({"context": context_label(context, len(contexts) > 1), "results": results})
     return out
 
 

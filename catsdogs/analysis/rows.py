@@ -76,6 +76,33 @@ def protocol_of(trial: dict) -> dict:
     return p
 
 
+def context_of(trial: dict) -> tuple:
+    """What a trial ran in, beyond its protocol: epochs, image size, backend, and its process
+    settings (determinism, TF32). Trials of two contexts never share a cell or a claim."""
+    return (field(trial, "epochs"), field(trial, "image_size"), field(trial, "backend", schema.default("backend")),
+            bool(field(trial, "deterministic", schema.default("deterministic"))),
+            _tf32(field(trial, "tf32", schema.default("tf32"))))
+
+
+def _tf32(value) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def context_label(context: tuple, many: bool) -> str:
+    """"5 epochs, 200 px", and where a sweep has several contexts its backend and settings too."""
+    epochs, size, backend, deterministic, tf32 = context
+    label = f"{epochs} epochs, {size} px"
+    if many:
+        label += f", {BACKEND_NAMES.get(backend, backend)}"
+    return label + "".join(f", {text}" for text in settings_words(deterministic, tf32))
+
+
+def settings_words(deterministic: bool, tf32: bool | None) -> list[str]:
+    """The process settings a label names: only those off their defaults."""
+    return ([] if deterministic else ["non-deterministic"]) + ([] if tf32 is None else
+                                                               ["TF32 on" if tf32 else "TF32 off"])
+
+
 def is_article_protocol(trial: dict) -> bool:
     """True for the article's protocol (ARTICLE_PROTOCOL): the trials of its two figures."""
     p = protocol_of(trial)

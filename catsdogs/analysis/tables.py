@@ -22,11 +22,13 @@ from catsdogs.analysis.rows import (
     BACKEND_NAMES,
     OPTIMIZER_NAMES,
     accuracy,
+    context_label,
     is_article_protocol,
     learning_rate_of,
     mean_of,
     protocol_label,
     protocol_of,
+    settings_words,
     trial_order,
     validation_accuracy,
     without_accumulate,
@@ -180,18 +182,25 @@ def article_value(trial: dict) -> float | None:
 def context_suffixer(trials: list[dict]) -> Callable[[dict], str]:
     """Labels gain ", 3 epochs" (or px, data, backend) only where the figure mixes several of
     them: trials that differ in these never share a cell."""
-    varying = [k for k in ("epochs", "image_size", "backend")
-               if len({field_of(t, k, default(k)) for t in trials}) > 1]
+    varying = [k for k in ("epochs", "image_size", "backend", "deterministic", "tf32")
+               if len({_setting(field_of(t, k, default(k)), k) for t in trials}) > 1]
     # Each data set has its own fingerprint; only two fingerprints of one data set are worth a label.
     if any(len({field_of(t, "data") for t in trials if field_of(t, "dataset") == d}) > 1
            for d in {field_of(t, "dataset") for t in trials}):
         varying.append("data")
     units = {"epochs": lambda v: f"{v} epochs", "image_size": lambda v: f"{v} px",
-             "data": lambda v: f"data {str(v)[:8]}", "backend": lambda v: BACKEND_NAMES.get(v, v)}
+             "data": lambda v: f"data {str(v)[:8]}", "backend": lambda v: BACKEND_NAMES.get(v, v),
+             "deterministic": lambda v: "deterministic" if v else "non-deterministic",
+             "tf32": lambda v: {None: "TF32 default", True: "TF32 on", False: "TF32 off"}[v]}
 
     def suffix(t: dict) -> str:
-        return "".join(", " + units[k](field_of(t, k, default(k))) for k in varying)
+        return "".join(", " + units[k](_setting(field_of(t, k, default(k)), k)) for k in varying)
     return suffix
+
+
+def _setting(value, name: str):
+    """A stored setting as its Python value (the store keeps booleans as 0 and 1)."""
+    return (None if value is None else bool(value)) if name in ("deterministic", "tf32") else value
 
 
 def setting(trials: list[dict]) -> str:
@@ -206,6 +215,11 @@ def setting(trials: list[dict]) -> str:
     if len(backends) == 1:
         backend = backends.pop()
         bits.append(f"Keras on {BACKEND_NAMES.get(backend, backend)}")
+    for name in ("deterministic", "tf32"):  # named when off their defaults, and shared by all
+        values = {_setting(field_of(t, name, default(name)), name) for t in trials}
+        if len(values) == 1:
+            value = values.pop()
+            bits += settings_words(value, None) if name == "deterministic" else settings_words(True, value)
     return ", ".join(bits)
 
 
@@ -440,12 +454,11 @@ def collapse_table(trials: list[dict]) -> dict:
 
 def claims_by_context(trials: list[dict]) -> list[dict]:
     """The article's claims (analysis.claims) on the sweep's article-protocol cells, one list per
-    context (epochs, image size, backend) the sweep has; [] when it has none."""
+    context (rows.context_of) the sweep has; [] when it has none."""
     out = []
     contexts = claims.article_cells(trials)
-    for (epochs, size, backend), accuracies in sorted(contexts.items(), key=lambda kv: str(kv[0])):
-        label = f"{epochs} epochs, {size} px" + (f", {BACKEND_NAMES.get(backend, backend)}" if len(contexts) > 1 else "")
-        out.append({"context": label, "results": claims.evaluate_all(accuracies)})
+    for context, accuracies in sorted(contexts.items(), key=lambda kv: str(kv[0])):
+        out.append({"context": context_label(context, len(contexts) > 1), "results": claims.evaluate_all(accuracies)})
     return out
 
 

@@ -275,13 +275,16 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
                     margin: float = DEFAULT_MARGIN, optimizer: str = "adam", dataset: str = "standard",
                     precision: str = "float32", steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
                     memory_cap_bytes: int | None = None, resolution: int | None = None,
-                    isolate: bool = False, noise_scale: bool = True, log: Callable[[str], None] = print) -> dict:
+                    isolate: bool = False, noise_scale: bool = True, deterministic: bool = True,
+                    tf32: bool | None = None, worker_env: dict | None = None,
+                    log: Callable[[str], None] = print) -> dict:
     """Search, predict, measure the noise scale, recommend; write OUT/NAME/find_batch_size.json and
     .csv; return the summary.
 
     Raises SettingError for impossible settings, CatsdogsError when the data is not prepared or
     when not even batch size 1 fits (after writing the records). `isolate`: a fresh worker
-    process for every probe."""
+    process for every probe; `deterministic`, `tf32`: every worker's process settings;
+    `worker_env`: more of their environment (the compile cache)."""
     from catsdogs.data.manifest import require_prepared
     from catsdogs.measure import profile as prof
     from catsdogs.measure.prober import Prober
@@ -307,14 +310,15 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     settings = {"name": name, "mode": mode, "start": start, "max": max_batch, "margin": margin,
                 "optimizer": optimizer, "dataset": dataset, "precision": precision, "steps": steps,
                 "warmup": warmup, "resolution": resolution, "memory_cap_bytes": memory_cap_bytes,
-                "noise_scale": noise_scale,
+                "noise_scale": noise_scale, "deterministic": deterministic, "tf32": tf32,
                 "cpu_cap_bytes_default": cpu_cap, "image_size": size,
                 "data_dir": str(Path(data_dir).resolve())}
     cap_text = (f"each probe capped at {prof.format_bytes(memory_cap_bytes)}" if memory_cap_bytes else
                 "on a GPU its memory is the cap; on the CPU "
                 + (f"{prof.format_bytes(cpu_cap)} (90% of the memory available now)" if cpu_cap else "no cap"))
     log(f"Find batch size {name}: {mode} from {start}{f' up to {max_batch}' if max_batch else ''}, "
-        f"{optimizer}, {dataset} data ({size} px), {precision}; {cap_text}")
+        f"{optimizer}, {dataset} data ({size} px), {precision}; {cap_text}" + prof._settings_note(deterministic, tf32))
+    env = {**(worker_env or {}), **backends.process_env_for(deterministic, tf32)}  # every worker's
 
     probes: list[ProbeRecord] = []
 
@@ -323,7 +327,7 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
             if p.batch_size == bs:
                 return p
         task = ProbeTask(bs, str(Path(data_dir).resolve()), optimizer=optimizer, dataset=dataset,
-                         precision=precision, steps=steps, warmup=warmup)
+                         precision=precision, steps=steps, warmup=warmup, deterministic=deterministic, tf32=tf32)
         p = prober.run(task)
         p.order, p.phase = len(probes) + 1, phase
         probes.append(p)
@@ -332,8 +336,9 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
 
     # The statistics first, in a worker of its own that ends before any probe starts: the probes'
     # memory is not touched, and the search can then probe the critical batch size itself.
-    measured = measure_noise_scale(data_dir, manifest, optimizer, dataset, precision, work, log) if noise_scale else None
-    prober = Prober(work, memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=isolate)
+    measured = (measure_noise_scale(data_dir, manifest, optimizer, dataset, precision, work, log, env=env)
+                if noise_scale else None)
+    prober = Prober(work, memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=isolate, env=env)
     pred = None
     try:
         calib = run(CALIBRATION_BATCH, "calibrate")
@@ -341,7 +346,7 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
         if calib.status == Status.DONE and calib.peak_memory_mb and cap_mb:
             train_images = sum(manifest["counts"][dataset]["train"].values())
             pred = _predict(calib, cap_mb, data_dir, work, size, train_images, optimizer, dataset, precision,
-                            warmup + steps, log)
+                            warmup + steps, log, env)
         if pred:
             prober.fresh_from = fresh_threshold(pred["max_batch_size"])
             log(f"Predicted before the search: {pred['max_batch_size']} ({METHODS[pred['method']]}); "
@@ -419,7 +424,7 @@ NOISE_PAIRS = 8 * config.NOISE_PAIRS
 
 
 def measure_noise_scale(data_dir: Path, manifest: dict, optimizer: str, dataset: str, precision: str, work: Path,
-                        log: Callable[[str], None]) -> dict | None:
+                        log: Callable[[str], None], env: dict | None = None) -> dict | None:
     """B_simple after the data's first epoch at the base batch size, trained as a sweep's trial is
     (seed 0), in a worker of its own; with the measurement's wall time (worker start included).
     None, said in the log, when the short run failed."""
@@ -429,13 +434,14 @@ def measure_noise_scale(data_dir: Path, manifest: dict, optimizer: str, dataset:
 
     base = default("base_batch_size")
     cfg = TrialConfig(optimizer, base, dataset, 0, epochs=1, image_size=manifest["params"]["size"],
-                      data=manifest["fingerprint"][dataset], precision=precision, backend=backends.name())
+                      data=manifest["fingerprint"][dataset], precision=precision, backend=backends.name(),
+                      **backends.process_settings(env or {}))
     log(f"Noise scale: one epoch at batch size {base}, then B_simple from {NOISE_PAIRS} pairs of "
         f"{config.NOISE_MICRO} and {config.NOISE_MICRO * config.NOISE_MICROS} images ...")
     started = time.perf_counter()
     log_path = work / "noise-scale.log"
     record: TrialRecord = run_isolated(TrialTask(cfg, str(Path(data_dir).resolve()), noise_settings().as_dict()),
-                                       log_path)
+                                       log_path, env)
     seconds = time.perf_counter() - started
     if record.status != Status.DONE or not record.history:
         log(f"Noise scale not measured: the short run {record.status}: {str(record.error).splitlines()[0]} "
@@ -458,7 +464,7 @@ def _write(folder: Path, summary: dict) -> None:
 
 
 def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size: int, train_images: int,
-             optimizer: str, dataset: str, precision: str, steps: int, log) -> dict | None:
+             optimizer: str, dataset: str, precision: str, steps: int, log, env: dict) -> dict | None:
     """The backend's memory model's answer, calibrated on the batch-1 probe: XLA's plan where the
     backend's compiler states one (JAX), compiled in a worker of its own; else TensorFlow's step
     replayed through BFC. None when the plan could not be made (said in the log)."""
@@ -473,8 +479,10 @@ def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size
                                          train_images=train_images, device=device, steps=steps),
                 "train_images": train_images, "device": device, "steps": steps}
     log_path = work / "memory-plan.log"
-    task = MemoryPlanTask(str(data_dir), optimizer, dataset, precision, cap_bytes, CALIBRATION_BATCH, peak_bytes)
-    plan = run_isolated(task, log_path)
+    settings = backends.process_settings(env)
+    task = MemoryPlanTask(str(data_dir), optimizer, dataset, precision, cap_bytes, CALIBRATION_BATCH, peak_bytes,
+                          **settings)
+    plan = run_isolated(task, log_path, env)
     if plan.status != Status.DONE:
         log(f"XLA's memory plan failed: {str(plan.error).splitlines()[0]} (log: {log_path})")
         return None

@@ -35,11 +35,12 @@ class Prober:
     """Probes in workers, each worker reused while the batch sizes grow."""
 
     def __init__(self, workdir: Path, memory_cap_bytes: int | None = None, cpu_cap_bytes: int | None = None,
-                 isolate: bool = False, fresh_from: int | None = None):
+                 isolate: bool = False, fresh_from: int | None = None, env: dict | None = None):
         self.workdir = Path(workdir)
         self.memory_cap_bytes, self.cpu_cap_bytes, self.isolate = memory_cap_bytes, cpu_cap_bytes, isolate
         self.fresh_from = fresh_from  # probes of at least this batch size run in a fresh worker
-        self._env = {MEMORY_CAP_ENV: str(memory_cap_bytes)} if memory_cap_bytes else {}
+        # `env`: the workers' process settings (backends.process_env_for) and options
+        self._env = {**(env or {}), **({MEMORY_CAP_ENV: str(memory_cap_bytes)} if memory_cap_bytes else {})}
         self._started = 0
         self.worker: Worker | None = None
         self._clean = True  # every task of the current worker ended done: its log can go
@@ -102,7 +103,7 @@ class Prober:
                             f"{cap_mb:.0f} MiB cap")
             self._clean = False
             worker.close()
-        for name in ("batch_size", "optimizer", "dataset", "precision", "steps", "warmup"):
+        for name in ("batch_size", "optimizer", "dataset", "precision", "steps", "warmup", "deterministic", "tf32"):
             if getattr(record, name) is None:  # a killed probe's record too
                 setattr(record, name, getattr(task, name))
         if record.backend is None:

@@ -36,6 +36,7 @@ from catsdogs.files import atomic_path, write_json_atomic
 from catsdogs.measure.figures import save_profile_figures
 from catsdogs.messages import PeakRecord, PeakTask, ProbeRecord, ProbeTask, columns
 from catsdogs.schema import FINISHED, Status, TrialConfig
+from catsdogs.training.backends import process_env_for
 
 DEFAULT_STEPS = 20
 DEFAULT_WARMUP = 2  # the first step traces and compiles, the second may still autotune
@@ -77,6 +78,13 @@ def format_bytes(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}" if n / scale < 100 else f"{n / scale:.0f} {unit}"
     return f"{n:.0f} B"
+
+
+def _settings_note(deterministic: bool, tf32: bool | None) -> str:
+    """"; non-deterministic kernels, TF32 forbidden": the process settings that are not defaults."""
+    bits = ([] if deterministic else ["non-deterministic kernels"]) + \
+        ([] if tf32 is None else ["TF32 allowed" if tf32 else "TF32 forbidden"])
+    return "; " + ", ".join(bits) if bits else ""
 
 
 def check_settings(batch_sizes: Sequence[int], optimizer: str, dataset: str, precision: str,
@@ -174,10 +182,12 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
             optimizer: str = "adam", dataset: str = "standard", precision: str = "float32",
             steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP, memory_cap_bytes: int | None = None,
             min_seconds: float | None = None, measure_peak: bool = True, peak_seconds: float = PEAK_SECONDS,
-            isolate: bool = False,
-            log: Callable[[str], None] = print) -> list[dict]:
+            isolate: bool = False, deterministic: bool = True, tf32: bool | None = None,
+            worker_env: dict | None = None, log: Callable[[str], None] = print) -> list[dict]:
     """Profile each batch size (in workers: measure.prober.Prober); write OUT/NAME/profile.csv|json
-    and figures. `isolate`: a fresh worker process for each probe.
+    and figures. `isolate`: a fresh worker process for each probe; `deterministic`, `tf32`: the
+    workers' process settings (the matmul peak too runs under them: TF32 changes it most);
+    `worker_env`: more of the workers' environment (the compile cache).
 
     Returns the rows (one per batch size, in the order given). Raises CatsdogsError when the
     data is not prepared, SettingError for impossible settings."""
@@ -193,10 +203,13 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
     settings = {"name": name, "batch_sizes": [int(b) for b in batch_sizes], "optimizer": optimizer,
                 "dataset": dataset, "precision": precision, "steps": steps, "warmup": warmup,
                 "image_size": manifest["params"]["size"], "data_dir": str(Path(data_dir).resolve()),
-                "memory_cap_bytes": memory_cap_bytes, "min_seconds": min_seconds, "peak_seconds": peak_seconds}
+                "memory_cap_bytes": memory_cap_bytes, "min_seconds": min_seconds, "peak_seconds": peak_seconds,
+                "deterministic": deterministic, "tf32": tf32}
     log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {optimizer}, {dataset} data "
-        f"({settings['image_size']} px), {precision}; {warmup} warm-up + {steps} timed steps each")
-    prober = Prober(work, memory_cap_bytes, isolate=isolate)
+        f"({settings['image_size']} px), {precision}; {warmup} warm-up + {steps} timed steps each"
+        + _settings_note(deterministic, tf32))
+    prober = Prober(work, memory_cap_bytes, isolate=isolate,
+                    env={**(worker_env or {}), **process_env_for(deterministic, tf32)})
     try:
         peak, rows = _probe_all(prober, batch_sizes, data_dir, settings, folder / "profile.csv",
                                 measure_peak, log)
@@ -228,7 +241,8 @@ def _probe_all(prober, batch_sizes, data_dir, settings: dict, csv_path: Path, me
     for bs in batch_sizes:
         task = ProbeTask(int(bs), str(Path(data_dir).resolve()), optimizer=settings["optimizer"],
                          dataset=settings["dataset"], precision=settings["precision"], steps=settings["steps"],
-                         warmup=settings["warmup"], min_seconds=settings.get("min_seconds"))
+                         warmup=settings["warmup"], min_seconds=settings.get("min_seconds"),
+                         deterministic=settings["deterministic"], tf32=settings["tf32"])
         row = profile_row(prober.run(task), peak, settings["image_size"])
         rows.append(row)
         write_csv(rows, csv_path, PROFILE_COLUMNS)

@@ -32,7 +32,7 @@ from catsdogs.schema import PROTOCOL_FIELDS, TrialConfig
 # The keys of each part of a plan, with what each may hold (docs/usage.md, "Plans"). A grid's keys
 # are `sweep`'s grid options by their names (`opt` is --opt), so the command line can replace them.
 TOP_KEYS = ("name", "description", "duration", "note", "seeds", "epochs", "target_ci", "max_seeds",
-            "noise_scale", "data_dir", "prepare", "grids")
+            "noise_scale", "deterministic", "tf32", "data_dir", "prepare", "grids")
 PREPARE_KEYS = ("source", "sha256", "verify", "per_class", "split", "size", "seed")
 GRID_KEYS = ("opt", "batch_size", "dataset", "epochs", *PROTOCOL_FIELDS)
 DEFAULT_PLAN = "article"  # what `catsdogs reproduce` runs: the article's case study, in full
@@ -192,7 +192,7 @@ def _check_top_value(key: str, v) -> None:
         raise SettingError(f"must be a string, got {v!r}", key)
     if key == "name":
         schema.check_run_name(v)
-    if key == "noise_scale" and not isinstance(v, bool):
+    if key in ("noise_scale", "deterministic", "tf32") and not isinstance(v, bool):
         raise SettingError(f"must be true or false, got {v!r}", key)
     if key in ("prepare", "grids") and not isinstance(v, dict):
         raise SettingError(f"must be a table ([{key}] ...), got {v!r}", key)
@@ -323,7 +323,13 @@ def trials(plan: Plan, data_dir: Path, backend: str) -> list[TrialConfig]:
         raise SettingError(f"{data_dir} holds no finished prepared data set: run "
                            f"`{prepare_command(plan, data_dir)}` first{also}")
     return configs(plan, plan.settings.get("seeds", config.SEEDS), image_size=manifest["params"]["size"],
-                    fingerprints=manifest["fingerprint"], backend=backend)
+                    fingerprints=manifest["fingerprint"], backend=backend, **process_settings(plan))
+
+
+def process_settings(plan: Plan) -> dict:
+    """The plan's process settings (schema.PROCESS_FIELDS), each trial's: `deterministic`
+    (--deterministic; default true) and `tf32` (--tf32; default: the framework's)."""
+    return {name: plan.settings.get(name, schema.default(name)) for name in schema.PROCESS_FIELDS}
 
 
 def count(plan: Plan, seeds: int | None = None) -> int:
@@ -347,7 +353,8 @@ def configs(plan: Plan, seeds: int, **identity) -> list[TrialConfig]:
 
 
 def grid_configs(optimizers, batch_sizes, datasets, seeds: int | range, epochs: int, *, image_size: int,
-                 fingerprints: dict, backend: str, **protocol) -> list[TrialConfig]:
+                 fingerprints: dict, backend: str, deterministic: bool = True, tf32: bool | None = None,
+                 **protocol) -> list[TrialConfig]:
     """One grid's trials, seed-major: every cell gets its first seed before any gets its second,
     so a sweep stopped early still covers the whole figure. `seeds`: how many (0..N-1), or
     which. A protocol value given as a list (several learning rates) is crossed with the grid;
@@ -360,7 +367,8 @@ def grid_configs(optimizers, batch_sizes, datasets, seeds: int | range, epochs: 
                                                        optimizers, batch_sizes):
         p = {**p, "lr": schema.normalized_lr(opt, p["lr"])} if "lr" in p else p
         cfg = TrialConfig(optimizer=opt, batch_size=int(bs), dataset=dataset, seed=seed, epochs=epochs,
-                          image_size=image_size, data=fingerprints[dataset], backend=backend, **p)
+                          image_size=image_size, data=fingerprints[dataset], backend=backend,
+                          deterministic=deterministic, tf32=tf32, **p)
         cfg.check()
         grid.append(cfg)
     return list(dict.fromkeys(grid))  # the same trial asked twice runs once

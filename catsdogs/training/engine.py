@@ -232,12 +232,46 @@ STEPS = StepCache()
 
 def weights_digest(model) -> str:
     """BLAKE2b of every weight's bytes, in order: names the trained model exactly."""
-    import keras
+    return start_weights_digest(model)()
 
-    h = hashlib.blake2b(digest_size=16)
-    for w in model.weights:
-        h.update(keras.ops.convert_to_numpy(w).tobytes())
-    return h.hexdigest()
+
+def start_weights_digest(model):
+    """Begin the weights digest off the trial's critical path; return the function that waits for
+    it and gives it.
+
+    The weights are taken here, as the values they hold now (backends.*.weight_values: a device
+    copy on JAX, whose trainer donates the weights' own buffers to the next step it runs; a read
+    on TensorFlow, which a later assignment leaves as it was), never the variables themselves.
+    A thread copies each to the host once and hashes it where it lies (hashlib releases the GIL
+    for large buffers; no second copy), while the trial evaluates and tests. The value is the
+    same as hashing each weight's bytes in order, as catsdogs always has (tests/test_engine.py)."""
+    import threading
+
+    import keras
+    import numpy as np
+
+    values = backends.current().weight_values(model)
+    box: dict = {}
+
+    def digest() -> None:
+        try:
+            h = hashlib.blake2b(digest_size=16)
+            for value in values:
+                h.update(memoryview(np.ascontiguousarray(keras.ops.convert_to_numpy(value))).cast("B"))
+            box["digest"] = h.hexdigest()
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for it
+            box["error"] = exc
+
+    thread = threading.Thread(target=digest, name="weights-digest", daemon=True)
+    thread.start()
+
+    def result() -> str:
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["digest"]
+
+    return result
 
 
 # --- a trial -----------------------------------------------------------------------------------
@@ -257,6 +291,8 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
         raise CatsdogsError(f"this trial was planned for KERAS_BACKEND={cfg.backend}, and this worker "
                             f"runs {backend.NAME}: run the sweep with KERAS_BACKEND={cfg.backend}")
     backend.start()
+    backends.check_settings(cfg, backend.running_settings())
+    compiled_before = backend.compile_counts()
     manifest, splits = DATA.load(Path(data_dir), cfg.dataset, expect=cfg.data)
     if manifest["params"]["size"] != cfg.image_size:
         raise CatsdogsError(f"data in {data_dir} is {manifest['params']['size']} px, trial wants {cfg.image_size}")
@@ -287,6 +323,9 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
         hist = model.fit(train_ds, validation_data=val_ds, epochs=epochs, steps_per_epoch=per_epoch,
                          callbacks=[timer], shuffle=False, verbose=0)  # the dataset shuffles
         fit_seconds = time.time() - fit_started
+        digest_started = time.perf_counter()
+        digest = start_weights_digest(model)  # hashed while the trial evaluates and tests
+        digest_seconds = time.perf_counter() - digest_started
         test_loss, test_acc = model.evaluate(test_ds, verbose=0)
         final = diagnose(step, test_ds)
 
@@ -307,6 +346,14 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
                       "noise_seconds": round(initial_noise["seconds"] + sum(h.get("noise_seconds") or 0
                                                                             for h in history), 4)}
     memory = backend.peak_memory()
+    waited = time.perf_counter()
+    digest_value = digest()
+    digest_seconds += time.perf_counter() - waited
+    compiled = {}
+    if compiled_before is not None:
+        after = backend.compile_counts()
+        compiled = {"compiles": after["compiles"] - compiled_before["compiles"],
+                    "compile_cache_hits": after["cache_hits"] - compiled_before["cache_hits"]}
     return TrialRecord(
         status=Status.DONE,
         test_accuracy=float(test_acc),
@@ -323,11 +370,13 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
         fit_seconds=round(fit_seconds, 4),
         setup_seconds=round(setup_seconds, 4),
         step_reused=reused,
+        **compiled,
         images_per_second=batches * cfg.batch_size / train_seconds if train_seconds else None,
         peak_memory_mb=round(memory["peak_memory_mb"], 1),
         memory_kind=memory["memory_kind"],
         replicas=step.strategy.num_replicas_in_sync,
-        weights_digest=weights_digest(model),
+        weights_digest=digest_value,
+        digest_seconds=round(digest_seconds, 4),
         wall_seconds=round(time.time() - started, 3),
         env=environment(backend),
     )
@@ -427,8 +476,11 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
         size = manifest["params"]["size"]
         cfg = TrialConfig(task.optimizer, int(task.batch_size), task.dataset, task.seed, epochs=1,
                           image_size=size, data=manifest["fingerprint"][task.dataset],
-                          precision=task.precision, backend=backend.NAME)
+                          precision=task.precision, deterministic=task.deterministic, tf32=task.tf32,
+                          backend=backend.NAME)
         cfg.check()
+        backends.check_settings(cfg, backend.running_settings())
+        record.deterministic, record.tf32 = cfg.deterministic, cfg.tf32
         n = task.warmup + task.steps
         record.image_size, record.device, record.backend = size, backend.device_description(), backend.NAME
         record.baseline_rss_mb = rss_mb()  # before the model: runtime + data
@@ -525,7 +577,9 @@ def run_memory_plan(task: MemoryPlanTask) -> MemoryPlan:
     size = manifest["params"]["size"]
     cfg = TrialConfig(task.optimizer, int(task.calibration_batch), task.dataset, 0, epochs=1,
                       image_size=size, data=manifest["fingerprint"][task.dataset],
-                      precision=task.precision, backend=backend.NAME)
+                      precision=task.precision, deterministic=task.deterministic, tf32=task.tf32,
+                      backend=backend.NAME)
+    backends.check_settings(cfg, backend.running_settings())
     step, _ = STEPS.get(cfg, 1, backend, keep_others=False)
     with step.strategy.scope():
         prediction = predict_max_batch_size_planned(

@@ -48,6 +48,7 @@ from pathlib import Path
 from catsdogs.errors import CatsdogsError
 from catsdogs.messages import TrialRecord, TrialTask
 from catsdogs.schema import Status
+from catsdogs.training import backends
 from catsdogs.training.worker import needs_fresh_worker
 
 INSTALL_HINT = "install the extra: pip install 'catsdogs[ray]'"
@@ -151,6 +152,7 @@ class RaySlot:
         self.ray, self.plan, self.isolate, self.max_retries = ray, plan, isolate, max_retries
         self.env = {k: v for k, v in (env or {}).items() if k not in _PLACEMENT_VARS}
         self.actor = None
+        self._settings: dict | None = None  # the actor's process settings
         self._shapes: set[str] = set()
         self._stopped = False
 
@@ -158,12 +160,12 @@ class RaySlot:
         return self._shapes if self.actor is not None else set()
 
     def _new_actor(self, cfg):
-        from catsdogs.training import backends
-
         backend = backends.current()
         # The backend by name: an actor's process may not see this process's KERAS_BACKEND or
         # keras.json (Ray started by an earlier sweep, another node)
-        env = {**backend.process_env(), **self.env, **backend.strategy_env(cfg.strategy), "KERAS_BACKEND": backend.NAME}
+        self._settings = backends.process_env_for(cfg.deterministic, cfg.tf32)
+        env = {**backend.process_env(), **self.env, **self._settings, **backend.strategy_env(cfg.strategy),
+               "KERAS_BACKEND": backend.NAME}
         if self.plan["use_gpus"]:
             gpus = max(self.plan["node_gpus"]) if cfg.strategy == "mirrored" else 1
             options = {"num_gpus": gpus, "num_cpus": self.plan["cpus"]}
@@ -176,6 +178,8 @@ class RaySlot:
     def run(self, cfg, data_dir, on_epoch=None, noise: dict | None = None) -> TrialRecord:
         task = TrialTask(cfg, str(Path(data_dir).resolve()), noise)
         fresh = self.isolate or needs_fresh_worker(cfg)  # an actor started for it, ended with it
+        if self.actor is not None and self._settings != backends.process_env_for(cfg.deterministic, cfg.tf32):
+            self.close()  # an actor's process runs one setting: another gets its own
         record = TrialRecord(status=Status.LOST)
         for attempt in range(1 + self.max_retries):
             if self.actor is not None and fresh:
@@ -209,7 +213,7 @@ class RaySlot:
 
 
 def make_slots(address: str | None = None, workers: int | None = None, isolate: bool = False,
-               num_cpus_per_trial: int | None = None, log=print):
+               num_cpus_per_trial: int | None = None, log=print, env: dict | None = None):
     """Initialize Ray; `(make_slot, workers)`: a factory of RaySlots for sweep.run_sweep, and how
     many to run: `workers` given caps the cluster's concurrency, left out (None) it is used."""
     ray = init_ray(address)
@@ -220,7 +224,7 @@ def make_slots(address: str | None = None, workers: int | None = None, isolate: 
             "the others wait in Ray's queue.")
 
     def make_slot(index: int, n: int, workdir=None) -> RaySlot:
-        return RaySlot(ray, plan, isolate=isolate)
+        return RaySlot(ray, plan, env=env, isolate=isolate)
 
     return make_slot, workers or plan["concurrency"]
 

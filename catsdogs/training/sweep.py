@@ -58,7 +58,8 @@ class LocalSlot:
     def __init__(self, slot: int, workers: int, workdir: Path, isolate: bool = False, env: dict | None = None):
         self.env = {**slot_env(slot, workers), **(env or {})}
         self.log_path = Path(workdir) / f"worker-{slot}.log"
-        self.worker = Worker(self.log_path, self.env)  # the kept one, for trials that share it
+        self.settings = backends.process_env_for()  # the kept worker's process settings
+        self.worker = Worker(self.log_path, {**self.env, **self.settings})  # the kept one, for trials that share it
         self.running = self.worker  # the one running the current trial (what stop() ends)
         self.isolate = isolate
 
@@ -67,7 +68,12 @@ class LocalSlot:
 
     def run(self, cfg: TrialConfig, data_dir: Path, on_epoch=None, noise: dict | None = None) -> TrialRecord:
         task = TrialTask(cfg, str(Path(data_dir).resolve()), noise)
+        settings = backends.process_env_for(cfg.deterministic, cfg.tf32)
         if not (self.isolate or needs_fresh_worker(cfg)):
+            if settings != self.settings:  # a process runs one setting: another gets its own worker
+                self.worker.close()
+                self.settings = settings
+                self.worker = Worker(self.log_path, {**self.env, **settings})
             self.running = self.worker
             reused = self.worker.alive and self.worker.tasks > 0
             record = self.worker.run(task, on_progress=on_epoch)
@@ -79,7 +85,7 @@ class LocalSlot:
         # A process of its own, started for this trial and ended with it; the kept worker is
         # ended too, so the trial has the machine (all GPUs, for mirrored) to itself.
         self.worker.close()
-        self.running = Worker(self.log_path, {**self.env, **backends.current().strategy_env(cfg.strategy)})
+        self.running = Worker(self.log_path, {**self.env, **settings, **backends.current().strategy_env(cfg.strategy)})
         try:
             return self.running.run(task, on_progress=on_epoch)
         finally:

@@ -78,8 +78,8 @@ def main() -> int:
     _pin_cpus()
     backend = backends.current()
     cap = int(os.environ.get(MEMORY_CAP_ENV) or 0) or None
-    device = backend.setup_device(cap)  # before the framework touches the GPU
-    backend.start()
+    device = backend.setup_device(cap)  # before the framework touches the GPU; starts it with the
+    backend.start()  # process's settings (backends.process_settings)
     from catsdogs.training import engine
 
     send("ready", {"pid": os.getpid(), "device": device})

@@ -25,6 +25,59 @@ from catsdogs.schema import BACKENDS
 SUPPORTED = BACKENDS
 DEFAULT = "tensorflow"
 
+# A worker process is started with its settings in these variables, read by the backend's
+# `start` before the framework starts (schema.PROCESS_FIELDS: a trial runs only in a worker of
+# its own settings).
+DETERMINISTIC_ENV = "CATSDOGS_DETERMINISTIC"  # "0": no deterministic kernels; else deterministic
+TF32_ENV = "CATSDOGS_TF32"  # "1": TF32 allowed, "0": forbidden, unset or "": the framework's default
+COMPILE_CACHE_ENV = "CATSDOGS_COMPILE_CACHE"  # JAX's persistent compilation cache: a folder, or "off"
+
+
+def process_env_for(deterministic: bool = True, tf32: bool | None = None) -> dict[str, str]:
+    """The environment that starts a worker with these settings."""
+    return {DETERMINISTIC_ENV: "1" if deterministic else "0", TF32_ENV: "" if tf32 is None else str(int(tf32))}
+
+
+def process_settings(environ=None) -> dict:
+    """{"deterministic": bool, "tf32": bool | None}: what a process started with `environ` (this
+    process's by default) runs with."""
+    environ = os.environ if environ is None else environ
+    tf32 = environ.get(TF32_ENV, "").strip()
+    return {"deterministic": environ.get(DETERMINISTIC_ENV, "1").strip() != "0",
+            "tf32": None if tf32 == "" else tf32 == "1"}
+
+
+def settings_of(cfg) -> dict:
+    """A trial's process settings, as `process_settings` gives them."""
+    return {"deterministic": bool(cfg.deterministic), "tf32": cfg.tf32}
+
+
+def check_settings(cfg, running: dict) -> None:
+    """A CatsdogsError when `cfg` was planned for other process settings than `running`."""
+    wanted = settings_of(cfg)
+    if wanted != running:
+        raise CatsdogsError(f"this trial was planned for {describe_settings(wanted)}, and this worker runs "
+                            f"{describe_settings(running)}: a worker of its own settings must run it")
+
+
+def describe_settings(settings: dict) -> str:
+    tf32 = {None: "TF32 as the framework's default", True: "TF32 allowed", False: "TF32 forbidden"}[settings["tf32"]]
+    return f"{'deterministic' if settings['deterministic'] else 'non-deterministic'} kernels, {tf32}"
+
+
+def compile_cache_dir(environ=None) -> Path | None:
+    """JAX's persistent compilation cache for catsdogs' workers: $CATSDOGS_COMPILE_CACHE, else
+    catsdogs/jax-compilation under the user's cache folder ($XDG_CACHE_HOME, else ~/.cache);
+    None when it is "off"."""
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(COMPILE_CACHE_ENV, "").strip()
+    if chosen.lower() == "off":
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    base = environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "catsdogs" / "jax-compilation"
+
 
 def name() -> str:
     """The backend this process uses (and its workers will), chosen as Keras chooses it."""

@@ -12,8 +12,14 @@ JAX differs, the choice is made here:
   dispatches asynchronously, so the next batch's gather is queued while a step runs: the
   prefetch is free. A data set larger than its share of device memory stays on the host and
   each batch is gathered there (Keras's JAX trainer copies it one batch ahead).
-- Determinism: XLA's `--xla_gpu_deterministic_ops` (on the CPU XLA's kernels are deterministic
-  already), set in the worker's environment before JAX starts.
+- Determinism and TF32, the worker's settings (backends.process_settings, read by `start`
+  before JAX starts): XLA's `--xla_gpu_deterministic_ops` when deterministic, and never else,
+  whatever the parent's XLA_FLAGS held (on the CPU XLA's kernels are deterministic already);
+  TF32 through `jax_default_matmul_precision` ("tensorfloat32" or "highest"; unset, JAX's
+  default, which is TF32 on Ampere and later).
+- Compilation: JAX's persistent compilation cache (backends.compile_cache_dir), configured before
+  JAX starts, with its thresholds at zero so the many small CPU compilations are kept too; a
+  worker counts its compilations and the cache's hits (`compile_counts`).
 - Memory: XLA's allocator peak (`memory_stats()["peak_bytes_in_use"]`) on a GPU. JAX cannot reset
   it, so it is the worker's peak since it started (`memory_kind` "gpu-worker"): exact for a
   probe, whose worker only ever grows its batch, an upper bound for a trial. On the CPU, the
@@ -51,17 +57,22 @@ HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 DEVICE_DATA_SHARE = 0.25  # a data set stays on the device when it takes at most this share of it
 
 
-def _xla_flags(*extra: str) -> str:
-    """XLA_FLAGS as the user set them, plus ours (a flag the user set is left as they set it)."""
-    flags = os.environ.get("XLA_FLAGS", "").split()
-    names = {f.split("=")[0] for f in flags}
-    return " ".join([*flags, *(f for f in extra if f.split("=")[0] not in names)])
+def _xla_flags(*extra: str, deterministic: bool = True, flags: str | None = None) -> str:
+    """XLA_FLAGS as the user set them, plus ours (a flag the user set is left as they set it), with
+    XLA's deterministic-ops flag exactly when `deterministic`."""
+    name = DETERMINISTIC_FLAG.split("=")[0]
+    given = [f for f in (os.environ.get("XLA_FLAGS", "") if flags is None else flags).split()
+             if deterministic or f.split("=")[0] != name]
+    names = {f.split("=")[0] for f in given}
+    wanted = [*extra, DETERMINISTIC_FLAG] if deterministic else list(extra)
+    return " ".join([*given, *(f for f in wanted if f.split("=")[0] not in names)])
 
 
 def process_env(threads: int | None = None) -> dict[str, str]:
     """Environment for a worker process, read by JAX when it starts. (Threads: XLA's CPU thread
-    pool follows the worker's CPU affinity, which catsdogs.training.worker sets.)"""
-    return {"XLA_FLAGS": _xla_flags(DETERMINISTIC_FLAG), "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+    pool follows the worker's CPU affinity, which catsdogs.training.worker sets. Determinism and
+    TF32: `start`, from the worker's settings.)"""
+    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
             "TF_CPP_MIN_LOG_LEVEL": "2"}  # XLA's C++ logging reads TensorFlow's variable
 
 
@@ -69,7 +80,8 @@ def strategy_env(strategy: str) -> dict[str, str]:
     """Environment for a worker started for a trial of this distribution strategy."""
     if strategy == "mirrored":
         n = os.environ.get(LOGICAL_CPUS_ENV, "2")  # host devices; a GPU machine uses its GPUs
-        return {LOGICAL_CPUS_ENV: n, "XLA_FLAGS": _xla_flags(DETERMINISTIC_FLAG, f"{HOST_DEVICES_FLAG}={n}")}
+        return {LOGICAL_CPUS_ENV: n,
+                "XLA_FLAGS": _xla_flags(f"{HOST_DEVICES_FLAG}={n}", deterministic=False)}  # `start` decides
     return {}
 
 
@@ -109,17 +121,81 @@ def setup_device(memory_cap_bytes: int | None) -> str:
     return kind
 
 
-def start(deterministic: bool = True) -> str:
-    """Once per process, before any op: TensorFlow kept out, determinism on; 'gpu' or 'cpu'."""
+RUNNING: dict = {}  # the settings this process runs with, once `start` has set them
+
+
+def start() -> str:
+    """Once per process, before any op: TensorFlow kept out; the process's settings (determinism,
+    TF32: backends.process_settings) and the compilation cache set before JAX starts; 'gpu' or
+    'cpu'. A process that imported JAX before keeps the XLA flags it started with, and says so
+    (`running_settings`)."""
+    from catsdogs.training.backends import compile_cache_dir, process_settings
+
     _block_tensorflow()
+    settings = process_settings()
     if "jax" not in sys.modules:
         for key, value in process_env().items():
-            if key == "XLA_FLAGS" and not deterministic:
-                continue
             os.environ.setdefault(key, value)
+        os.environ["XLA_FLAGS"] = _xla_flags(deterministic=settings["deterministic"])
+        _configure_cache(compile_cache_dir())
     import jax
 
+    if settings["tf32"] is not None:
+        jax.config.update("jax_default_matmul_precision", "tensorfloat32" if settings["tf32"] else "highest")
+    _count_compilations()
+    precision = jax.config.jax_default_matmul_precision  # read back: what the process really runs with
+    RUNNING.update(deterministic=DETERMINISTIC_FLAG in os.environ.get("XLA_FLAGS", "").split(),
+                   tf32={"tensorfloat32": True, "highest": False}.get(precision) if precision else None)
     return "gpu" if jax.default_backend() == "gpu" else "cpu"
+
+
+def running_settings() -> dict:
+    """{"deterministic", "tf32"}: what this process runs with (after `start`)."""
+    return dict(RUNNING)
+
+
+def _configure_cache(folder) -> None:
+    """Before JAX starts: its persistent compilation cache in `folder` (None: off), keeping every
+    entry, however small or quick to compile (JAX's defaults keep only compilations of over a
+    second, which a CPU's small steps rarely are)."""
+    if folder is None:
+        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+        return
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+
+COMPILATIONS = {"backend_compiles": 0, "cache_hits": 0}  # this process's, since `start`
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch's
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+@functools.cache
+def _count_compilations() -> None:
+    """Count XLA compilations with jax.monitoring. The backend-compile event times
+    `compile_or_get_cached`, so it fires for a persistent-cache hit too (a load, not a compile):
+    compilations are those events less the hits."""
+    import jax
+
+    def on_duration(event, duration, **kwargs):
+        if event == BACKEND_COMPILE_EVENT:
+            COMPILATIONS["backend_compiles"] += 1
+
+    def on_event(event, **kwargs):
+        if event == CACHE_HIT_EVENT:
+            COMPILATIONS["cache_hits"] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
+
+
+def compile_counts() -> dict:
+    """{"compiles", "cache_hits"}: this process's XLA compilations and persistent-cache loads so far."""
+    return {"compiles": COMPILATIONS["backend_compiles"] - COMPILATIONS["cache_hits"],
+            "cache_hits": COMPILATIONS["cache_hits"]}
 
 
 def device_description() -> str:
@@ -256,6 +332,15 @@ def distribution(strategy: str) -> Distribution:
         raise RuntimeError(f"--strategy mirrored on the CPU needs {n} host devices, made before JAX "
                            f"starts: run it in a worker started with XLA_FLAGS={HOST_DEVICES_FLAG}={n}")
     return Distribution(keras.distribution.DataParallel(devices=devices), len(devices))
+
+
+def weight_values(model) -> list:
+    """Each weight's value as it is now: a copy of its JAX array on the device, dispatched, not
+    waited for. Not the array itself: Keras's trainer donates the weights' buffers to the steps
+    it runs next (evaluate's too), which deletes them."""
+    import jax.numpy as jnp
+
+    return [jnp.copy(v.value) for v in model.weights]
 
 
 def wait_for_steps(model) -> None:

@@ -44,9 +44,16 @@ def strategy_env(strategy: str) -> dict[str, str]:
     return {}
 
 
-def start(deterministic: bool = True) -> str:
-    """Once per process, before any op: logical CPU devices where asked, determinism on;
-    'gpu' or 'cpu'."""
+RUNNING: dict = {}  # the settings this process runs with, once `start` has set them
+
+
+def start() -> str:
+    """Once per process, before any op: logical CPU devices where asked; the process's settings
+    (backends.process_settings): op determinism on or off, TF32 allowed, forbidden or TensorFlow's
+    default (allowed); 'gpu' or 'cpu'."""
+    from catsdogs.training.backends import process_settings
+
+    settings = process_settings()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", LOG_LEVEL)
     import tensorflow as tf
 
@@ -56,9 +63,29 @@ def start(deterministic: bool = True) -> str:
         with contextlib.suppress(RuntimeError):  # already started: distribution() says so
             if len(tf.config.get_logical_device_configuration(cpu) or []) < n:
                 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
-    if deterministic:
+    from tensorflow.python.framework import (
+        config as tf_config,  # the switch's off side is not public
+    )
+
+    if settings["deterministic"]:
         tf.config.experimental.enable_op_determinism()
+    else:
+        tf_config.disable_op_determinism()
+    if settings["tf32"] is not None:
+        tf.config.experimental.enable_tensor_float_32_execution(settings["tf32"])
+    RUNNING.update(deterministic=tf_config.is_op_determinism_enabled(),  # read back, as the process runs
+                   tf32=None if settings["tf32"] is None else tf.config.experimental.tensor_float_32_execution_enabled())
     return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
+def running_settings() -> dict:
+    """{"deterministic", "tf32"}: what this process runs with (after `start`)."""
+    return dict(RUNNING)
+
+
+def compile_counts() -> None:
+    """XLA compilations: TensorFlow traces graphs but does not compile them with XLA here."""
+    return None
 
 
 def setup_device(memory_cap_bytes: int | None) -> str:
@@ -203,6 +230,12 @@ def distribution(strategy: str):
             raise RuntimeError(f"--strategy mirrored on the CPU needs {n} logical devices, set before "
                                f"TensorFlow starts: run it in a worker started with {LOGICAL_CPUS_ENV}={n}") from None
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+
+
+def weight_values(model) -> list:
+    """Each weight's value as it is now: a read, which a later assignment leaves as it was
+    (TensorFlow copies a variable on write while a read of it is held)."""
+    return [v.value.read_value() for v in model.weights]
 
 
 def wait_for_steps(model) -> None:

@@ -1,0 +1,185 @@
+"""Determinism and TF32 as recorded choices: part of a trial's identity only off their defaults,
+set per worker process before its framework starts, checked by the engine, kept apart by the
+slots, named in figures. On a CPU neither changes what trains, so the slow test checks that the
+setting reaches the worker and the record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from catsdogs.analysis.tables import setting, summarize
+from catsdogs.cli import cli
+from catsdogs.errors import CatsdogsError
+from catsdogs.schema import Status, TrialConfig
+from catsdogs.training import backends
+
+
+def test_the_settings_are_in_a_trials_key_only_off_their_defaults():
+    base = TrialConfig("adam", 32, "standard", 0)
+    assert TrialConfig("adam", 32, "standard", 0, deterministic=True, tf32=None).key() == base.key()
+    others = {TrialConfig("adam", 32, "standard", 0, deterministic=False).key(),
+              TrialConfig("adam", 32, "standard", 0, tf32=True).key(),
+              TrialConfig("adam", 32, "standard", 0, tf32=False).key()}
+    assert len(others) == 3 and base.key() not in others
+    # and a trial of other settings is another cell and another compiled step
+    off = TrialConfig("adam", 32, "standard", 0, deterministic=False)
+    assert off.cell() != base.cell() and off.shape() != base.shape()
+
+
+@pytest.mark.parametrize("deterministic, tf32", [(True, None), (False, None), (True, True), (False, False)])
+def test_a_workers_environment_gives_back_its_settings(deterministic, tf32):
+    env = backends.process_env_for(deterministic, tf32)
+    assert backends.process_settings(env) == {"deterministic": deterministic, "tf32": tf32}
+    assert backends.process_settings({}) == {"deterministic": True, "tf32": None}  # nothing set: the defaults
+
+
+def test_a_trial_planned_for_other_settings_is_refused_in_one_line():
+    cfg = TrialConfig("adam", 32, "standard", 0, deterministic=False)
+    with pytest.raises(CatsdogsError) as e:
+        backends.check_settings(cfg, {"deterministic": True, "tf32": None})
+    assert str(e.value) == ("this trial was planned for non-deterministic kernels, TF32 as the framework's "
+                            "default, and this worker runs deterministic kernels, TF32 as the framework's "
+                            "default: a worker of its own settings must run it")
+    backends.check_settings(cfg, {"deterministic": False, "tf32": None})  # its own: no error
+
+
+def test_xlas_deterministic_flag_is_set_exactly_when_deterministic(monkeypatch):
+    from catsdogs.training.backends import jax as jax_backend
+
+    # given a parent whose XLA_FLAGS already hold the flag (inherited) and a flag of the user's
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x --xla_gpu_deterministic_ops=true")
+    # then a non-deterministic worker gets the user's flag alone, a deterministic one both, once
+    assert jax_backend._xla_flags(deterministic=False) == "--xla_dump_to=/tmp/x"
+    both = jax_backend._xla_flags(deterministic=True).split()
+    assert sorted(both) == ["--xla_dump_to=/tmp/x", "--xla_gpu_deterministic_ops=true"]
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert jax_backend._xla_flags(deterministic=True) == "--xla_gpu_deterministic_ops=true"
+
+
+class RecordingWorker:
+    """Stands in for a worker process: notes the settings each one was started with."""
+
+    started: list[dict] = []
+
+    def __init__(self, log_path, env=None):
+        self.env, self.alive, self.tasks = env or {}, False, 0
+        RecordingWorker.started.append(backends.process_settings(self.env))
+
+    def run(self, task, on_progress=None, memory_cap_bytes=None):
+        from catsdogs.messages import TrialRecord
+
+        self.alive, self.tasks = True, self.tasks + 1
+        backends.check_settings(task.config, backends.process_settings(self.env))  # as the engine does
+        return TrialRecord(status=Status.DONE)
+
+    def close(self):
+        self.alive = False
+
+
+def test_a_slot_keeps_one_workers_settings_and_starts_another_for_others(monkeypatch, tmp_path):
+    from catsdogs.training import sweep
+
+    monkeypatch.setattr(sweep, "Worker", RecordingWorker)
+    RecordingWorker.started = []
+    slot = sweep.LocalSlot(0, 1, tmp_path)
+    on = TrialConfig("adam", 8, "standard", 0)
+    off = TrialConfig("adam", 8, "standard", 1, deterministic=False)
+    # when trials of both settings run in one slot, in this order
+    records = [slot.run(cfg, tmp_path) for cfg in (on, on, off, off, on)]
+    # then every one ran in a worker of its own settings, and a worker served its setting's run
+    assert all(r.status == Status.DONE for r in records)
+    assert [s["deterministic"] for s in RecordingWorker.started] == [True, False, True]
+
+
+def _row(deterministic: bool, tf32=None, seed: int = 0) -> dict:
+    from dataclasses import asdict
+
+    cfg = TrialConfig("adam", 32, "standard", seed, image_size=64, deterministic=deterministic, tf32=tf32)
+    stored = {**asdict(cfg), "deterministic": int(deterministic), "tf32": None if tf32 is None else int(tf32)}
+    return {"key": cfg.key(), "config": asdict(cfg), "status": Status.DONE, "test_accuracy": 0.8, **stored}
+
+
+def test_figures_name_the_settings_off_their_defaults_and_never_mix_them():
+    # given a sweep run without determinism and with TF32 forbidden
+    off = [_row(False, False, seed) for seed in range(2)]
+    assert setting(off) == "5 epochs, 64 px, Keras on TensorFlow, non-deterministic, TF32 off"
+    assert setting([_row(True)]) == "5 epochs, 64 px, Keras on TensorFlow"
+    # and one that mixes both settings: two series, never one cell
+    figure = summarize([*off, *(_row(True, None, seed) for seed in range(2))])["figures"][0]
+    assert sorted(r["series"] for r in figure["rows"]) == ["Adam, deterministic, TF32 default",
+                                                          "Adam, non-deterministic, TF32 off"]
+
+
+def test_the_sweep_takes_the_settings_from_its_options_and_from_a_plan(prepared_data, tmp_path):
+    data = prepared_data(32)
+    base = ["sweep", "--data-dir", str(data), "--out", str(tmp_path), "--opt", "adam", "--batch-size", "8",
+            "--seeds", "1", "--dry-run"]
+
+    def keys(*extra):
+        result = CliRunner().invoke(cli, [*base, *extra])
+        assert result.exit_code == 0, result.output
+        return result.output.split()[0]
+
+    default = keys()
+    assert keys("--deterministic") == default
+    assert len({default, keys("--no-deterministic"), keys("--tf32"), keys("--no-tf32")}) == 4
+    plan = tmp_path / "p.toml"
+    plan.write_text('deterministic = false\n[grids.g]\nopt = ["adam"]\nbatch_size = [8]\n')
+    assert keys("--config", str(plan)) == keys("--no-deterministic")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('tf32 = "yes"\n[grids.g]\nopt = ["adam"]\nbatch_size = [8]\n')
+    result = CliRunner().invoke(cli, [*base, "--config", str(bad)])
+    assert result.exit_code == 2 and "tf32: must be true or false" in result.output
+
+
+@pytest.mark.slow
+def test_the_settings_reach_the_worker_and_the_record_on_each_backend(keras_backend, prepared_data, tmp_path):
+    from catsdogs.store import Store
+
+    data = prepared_data(32)
+    # given a sweep of two trials, one at the defaults and one without determinism and TF32
+    args = ["sweep", "--data-dir", str(data), "--out", str(tmp_path), "--opt", "adam", "--batch-size", "8",
+            "--seeds", "1", "--epochs", "1", "--name"]
+    assert CliRunner().invoke(cli, [*args, "plain"]).exit_code == 0
+    result = CliRunner().invoke(cli, [*args, "off", "--no-deterministic", "--no-tf32"])
+    assert result.exit_code == 0, result.output
+    with Store(Path(tmp_path) / "results.sqlite") as store:
+        plain, off = store.trials("plain")[0], store.trials("off")[0]
+    # then each worker ran with the trial's settings, as the framework itself reports them
+    assert plain["status"] == off["status"] == Status.DONE
+    assert (plain["env"]["deterministic"], plain["env"]["tf32"]) == (True, None)
+    assert (off["env"]["deterministic"], off["env"]["tf32"]) == (False, False)
+    assert (off["deterministic"], off["tf32"]) == (0, 0) and plain["key"] != off["key"]
+
+
+@pytest.mark.slow
+def test_a_second_jax_run_into_a_fresh_out_loads_its_steps_from_the_compile_cache(prepared_data, tmp_path,
+                                                                                  monkeypatch):
+    pytest.importorskip("jax")
+    from catsdogs.store import Store
+
+    data = prepared_data(32)
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.setenv(backends.COMPILE_CACHE_ENV, str(tmp_path / "cache"))
+
+    def compiles(out: str, *extra) -> tuple[int, int]:
+        args = ["sweep", "--data-dir", str(data), "--out", str(tmp_path / out), "--opt", "adam", "--batch-size",
+                "8", "--seeds", "1", "--epochs", "1", *extra]
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        with Store(tmp_path / out / "results.sqlite") as store:
+            (row,) = store.trials("sweep")
+        return row["compiles"], row["compile_cache_hits"]
+
+    # given a first run, which compiles its steps and fills the cache
+    cold, _ = compiles("first")
+    assert cold > 0 and any((tmp_path / "cache").iterdir())
+    # when the same sweep runs into a fresh --out: it trains again, and loads what it compiled
+    warm, hits = compiles("second")
+    assert warm <= 0.1 * cold and hits > 0
+    # and with the cache off it compiles everything again
+    off, none = compiles("third", "--no-compile-cache")
+    assert off >= cold and none == 0
