@@ -25,9 +25,11 @@ import contextlib
 import os
 from pathlib import Path
 
+from catsdogs.host import visible_gpus
 from catsdogs.messages import ProbeRecord, ProbeTask, Task
 from catsdogs.schema import Status
 from catsdogs.training import backends
+from catsdogs.training.backends import COMPILE_CACHE_ENV
 from catsdogs.training.worker import MEMORY_CAP_ENV, Worker
 
 
@@ -41,6 +43,11 @@ class Prober:
         self.fresh_from = fresh_from  # probes of at least this batch size run in a fresh worker
         # `env`: the workers' process settings (backends.process_env_for) and options
         self._env = {**(env or {}), **({MEMORY_CAP_ENV: str(memory_cap_bytes)} if memory_cap_bytes else {})}
+        if not visible_gpus():
+            # On a CPU a probe's peak resident memory holds XLA's compiler while it compiles, and
+            # nothing of it when the step comes from JAX's compilation cache: probes that compile
+            # and probes that load would measure different things. (A GPU's memory holds neither.)
+            self._env[COMPILE_CACHE_ENV] = "off"
         self._started = 0
         self.worker: Worker | None = None
         self._clean = True  # every task of the current worker ended done: its log can go

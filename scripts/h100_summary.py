@@ -1,0 +1,152 @@
+"""One stage's part of the H100 run's summary.md, from what the stage wrote (scripts/h100.sh).
+
+    python scripts/h100_summary.py reproduce --out RUNS --name h100-reproduce --seconds 143 --target 150 --label "..."
+    python scripts/h100_summary.py profile --csv profile.csv [--torch torch.json] --label "..."
+    python scripts/h100_summary.py find --json find_batch_size.json --label "..."
+
+Prints Markdown; h100.sh appends it to $OUT/summary.md. Reads files only: no framework.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sqlite3
+import statistics
+import sys
+from pathlib import Path
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _num(v, fmt: str = ".2f") -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def reproduce(a) -> list[str]:
+    with sqlite3.connect(Path(a.out) / "results.sqlite") as db:
+        db.row_factory = sqlite3.Row
+        rows = [dict(r) for r in db.execute(
+            "SELECT t.* FROM trials t JOIN sweep_trials s ON s.key = t.key WHERE s.sweep = ?", (a.name,))]
+    done = [r for r in rows if r["status"] == "done"]
+    env = json.loads(done[0]["env"]) if done and done[0].get("env") else {}
+    met = a.seconds <= a.target if a.target else None
+    lines = [f"## {a.label}", "",
+             f"- {len(done)} of {len(rows)} trials done"
+             + "".join(f", {sum(r['status'] == s for r in rows)} {s}" for s in ("failed", "oom", "pending")
+                       if any(r["status"] == s for r in rows)),
+             f"- the command: {a.seconds:.0f} s" + (f" (target ≤ {a.target:.0f} s: {'met' if met else 'NOT met'})"
+                                                   if a.target else ""),
+             f"- per trial, median: wall {_num(_median(r['wall_seconds'] for r in done))} s, training "
+             f"{_num(_median(r['train_seconds'] for r in done))} s, the digest's wait "
+             f"{_num(_median(r.get('digest_seconds') for r in done), '.3f')} s; first trial of a shape up to "
+             f"{_num(max((r['wall_seconds'] for r in done), default=None))} s",
+             f"- XLA compilations: {sum(r.get('compiles') or 0 for r in done)}, compile-cache loads: "
+             f"{sum(r.get('compile_cache_hits') or 0 for r in done)}",
+             f"- device: {env.get('device', '?')}; recorded settings: deterministic {env.get('deterministic')}, "
+             f"tf32 {env.get('tf32')}; {env.get('backend', '?')} {env.get('jax', '')}, Keras {env.get('keras', '?')}",
+             ""]
+    return lines
+
+
+def _read_csv(path: str) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _f(v) -> float | None:
+    try:
+        return float(v) if v not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def profile(a) -> list[str]:
+    rows = _read_csv(a.csv)
+    torch = {}
+    setting = {}
+    if a.torch and Path(a.torch).is_file():
+        doc = json.loads(Path(a.torch).read_text())
+        setting = doc["setting"]
+        torch = {int(r["batch_size"]): r for r in doc["rows"]}
+    lines = [f"## {a.label}", ""]
+    if setting:
+        lines += [f"PyTorch {setting['torch']} on {setting['device']}, in the same call: TF32 "
+                  f"{'allowed' if setting['tf32'] else 'forbidden'} for matmuls and convolutions"
+                  f"{', bfloat16 autocast' if setting.get('bf16') else ''}.", ""]
+    lines += ["| batch size | catsdogs images/s | MFU % | NVML util % | peak MiB | status | PyTorch images/s | "
+              "catsdogs / PyTorch |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = int(r["batch_size"])
+        ours, ref = _f(r.get("images_per_second")), torch.get(b)
+        theirs = ref.get("images_per_second") if ref else None
+        ratio = ours / theirs if ours and theirs else None
+        lines.append(f"| {b} | {_num(ours, '.0f')} | {_num(_f(r.get('mfu_percent')))} | "
+                     f"{_num(_f(r.get('nvml_gpu_util_mean_percent')), '.0f')} | {_num(_f(r.get('peak_memory_mb')), '.0f')} "
+                     f"| {r['status']} | {_num(theirs, '.0f')} | {_num(ratio)} |")
+    best = max((r for r in rows if _f(r.get("images_per_second"))), key=lambda r: _f(r["images_per_second"]), default=None)
+    ref_best = max((r for r in torch.values() if r.get("images_per_second")), key=lambda r: r["images_per_second"],
+                   default=None)
+    lines.append("")
+    if best:
+        text = f"Best: catsdogs {_f(best['images_per_second']):.0f} images/s at batch size {best['batch_size']}"
+        if ref_best:
+            ratio = _f(best["images_per_second"]) / ref_best["images_per_second"]
+            text += (f"; PyTorch {ref_best['images_per_second']:.0f} at {ref_best['batch_size']}: {ratio:.2f}× "
+                     f"(target ≥ 1: {'met' if ratio >= 1 else 'NOT met'})")
+        lines.append(text + ".")
+    return [*lines, ""]
+
+
+def find(a) -> list[str]:
+    s = json.loads(Path(a.json).read_text())
+    pred = s.get("prediction") or {}
+    noise = s.get("noise_scale") or {}
+    rec = s.get("recommendation") or {}
+    settings = s.get("settings") or {}
+    if s.get("reached_max"):
+        fit = f"every size up to --max {settings.get('max')} fit: the search found no limit"
+        apart = "no measured limit to compare with"
+    else:
+        fit = f"{s.get('largest_fitting')} (the next, {s.get('first_not_fitting')}, did not)"
+        apart = f"{_num(pred.get('percent_apart'), '+.1f')}% from the measured (target within 15%)"
+    high = noise.get("high")
+    lines = [f"## {a.label}", "",
+             f"- largest batch size that fits: {fit}; XLA's share of the GPU: {s.get('memory_fraction') or '—'}",
+             f"- predicted before the search: {pred.get('max_batch_size')} ({pred.get('method')}): {apart}",
+             f"- noise scale after one epoch at 32: {_num(noise.get('b_simple'), '.0f')} (95%: "
+             f"{_num(noise.get('low'), '.0f')} to {'unbounded' if high is None else format(high, '.0f')}), "
+             f"measured in {_num(noise.get('seconds'), '.0f')} s",
+             f"- recommendation: {rec.get('batch_size')} at {_num(rec.get('images_per_second'), '.0f')} images/s, "
+             f"{rec.get('binding')} binds; learning rate {_num(rec.get('learning_rate'), '.3g')} "
+             f"({rec.get('learning_rate_rule')} rule)",
+             ""]
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("reproduce")
+    r.add_argument("--out", required=True)
+    r.add_argument("--name", required=True)
+    r.add_argument("--seconds", type=float, required=True)
+    r.add_argument("--target", type=float, default=None)
+    p = sub.add_parser("profile")
+    p.add_argument("--csv", required=True)
+    p.add_argument("--torch", default=None)
+    f = sub.add_parser("find")
+    f.add_argument("--json", required=True)
+    for s in (r, p, f):
+        s.add_argument("--label", required=True)
+    a = ap.parse_args()
+    print("\n".join({"reproduce": reproduce, "profile": profile, "find": find}[a.what](a)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
