@@ -346,7 +346,8 @@ def _renamed_backend(ctx, param, value):
                       "(one GPU, or CPU cores, each) on the cluster at --ray-address, else a local "
                       "Ray (the catsdogs[ray] extra); --workers then defaults to what the cluster "
                       "runs at once. What trains them is Keras's backend, KERAS_BACKEND's choice."),
-    click.option("--backend", "old_runner", default=None, hidden=True, expose_value=False,
+    click.option("--backend", "old_runner", type=click.Choice(["local", "ray"]), default=None, hidden=True,
+                 expose_value=False,
                  callback=_renamed_backend, help="Old name of --runner (catsdogs 0.6), gone since 0.8."),
     click.option("--ray-address", default=None,
                  help="Ray cluster to run on, e.g. auto or ray://head:10001 [default: $RAY_ADDRESS, "
@@ -474,7 +475,7 @@ def profile(batch_size, steps, warmup, min_seconds, name, opt, dataset, precisio
               help="Stop bisecting when the gap is this small [default: 8, or an eighth of the "
                    "largest size that fits when smaller].")
 @click.option("--noise-scale/--no-noise-scale", default=True, show_default=True,
-              help="After the search, measure the gradient noise scale (the critical batch size, beyond "
+              help="Before the search, measure the gradient noise scale (the critical batch size, beyond "
                    "which a larger batch buys few steps) on the data's first epoch at batch size 32, in "
                    "well under a minute at 64 px on a CPU; the recommendation then stays at or below it "
                    "and scales the learning rate by the paper's rule. --no-noise-scale skips it.")

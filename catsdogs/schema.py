@@ -96,6 +96,18 @@ TF32_HELP = (
     "No effect on a CPU. Recorded with every trial; set per worker process.")
 
 
+def process_words(deterministic: bool, tf32: bool | None, defaults: bool = False) -> list[str]:
+    """How a worker's settings read in labels and messages: those off their defaults only
+    ("non-deterministic", "TF32 on", "TF32 off"), or with `defaults` both ("deterministic",
+    "TF32 default")."""
+    words = []
+    if defaults or not deterministic:
+        words.append("deterministic" if deterministic else "non-deterministic")
+    if defaults or tf32 is not None:
+        words.append({None: "TF32 default", True: "TF32 on", False: "TF32 off"}[tf32])
+    return words
+
+
 def _protocol(help: str, choices: tuple | None = None, multiple: bool = False):
     """Metadata of a protocol field: a sweep option beyond the article, off by default;
     `multiple`: the option takes several values, and the sweep crosses them with its grid."""

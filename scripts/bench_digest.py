@@ -82,7 +82,7 @@ def main() -> int:
               f"{side['digest'][-1]:.3f} s", flush=True)
     print("\n| digest | trials | median trial wall s | median seconds the digest held a trial |")
     print("|---|---|---|---|")
-    for name, side in (("before: serial, after evaluate", before), ("now: in a thread, during evaluate", now)):
+    for name, side in (("before: on the trial's thread", before), ("now: in a thread, during evaluate", now)):
         print(f"| {name} | {len(side['wall'])} | {statistics.median(side['wall']):.2f} | "
               f"{statistics.median(side['digest']):.3f} |")
     added = statistics.median(now["digest"])

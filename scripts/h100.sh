@@ -2,7 +2,7 @@
 # Every GPU run of catsdogs, on the H100 of ../shared/GPU.md (JAX and PyTorch, no TensorFlow, no
 # network): catsdogs from its source tree on Keras's JAX backend, the Keras wheels carried in .whl/.
 #
-#   bash scripts/h100.sh [--budget SECONDS] STAGE...   run these stages, in this order
+#   bash scripts/h100.sh STAGE...                      run these stages, in this order
 #   bash scripts/h100.sh [--budget SECONDS] all        every stage, in priority order, within the budget
 #   bash scripts/h100.sh --dry-run all                 print what would run, and what is left
 #   OUT=dir bash scripts/h100.sh --cpu-smoke           every stage small (40 px) on a CPU: under 3 minutes
@@ -33,14 +33,15 @@ declare -A ESTIMATE=(  # seconds on the H100, for --budget: compilation included
     [profile-fp32]=300 [profile-det]=300 [profile-bf16]=240)
 GPU_BATCHES="16 64 256 1024 2048"
 
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 
 DRY=0 SMOKE=0 BUDGET=540 STAGES=()
 while [ $# -gt 0 ]; do
     case $1 in
     --dry-run) DRY=1 ;;
     --cpu-smoke) SMOKE=1 ;;
-    --budget) BUDGET=${2:-}; shift ;;
+    --budget) [ $# -ge 2 ] || { echo "h100.sh: --budget needs a number of seconds" >&2; exit 2; }
+        BUDGET=$2; shift ;;
     --budget=*) BUDGET=${1#*=} ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "h100.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -58,6 +59,8 @@ fi
 for stage in "${STAGES[@]}"; do
     [ "$stage" = all ] || [ -n "${ESTIMATE[$stage]+x}" ] || {
         echo "h100.sh: unknown stage '$stage'; stages: all ${ORDER[*]}" >&2; exit 2; }
+    [ "$stage" != all ] || [ ${#STAGES[@]} -eq 1 ] || {
+        echo "h100.sh: 'all' runs every stage: give it alone" >&2; exit 2; }
 done
 if [ "${STAGES[*]}" = all ]; then STAGES=("${ORDER[@]}"); ALL=1; else ALL=0; fi
 
@@ -86,21 +89,23 @@ else
 fi
 FAST=(--no-deterministic --tf32)  # the reference's settings: no deterministic ops, TF32 allowed
 
-# The command of each stage: catsdogs' own, then the PyTorch reference's where there is one.
+# The command of each stage: catsdogs' own, then the PyTorch reference's where there is one. The
+# paths are quoted: the commands run through eval, and OUT may hold a space.
 stage_commands() {
-    local c="$PY -m catsdogs"
+    local c="$PY -m catsdogs" data runs out
+    data=$(printf %q "$DATA") runs=$(printf %q "$RUNS") out=$(printf %q "$OUT")
     case $1 in
-    prepare) echo "$c prepare --source synthetic --data-dir $DATA --quiet ${PREPARE_ARGS[*]}" ;;
-    reproduce) echo "$c reproduce ${REPRODUCE_ARGS[*]} ${FAST[*]} --data-dir $DATA --out $RUNS --name h100-reproduce --quiet" ;;
-    reproduce-det) echo "$c reproduce ${REPRODUCE_ARGS[*]} --deterministic --tf32 --data-dir $DATA --out $RUNS --name h100-reproduce-det --quiet" ;;
-    profile-tf32) echo "$c profile --data-dir $DATA --out $RUNS --name h100-profile-tf32 ${PROFILE_ARGS[*]} ${FAST[*]}"
-        echo "$PY scripts/torch_reference.py ${TORCH_ARGS[*]} --tf32 --json $OUT/torch-tf32.json" ;;
-    profile-fp32) echo "$c profile --data-dir $DATA --out $RUNS --name h100-profile-fp32 ${PROFILE_ARGS[*]} --no-deterministic --no-tf32"
-        echo "$PY scripts/torch_reference.py ${TORCH_ARGS[*]} --no-tf32 --json $OUT/torch-fp32.json" ;;
-    profile-det) echo "$c profile --data-dir $DATA --out $RUNS --name h100-profile-det ${PROFILE_ARGS[*]} --deterministic --tf32" ;;
-    profile-bf16) echo "$c profile --data-dir $DATA --out $RUNS --name h100-profile-bf16 ${PROFILE_ARGS[*]} --precision mixed_bfloat16 ${FAST[*]}"
-        echo "$PY scripts/torch_reference.py ${TORCH_ARGS[*]} --tf32 --bf16 --json $OUT/torch-bf16.json" ;;
-    find) echo "$c find-batch-size --data-dir $DATA --out $RUNS --name h100-find ${FIND_ARGS[*]} ${FAST[*]}" ;;
+    prepare) echo "$c prepare --source synthetic --data-dir $data --quiet ${PREPARE_ARGS[*]}" ;;
+    reproduce) echo "$c reproduce ${REPRODUCE_ARGS[*]} ${FAST[*]} --data-dir $data --out $runs --name h100-reproduce --quiet" ;;
+    reproduce-det) echo "$c reproduce ${REPRODUCE_ARGS[*]} --deterministic --tf32 --data-dir $data --out $runs --name h100-reproduce-det --quiet" ;;
+    profile-tf32) echo "$c profile --data-dir $data --out $runs --name h100-profile-tf32 ${PROFILE_ARGS[*]} ${FAST[*]}"
+        echo "$PY scripts/torch_reference.py ${TORCH_ARGS[*]} --tf32 --json $out/torch-tf32.json" ;;
+    profile-fp32) echo "$c profile --data-dir $data --out $runs --name h100-profile-fp32 ${PROFILE_ARGS[*]} --no-deterministic --no-tf32"
+        echo "$PY scripts/torch_reference.py ${TORCH_ARGS[*]} --no-tf32 --json $out/torch-fp32.json" ;;
+    profile-det) echo "$c profile --data-dir $data --out $runs --name h100-profile-det ${PROFILE_ARGS[*]} --deterministic --tf32" ;;
+    profile-bf16) echo "$c profile --data-dir $data --out $runs --name h100-profile-bf16 ${PROFILE_ARGS[*]} --precision mixed_bfloat16 ${FAST[*]}"
+        echo "$PY scripts/torch_reference.py ${TORCH_ARGS[*]} --tf32 --bf16 --json $out/torch-bf16.json" ;;
+    find) echo "$c find-batch-size --data-dir $data --out $runs --name h100-find ${FIND_ARGS[*]} ${FAST[*]}" ;;
     esac
 }
 
@@ -176,7 +181,7 @@ run_stage() {
             echo "$stage: PyTorch is not installed here: its reference is skipped" | tee -a "$OUT/$stage.log"
             continue
         fi
-        [ $first = 1 ] || torch_json=$(echo "$cmd" | sed -n 's/.*--json \([^ ]*\).*/\1/p')
+        [ $first = 1 ] || torch_json="$OUT/torch-${stage#profile-}.json"
         run_logged "$stage" "$cmd" || rc=$?
         first=0
     done < <(stage_commands "$stage")

@@ -4,7 +4,8 @@
     python scripts/h100_summary.py profile --csv profile.csv [--torch torch.json] --label "..."
     python scripts/h100_summary.py find --json find_batch_size.json --label "..."
 
-Prints Markdown; h100.sh appends it to $OUT/summary.md. Reads files only: no framework.
+Prints Markdown; h100.sh appends it to $OUT/summary.md. Reads files only: no framework (catsdogs.noise
+only for its wording, from the source tree).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sqlite3
 import statistics
 import sys
 from pathlib import Path
+
+from catsdogs.noise import describe
 
 
 def _median(values) -> float | None:
@@ -114,13 +117,11 @@ def find(a) -> list[str]:
     else:
         fit = f"{s.get('largest_fitting')} (the next, {s.get('first_not_fitting')}, did not)"
         apart = f"{_num(pred.get('percent_apart'), '+.1f')}% from the measured (target within 15%)"
-    high = noise.get("high")
     lines = [f"## {a.label}", "",
              f"- largest batch size that fits: {fit}; XLA's share of the GPU: {s.get('memory_fraction') or '—'}",
              f"- predicted before the search: {pred.get('max_batch_size')} ({pred.get('method')}): {apart}",
-             f"- noise scale after one epoch at 32: {_num(noise.get('b_simple'), '.0f')} (95%: "
-             f"{_num(noise.get('low'), '.0f')} to {'unbounded' if high is None else format(high, '.0f')}), "
-             f"measured in {_num(noise.get('seconds'), '.0f')} s",
+             f"- noise scale after one epoch at 32: {describe(noise or None)}"
+             + (f", measured in {noise['seconds']:.0f} s" if noise.get("seconds") is not None else ""),
              f"- recommendation: {rec.get('batch_size')} at {_num(rec.get('images_per_second'), '.0f')} images/s, "
              f"{rec.get('binding')} binds; learning rate {_num(rec.get('learning_rate'), '.3g')} "
              f"({rec.get('learning_rate_rule')} rule)",

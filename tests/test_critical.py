@@ -296,3 +296,30 @@ def test_the_sweep_command_passes_noise_scale_to_the_sweep(prepared_data, tmp_pa
     plan_file = tmp_path / "p.toml"
     plan_file.write_text('noise_scale = true\n[grids.g]\nopt = ["adam"]\nbatch_size = [8]\n')
     assert seen["noise"] == plans.noise_settings(plans.load(str(plan_file)))
+
+
+def test_a_group_whose_measured_rates_are_neither_default_nor_chosen_is_still_drawn():
+    # given Adam at its default rate, chosen by validation but run before --noise-scale, and at
+    # 0.003, measured but not chosen
+    default_rate = row(bs=16, acc=0.9, val=(0.7, 0.8, 0.9), noise_at=None)
+    other = row(bs=16, acc=0.8, val=(0.6, 0.7, 0.75), lr=0.003)
+    table = critical.noise_table([default_rate, other])
+    # then the figure has a panel for it (catsdogs 0.8.0's report raised here), with the measured rate
+    assert [p["label"] for p in table["panels"]] == ["Adam, standard data, every learning rate"]
+    fig, _ = make_noise_figure(table)
+    assert len(fig.get_axes()) == 1
+
+
+def test_trials_of_two_contexts_are_never_pooled():
+    from dataclasses import asdict, replace
+
+    small = row(seed=0, noise_at=(10.0, 10.0, 10.0, 10.0))
+    cfg = replace(TrialConfig.from_dict(small["config"]), image_size=32, seed=1)
+    other = {**row(seed=1, noise_at=(90.0, 90.0, 90.0, 90.0)), "config": asdict(cfg), "image_size": 32,
+             "key": cfg.key()}
+    table = critical.noise_table([small, other])
+    # then each context is a group of its own, named by it, each with its own estimate
+    labels = sorted(g["label"] for g in table["groups"])
+    assert labels == ["Adam, standard data (3 epochs, 32 px, TensorFlow)",
+                      "Adam, standard data (3 epochs, 64 px, TensorFlow)"]
+    assert sorted(g["series"][0]["points"][0]["b_simple"] for g in table["groups"]) == pytest.approx([10.0, 90.0])

@@ -68,8 +68,9 @@ def test_a_slot_claims_cached_shapes_first_within_the_lowest_seed():
     assert claim_order(keys, by_key, set()) == keys
 
 
-def test_the_digest_is_every_weights_bytes_hashed_in_order_as_before():
+def test_the_digest_is_every_weights_bytes_hashed_in_order_as_before(monkeypatch):
     import hashlib
+    import threading
 
     import keras
     import numpy as np
@@ -87,11 +88,18 @@ def test_the_digest_is_every_weights_bytes_hashed_in_order_as_before():
     for w in model.weights:
         old.update(keras.ops.convert_to_numpy(w).tobytes())
     assert pending() == weights_digest(model) == old.hexdigest()
-    # and weights changed after it started do not change it: it digests the weights it was given
+    # and weights changed after it started, before its thread reads them, do not change it: it
+    # digests the values it was given, not the variables
     before = weights_digest(model)
+    assigned = threading.Event()
+    to_numpy = keras.ops.convert_to_numpy
+    monkeypatch.setattr(keras.ops, "convert_to_numpy", lambda x: (assigned.wait(10), to_numpy(x))[1])
     pending = start_weights_digest(model)
     model.weights[-1].assign(np.ones(model.weights[-1].shape, "float32"))
-    assert pending() == before != weights_digest(model)
+    assigned.set()
+    assert pending() == before
+    monkeypatch.undo()
+    assert weights_digest(model) != before
 
 
 # --- the same results, whatever process runs them -----------------------------------------------

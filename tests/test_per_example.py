@@ -69,3 +69,26 @@ def test_the_gram_matrix_equals_per_example_autodiff_on_each_backend(keras_backe
     assert np.allclose(gram, reference, rtol=1e-4, atol=1e-6 * np.abs(reference).max())
     assert np.allclose(gram, np.transpose(gram, (0, 2, 1)))
     assert (np.diagonal(gram, axis1=1, axis2=2) > 0).all()
+
+
+def test_a_model_measured_is_freed_with_the_cache_its_caller_keeps():
+    import gc
+    import weakref
+
+    import numpy as np
+
+    from catsdogs.model import build_model
+    from catsdogs.training.backends import tensorflow as tf_backend
+
+    # given a model whose Gram matrix was computed, its compiled function kept in the caller's cache
+    model = build_model(16)
+    cache: dict = {}
+    images = np.zeros((4, 16, 16, 3), np.uint8)
+    gram = tf_backend.per_example_gram(model, images, np.zeros(4, np.float32), block=2, cache=cache)
+    assert gram.shape == (2, 2, 2) and list(cache) == [2]
+    # when the caller lets go of the model and its cache (a step the worker no longer keeps)
+    gone = weakref.ref(model)
+    del model, cache
+    gc.collect()
+    # then nothing of catsdogs' keeps the model alive
+    assert gone() is None

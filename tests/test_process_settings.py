@@ -40,9 +40,8 @@ def test_a_trial_planned_for_other_settings_is_refused_in_one_line():
     cfg = TrialConfig("adam", 32, "standard", 0, deterministic=False)
     with pytest.raises(CatsdogsError) as e:
         backends.check_settings(cfg, {"deterministic": True, "tf32": None})
-    assert str(e.value) == ("this trial was planned for non-deterministic kernels, TF32 as the framework's "
-                            "default, and this worker runs deterministic kernels, TF32 as the framework's "
-                            "default: a worker of its own settings must run it")
+    assert str(e.value) == ("this trial was planned for non-deterministic, TF32 default, and this worker runs "
+                            "deterministic, TF32 default: a worker of its own settings must run it")
     backends.check_settings(cfg, {"deterministic": False, "tf32": None})  # its own: no error
 
 
@@ -56,6 +55,9 @@ def test_xlas_deterministic_flag_is_set_exactly_when_deterministic(monkeypatch):
     both = jax_backend._xla_flags(deterministic=True).split()
     assert sorted(both) == ["--xla_dump_to=/tmp/x", "--xla_gpu_deterministic_ops=true"]
     monkeypatch.setenv("XLA_FLAGS", "")
+    assert jax_backend._xla_flags(deterministic=True) == "--xla_gpu_deterministic_ops=true"
+    # and a user's own value of that flag gives way to the trial's
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=false")
     assert jax_backend._xla_flags(deterministic=True) == "--xla_gpu_deterministic_ops=true"
 
 
@@ -179,7 +181,7 @@ def test_a_second_jax_run_into_a_fresh_out_loads_its_steps_from_the_compile_cach
     assert cold > 0 and any((tmp_path / "cache").iterdir())
     # when the same sweep runs into a fresh --out: it trains again, and loads what it compiled
     warm, hits = compiles("second")
-    assert warm <= 0.1 * cold and hits > 0
+    assert 0 <= warm <= 0.1 * cold and hits > 0  # compilations are compile events less loads: never below 0
     # and with the cache off it compiles everything again
     off, none = compiles("third", "--no-compile-cache")
     assert off >= cold and none == 0

@@ -29,9 +29,11 @@ article keeps Keras's default):
   grows with B_noise);
 - the limit: L = B_noise (E/E_min - 1), the largest batch size the budget carries to the target.
 
-"Well below" is B <= L/2 and "well above" is B >= 2L: one step of the sweep's power-of-two grid
-on either side of the limit, so no cell sits on the boundary, where the model says the target is
-just reached. Each such cell's mean test accuracy is compared with B_0's by Welch's interval, as
+"Well below" is at most half the limit and "well above" at least twice it: one step of the
+sweep's power-of-two grid on either side, so no cell sits on the boundary, where the model says
+the target is just reached. Since B_noise is measured, with an interval, and the limit grows with
+it, "well below" is half the limit at B_noise's low end and "well above" twice the limit at its
+high end (none when the interval is open above, as where the noise dominated). Each such cell's mean test accuracy is compared with B_0's by Welch's interval, as
 the article's claims are (catsdogs.analysis.claims): held means less than SHARP points below B_0,
 lost more than SHARP points below. The verdict: **supported** when every compared cell comes out
 as predicted, **contradicted** when one clearly comes out the other way, **unsettled** otherwise;
@@ -50,12 +52,13 @@ from catsdogs.analysis.rows import (
     context_of,
     is_article_protocol,
     learning_rate_of,
+    many_contexts,
     protocol_label,
     protocol_of,
     trial_order,
 )
 from catsdogs.analysis.rows import field as field_of
-from catsdogs.noise import pool
+from catsdogs.noise import fixed_epochs_limit, pool
 from catsdogs.schema import DEFAULT_LR, Status
 from catsdogs.stats import welch
 
@@ -90,15 +93,18 @@ def _done(trials: Iterable[dict]) -> list[dict]:
 
 
 def _group(trial: dict) -> tuple:
-    """A figure panel: optimizer, data set, and the protocol but for the learning rate."""
+    """A figure panel: optimizer, data set, the protocol but for the learning rate, and the context
+    (rows.context_of: trials of two contexts are never pooled)."""
     p = dict(protocol_of(trial), lr=None)
-    return (field_of(trial, "optimizer"), field_of(trial, "dataset"), tuple(sorted(p.items(), key=str)))
+    return (field_of(trial, "optimizer"), field_of(trial, "dataset"), tuple(sorted(p.items(), key=str)),
+            context_of(trial))
 
 
-def _group_label(trial: dict) -> str:
+def _group_label(trial: dict, many: bool = False) -> str:
     name = OPTIMIZER_NAMES.get(field_of(trial, "optimizer"), field_of(trial, "optimizer"))
     rest = protocol_label(dict(protocol_of(trial), lr=None))
-    return f"{name}, {field_of(trial, 'dataset')} data" + ("" if rest == "article protocol" else f", {rest}")
+    label = f"{name}, {field_of(trial, 'dataset')} data" + ("" if rest == "article protocol" else f", {rest}")
+    return label + (f" ({context_label(context_of(trial), True)})" if many else "")
 
 
 # --- the table ----------------------------------------------------------------------------------
@@ -118,6 +124,10 @@ def noise_table(trials: list[dict]) -> dict:
     catsdogs.analysis.tables.tune_learning_rates)."""
     done = _done(trials)
     measured = [t for t in done if measurements(t)]
+    many = many_contexts(trials)
+    rates: dict[tuple, set] = {}  # each group's learning rates, measured or not
+    for t in done:
+        rates.setdefault(_group(t), set()).add(learning_rate_of(t))
     cells: dict[tuple, list[dict]] = {}
     for t in measured:
         cells.setdefault((_group(t), int(field_of(t, "batch_size")), learning_rate_of(t)), []).append(t)
@@ -125,8 +135,8 @@ def noise_table(trials: list[dict]) -> dict:
     panels: dict[tuple, dict] = {}
     chosen = _chosen_cells(trials, cells)
     for (group, bs, lr), members in sorted(cells.items(), key=lambda kv: (trial_order(kv[1][0]), kv[0][1], kv[0][2])):
-        panel = groups.setdefault(group, {"label": _group_label(members[0]), "series": []})
-        many_lrs = len({k[2] for k in cells if k[0] == group}) > 1
+        panel = groups.setdefault(group, {"label": _group_label(members[0], many), "series": []})
+        many_lrs = len(rates[group]) > 1
         by_epoch: dict[int, list[dict]] = {}
         for t in members:
             for m in measurements(t):
@@ -144,10 +154,13 @@ def noise_table(trials: list[dict]) -> dict:
         if (group, bs, lr) in chosen:
             panels.setdefault((group, "tuned"), {"label": f"{panel['label']}, lr tuned per batch size",
                                                  "series": []})["series"].append(series)
+    for group, panel in groups.items():  # a group of several rates none of whose two panels is measured
+        if not any(key[0] == group for key in panels):
+            panels[(group, "every")] = {"label": f"{panel['label']}, every learning rate", "series": panel["series"]}
     missing: dict[str, list[int]] = {}
     for t in done:
         if not measurements(t):
-            cell = f"{_group_label(t)}, batch size {field_of(t, 'batch_size')}"
+            cell = f"{_group_label(t, many)}, batch size {field_of(t, 'batch_size')}"
             if field_of(t, "lr") is not None:
                 cell += f", lr {learning_rate_of(t):g}"
             missing.setdefault(cell, []).append(int(field_of(t, "seed", 0)))
@@ -203,12 +216,13 @@ def claims_by_context(trials: list[dict]) -> list[dict]:
     for t in _done(trials):
         contexts.setdefault(context_of(t), []).append(t)
     out = []
+    many = many_contexts(trials)
     for context, members in sorted(contexts.items(), key=lambda kv: str(kv[0])):
         results = [evaluate(label, cells, int(context[0]))
                    for label, cells in [*_article_series(members), *_tuned_series(members)]]
         results = [r for r in results if r is not None]
         if results:
-            out.append({"context": context_label(context, len(contexts) > 1), "results": results})
+            out.append({"context": context_label(context, many), "results": results})
     return out
 
 
@@ -258,7 +272,7 @@ def evaluate(label: str, cells: dict[int, list[dict]], epochs: int) -> dict | No
     b_high = None if bound_only else at["high"]  # None: unbounded above
 
     def limit_at(b: float) -> float:  # B_noise (E/E_min - 1), with E/E_min = (E/e*)(1 + B_0/B_noise)
-        return (epochs / e_star) * (b + b0) - b
+        return fixed_epochs_limit(b, (epochs / e_star) * (1 + b0 / b)) if b else (epochs / e_star) * b0
 
     held_up_to = limit_at(at["low"]) / WELL  # the limit grows with B_noise: its interval's low end
     lost_from = WELL * limit_at(b_high) if b_high is not None else None  # ... and its high end

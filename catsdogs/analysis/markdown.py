@@ -137,8 +137,8 @@ def noise_markdown(name: str, table: dict | None, contexts: list[dict]) -> list[
         lines += [f"- {m['cell']}: seeds {', '.join(map(str, m['seeds']))}" for m in table["missing"]]
         lines += ["", "To measure them, run the sweep again with `--noise-scale --overwrite` (for example "
                   f"`catsdogs sweep --name {name} --config PLAN --noise-scale --overwrite`, with the plan or options "
-                  "that made it): it trains those trials again, to the same weights, and records the measurement.",
-                  ""]
+                  "that made it; `--opt` and `--batch-size` limit it to these cells). `--overwrite` trains every "
+                  "trial it names again; with deterministic kernels (the default) to the same weights.", ""]
     for ctx in contexts:
         lines += [f"**The critical batch size, {ctx['context']}.** The paper's model: S = S_min(1 + B_noise/B) steps "
                   "and E = E_min(1 + B/B_noise) examples to reach a target, so a fixed number of epochs reaches it "

@@ -55,7 +55,7 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
         paths["figures"]["collapse"] = save_figure(fig, folder / "figures" / "collapse")
         log(f"collapse: {len(summary['collapse']['rows'])} cells -> {paths['figures']['collapse']['png']} (and .svg)")
     noise = summary["noise"]
-    if noise["groups"]:
+    if noise["panels"]:
         fig, _ = make_noise_figure(noise, note)
         paths["figures"]["noise"] = save_figure(fig, folder / "figures" / "noise")
         log(f"noise: {noise['measured']} of {noise['done']} finished trials measured -> "

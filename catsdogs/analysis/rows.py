@@ -88,19 +88,19 @@ def _tf32(value) -> bool | None:
     return None if value is None else bool(value)
 
 
+def many_contexts(trials) -> bool:
+    """Whether a sweep's finished trials ran in more than one context: then every label of a
+    context names its backend too (the one rule for every table, so labels match)."""
+    return len({context_of(t) for t in trials if t.get("status") == schema.Status.DONE}) > 1
+
+
 def context_label(context: tuple, many: bool) -> str:
     """"5 epochs, 200 px", and where a sweep has several contexts its backend and settings too."""
     epochs, size, backend, deterministic, tf32 = context
     label = f"{epochs} epochs, {size} px"
     if many:
         label += f", {BACKEND_NAMES.get(backend, backend)}"
-    return label + "".join(f", {text}" for text in settings_words(deterministic, tf32))
-
-
-def settings_words(deterministic: bool, tf32: bool | None) -> list[str]:
-    """The process settings a label names: only those off their defaults."""
-    return ([] if deterministic else ["non-deterministic"]) + ([] if tf32 is None else
-                                                               ["TF32 on" if tf32 else "TF32 off"])
+    return label + "".join(f", {text}" for text in schema.process_words(deterministic, tf32))
 
 
 def is_article_protocol(trial: dict) -> bool:

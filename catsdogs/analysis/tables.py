@@ -25,10 +25,10 @@ from catsdogs.analysis.rows import (
     context_label,
     is_article_protocol,
     learning_rate_of,
+    many_contexts,
     mean_of,
     protocol_label,
     protocol_of,
-    settings_words,
     trial_order,
     validation_accuracy,
     without_accumulate,
@@ -36,7 +36,7 @@ from catsdogs.analysis.rows import (
 from catsdogs.analysis.rows import (
     field as field_of,
 )
-from catsdogs.schema import DEFAULT_LR, UNFINISHED, Status, TrialConfig, default
+from catsdogs.schema import DEFAULT_LR, UNFINISHED, Status, TrialConfig, default, process_words
 from catsdogs.stats import mean_ci, welch, wilson
 
 # What the article reports, read from its text (docs/protocol.md, "The two figures"): each value is
@@ -190,8 +190,8 @@ def context_suffixer(trials: list[dict]) -> Callable[[dict], str]:
         varying.append("data")
     units = {"epochs": lambda v: f"{v} epochs", "image_size": lambda v: f"{v} px",
              "data": lambda v: f"data {str(v)[:8]}", "backend": lambda v: BACKEND_NAMES.get(v, v),
-             "deterministic": lambda v: "deterministic" if v else "non-deterministic",
-             "tf32": lambda v: {None: "TF32 default", True: "TF32 on", False: "TF32 off"}[v]}
+             "deterministic": lambda v: process_words(v, None, defaults=True)[0],
+             "tf32": lambda v: process_words(True, v, defaults=True)[1]}
 
     def suffix(t: dict) -> str:
         return "".join(", " + units[k](_setting(field_of(t, k, default(k)), k)) for k in varying)
@@ -219,7 +219,7 @@ def setting(trials: list[dict]) -> str:
         values = {_setting(field_of(t, name, default(name)), name) for t in trials}
         if len(values) == 1:
             value = values.pop()
-            bits += settings_words(value, None) if name == "deterministic" else settings_words(True, value)
+            bits += process_words(value, None) if name == "deterministic" else process_words(True, value)
     return ", ".join(bits)
 
 
@@ -457,8 +457,9 @@ def claims_by_context(trials: list[dict]) -> list[dict]:
     context (rows.context_of) the sweep has; [] when it has none."""
     out = []
     contexts = claims.article_cells(trials)
+    many = many_contexts(trials)
     for context, accuracies in sorted(contexts.items(), key=lambda kv: str(kv[0])):
-        out.append({"context": context_label(context, len(contexts) > 1), "results": claims.evaluate_all(accuracies)})
+        out.append({"context": context_label(context, many), "results": claims.evaluate_all(accuracies)})
     return out
 
 

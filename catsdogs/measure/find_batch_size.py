@@ -317,7 +317,7 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
                 "on a GPU its memory is the cap; on the CPU "
                 + (f"{prof.format_bytes(cpu_cap)} (90% of the memory available now)" if cpu_cap else "no cap"))
     log(f"Find batch size {name}: {mode} from {start}{f' up to {max_batch}' if max_batch else ''}, "
-        f"{optimizer}, {dataset} data ({size} px), {precision}; {cap_text}" + prof._settings_note(deterministic, tf32))
+        f"{optimizer}, {dataset} data ({size} px), {precision}; {cap_text}" + prof.settings_note(deterministic, tf32))
     env = {**(worker_env or {}), **backends.process_env_for(deterministic, tf32)}  # every worker's
 
     probes: list[ProbeRecord] = []
@@ -444,7 +444,7 @@ def measure_noise_scale(data_dir: Path, manifest: dict, optimizer: str, dataset:
                                        log_path, env)
     seconds = time.perf_counter() - started
     if record.status != Status.DONE or not record.history:
-        log(f"Noise scale not measured: the short run {record.status}: {str(record.error).splitlines()[0]} "
+        log(f"Noise scale not measured: the short run {record.status}: {_first_line(record.error)} "
             f"(log: {log_path})")
         return None
     log_path.unlink(missing_ok=True)
@@ -461,6 +461,10 @@ def _write(folder: Path, summary: dict) -> None:
 
     write_json_atomic(folder / "find_batch_size.json", summary, indent=2)
     write_csv(summary["probes"], folder / "find_batch_size.csv", PROBE_COLUMNS)
+
+
+def _first_line(text) -> str:
+    return next(iter(str(text or "").splitlines()), "") or "no reason given"
 
 
 def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size: int, train_images: int,
@@ -484,7 +488,7 @@ def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size
                           **settings)
     plan = run_isolated(task, log_path, env)
     if plan.status != Status.DONE:
-        log(f"XLA's memory plan failed: {str(plan.error).splitlines()[0]} (log: {log_path})")
+        log(f"XLA's memory plan failed: {_first_line(plan.error)} (log: {log_path})")
         return None
     log_path.unlink(missing_ok=True)
     pred = {k: v for k, v in plan.as_dict().items() if k not in ("status", "error", "traceback")}

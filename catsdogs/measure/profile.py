@@ -35,7 +35,7 @@ from catsdogs.errors import SettingError
 from catsdogs.files import atomic_path, write_json_atomic
 from catsdogs.measure.figures import save_profile_figures
 from catsdogs.messages import PeakRecord, PeakTask, ProbeRecord, ProbeTask, columns
-from catsdogs.schema import FINISHED, Status, TrialConfig
+from catsdogs.schema import FINISHED, Status, TrialConfig, process_words
 from catsdogs.training.backends import process_env_for
 
 DEFAULT_STEPS = 20
@@ -80,11 +80,10 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _settings_note(deterministic: bool, tf32: bool | None) -> str:
-    """"; non-deterministic kernels, TF32 forbidden": the process settings that are not defaults."""
-    bits = ([] if deterministic else ["non-deterministic kernels"]) + \
-        ([] if tf32 is None else ["TF32 allowed" if tf32 else "TF32 forbidden"])
-    return "; " + ", ".join(bits) if bits else ""
+def settings_note(deterministic: bool, tf32: bool | None) -> str:
+    """"; non-deterministic, TF32 off": the workers' settings that are not defaults, for a log line."""
+    words = process_words(deterministic, tf32)
+    return "; " + ", ".join(words) if words else ""
 
 
 def check_settings(batch_sizes: Sequence[int], optimizer: str, dataset: str, precision: str,
@@ -207,7 +206,7 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
                 "deterministic": deterministic, "tf32": tf32}
     log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {optimizer}, {dataset} data "
         f"({settings['image_size']} px), {precision}; {warmup} warm-up + {steps} timed steps each"
-        + _settings_note(deterministic, tf32))
+        + settings_note(deterministic, tf32))
     prober = Prober(work, memory_cap_bytes, isolate=isolate,
                     env={**(worker_env or {}), **process_env_for(deterministic, tf32)})
     try:

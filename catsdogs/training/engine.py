@@ -99,6 +99,7 @@ class TrainingStep:
             self.model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, backend), loss=loss, metrics=metrics)
             self.model.optimizer.build(self.model.trainable_variables)
             self.inspect = inspection_model(self.model)
+        self.gram_functions: dict = {}  # the noise measurement's compiled functions (backends.*.per_example_gram)
         # The optimizer's starting state: zeros (slots, iterations) but for a few scalars.
         self._opt_start = []
         for v in self.model.optimizer.variables:
@@ -436,7 +437,8 @@ def measure_noise(step: TrainingStep, split, settings: noise.NoiseSettings, seed
     indices = noise.draw(len(split), settings, seed, epoch).reshape(settings.pairs, settings.large)
     per_call = max(d for d in range(1, settings.pairs + 1)  # equal calls: one compiled shape
                    if settings.pairs % d == 0 and d * settings.large <= max(GRAM_EXAMPLES, settings.large))
-    grams = [backend.per_example_gram(step.model, split.images[chunk], split.labels[chunk], settings.large)
+    grams = [backend.per_example_gram(step.model, split.images[chunk], split.labels[chunk], settings.large,
+                                      cache=step.gram_functions)
              for chunk in (indices[i:i + per_call].ravel() for i in range(0, settings.pairs, per_call))]
     small, large = noise.norms_from_gram(np.concatenate(grams), settings.micro)
     estimate = noise.estimate(small, large, settings.micro, settings.large)

@@ -22,6 +22,10 @@ example. A zero perturbation added to each pre-activation is what the backend di
 with respect to (`taps`): its gradient is d_i. Pure keras.ops, so both backends share it; each
 wraps it with its own autodiff and compiler (backends.*.per_example_gram). Nothing is assigned:
 the trial's weights, optimizer and metrics are untouched.
+
+The Dense and Conv2D layers compute in float32 here whatever the model's precision policy: the
+gradient of a single example's loss, in float16 without the trainer's loss scaling, would
+underflow. The weightless layers run as the model runs them.
 """
 
 from __future__ import annotations
@@ -58,16 +62,16 @@ def forward(model, images, labels, taps: list):
         if not isinstance(layer, (layers.Dense, layers.Conv2D)):
             h = layer(h)
             continue
-        a = ops.cast(h, layer.compute_dtype)
-        kernel = ops.cast(layer.kernel, layer.compute_dtype)
+        a = ops.cast(h, "float32")  # float32 whatever the policy: see the module's note
+        kernel = ops.cast(layer.kernel, "float32")
         if isinstance(layer, layers.Dense):
             z = ops.matmul(a, kernel)
             if layer.bias is not None:
-                z = ops.add(z, ops.cast(layer.bias, layer.compute_dtype))
+                z = ops.add(z, ops.cast(layer.bias, "float32"))
         else:
             z = layer.convolution_op(a, kernel)
             if layer.use_bias:
-                z = ops.add(z, ops.reshape(ops.cast(layer.bias, layer.compute_dtype), (1, 1, 1, layer.filters)))
+                z = ops.add(z, ops.reshape(ops.cast(layer.bias, "float32"), (1, 1, 1, layer.filters)))
         z = ops.add(z, ops.cast(taps[k], z.dtype))
         inputs.append(a)
         k += 1

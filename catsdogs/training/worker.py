@@ -113,6 +113,11 @@ class _Spawner:
     one, or, racing the kill, was recorded as failed)."""
 
     def __init__(self):
+        self._reset()
+        if hasattr(os, "register_at_fork"):  # a child forked from this process has no spawner thread
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None

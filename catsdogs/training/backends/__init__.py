@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 from catsdogs.errors import CatsdogsError
-from catsdogs.schema import BACKENDS
+from catsdogs.schema import BACKENDS, process_words
 
 SUPPORTED = BACKENDS
 DEFAULT = "tensorflow"
@@ -61,8 +61,7 @@ def check_settings(cfg, running: dict) -> None:
 
 
 def describe_settings(settings: dict) -> str:
-    tf32 = {None: "TF32 as the framework's default", True: "TF32 allowed", False: "TF32 forbidden"}[settings["tf32"]]
-    return f"{'deterministic' if settings['deterministic'] else 'non-deterministic'} kernels, {tf32}"
+    return ", ".join(process_words(settings["deterministic"], settings["tf32"], defaults=True))
 
 
 def compile_cache_dir(environ=None) -> Path | None:

@@ -59,10 +59,11 @@ DEVICE_DATA_SHARE = 0.25  # a data set stays on the device when it takes at most
 
 def _xla_flags(*extra: str, deterministic: bool = True, flags: str | None = None) -> str:
     """XLA_FLAGS as the user set them, plus ours (a flag the user set is left as they set it), with
-    XLA's deterministic-ops flag exactly when `deterministic`."""
+    XLA's deterministic-ops flag exactly when `deterministic`: that one is the trial's, a user's
+    value of it is replaced."""
     name = DETERMINISTIC_FLAG.split("=")[0]
     given = [f for f in (os.environ.get("XLA_FLAGS", "") if flags is None else flags).split()
-             if deterministic or f.split("=")[0] != name]
+             if f.split("=")[0] != name]  # the trial's setting, whatever the user's says
     names = {f.split("=")[0] for f in given}
     wanted = [*extra, DETERMINISTIC_FLAG] if deterministic else list(extra)
     return " ".join([*given, *(f for f in wanted if f.split("=")[0] not in names)])
@@ -140,8 +141,9 @@ def start() -> str:
         _configure_cache(compile_cache_dir())
     import jax
 
-    if settings["tf32"] is not None:
-        jax.config.update("jax_default_matmul_precision", "tensorfloat32" if settings["tf32"] else "highest")
+    # the trial's setting, also over a JAX_DEFAULT_MATMUL_PRECISION of the user's (None: JAX's default)
+    jax.config.update("jax_default_matmul_precision",
+                      None if settings["tf32"] is None else "tensorfloat32" if settings["tf32"] else "highest")
     _count_compilations()
     precision = jax.config.jax_default_matmul_precision  # read back: what the process really runs with
     RUNNING.update(deterministic=DETERMINISTIC_FLAG in os.environ.get("XLA_FLAGS", "").split(),
@@ -354,22 +356,20 @@ def wait_for_steps(model) -> None:
 
 # --- the gradient noise scale ------------------------------------------------------------------
 
-_GRAM_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {block: jitted}
-
-
-def per_example_gram(model, images, labels, block: int):
+def per_example_gram(model, images, labels, block: int, cache: dict | None = None):
     """The per-example gradient Gram matrix of the loss at the model's current weights, within
     each block of `block` consecutive examples: numpy (n // block, block, block), float64.
 
     catsdogs.training.per_example does the arithmetic (the model's own layers, "ghost" dot
     products); here JAX differentiates it, on the variables' values passed in through a
-    StatelessScope, in one jitted function per model and block size. Pure: nothing is written
-    back, and the trainer's train_step, metrics and iteration counter are not touched. Read it
-    between epochs only: during `fit` Keras's JAX trainer holds the weights itself and the
-    variables are stale."""
+    StatelessScope, in one jitted function per model and block size, kept in `cache` (the
+    caller's: catsdogs.training.engine keeps it with the model's step, so it goes with it; a cache
+    that held the model would keep it alive). Pure: nothing is written back, and the trainer's
+    train_step, metrics and iteration counter are not touched. Read it between epochs only: during
+    `fit` Keras's JAX trainer holds the weights itself and the variables are stale."""
     import numpy as np
 
-    functions = _GRAM_FUNCTIONS.setdefault(model, {})
+    functions = {} if cache is None else cache
     if block not in functions:
         functions[block] = _gram_function(model, block)
     gram = functions[block]([v.value for v in model.trainable_variables],

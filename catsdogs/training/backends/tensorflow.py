@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import weakref
 
 from catsdogs.host import cpu_description, host_memory_bytes, peak_rss_mb, reset_peak_rss
 from catsdogs.schema import Status
@@ -248,21 +247,20 @@ def wait_for_steps(model) -> None:
 
 # --- the gradient noise scale ------------------------------------------------------------------
 
-_GRAM_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {block: tf.function}
-
-
-def per_example_gram(model, images, labels, block: int):
+def per_example_gram(model, images, labels, block: int, cache: dict | None = None):
     """The per-example gradient Gram matrix of the loss at the model's current weights, within
     each block of `block` consecutive examples: numpy (n // block, block, block), float64.
 
     catsdogs.training.per_example does the arithmetic (the model's own layers, "ghost" dot
     products); here TensorFlow differentiates it, under a GradientTape, in one tf.function per
-    model and block size. Pure: no variable is assigned, and the trainer's train_step, metrics
-    and iteration counter are not touched."""
+    model and block size, kept in `cache` (the caller's: catsdogs.training.engine keeps it with the
+    model's step, so it goes with it; a cache that held the model would keep it alive). Pure: no
+    variable is assigned, and the trainer's train_step, metrics and iteration counter are not
+    touched."""
     import numpy as np
     import tensorflow as tf
 
-    functions = _GRAM_FUNCTIONS.setdefault(model, {})
+    functions = {} if cache is None else cache
     if block not in functions:
         functions[block] = _gram_function(model, block)
     return np.asarray(functions[block](tf.constant(images), tf.constant(labels)).numpy(), np.float64)
