@@ -76,16 +76,18 @@ def protocol_of(trial: dict) -> dict:
     return p
 
 
+def setting_of(trial: dict, name: str):
+    """A TrialConfig field's value for the trial, its default where the trial predates the field;
+    a process setting (schema.PROCESS_FIELDS) as a bool, or None (the store keeps 0 and 1)."""
+    value = field(trial, name, schema.default(name))
+    return bool(value) if name in schema.PROCESS_FIELDS and value is not None else value
+
+
 def context_of(trial: dict) -> tuple:
     """What a trial ran in, beyond its protocol: epochs, image size, backend, and its process
     settings (determinism, TF32). Trials of two contexts never share a cell or a claim."""
-    return (field(trial, "epochs"), field(trial, "image_size"), field(trial, "backend", schema.default("backend")),
-            bool(field(trial, "deterministic", schema.default("deterministic"))),
-            _tf32(field(trial, "tf32", schema.default("tf32"))))
-
-
-def _tf32(value) -> bool | None:
-    return None if value is None else bool(value)
+    return (field(trial, "epochs"), field(trial, "image_size"),
+            *(setting_of(trial, name) for name in ("backend", *schema.PROCESS_FIELDS)))
 
 
 def many_contexts(trials) -> bool:

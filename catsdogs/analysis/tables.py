@@ -29,6 +29,7 @@ from catsdogs.analysis.rows import (
     mean_of,
     protocol_label,
     protocol_of,
+    setting_of,
     trial_order,
     validation_accuracy,
     without_accumulate,
@@ -36,7 +37,7 @@ from catsdogs.analysis.rows import (
 from catsdogs.analysis.rows import (
     field as field_of,
 )
-from catsdogs.schema import DEFAULT_LR, UNFINISHED, Status, TrialConfig, default, process_words
+from catsdogs.schema import DEFAULT_LR, UNFINISHED, Status, TrialConfig, process_words
 from catsdogs.stats import mean_ci, welch, wilson
 
 # What the article reports, read from its text (docs/protocol.md, "The two figures"): each value is
@@ -183,7 +184,7 @@ def context_suffixer(trials: list[dict]) -> Callable[[dict], str]:
     """Labels gain ", 3 epochs" (or px, data, backend) only where the figure mixes several of
     them: trials that differ in these never share a cell."""
     varying = [k for k in ("epochs", "image_size", "backend", "deterministic", "tf32")
-               if len({_setting(field_of(t, k, default(k)), k) for t in trials}) > 1]
+               if len({setting_of(t, k) for t in trials}) > 1]
     # Each data set has its own fingerprint; only two fingerprints of one data set are worth a label.
     if any(len({field_of(t, "data") for t in trials if field_of(t, "dataset") == d}) > 1
            for d in {field_of(t, "dataset") for t in trials}):
@@ -194,13 +195,8 @@ def context_suffixer(trials: list[dict]) -> Callable[[dict], str]:
              "tf32": lambda v: process_words(True, v, defaults=True)[1]}
 
     def suffix(t: dict) -> str:
-        return "".join(", " + units[k](_setting(field_of(t, k, default(k)), k)) for k in varying)
+        return "".join(", " + units[k](setting_of(t, k)) for k in varying)
     return suffix
-
-
-def _setting(value, name: str):
-    """A stored setting as its Python value (the store keeps booleans as 0 and 1)."""
-    return (None if value is None else bool(value)) if name in ("deterministic", "tf32") else value
 
 
 def setting(trials: list[dict]) -> str:
@@ -211,12 +207,12 @@ def setting(trials: list[dict]) -> str:
         values = {field_of(t, key) for t in trials}
         if len(values) == 1 and None not in values:
             bits.append(f"{values.pop()} {unit}")
-    backends = {field_of(t, "backend", default("backend")) for t in trials}
+    backends = {setting_of(t, "backend") for t in trials}
     if len(backends) == 1:
         backend = backends.pop()
         bits.append(f"Keras on {BACKEND_NAMES.get(backend, backend)}")
     for name in ("deterministic", "tf32"):  # named when off their defaults, and shared by all
-        values = {_setting(field_of(t, name, default(name)), name) for t in trials}
+        values = {setting_of(t, name) for t in trials}
         if len(values) == 1:
             value = values.pop()
             bits += process_words(value, None) if name == "deterministic" else process_words(True, value)

@@ -27,7 +27,6 @@ from catsdogs.data.manifest import require_prepared, test_images
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.files import write_json_atomic
 from catsdogs.messages import TrialRecord, TrialTask
-from catsdogs.noise import NoiseSettings
 from catsdogs.provenance import versions
 from catsdogs.schema import FINISHED, Status, TrialConfig
 from catsdogs.seeds import next_seeds
@@ -132,7 +131,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
               overwrite: bool = False, retry_failed: bool = False, log=print,
               sweep_config: dict | None = None, worker_env: dict | None = None,
               workers: int = 1, isolate: bool = False, slots=None, kept: list | None = None,
-              noise: NoiseSettings | None = None) -> dict:
+              noise: noise_scale.NoiseSettings | None = None) -> dict:
     """Run every trial of `grid` not finished yet, up to `workers` at once; return status counts.
 
     `noise`: record each trial's gradient noise scale with these settings (catsdogs.noise). It is
