@@ -63,6 +63,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from catsdogs import config
 from catsdogs.stats import LEVEL, t_quantile
 
 STREAM = 0x6E6F6973  # "nois": the noise batches' own random stream, apart from training's
@@ -70,11 +71,12 @@ STREAM = 0x6E6F6973  # "nois": the noise batches' own random stream, apart from 
 
 @dataclass(frozen=True)
 class NoiseSettings:
-    """How one measurement samples: `pairs` large batches of `micros` x `micro` examples."""
+    """How one measurement samples: `pairs` large batches of `micros` x `micro` examples (by
+    default a sweep's, catsdogs.config)."""
 
-    micro: int  # B_s: examples per micro-batch (1: each example on its own)
-    micros: int  # k: micro-batches per large batch, so B_b = k * B_s
-    pairs: int  # large batches (pairs) per measurement
+    micro: int = config.NOISE_MICRO  # B_s: examples per micro-batch (1: each example on its own)
+    micros: int = config.NOISE_MICROS  # k: micro-batches per large batch, so B_b = k * B_s
+    pairs: int = config.NOISE_PAIRS  # large batches (pairs) per measurement
 
     @property
     def large(self) -> int:

@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=config.EPOCHS, help=f"[{config.EPOCHS}]")
     args = ap.parse_args()
     manifest = require_prepared(args.data_dir)
-    settings = NoiseSettings(config.NOISE_MICRO, config.NOISE_MICROS, config.NOISE_PAIRS)
+    settings = NoiseSettings()
     backend = backends.name()
     print(f"{backend}, {manifest['params']['size']} px, {args.opt}, {args.epochs} epochs; measurement: "
           f"{settings.pairs} pairs of {settings.micro} and {settings.large} images, at the start and after "

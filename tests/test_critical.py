@@ -252,7 +252,6 @@ class NoiseSlot:
 
 
 def test_noise_scale_reaches_each_trial_but_not_its_key_and_done_trials_are_not_rerun(prepared_data, tmp_path):
-    from catsdogs import config
     from catsdogs.noise import NoiseSettings
     from catsdogs.plans import grid_configs
     from catsdogs.training.sweep import run_sweep
@@ -260,7 +259,7 @@ def test_noise_scale_reaches_each_trial_but_not_its_key_and_done_trials_are_not_
     data = prepared_data(32)
     grid = grid_configs(["adam"], [8, 16], ["standard"], 1, 1, image_size=32, fingerprints={"standard": "x"},
                         backend="tensorflow")
-    settings = NoiseSettings(config.NOISE_MICRO, config.NOISE_MICROS, config.NOISE_PAIRS)
+    settings = NoiseSettings()
     NoiseSlot.runs = []
     # given a sweep run without the noise scale
     run_sweep("s", grid, data, tmp_path, slots=NoiseSlot, log=lambda *a: None)

@@ -144,7 +144,7 @@ def test_recording_the_noise_scale_changes_nothing_the_trial_trains(keras_backen
 
     # given a trial alone in a fresh worker, and the same trial with the noise scale recorded
     target = trial(data_dir, seed=2)
-    settings = NoiseSettings(config.NOISE_MICRO, config.NOISE_MICROS, config.NOISE_PAIRS)
+    settings = NoiseSettings()
     slot = LocalSlot(0, 1, tmp_path / "noise", isolate=True)
     try:
         recorded = slot.run(target, data_dir, noise=settings.as_dict())

@@ -417,7 +417,7 @@ def _decide(result: SearchResult, probes: list[ProbeRecord], safe: int | None, o
 def noise_settings() -> noise.NoiseSettings:
     """find-batch-size's measurement: eight times a sweep's pairs, for a narrow interval: it is
     the one measurement the recommendation rests on."""
-    return noise.NoiseSettings(config.NOISE_MICRO, config.NOISE_MICROS, NOISE_PAIRS)
+    return noise.NoiseSettings(pairs=NOISE_PAIRS)
 
 
 NOISE_PAIRS = 8 * config.NOISE_PAIRS

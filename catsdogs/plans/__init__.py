@@ -286,7 +286,7 @@ def noise_settings(plan: Plan) -> NoiseSettings | None:
     (`noise_scale = true`; `--noise-scale`); None when it does not."""
     if not plan.settings.get("noise_scale"):
         return None
-    return NoiseSettings(config.NOISE_MICRO, config.NOISE_MICROS, config.NOISE_PAIRS)
+    return NoiseSettings()
 
 
 def adaptive(plan: Plan) -> tuple[float | None, int | None]:
