@@ -1,9 +1,12 @@
-"""The machine, as catsdogs reads it: every /proc and NVML read in one place, framework-free.
+"""The machine, as catsdogs reads it: every /proc and NVML read in one place, framework-free,
+and what every result records of where it came from.
 
 Memory (the host's size and what is available, a process's resident set and its high-water
 mark, the kernel's out-of-memory kills), the CPU's name, the NVIDIA GPUs this process may use,
 and the NVML sampler that watches a GPU's utilization while a probe runs. Each read returns None
-(or nothing) where the machine cannot answer: a missing /proc, no NVML, no GPU.
+(or nothing) where the machine cannot answer: a missing /proc, no NVML, no GPU. Provenance:
+the versions of what computes a result (`versions`), and a trial's whole environment
+(`environment`: those, its backend, device, host and process settings).
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import resource
 import statistics
 import subprocess
 import threading
+from importlib import metadata
 from pathlib import Path
+
+from catsdogs import __version__
 
 # --- /proc ---------------------------------------------------------------------------------------
 
@@ -198,3 +204,23 @@ class NvmlSampler:
                 "nvml_gpu_util_max_percent": max(self.util),
                 "nvml_memory_used_mb": max(self.memory) if self.memory else None,
                 "nvml_samples": len(self.util)}
+
+
+# --- provenance: what every result records about where it came from --------------------------------
+
+
+def versions() -> dict:
+    """The versions of what computes a result; no framework is imported to find them."""
+    out = {"python": platform.python_version(), "catsdogs": __version__}
+    for pkg in ("pillow", "numpy", "tensorflow", "keras", "jax"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[pkg] = metadata.version(pkg)
+    return out
+
+
+def environment(backend) -> dict:
+    """A trial's environment: catsdogs, the backend and its versions, Python, device, host, and the
+    process settings the backend runs with."""
+    return {"catsdogs": __version__, **backend.versions(), "python": platform.python_version(),
+            "device": backend.device_description(), "host": platform.node(), "cores": len(usable_cores()),
+            **backend.running_settings()}

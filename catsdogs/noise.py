@@ -2,7 +2,7 @@
 
 McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch Training" (2018). At the
 current weights, let g_i be the gradient of the loss on training example i (the very model and
-loss a trial trains: catsdogs.model, binary cross-entropy from the logit), over the n training
+loss a trial trains: catsdogs.training.model, binary cross-entropy from the logit), over the n training
 images. The **true gradient** is G = (1/n) sum g_i and the per-example **covariance** is
 Sigma = (1/n) sum (g_i - G)(g_i - G)^T (normalized by n: the training set is the population).
 A batch of B examples drawn uniformly **with replacement** has mean gradient G_B with

@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=4, help="trials each way [4]")
     ap.add_argument("--batch-size", type=int, default=32)
     a = ap.parse_args()
-    from catsdogs.data.manifest import require_prepared
+    from catsdogs.manifest import require_prepared
     from catsdogs.schema import TrialConfig
     from catsdogs.training import backends
 

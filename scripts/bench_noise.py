@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs.data.manifest import require_prepared
+from catsdogs.manifest import require_prepared
 from catsdogs.noise import NoiseSettings
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.training import backends

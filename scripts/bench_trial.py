@@ -232,7 +232,7 @@ def _apply_variant(variant: str) -> set[str]:
         loading.load_split = load_float
 
         def build_float(size: int = SIZE):
-            """catsdogs.model.build_model with float32 pixels in, so no Rescaling layer; the
+            """catsdogs.training.model.build_model with float32 pixels in, so no Rescaling layer; the
             last layer outputs the logit, as the model does (the loss applies the sigmoid)."""
             return keras.Sequential([
                 keras.Input((size, size, 3)),
@@ -281,8 +281,8 @@ def child_trial_ours(args) -> dict:
     import keras  # noqa: F401
     import tensorflow as tf  # noqa: F401
 
-    from catsdogs.costs import train_flops_per_image
     from catsdogs.schema import TrialConfig
+    from catsdogs.training.costs import train_flops_per_image
     from catsdogs.training.engine import run_trial
 
     set_threads(args.threads)

@@ -29,10 +29,10 @@ def study(data_dir: Path, optimizer: str, batch_size: int, seed: int, warmup_epo
     import numpy as np
 
     from catsdogs.data import loading as data
-    from catsdogs.data.manifest import require_prepared
-    from catsdogs.model import build_model, loss_and_metrics
+    from catsdogs.manifest import require_prepared
     from catsdogs.schema import TrialConfig, plan_steps
     from catsdogs.training.engine import inspection_model, make_optimizer
+    from catsdogs.training.model import build_model, loss_and_metrics
 
     manifest = require_prepared(data_dir)
     splits = data.load_dataset(data_dir, "standard")

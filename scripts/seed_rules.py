@@ -20,7 +20,7 @@ from pathlib import Path
 from catsdogs import config
 from catsdogs.analysis import claims
 from catsdogs.analysis.rows import load_trials, sweep_config
-from catsdogs.data.manifest import test_images
+from catsdogs.manifest import test_images
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.seeds import interval
 from catsdogs.store import store_path

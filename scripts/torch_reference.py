@@ -1,6 +1,6 @@
 """The article's model in native PyTorch: the reference catsdogs' profile is held to on a GPU.
 
-The same network as catsdogs.model (Conv2D(32, 3x3, same) + ReLU, MaxPool 2x2, Flatten, Dense(128)
+The same network as catsdogs.training.model (Conv2D(32, 3x3, same) + ReLU, MaxPool 2x2, Flatten, Dense(128)
 + ReLU, Dense(1) on the logit; binary cross-entropy from the logit; Adam at Keras's defaults),
 the images uint8 on the device and scaled by 1/255 in the model, as catsdogs feeds them. Each
 batch size is warmed up, then `--steps` training steps are timed with CUDA events (on a CPU with

@@ -21,10 +21,10 @@ from click.testing import CliRunner
 
 from catsdogs.analysis import tables
 from catsdogs.cli import cli
-from catsdogs.costs import predict_max_batch_size_planned
 from catsdogs.schema import TrialConfig
 from catsdogs.training.backends import jax as jax_backend
 from catsdogs.training.backends import tensorflow as tf_backend
+from catsdogs.training.costs import predict_max_batch_size_planned
 
 SIZE = 32
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,7 +178,7 @@ def test_mirrored_on_jax_is_data_parallel_over_two_host_devices(data_dir, tmp_pa
 
 SATURATED_GRADIENT = """
 import jax, jax.numpy as jnp, numpy as np
-from catsdogs.model import build_model, loss_and_metrics
+from catsdogs.training.model import build_model, loss_and_metrics
 model = build_model(8)
 loss, _ = loss_and_metrics()
 model.layers[-1].bias.assign(np.array([30.0], "float32"))  # every image: "dog", sure of it

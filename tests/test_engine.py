@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from catsdogs.data.manifest import require_prepared
 from catsdogs.host import oom_kills
+from catsdogs.manifest import require_prepared
 from catsdogs.messages import PeakTask, TrialTask
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.store import Store
@@ -75,8 +75,8 @@ def test_the_digest_is_every_weights_bytes_hashed_in_order_as_before(monkeypatch
     import keras
     import numpy as np
 
-    from catsdogs.model import build_model
     from catsdogs.training.engine import start_weights_digest, weights_digest
+    from catsdogs.training.model import build_model
 
     # given a model with weights of its own
     keras.utils.set_random_seed(5)

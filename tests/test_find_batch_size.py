@@ -15,15 +15,6 @@ import pytest
 from click.testing import CliRunner
 
 from catsdogs.cli import cli
-from catsdogs.costs import (
-    bfc_replay,
-    parameter_count,
-    predict_max_batch_size,
-    predicted_peak_bytes,
-    state_bytes,
-    step_allocations,
-    tensor_bytes,
-)
 from catsdogs.measure import find_batch_size as findbs
 from catsdogs.measure.find_batch_size import (
     PROBE_COLUMNS,
@@ -35,6 +26,15 @@ from catsdogs.measure.find_batch_size import (
 )
 from catsdogs.measure.profile import format_bytes, parse_memory
 from catsdogs.messages import ProbeRecord, ProbeTask
+from catsdogs.training.costs import (
+    bfc_replay,
+    parameter_count,
+    predict_max_batch_size,
+    predicted_peak_bytes,
+    state_bytes,
+    step_allocations,
+    tensor_bytes,
+)
 from catsdogs.training.worker import run_isolated
 
 SIZE = 64

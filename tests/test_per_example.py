@@ -15,7 +15,7 @@ CHECK = r"""
 import json, os, sys
 import numpy as np
 import keras
-from catsdogs.model import build_model, loss_and_metrics
+from catsdogs.training.model import build_model, loss_and_metrics
 from catsdogs.training import backends
 
 backend = backends.current()
@@ -77,8 +77,8 @@ def test_a_model_measured_is_freed_with_the_cache_its_caller_keeps():
 
     import numpy as np
 
-    from catsdogs.model import build_model
     from catsdogs.training.backends import tensorflow as tf_backend
+    from catsdogs.training.model import build_model
 
     # given a model whose Gram matrix was computed, its compiled function kept in the caller's cache
     model = build_model(16)

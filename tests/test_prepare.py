@@ -23,9 +23,9 @@ from PIL import Image
 from catsdogs import config
 from catsdogs.cli import cli
 from catsdogs.data import prepare as prep_module
-from catsdogs.data.manifest import load_manifest, require_prepared
 from catsdogs.data.prepare import folder_fingerprint, prepare
 from catsdogs.errors import ArchiveError, CatsdogsError, ChecksumError, DownloadError
+from catsdogs.manifest import load_manifest, require_prepared
 
 CLASSES = config.CLASSES
 SPLITS = config.SPLIT_NAMES

@@ -42,8 +42,8 @@ def rows(out: Path, name: str) -> list[dict]:
 
 def test_article_model_has_40961153_parameters_at_200px():
     # given the article's model at its input size, built but not trained
-    from catsdogs.costs import parameter_count
-    from catsdogs.model import build_model
+    from catsdogs.training.costs import parameter_count
+    from catsdogs.training.model import build_model
 
     model = build_model(200)
     # then its parameter count is the article's, layer by layer

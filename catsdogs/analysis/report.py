@@ -20,8 +20,8 @@ from catsdogs.analysis.markdown import csv_text, markdown
 from catsdogs.analysis.plots import make_collapse_figure, make_figure, make_noise_figure
 from catsdogs.analysis.rows import data_source_kind, load_trials, sweep_config
 from catsdogs.analysis.tables import adaptive_state, status_counts, summarize
-from catsdogs.data.manifest import test_images
 from catsdogs.files import write_text_atomic
+from catsdogs.manifest import test_images
 from catsdogs.plotting import save_figure
 from catsdogs.schema import UNFINISHED, Status
 from catsdogs.store import store_path

@@ -42,10 +42,10 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from catsdogs import config
-from catsdogs.data.manifest import FORMAT, MANIFEST, count_files, load_manifest
+from catsdogs.manifest import FORMAT, MANIFEST, count_files, load_manifest
 from catsdogs.errors import ArchiveError, CatsdogsError, ChecksumError, DownloadError, SettingError
 from catsdogs.files import write_json_atomic
-from catsdogs.provenance import versions
+from catsdogs.host import versions
 from catsdogs.schema import check_prepare, check_sha256
 
 WORKERS = os.cpu_count() or 1  # one decode process per core: decoding is the cost

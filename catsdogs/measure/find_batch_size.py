@@ -26,7 +26,7 @@ when the search starts. "Fits" means the probe's peak memory stayed under the ca
 
 The prediction comes first: after the batch-size-1 probe (the calibration) and before the search,
 so it uses no probe above its calibration. On TensorFlow the step's allocations replayed through
-a model of its BFC allocator (catsdogs.costs.predict_max_batch_size: on the CPU, the pages its
+a model of its BFC allocator (catsdogs.training.costs.predict_max_batch_size: on the CPU, the pages its
 growing regions have had written), arithmetic in this process; on JAX, whose
 compiler fuses ops and assigns buffers itself, XLA's own plan of the step
 (costs.predict_max_batch_size_planned), compiled at a few batch sizes in a worker of its own.
@@ -285,10 +285,10 @@ def find_batch_size(name: str, data_dir: Path, out: Path = Path(config.DEFAULT_O
     when not even batch size 1 fits (after writing the records). `isolate`: a fresh worker
     process for every probe; `deterministic`, `tf32`: every worker's process settings;
     `worker_env`: more of their environment (the compile cache)."""
-    from catsdogs.data.manifest import require_prepared
+    from catsdogs.host import versions
+    from catsdogs.manifest import require_prepared
     from catsdogs.measure import profile as prof
     from catsdogs.measure.prober import Prober
-    from catsdogs.provenance import versions
 
     prof.check_settings([start], optimizer, dataset, precision, steps, warmup)
     if mode not in MODES:
@@ -476,7 +476,7 @@ def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size
 
     cap_bytes, peak_bytes = cap_mb * 2**20, calib.peak_memory_mb * 2**20
     if backends.current().compiled_step_bytes is None:
-        from catsdogs.costs import predict_max_batch_size
+        from catsdogs.training.costs import predict_max_batch_size
 
         device = "cpu" if calib.memory_kind == "cpu-rss" else "gpu"
         return {**predict_max_batch_size(cap_bytes, CALIBRATION_BATCH, peak_bytes, size, optimizer, precision,
@@ -499,7 +499,7 @@ def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size
 def _predicted_peak_bytes(pred: dict, batch: int, s: dict) -> float:
     """A probe's peak by the prediction: the BFC replay's, or the line of XLA's plan."""
     if pred["method"] == "bfc":
-        from catsdogs.costs import predicted_peak_bytes
+        from catsdogs.training.costs import predicted_peak_bytes
 
         return predicted_peak_bytes(batch, pred["baseline_bytes"], s["image_size"], s["optimizer"], s["precision"],
                                     pred["train_images"], pred["device"], pred["steps"])

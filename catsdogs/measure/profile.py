@@ -190,9 +190,9 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
 
     Returns the rows (one per batch size, in the order given). Raises CatsdogsError when the
     data is not prepared, SettingError for impossible settings."""
-    from catsdogs.data.manifest import require_prepared
+    from catsdogs.host import versions
+    from catsdogs.manifest import require_prepared
     from catsdogs.measure.prober import Prober
-    from catsdogs.provenance import versions
 
     check_settings(batch_sizes, optimizer, dataset, precision, steps, warmup)
     manifest = require_prepared(Path(data_dir))

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from catsdogs import config, schema
-from catsdogs.data.manifest import load_manifest
 from catsdogs.errors import SettingError
+from catsdogs.manifest import load_manifest
 from catsdogs.noise import NoiseSettings
 from catsdogs.schema import PROTOCOL_FIELDS, TrialConfig
 

@@ -29,11 +29,10 @@ from collections import OrderedDict
 from pathlib import Path
 
 from catsdogs import noise
-from catsdogs.costs import OPTIMIZER_SLOTS, parameter_count, train_flops_per_image
 from catsdogs.data import loading
-from catsdogs.data.manifest import require_prepared
 from catsdogs.errors import CatsdogsError
-from catsdogs.host import NvmlSampler, rss_mb
+from catsdogs.host import NvmlSampler, environment, rss_mb
+from catsdogs.manifest import require_prepared
 from catsdogs.messages import (
     MemoryPlan,
     MemoryPlanTask,
@@ -45,10 +44,10 @@ from catsdogs.messages import (
     TrialRecord,
     TrialTask,
 )
-from catsdogs.model import build_model, loss_and_metrics
-from catsdogs.provenance import environment
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.training import backends
+from catsdogs.training.costs import OPTIMIZER_SLOTS, parameter_count, train_flops_per_image
+from catsdogs.training.model import build_model, loss_and_metrics
 
 # The compiled steps a worker keeps: at most this share of the memory that holds them (the
 # GPU's, else the host's). At 200 px one Adam step holds ~0.66 GB (weights, gradients, two
@@ -569,12 +568,12 @@ def run_memory_plan(task: MemoryPlanTask) -> MemoryPlan:
     """The largest batch size under `cap_bytes` by the compiler's memory plan (backends whose
     compiler states one: JAX), its baseline from a measured probe (`calibration_peak_bytes` at
     `calibration_batch`). Compiles the probe's step at a few batch sizes; runs nothing."""
-    from catsdogs.costs import predict_max_batch_size_planned
+    from catsdogs.training.costs import predict_max_batch_size_planned
 
     backend = backends.current()
     backend.start()
     if backend.compiled_step_bytes is None:
-        raise CatsdogsError(f"{backend.NAME} states no memory plan: use catsdogs.costs' analytic model")
+        raise CatsdogsError(f"{backend.NAME} states no memory plan: use catsdogs.training.costs' analytic model")
     manifest = require_prepared(Path(task.data_dir))
     size = manifest["params"]["size"]
     cfg = TrialConfig(task.optimizer, int(task.calibration_batch), task.dataset, 0, epochs=1,

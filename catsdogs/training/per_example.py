@@ -14,10 +14,10 @@ example i's loss with respect to the layer's pre-activation,
 so the per-example **gradient Gram matrix** K_ij = g_i . g_j of a batch costs about one training
 step, and any batch's mean gradient has |G_S|^2 = (1/|S|^2) sum_{i,j in S} K_ij.
 
-The model is the sweep's own (catsdogs.model), run by its own layers: weightless layers
+The model is the sweep's own (catsdogs.training.model), run by its own layers: weightless layers
 (Rescaling, MaxPooling2D, Flatten) are called as they are; Dense and Conv2D compute their
 pre-activation with the layer's own kernel, bias and `convolution_op`, as their `call` does, then
-their own activation. The loss is catsdogs.model's, binary cross-entropy from the logit, per
+their own activation. The loss is catsdogs.training.model's, binary cross-entropy from the logit, per
 example. A zero perturbation added to each pre-activation is what the backend differentiates
 with respect to (`taps`): its gradient is d_i. Pure keras.ops, so both backends share it; each
 wraps it with its own autodiff and compiler (backends.*.per_example_gram). Nothing is assigned:

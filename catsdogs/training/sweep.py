@@ -23,11 +23,11 @@ from pathlib import Path
 
 from catsdogs import config
 from catsdogs import noise as noise_scale
-from catsdogs.data.manifest import require_prepared, test_images
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.files import write_json_atomic
+from catsdogs.host import versions
+from catsdogs.manifest import require_prepared, test_images
 from catsdogs.messages import TrialRecord, TrialTask
-from catsdogs.provenance import versions
 from catsdogs.schema import FINISHED, Status, TrialConfig
 from catsdogs.seeds import next_seeds
 from catsdogs.store import Store, store_path

@@ -459,7 +459,7 @@ def compiled_step_bytes(model, batch_size: int, image_size: int) -> int:
     autotunes, whose scratch memory is not in the plan).
 
     The memory model of this backend: XLA fuses ops and assigns buffers itself, so which
-    tensors live at the peak is the compiler's choice, not the layers' (catsdogs.model's
+    tensors live at the peak is the compiler's choice, not the layers' (catsdogs.training.model's
     per-tensor accounting is TensorFlow's). Uses two Keras internals, the ones `fit` uses to
     build the model's metrics and to gather its state."""
     import jax

@@ -336,7 +336,7 @@ def memory_budget_bytes() -> int | None:
     return host_memory_bytes()
 
 
-# TensorFlow offers no memory plan before a step runs: catsdogs.costs' analytic model (each
+# TensorFlow offers no memory plan before a step runs: catsdogs.training.costs' analytic model (each
 # tensor's lifetime in TensorFlow's unfused graph) stands for it. See backends.jax.
 compiled_step_bytes = None
 

@@ -1,4 +1,4 @@
-"""The article's model and its loss (what it costs, without a framework: catsdogs.costs)."""
+"""The article's model and its loss (what it costs, without a framework: catsdogs.training.costs)."""
 
 from __future__ import annotations
 

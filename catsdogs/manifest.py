@@ -1,8 +1,11 @@
-"""The prepared data's manifest: the mark of a finished prepare, and the data's identity.
+"""The prepared data's manifest: the contract between the data stage and every stage after it.
 
-`prepare` writes data/manifest.json last; everything downstream (the sweep's plan, the
-worker's data cache, profile, find-batch-size) reads it through `require_prepared`, and
-names the images a trial trained on by the manifest's fingerprints.
+`catsdogs prepare` (catsdogs.data) writes data/manifest.json last, so it is the mark of a
+finished prepare; everything downstream reads it through `require_prepared` and nothing else of
+how the data was made: the plans (the trials' data fingerprints), the worker's data cache and the
+sweep (training), profile and find-batch-size (measure), the report (analysis: the test split's
+size). A trial names the images it trained on by the manifest's fingerprints. Like the schema
+and the store, it lives at the package root, shared by the stages and part of none.
 """
 
 from __future__ import annotations
