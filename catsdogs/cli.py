@@ -17,6 +17,8 @@ from click.core import ParameterSource
 
 from catsdogs import __version__, config, plans, schema
 from catsdogs.errors import CatsdogsError, SettingError
+from catsdogs.measure.find_batch_size import FindSettings
+from catsdogs.measure.search import MODES as SEARCH_MODES
 from catsdogs.schema import PROTOCOL_FIELDS
 
 
@@ -135,7 +137,7 @@ def _checked(rule):
 
 
 def _memory(value: str) -> int:
-    from catsdogs.measure.profile import parse_memory
+    from catsdogs.measure.common import parse_memory
 
     return parse_memory(value)
 
@@ -364,8 +366,8 @@ def sweep(ctx, **values):
     that fails or runs out of memory takes its worker with it, and the next gets a fresh one.
     Each outcome (done, failed, oom) goes to OUT/results.sqlite and OUT/NAME/results.csv.
     Run the same command again to resume."""
-    from catsdogs.training import backends
-    from catsdogs.training import sweep as sw
+    from catsdogs.training.study import run_plan
+    from catsdogs.training.sweep import succeeded
 
     # Without a plan every option counts, its default too; with one, only those given.
     counted = (lambda k: True) if values["plan"] is None else (lambda k: given(ctx, k))
@@ -373,29 +375,12 @@ def sweep(ctx, **values):
     top = {k: values[k] for k in ("seeds", "name", "target_ci", "max_seeds", "noise_scale", *schema.PROCESS_FIELDS)
            if counted(k) and values[k] is not None}
     plan = plans.with_overrides(values["plan"] or plans.command_line_plan(), top, grid)
-    data_dir = plans.data_dir(plan, values["data_dir"])
-    trials = plans.trials(plan, data_dir, backends.check())
-    workers = values["workers"]
-    sw.check_workers(trials, workers)
-    if values["dry_run"]:
-        for line in sw.describe(trials, values["out"]):
-            click.echo(line)
-        return 0
-    slots = None
-    if values["runner"] == "ray":
-        from catsdogs.training import ray_runner
-
-        explicit = given(ctx, "workers")
-        slots, workers = ray_runner.make_slots(values["ray_address"], workers=workers if explicit else None,
-                                               isolate=values["isolate"], log=click.echo,
-                                               env=worker_env(values["compile_cache"]))
-    target_ci, max_seeds = plans.adaptive(plan)
-    counts = sw.run(plan.name, trials, data_dir, values["out"], target_ci=target_ci, max_seeds=max_seeds,
-                    overwrite=values["overwrite"], retry_failed=values["retry_failed"], log=click.echo,
-                    sweep_config={"plan": plan.settings, "plan_origin": plan.origin}, workers=workers,
-                    isolate=values["isolate"], slots=slots, noise=plans.noise_settings(plan),
-                    worker_env=worker_env(values["compile_cache"]))
-    return 0 if sw.succeeded(counts, counts["trials"]) else 1
+    counts = run_plan(plan, plans.data_dir(plan, values["data_dir"]), values["out"], runner=values["runner"],
+                      workers=values["workers"] if given(ctx, "workers") else None, isolate=values["isolate"],
+                      ray_address=values["ray_address"], worker_env=worker_env(values["compile_cache"]),
+                      overwrite=values["overwrite"], retry_failed=values["retry_failed"],
+                      dry_run=values["dry_run"], log=click.echo)
+    return 0 if counts.get("dry_run") or succeeded(counts, counts["trials"]) else 1
 
 
 def _plan_value(value):
@@ -458,30 +443,33 @@ def profile(batch_size, steps, warmup, min_seconds, name, opt, dataset, precisio
     return 1 if any(r["status"] == schema.Status.FAILED for r in rows) else 0
 
 
+FIND = FindSettings()  # find-batch-size's defaults, which the options show
+
+
 @cli.command("find-batch-size", cls=TrainingCommand)
-@click.option("--mode", type=click.Choice(["power", "binsearch"]), default="binsearch", show_default=True,
+@click.option("--mode", type=click.Choice(SEARCH_MODES), default=FIND.mode, show_default=True,
               help="power: double from --start until a probe runs out of memory; binsearch: then bisect "
                    "between the last size that fit and the first that did not.")
-@click.option("--start", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--start", type=click.IntRange(min=1), default=FIND.start, show_default=True,
               help="First batch size (halved while it does not fit).")
-@click.option("--max", "max_batch", type=click.IntRange(min=1), default=None,
+@click.option("--max", "max_batch", type=click.IntRange(min=1), default=FIND.max_batch,
               help="Largest batch size to try (probed itself when doubling would pass it).")
-@click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+@click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=FIND.margin, show_default=True,
               help="Safety fraction taken off the largest size that fits, then rounded down to a "
                    "multiple of 8 (a power of two below 8); 0 keeps the largest as is.")
-@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--steps", type=click.IntRange(min=1), default=FIND.steps, show_default=True,
               help="Timed training steps per probe, after one warm-up step.")
-@click.option("--resolution", type=click.IntRange(min=1), default=None,
+@click.option("--resolution", type=click.IntRange(min=1), default=FIND.resolution,
               help="Stop bisecting when the gap is this small [default: 8, or an eighth of the "
                    "largest size that fits when smaller].")
-@click.option("--noise-scale/--no-noise-scale", default=True, show_default=True,
+@click.option("--noise-scale/--no-noise-scale", "measure_noise", default=FIND.measure_noise, show_default=True,
               help="Before the search, measure the gradient noise scale (the critical batch size, beyond "
                    "which a larger batch buys few steps) on the data's first epoch at batch size 32, in "
                    "well under a minute at 64 px on a CPU; the recommendation then stays at or below it "
                    "and scales the learning rate by the paper's rule. --no-noise-scale skips it.")
-@name_option("find-batch-size", "Name of the run: OUT/NAME/find_batch_size.json and .csv.")
+@name_option(FIND.name, "Name of the run: OUT/NAME/find_batch_size.json and .csv.")
 @MEASUREMENT_OPTIONS
-def find_batch_size(mode, start, max_batch, margin, steps, resolution, noise_scale, name, opt, dataset, precision,
+def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, name, opt, dataset, precision,
                     memory_limit, deterministic, tf32, data_dir, out, isolate, compile_cache):
     """The largest batch size that fits, the fastest, the critical one, and which to train with.
 
@@ -493,10 +481,11 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, noise_sca
     is the cap, and on the CPU 90% of the memory available when the search starts."""
     from catsdogs.measure.find_batch_size import find_batch_size as run
 
-    run(name, data_dir or config.default_data_dir(), out, mode=mode, start=start, max_batch=max_batch,
-        margin=margin, optimizer=opt, dataset=dataset, precision=precision, steps=steps,
-        memory_cap_bytes=memory_limit, resolution=resolution, isolate=isolate, noise_scale=noise_scale,
-        deterministic=deterministic is not False, tf32=tf32, worker_env=worker_env(compile_cache), log=click.echo)
+    settings = FindSettings(name, mode, start, max_batch, margin, opt, dataset, precision, steps,
+                            memory_cap_bytes=memory_limit, resolution=resolution, isolate=isolate,
+                            measure_noise=measure_noise, deterministic=deterministic is not False, tf32=tf32,
+                            worker_env=worker_env(compile_cache))
+    run(settings, data_dir or config.default_data_dir(), out, log=click.echo)
     return 0
 
 
@@ -558,17 +547,15 @@ def reproduce(plan, source, seeds, target_ci, max_seeds, noise_scale, determinis
     in OUT/NAME/ (see `catsdogs report --help`), the prepared images in the plan's data_dir
     (else ./data)."""
     from catsdogs.reproduce import reproduce as run
-    from catsdogs.training import backends
+    from catsdogs.training.sweep import succeeded
 
     top = {k: v for k, v in (("seeds", seeds), ("name", name), ("target_ci", target_ci), ("max_seeds", max_seeds),
                              ("noise_scale", noise_scale), ("deterministic", deterministic), ("tf32", tf32))
            if v is not None}
     plan = plans.with_overrides(plan, top, {})
-    result = run(plan, data_dir=plans.data_dir(plan, data_dir), out=out, backend=backends.check(), source=source,
-                 workers=workers, isolate=isolate, overwrite=overwrite, log=click.echo,
-                 progress=not quiet and sys.stderr.isatty(), worker_env=worker_env(compile_cache))
-    from catsdogs.training.sweep import succeeded
-
+    result = run(plan, data_dir=plans.data_dir(plan, data_dir), out=out, source=source, workers=workers,
+                 isolate=isolate, overwrite=overwrite, log=click.echo, progress=not quiet and sys.stderr.isatty(),
+                 worker_env=worker_env(compile_cache))
     return 0 if succeeded(result["counts"], result["trials"]) else 1
 
 

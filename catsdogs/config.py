@@ -39,7 +39,7 @@ SEEDS = 3  # the article ran each point once; three seeds show the spread
 # seeds, up to this many. Bimodal cells (some seeds collapse) need ~40 for ±5 points: 20 caps the
 # cost of one cell at 7x a 3-seed cell and still halves a 3-seed interval's width several times.
 MAX_SEEDS = 20
-# The gradient noise scale (catsdogs.noise; `sweep --noise-scale`, find-batch-size). A measurement
+# The gradient noise scale (catsdogs.gradient_noise; `sweep --noise-scale`, find-batch-size). A measurement
 # is NOISE_PAIRS large batches, each NOISE_MICROS micro-batches of NOISE_MICRO images drawn with
 # replacement: 80 images' per-example gradients. Sized so that measuring at a trial's start and
 # after each of its epochs costs at most 15% of its training at 64 px (scripts/bench_noise.py);

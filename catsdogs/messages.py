@@ -90,7 +90,7 @@ class TrialRecord(Record):
     initial_logit_abs: float | None = _field(csv=True)
     initial_logit_sd: float | None = _field()
     history: list | None = _field()  # per epoch: loss, accuracy, val_loss, val_accuracy, seconds
-    # the gradient noise scale B_simple (catsdogs.noise; sweep --noise-scale), measured after the
+    # the gradient noise scale B_simple (catsdogs.gradient_noise; sweep --noise-scale), measured after the
     # last epoch: the estimate (None: the noise dominated, low is then a lower bound), its 95%
     # interval (high None: unbounded above); each epoch's is in `history`, the start's here
     noise_scale: float | None = _field(csv=True)
@@ -209,13 +209,14 @@ class MemoryPlan(Record):
 @dataclass(frozen=True)
 class TrialTask:
     """Train and test `config` on the prepared data in `data_dir` (an absolute path), recording
-    the gradient noise scale as `noise` (catsdogs.noise.NoiseSettings, as a dict) says."""
+    the gradient noise scale as `noise_sampling` (catsdogs.gradient_noise.NoiseSampling, as a
+    dict) says."""
 
     KIND: ClassVar[str] = "trial"
     RECORD: ClassVar[type] = TrialRecord
     config: TrialConfig
     data_dir: str
-    noise: dict | None = None  # measure the noise scale with these NoiseSettings; not the trial's identity
+    noise_sampling: dict | None = None  # measure the noise scale so (None: not); not the trial's identity
 
 
 @dataclass(frozen=True)

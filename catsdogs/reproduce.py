@@ -1,8 +1,9 @@
 """The whole article in one call: prepare -> every grid of a plan in one sweep -> report.
 
 A plan (catsdogs.plans; the format is in docs/usage.md, "Plans") says what to prepare and which
-grids to train. All grids go into one sweep, so a trial two grids share (the Adam / standard
-points of the article's two figures) runs once. Resumable like every sweep.
+grids to train. All grids go into one sweep (catsdogs.training.study.run_plan, as `catsdogs
+sweep --config` runs them), so a trial two grids share (the Adam / standard points of the
+article's two figures) runs once. Resumable like every sweep.
 """
 
 from __future__ import annotations
@@ -10,18 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs.plans import Plan, adaptive, noise_settings, trials
+from catsdogs.plans import Plan
 from catsdogs.schema import parse_split
 
 
-def reproduce(plan: Plan, *, data_dir: Path, out: Path, backend: str, source: str | None = None,
-              workers: int = 1, isolate: bool = False, overwrite: bool = False, log=print,
-              progress: bool = False, slots=None, worker_env: dict | None = None) -> dict:
-    """prepare -> sweep (all grids, shared trials once) -> report; `source` overrides the plan's,
-    `backend` is the Keras backend the workers train on."""
+def reproduce(plan: Plan, *, data_dir: Path, out: Path, source: str | None = None, workers: int = 1,
+              isolate: bool = False, overwrite: bool = False, log=print, progress: bool = False, slots=None,
+              worker_env: dict | None = None) -> dict:
+    """prepare -> sweep (all grids, shared trials once) -> report; `source` overrides the plan's.
+    {"counts": the sweep's status counts, "trials": how many it ended with, "report": its files}."""
     from catsdogs.analysis.report import report
     from catsdogs.data.prepare import prepare
-    from catsdogs.training.sweep import run
+    from catsdogs.training.study import run_plan
 
     p = plan.settings.get("prepare", {})
     sha256 = None if p.get("verify") is False else p.get("sha256", config.ARCHIVE_SHA256)
@@ -30,13 +31,9 @@ def reproduce(plan: Plan, *, data_dir: Path, out: Path, backend: str, source: st
                        per_class=p.get("per_class", config.PER_CLASS), split=parse_split(p.get("split", config.SPLIT)),
                        size=p.get("size", config.IMAGE_SIZE), seed=p.get("seed", config.SEED),
                        log=log, progress=progress)
-    grid = trials(plan, data_dir, backend)
-    log(f"== sweep {plan.name}: {len(grid)} trials")
-    target_ci, max_seeds = adaptive(plan)
-    counts = run(plan.name, grid, data_dir, out, target_ci=target_ci, max_seeds=max_seeds,
-                 overwrite=overwrite, log=log, workers=workers, isolate=isolate, slots=slots,
-                 sweep_config={"plan": plan.settings, "plan_origin": plan.origin}, noise=noise_settings(plan),
-                 worker_env=worker_env)
+    log(f"== sweep {plan.name}")
+    counts = run_plan(plan, data_dir, out, workers=workers, isolate=isolate, worker_env=worker_env, slots=slots,
+                      overwrite=overwrite, log=log)
     note = plan.settings.get("note") or ("synthetic data" if manifest["source"]["kind"] == "synthetic" else None)
     log("== report")
     paths = report(plan.name, out, note=note, log=log)

@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from catsdogs.measure.find_batch_size import find_batch_size
-from catsdogs.measure.profile import format_bytes, parse_memory
+from catsdogs.measure.common import format_bytes, parse_memory
+from catsdogs.measure.find_batch_size import FindSettings, find_batch_size
 
 TARGET_PERCENT = 15.0
 
@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
                 cap = parse_memory(text)
                 t0 = time.time()
                 print(f"{backend}, {data_dir}, cap {format_bytes(cap)}: searching ...", flush=True)
-                s = find_batch_size(f"{backend}-{data_dir.name}-{text}", data_dir, args.out, mode="binsearch",
-                                    start=args.start, margin=0.0, optimizer=args.opt, precision=args.precision,
-                                    steps=args.steps, memory_cap_bytes=cap, resolution=args.resolution,
-                                    log=print if args.verbose else (lambda line: None))
+                settings = FindSettings(f"{backend}-{data_dir.name}-{text}", mode="binsearch", start=args.start,
+                                        margin=0.0, optimizer=args.opt, precision=args.precision, steps=args.steps,
+                                        memory_cap_bytes=cap, resolution=args.resolution)
+                s = find_batch_size(settings, data_dir, args.out, log=print if args.verbose else (lambda line: None))
                 pred = s["prediction"] or {}
                 row = {"backend": backend, "image_size": s["settings"]["image_size"], "cap": format_bytes(cap),
                        "measured": s["largest_fitting"], "not_fitting": s["first_not_fitting"],

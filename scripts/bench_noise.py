@@ -22,11 +22,11 @@ import tempfile
 from pathlib import Path
 
 from catsdogs import config
+from catsdogs.gradient_noise import NoiseSampling
 from catsdogs.manifest import require_prepared
-from catsdogs.noise import NoiseSettings
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.training import backends
-from catsdogs.training.sweep import LocalSlot
+from catsdogs.training.worker import LocalSlot
 
 TARGET = 0.15  # the recording's share of a trial's training time, at most (batch sizes 16 and above)
 
@@ -40,10 +40,10 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=config.EPOCHS, help=f"[{config.EPOCHS}]")
     args = ap.parse_args()
     manifest = require_prepared(args.data_dir)
-    settings = NoiseSettings()
+    sampling = NoiseSampling()
     backend = backends.name()
     print(f"{backend}, {manifest['params']['size']} px, {args.opt}, {args.epochs} epochs; measurement: "
-          f"{settings.pairs} pairs of {settings.micro} and {settings.large} images, at the start and after "
+          f"{sampling.pairs} pairs of {sampling.micro} and {sampling.large} images, at the start and after "
           "each epoch", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as work:
@@ -58,7 +58,7 @@ def main() -> int:
                     order = (False, True) if seed % 2 == 0 else (True, False)
                     got = {}
                     for recorded in order:
-                        r = slot.run(cfg, args.data_dir, noise=settings.as_dict() if recorded else None)
+                        r = slot.run(cfg, args.data_dir, noise_sampling=sampling.as_dict() if recorded else None)
                         if r.status != Status.DONE:
                             sys.exit(f"batch size {bs}, seed {seed}: {r.status}: {r.error}")
                         got[recorded] = r

@@ -220,7 +220,7 @@ def _apply_variant(variant: str) -> set[str]:
         from keras import layers
 
         from catsdogs.data import loading
-        from catsdogs.training import engine
+        from catsdogs.training import steps
 
         load = loading.load_split
 
@@ -243,7 +243,7 @@ def _apply_variant(variant: str) -> set[str]:
                 layers.Dense(1, dtype="float32"),
             ])
 
-        engine.build_model = build_float  # the engine builds (and rebuilds, per seed) by this name
+        steps.build_model = build_float  # a worker's steps build (and rebuild, per seed) by this name
     return parts
 
 
@@ -251,10 +251,10 @@ def _cpu_timer(cpu: dict):
     """Wrap the engine's epoch timer so it also sums the process CPU time of training."""
     from catsdogs.training import engine as trial
 
-    make = trial._epoch_timer
+    make = trial.EpochTimer
 
-    def timed(n_epochs, on_epoch):
-        t = make(n_epochs, on_epoch)
+    def timed(n_epochs, on_epoch=None, *args, **kwargs):
+        t = make(n_epochs, on_epoch, *args, **kwargs)
         begin, test_begin, end = t.on_epoch_begin, t.on_test_begin, t.on_epoch_end
         state = {}
 
@@ -274,7 +274,7 @@ def _cpu_timer(cpu: dict):
         t.on_epoch_begin, t.on_test_begin, t.on_epoch_end = on_epoch_begin, on_test_begin, on_epoch_end
         return t
 
-    trial._epoch_timer = timed
+    trial.EpochTimer = timed
 
 
 def child_trial_ours(args) -> dict:

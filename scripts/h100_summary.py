@@ -4,7 +4,7 @@
     python scripts/h100_summary.py profile --csv profile.csv [--torch torch.json] --label "..."
     python scripts/h100_summary.py find --json find_batch_size.json --label "..."
 
-Prints Markdown; h100.sh appends it to $OUT/summary.md. Reads files only: no framework (catsdogs.noise
+Prints Markdown; h100.sh appends it to $OUT/summary.md. Reads files only: no framework (catsdogs.gradient_noise
 only for its wording, from the source tree).
 """
 
@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from catsdogs.noise import describe
+from catsdogs.gradient_noise import NoiseEstimate, describe
 
 
 def _median(values) -> float | None:
@@ -120,7 +120,7 @@ def find(a) -> list[str]:
     lines = [f"## {a.label}", "",
              f"- largest batch size that fits: {fit}; XLA's share of the GPU: {s.get('memory_fraction') or '—'}",
              f"- predicted before the search: {pred.get('max_batch_size')} ({pred.get('method')}): {apart}",
-             f"- noise scale after one epoch at 32: {describe(noise or None)}"
+             f"- noise scale after one epoch at 32: {describe(NoiseEstimate.from_dict(noise))}"
              + (f", measured in {noise['seconds']:.0f} s" if noise.get("seconds") is not None else ""),
              f"- recommendation: {rec.get('batch_size')} at {_num(rec.get('images_per_second'), '.0f')} images/s, "
              f"{rec.get('binding')} binds; learning rate {_num(rec.get('learning_rate'), '.3g')} "

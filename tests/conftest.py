@@ -167,15 +167,15 @@ class InProcessSlot:
         pass
 
     def shapes(self) -> set[str]:
-        from catsdogs.training import engine
+        from catsdogs.training import steps
 
-        return set(engine.STEPS.shapes())
+        return set(steps.STEPS.shapes())
 
-    def run(self, cfg, data_dir, on_epoch=None, noise=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None):
         from catsdogs.messages import TrialTask
         from catsdogs.training import engine
 
-        return engine.run_task(TrialTask(cfg, str(Path(data_dir).resolve()), noise),
+        return engine.run_task(TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling),
                                emit=lambda kind, row: on_epoch(row) if on_epoch else None)
 
     def stop(self) -> None:

@@ -95,15 +95,15 @@ def test_given_one_finished_seed_when_next_seeds_then_it_needs_another():
 
 @pytest.mark.slow
 def test_an_adaptive_sweep_adds_seeds_to_wide_cells_until_the_cap_and_resumes(data_dir, tmp_path):
-    from catsdogs.training.sweep import run
+    from catsdogs.training.study import run_adaptive_sweep
 
     # given cells that start with one seed (no interval yet) and a target of ±0.001 points
     grid = one_seed_grid(data_dir)
     lines: list[str] = []
 
     def sweep_adaptively():
-        return run("a", grid, data_dir, tmp_path, target_ci=0.001, max_seeds=3, log=lines.append,
-                   slots=lambda i, n, workdir: InProcessSlot())
+        return run_adaptive_sweep("a", grid, data_dir, tmp_path, target_ci=0.001, max_seeds=3, log=lines.append,
+                                  slots=lambda i, n, workdir: InProcessSlot())
     counts = sweep_adaptively()
     # then round 2 gives both cells seed 1, and round 3 seed 2: no cell is settled by its seeds
     # agreeing (the binomial floor of its 16 test images keeps every interval wider than ±0.001)
@@ -203,7 +203,7 @@ class CountedSlot:
     def shapes(self) -> set[str]:
         return set()
 
-    def run(self, cfg, data_dir, on_epoch=None, noise=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None):
         from catsdogs.messages import TrialRecord
         from catsdogs.schema import Status
 
@@ -218,14 +218,14 @@ class CountedSlot:
 
 
 def test_the_adaptive_rounds_share_one_set_of_slots_and_close_it_at_the_end(data_dir, tmp_path):
-    from catsdogs.training.sweep import run
+    from catsdogs.training.study import run_adaptive_sweep
 
     # given two cells whose seeds disagree, so every round adds a seed, up to 3
     grid = one_seed_grid(data_dir)
     CountedSlot.made = []
     lines: list[str] = []
-    counts = run("a", grid, data_dir, tmp_path, target_ci=0.001, max_seeds=3, workers=2, log=lines.append,
-                 slots=CountedSlot)
+    counts = run_adaptive_sweep("a", grid, data_dir, tmp_path, target_ci=0.001, max_seeds=3, workers=2,
+                                log=lines.append, slots=CountedSlot)
     # then three rounds ran 6 trials in the same two slots, closed once the rounds were over
     assert "Adaptive seeds, round 3" in "\n".join(lines) and counts["trials"] == 6
     assert len(CountedSlot.made) == 2 and sum(s.trials for s in CountedSlot.made) == 6

@@ -301,11 +301,11 @@ def test_jax_waits_for_a_dispatched_step_before_the_timer_stamps():
 def test_the_epoch_timer_stamps_the_end_of_training_after_the_steps_have_run():
     import time
 
-    from catsdogs.training.engine import _epoch_timer
+    from catsdogs.training.engine import EpochTimer
 
     # given steps that take 0.2 s more to finish than to dispatch (as JAX's do)
     rows = []
-    timer = _epoch_timer(2, rows.append, wait_for_steps=lambda model: time.sleep(0.2))
+    timer = EpochTimer(2, rows.append, wait_for_steps=lambda model: time.sleep(0.2))
     timer.set_model(object())
     # when an epoch with validation, then one without, end
     timer.on_epoch_begin(0)

@@ -10,7 +10,7 @@ from dataclasses import asdict
 import pytest
 from click.testing import CliRunner
 
-from catsdogs import noise
+from catsdogs import gradient_noise
 from catsdogs.analysis import critical
 from catsdogs.analysis.markdown import markdown
 from catsdogs.analysis.plots import make_noise_figure
@@ -19,12 +19,12 @@ from catsdogs.cli import cli
 from catsdogs.schema import Status, TrialConfig
 
 
-def measured(v) -> dict:
-    """A measurement as a trial records it: eight pairs whose ratio is v (a number), or whose
+def measured(v) -> gradient_noise.NoiseEstimate:
+    """A measurement as a trial makes it: eight pairs whose ratio is v (a number), or whose
     mean |G|^2 is below zero (v = (None, scale): the noise dominated)."""
     if isinstance(v, tuple):
-        return noise.from_pairs([-0.5, 0.3] * 4, [v[1]] * 8, floor=16)
-    return noise.from_pairs([0.9, 1.1] * 4, [0.9 * v, 1.1 * v] * 4, floor=16)
+        return gradient_noise.from_pairs([-0.5, 0.3] * 4, [v[1]] * 8, floor=16, small=1, large=16)
+    return gradient_noise.from_pairs([0.9, 1.1] * 4, [0.9 * v, 1.1 * v] * 4, floor=16, small=1, large=16)
 
 
 def row(opt="adam", bs=16, seed=0, acc=0.85, val=(0.7, 0.8, 0.85), noise_at=(20.0, 40.0, 60.0, 80.0),
@@ -36,11 +36,9 @@ def row(opt="adam", bs=16, seed=0, acc=0.85, val=(0.7, 0.8, 0.85), noise_at=(20.
     t = {"key": cfg.key(), "config": asdict(cfg), "status": Status.DONE, "test_accuracy": acc,
          "val_accuracy": val[-1], "history": history, **asdict(cfg)}
     if noise_at is not None:
-        t["initial_noise"] = {"epoch": 0, **measured(noise_at[0]), "small": 1, "large": 16}
+        t["initial_noise"] = {**measured(noise_at[0]).as_dict(), "epoch": 0}
         for h, v in zip(history, noise_at[1:], strict=True):
-            m = measured(v)
-            h.update(noise_scale=m["b_simple"], noise_scale_low=m["low"], noise_scale_high=m["high"],
-                     noise_pair_gradient_sq=m["pair_gradient_sq"], noise_pair_trace=m["pair_trace"])
+            h.update(measured(v).to_record())
     return t
 
 
@@ -58,9 +56,9 @@ def test_the_noise_table_pools_each_epochs_pairs_over_seeds():
     (group,) = table["groups"]
     (series,) = group["series"]
     # then each epoch's point is the ratio of means over both seeds' 16 pairs, with its interval
-    assert [p["epoch"] for p in series["points"]] == [0, 1, 2, 3]
-    assert [p["b_simple"] for p in series["points"]] == pytest.approx([25.0, 50.0, 100.0, 200.0])
-    assert all(p["low"] < p["b_simple"] < p["high"] and p["pairs"] == 16 for p in series["points"])
+    assert [p.epoch for p in series["points"]] == [0, 1, 2, 3]
+    assert [p.b_simple for p in series["points"]] == pytest.approx([25.0, 50.0, 100.0, 200.0])
+    assert all(p.low < p.b_simple < p.high and p.pairs == 16 and p.measurements == 2 for p in series["points"])
     assert group["label"] == "Adam, standard data" and series["label"] == "batch 16"
     assert table["sampling"] == [(1, 16, 8)] and table["missing"] == []
 
@@ -169,14 +167,13 @@ def test_well_below_and_above_use_the_ends_of_b_noises_interval():
         t["history"][2].update(spread)
     cells = {16: base, 24: cell(24, [0.85, 0.84, 0.86]), 128: cell(128, [0.6, 0.62, 0.58])}
     r = critical.evaluate("Adam", cells, 3)
-    pooled = noise.pool([{"pair_gradient_sq": spread["noise_pair_gradient_sq"] * 6,
-                          "pair_trace": spread["noise_pair_trace"] * 6, "large": 16}])
-    assert r["b_noise_low"] == pytest.approx(pooled["low"]) and r["b_noise_high"] == pytest.approx(pooled["high"])
+    pooled = gradient_noise.from_pairs(spread["noise_pair_gradient_sq"] * 6, spread["noise_pair_trace"] * 6, floor=16)
+    assert r["b_noise_low"] == pytest.approx(pooled.low) and r["b_noise_high"] == pytest.approx(pooled.high)
     # then "well below" is half the limit at the low end, "well above" twice the limit at the high end
     def limit_at(b):
         return 1.5 * (b + 16) - b
-    assert r["held_up_to"] == pytest.approx(limit_at(pooled["low"]) / 2)
-    assert r["lost_from"] == pytest.approx(2 * limit_at(pooled["high"]))
+    assert r["held_up_to"] == pytest.approx(limit_at(pooled.low) / 2)
+    assert r["lost_from"] == pytest.approx(2 * limit_at(pooled.high))
     assert r["held_up_to"] < r["limit"] / 2 < r["limit"] * 2 < r["lost_from"]
     assert {t["batch_size"] for t in r["tests"]} == {b for b in (24, 128)
                                                      if b <= r["held_up_to"] or b >= r["lost_from"]}
@@ -217,7 +214,7 @@ def test_the_plan_key_noise_scale_is_true_or_false(tmp_path):
 
     ok = tmp_path / "ok.toml"
     ok.write_text('noise_scale = true\n[grids.g]\nopt = ["adam"]\nbatch_size = [16]\n')
-    settings = plans.noise_settings(plans.load(str(ok)))
+    settings = plans.noise_sampling(plans.load(str(ok)))
     assert (settings.micro, settings.micros, settings.pairs) == (config.NOISE_MICRO, config.NOISE_MICROS,
                                                                  config.NOISE_PAIRS)
     bad = tmp_path / "bad.toml"
@@ -237,12 +234,12 @@ class NoiseSlot:
     def shapes(self):
         return set()
 
-    def run(self, cfg, data_dir, on_epoch=None, noise=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None):
         from catsdogs.messages import TrialRecord
 
-        NoiseSlot.runs.append((cfg.key(), noise))
+        NoiseSlot.runs.append((cfg.key(), noise_sampling))
         return TrialRecord(status=Status.DONE, test_accuracy=0.5, images_per_second=1.0,
-                           noise_scale=10.0 if noise else None)
+                           noise_scale=10.0 if noise_sampling else None)
 
     def stop(self):
         pass
@@ -252,40 +249,41 @@ class NoiseSlot:
 
 
 def test_noise_scale_reaches_each_trial_but_not_its_key_and_done_trials_are_not_rerun(prepared_data, tmp_path):
-    from catsdogs.noise import NoiseSettings
+    from catsdogs.gradient_noise import NoiseSampling
     from catsdogs.plans import grid_configs
     from catsdogs.training.sweep import run_sweep
 
     data = prepared_data(32)
     grid = grid_configs(["adam"], [8, 16], ["standard"], 1, 1, image_size=32, fingerprints={"standard": "x"},
                         backend="tensorflow")
-    settings = NoiseSettings()
+    settings = NoiseSampling()
     NoiseSlot.runs = []
     # given a sweep run without the noise scale
     run_sweep("s", grid, data, tmp_path, slots=NoiseSlot, log=lambda *a: None)
     assert [n for _, n in NoiseSlot.runs] == [None, None]
     # when the same sweep runs again with it
     NoiseSlot.runs = []
-    run_sweep("s", grid, data, tmp_path, slots=NoiseSlot, log=lambda *a: None, noise=settings)
+    run_sweep("s", grid, data, tmp_path, slots=NoiseSlot, log=lambda *a: None, noise_sampling=settings)
     # then nothing runs again: the same trials, keyed as before
     assert NoiseSlot.runs == []
     # and with --overwrite every trial runs, given the settings, and the sweep records them
-    run_sweep("s", grid, data, tmp_path, slots=NoiseSlot, log=lambda *a: None, noise=settings, overwrite=True)
+    run_sweep("s", grid, data, tmp_path, slots=NoiseSlot, log=lambda *a: None, noise_sampling=settings,
+              overwrite=True)
     assert sorted(NoiseSlot.runs) == sorted((c.key(), settings.as_dict()) for c in grid)
     assert json.loads((tmp_path / "s" / "sweep.json").read_text())["noise_scale"] == settings.as_dict()
 
 
 def test_the_sweep_command_passes_noise_scale_to_the_sweep(prepared_data, tmp_path, monkeypatch):
     from catsdogs import plans
-    from catsdogs.training import sweep
+    from catsdogs.training import study
 
     seen = {}
 
     def fake_run(name, trials, data_dir, out, **kwargs):
-        seen["noise"] = kwargs.get("noise")
-        return {"done": len(trials), "failed": 0, "oom": 0, "pending": 0, "running": 0, "trials": len(trials)}
+        seen["noise"] = kwargs.get("noise_sampling")
+        return {"done": len(trials), "failed": 0, "oom": 0, "pending": 0, "running": 0}
 
-    monkeypatch.setattr(sweep, "run", fake_run)
+    monkeypatch.setattr(study, "run_sweep", fake_run)
     data = prepared_data(32)
     args = ["sweep", "--data-dir", str(data), "--out", str(tmp_path), "--opt", "adam", "--batch-size", "8"]
     assert CliRunner().invoke(cli, args).exit_code == 0 and seen["noise"] is None
@@ -294,7 +292,7 @@ def test_the_sweep_command_passes_noise_scale_to_the_sweep(prepared_data, tmp_pa
     # the same settings as a plan that says noise_scale = true
     plan_file = tmp_path / "p.toml"
     plan_file.write_text('noise_scale = true\n[grids.g]\nopt = ["adam"]\nbatch_size = [8]\n')
-    assert seen["noise"] == plans.noise_settings(plans.load(str(plan_file)))
+    assert seen["noise"] == plans.noise_sampling(plans.load(str(plan_file)))
 
 
 def test_a_group_whose_measured_rates_are_neither_default_nor_chosen_is_still_drawn():
@@ -321,4 +319,4 @@ def test_trials_of_two_contexts_are_never_pooled():
     labels = sorted(g["label"] for g in table["groups"])
     assert labels == ["Adam, standard data (3 epochs, 32 px, TensorFlow)",
                       "Adam, standard data (3 epochs, 64 px, TensorFlow)"]
-    assert sorted(g["series"][0]["points"][0]["b_simple"] for g in table["groups"]) == pytest.approx([10.0, 90.0])
+    assert sorted(g["series"][0]["points"][0].b_simple for g in table["groups"]) == pytest.approx([10.0, 90.0])

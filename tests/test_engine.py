@@ -15,8 +15,8 @@ from catsdogs.messages import PeakTask, TrialTask
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.store import Store
 from catsdogs.training import backends
-from catsdogs.training.sweep import LocalSlot, claim_order, run_sweep
-from catsdogs.training.worker import Worker
+from catsdogs.training.sweep import claim_order, run_sweep
+from catsdogs.training.worker import LocalSlot, Worker
 
 SIZE = 32
 ALONE: dict[str, object] = {}  # a trial's record alone in a fresh worker, by key: made once, compared often
@@ -140,14 +140,14 @@ def without_noise(record) -> tuple:
 @pytest.mark.xdist_group("engine-alone")
 def test_recording_the_noise_scale_changes_nothing_the_trial_trains(keras_backend, data_dir, tmp_path):
     from catsdogs import config
-    from catsdogs.noise import NoiseSettings
+    from catsdogs.gradient_noise import NoiseSampling
 
     # given a trial alone in a fresh worker, and the same trial with the noise scale recorded
     target = trial(data_dir, seed=2)
-    settings = NoiseSettings()
+    sampling = NoiseSampling()
     slot = LocalSlot(0, 1, tmp_path / "noise", isolate=True)
     try:
-        recorded = slot.run(target, data_dir, noise=settings.as_dict())
+        recorded = slot.run(target, data_dir, noise_sampling=sampling.as_dict())
     finally:
         slot.close()
     plain = alone(target, data_dir, tmp_path)
@@ -170,15 +170,15 @@ def test_recording_the_noise_scale_changes_nothing_the_trial_trains(keras_backen
 @pytest.mark.slow
 @pytest.mark.xdist_group("engine-alone")
 def test_results_are_the_same_with_the_systems_allocator(data_dir, tmp_path, monkeypatch):
-    from catsdogs.training import engine
+    from catsdogs.training import engine, steps
 
     # given the trial alone in a worker, on the worker's BFC allocator, and the same trial built
     # afresh in this process, which TensorFlow started on glibc's malloc (its default)
     assert os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "false").lower() != "true"
     cfg = trial(data_dir, seed=2, backend="tensorflow")
     bfc = alone(cfg, data_dir, tmp_path)
-    engine.STEPS.clear()
-    monkeypatch.setattr(engine, "DATA", engine.DataCache())
+    steps.STEPS.clear()
+    monkeypatch.setattr(steps, "DATA", steps.DataCache())
     system = engine.run_trial(cfg, data_dir)
     # then the allocator changes nothing but time
     assert bfc.status == system.status == Status.DONE and not system.step_reused
@@ -194,14 +194,14 @@ class FaultySlot(LocalSlot):
 
     pids: dict[str, int] = {}
 
-    def run(self, cfg, data_dir, on_epoch=None, noise=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None):
         def epoch(row):
             FaultySlot.pids.setdefault(cfg.key(), self.worker.proc.pid)
             if cfg.batch_size == 8:
                 os.kill(self.worker.proc.pid, signal.SIGKILL)
             elif on_epoch:
                 on_epoch(row)
-        return super().run(cfg, data_dir, epoch, noise)
+        return super().run(cfg, data_dir, epoch, noise_sampling)
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +270,7 @@ def test_a_worker_that_cannot_start_gives_a_failed_record(tmp_path):
 @pytest.mark.slow
 def test_data_re_prepared_under_a_worker_is_noticed(tmp_path, monkeypatch):
     from catsdogs.data.prepare import prepare
-    from catsdogs.training import engine
+    from catsdogs.training import engine, steps
 
     # A worker's memory of the data is the engine's, so the engine runs here, in this process.
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
@@ -298,7 +298,7 @@ def test_data_re_prepared_under_a_worker_is_noticed(tmp_path, monkeypatch):
     # result as with nothing cached at all
     fresh = TrialConfig("adam", 8, "standard", 1, epochs=2, image_size=SIZE, data=new)
     with_cache = run(fresh)
-    monkeypatch.setattr(engine, "DATA", engine.DataCache())
+    monkeypatch.setattr(steps, "DATA", steps.DataCache())
     without = run(fresh)
     assert with_cache.status == without.status == Status.DONE
     assert outcome(with_cache) == outcome(without)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -15,16 +14,11 @@ import pytest
 from click.testing import CliRunner
 
 from catsdogs.cli import cli
+from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.measure import find_batch_size as findbs
-from catsdogs.measure.find_batch_size import (
-    PROBE_COLUMNS,
-    apply_margin,
-    effective_resolution,
-    linear_scaled_lr,
-    recommend,
-    search,
-)
-from catsdogs.measure.profile import format_bytes, parse_memory
+from catsdogs.measure.common import format_bytes, parse_memory
+from catsdogs.measure.find_batch_size import PROBE_COLUMNS, FindSettings, NoiseRun
+from catsdogs.measure.search import fresh_threshold
 from catsdogs.messages import ProbeRecord, ProbeTask
 from catsdogs.training.costs import (
     bfc_replay,
@@ -67,174 +61,6 @@ def test_format_bytes():
     assert format_bytes(4 * 2**30) == "4 GiB"
     assert format_bytes(1536 * 2**20) == "1.5 GiB"
     assert format_bytes(300 * 2**20) == "300 MiB"
-
-
-# --- margin and learning rate ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("largest, margin, expected", [
-    (200, 0.1, 176),  # 180 -> multiple of 8
-    (100, 0.1, 88),  # 90 -> 88
-    (64, 0.1, 56),  # 57.6 -> 57 -> 56
-    (256, 0.25, 192),
-    (96, 0.0, 96),  # no margin: the largest itself, unrounded
-    (93, 0.0, 93),
-    (9, 0.1, 8),  # 8.1 -> 8
-    (7, 0.1, 4),  # 6.3 -> below 8: a power of two
-    (3, 0.1, 2),
-    (1, 0.5, 1),  # never below 1
-])
-def test_margin_rounds_down_to_a_multiple_of_8_or_a_power_of_two(largest, margin, expected):
-    got = apply_margin(largest, margin)
-    assert got == expected
-    assert got <= largest
-
-
-@pytest.mark.parametrize("margin", [-0.1, 1.0, 1.5])
-def test_a_margin_outside_0_1_is_refused(margin):
-    with pytest.raises(ValueError, match="margin"):
-        apply_margin(100, margin)
-
-
-def test_linear_scaling_rule_from_keras_defaults_at_32():
-    assert linear_scaled_lr("adam", 32) == pytest.approx(0.001)
-    assert linear_scaled_lr("adam", 64) == pytest.approx(0.002)
-    assert linear_scaled_lr("sgd", 8) == pytest.approx(0.0025)
-    assert linear_scaled_lr("sgd", 256) == pytest.approx(0.08)
-
-
-# --- the search, with a fake probe ---------------------------------------------------------------
-
-
-class FakeDevice:
-    """Fits up to `limit`; `failing` sizes fail for another reason; counts every probe."""
-
-    def __init__(self, limit: int, failing=()):
-        self.limit, self.failing, self.calls = limit, set(failing), []
-
-    def __call__(self, b: int) -> str:
-        self.calls.append(b)
-        if b in self.failing:
-            return "failed"
-        return "done" if b <= self.limit else "oom"
-
-
-def test_power_mode_doubles_until_out_of_memory():
-    dev = FakeDevice(100)
-    r = search(dev, mode="power", start=8)
-    assert dev.calls == [8, 16, 32, 64, 128]
-    assert (r.largest_fit, r.first_failure) == (64, 128)
-
-
-def test_binsearch_bisects_between_the_last_fit_and_the_first_failure():
-    dev = FakeDevice(100)
-    r = search(dev, mode="binsearch", start=8)
-    assert dev.calls[:5] == [8, 16, 32, 64, 128]
-    assert dev.calls[5] == 96  # the middle of 64 and 128
-    assert r.largest_fit <= 100 < r.first_failure
-    assert r.first_failure - r.largest_fit <= 8
-    assert r.statuses[r.largest_fit] == "done" and r.statuses[r.first_failure] == "oom"
-
-
-def test_binsearch_with_resolution_1_finds_the_exact_limit_for_any_limit_and_start():
-    rng = random.Random(0)
-    for _ in range(300):
-        limit, start = rng.randint(1, 5000), rng.choice([1, 2, 3, 8, 16, 100, 4096, 10000])
-        dev = FakeDevice(limit)
-        r = search(dev, mode="binsearch", start=start, resolution=1)
-        assert (r.largest_fit, r.first_failure) == (limit, limit + 1), (limit, start)
-        assert len(dev.calls) == len(set(dev.calls)), "a batch size was probed twice"
-
-
-def test_default_resolution_is_8_or_an_eighth_of_the_answer():
-    assert effective_resolution(None, 1000) == 8
-    assert effective_resolution(None, 32) == 4
-    assert effective_resolution(None, 4) == 1
-    assert effective_resolution(16, 4) == 16
-    for limit in (5, 7, 13, 37, 100, 1000):
-        r = search(FakeDevice(limit), start=1)
-        assert r.largest_fit <= limit < r.first_failure
-        assert r.first_failure - r.largest_fit <= max(1, min(8, r.largest_fit // 8))
-
-
-def test_a_start_that_does_not_fit_is_halved():
-    dev = FakeDevice(100)
-    r = search(dev, start=512, resolution=1)
-    assert dev.calls[:4] == [512, 256, 128, 64]
-    assert r.largest_fit == 100
-
-
-def test_nothing_fits():
-    dev = FakeDevice(0)
-    r = search(dev, start=8)
-    assert r.largest_fit is None and dev.calls == [8, 4, 2, 1]
-
-
-def test_max_is_probed_when_doubling_would_pass_it():
-    dev = FakeDevice(1000)
-    r = search(dev, start=8, max_batch=300)
-    assert dev.calls == [8, 16, 32, 64, 128, 256, 300]
-    assert r.largest_fit == 300 and r.first_failure is None and r.reached_max
-    dev = FakeDevice(280)
-    r = search(dev, start=8, max_batch=300, resolution=1)
-    assert (r.largest_fit, r.first_failure) == (280, 281)
-
-
-def test_a_failed_probe_does_not_stop_the_search():
-    dev = FakeDevice(100, failing={32})  # while doubling: stepped over
-    r = search(dev, start=8, resolution=1)
-    assert dev.calls[:5] == [8, 16, 32, 64, 128]
-    assert r.largest_fit == 100 and r.statuses[32] == "failed"
-    dev = FakeDevice(100, failing={96})  # while bisecting: an upper bound, the answer ran
-    r = search(dev, start=8, resolution=1)
-    assert r.largest_fit == 95 and r.statuses[95] == "done"
-    dev = FakeDevice(100, failing={32, 64})  # two in a row end the doubling
-    r = search(dev, start=8, resolution=1)
-    assert 128 not in dev.calls and r.largest_fit == 31 and r.first_failure == 32
-
-
-def test_a_bad_mode_or_start_is_refused():
-    with pytest.raises(ValueError, match="unknown mode"):
-        search(FakeDevice(10), mode="linear")
-    with pytest.raises(ValueError, match=">= 1"):
-        search(FakeDevice(10), start=0)
-
-
-def speed_curve() -> list[ProbeRecord]:
-    return [ProbeRecord(batch_size=b, status=s, images_per_second=ips) for b, s, ips in [
-        (8, "done", 50.0), (16, "done", 90.0), (32, "done", 100.0), (64, "done", 98.0),
-        (128, "done", 120.0), (192, "done", 110.0), (256, "oom", None)]]
-
-
-def test_recommendation_is_the_fastest_at_or_below_the_margin_smaller_on_a_tie():
-    probes = speed_curve()
-    assert recommend(probes, safe=64) == (probes[2], "speed")  # 64 is within 5% of 32: the smaller
-    assert recommend(probes, safe=128) == (probes[4], "memory")  # the fastest is the largest allowed
-    assert recommend(probes, safe=192) == (probes[4], "speed")  # throughput peaked below the limit
-    assert recommend(probes, safe=16)[0].batch_size == 16
-    assert recommend(probes, safe=4) == (None, None)
-
-
-@pytest.mark.parametrize("value, expected", [(3.3, 2), (7.9, 4), (8.0, 8), (50.4, 48), (0.4, 1)])
-def test_a_critical_batch_size_is_rounded_down_as_the_margins_size_is(value, expected):
-    assert findbs.round_batch(value) == expected
-
-
-def test_the_critical_batch_size_is_probed_only_below_the_memory_limit():
-    assert findbs.critical_probe({"b_simple": 50.4}, safe=656) == 48
-    assert findbs.critical_probe({"b_simple": 900.0}, safe=656) is None  # memory binds first
-    assert findbs.critical_probe({"b_simple": None, "low": 40.0}, safe=656) is None  # a lower bound only
-    assert findbs.critical_probe(None, safe=656) is None
-
-
-def test_the_critical_batch_size_caps_the_recommendation_and_is_named_when_it_binds():
-    probes = speed_curve()
-    # given a critical batch size of 100: 128 would be fastest, but is above it
-    assert recommend(probes, safe=192, critical=100.0) == (probes[2], "statistics")
-    # one above the fastest size binds nothing
-    assert recommend(probes, safe=192, critical=500.0) == (probes[4], "speed")
-    # one below every size that fits leaves the smallest
-    assert recommend(probes, safe=192, critical=4.0) == (probes[0], "statistics")
 
 
 # --- TensorFlow's memory: the step's allocations replayed through BFC ----------------------------
@@ -402,12 +228,6 @@ def test_out_of_memory_in_a_reused_worker_is_asked_again_of_a_fresh_one(fake_wor
     assert final.status == "oom" and final.worker == "fresh" and len(fake_workers.started) == 1
 
 
-def test_the_fresh_threshold_is_80_percent_of_the_prediction():
-    assert findbs.fresh_threshold(100) == 80
-    assert findbs.fresh_threshold(101) == 81  # rounded up: never below 80%
-    assert findbs.fresh_threshold(0) == 1  # nothing predicted to fit: every probe fresh
-
-
 class LinearProber:
     """Stands in for the prober: a probe's peak is what the BFC replay says over a 700 MiB
     runtime (so the prediction is exact), under the prober's cap."""
@@ -439,8 +259,8 @@ def test_the_prediction_comes_before_the_search_from_the_calibration_probe_alone
     LinearProber.record_extra = {}
     # given a device whose memory is exactly linear in the batch size, under a 1000 MiB cap
     lines: list[str] = []
-    s = findbs.find_batch_size("fbs", data_dir, tmp_path, memory_cap_bytes=1000 * 2**20, resolution=1,
-                               margin=0.0, noise_scale=False, log=lines.append)
+    s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, resolution=1, margin=0.0,
+                                            measure_noise=False), data_dir, tmp_path, log=lines.append)
     # then the prediction was stated after the calibration probe, before any search probe
     predicted = s["prediction"]["max_batch_size"]
     at = next(i for i, ln in enumerate(lines) if ln.startswith("Predicted before the search"))
@@ -448,7 +268,7 @@ def test_the_prediction_comes_before_the_search_from_the_calibration_probe_alone
     assert f"{predicted} (the step replayed through TensorFlow's allocator)" in lines[at]
     # and every search probe ran with the fresh threshold at 80% of it; the calibration without
     assert LinearProber.calls[0] == (1, None)
-    assert {f for _, f in LinearProber.calls[1:]} == {findbs.fresh_threshold(predicted)}
+    assert {f for _, f in LinearProber.calls[1:]} == {fresh_threshold(predicted)}
     # and on a device that is what the model says, the prediction is the measured answer
     assert s["largest_fitting"] == predicted and s["prediction"]["percent_apart"] == 0
     assert s["memory_fraction"] is None and not any("XLA's" in ln for ln in lines)
@@ -462,8 +282,8 @@ def test_xlas_memory_fraction_is_reported_beside_the_limit(data_dir, tmp_path, m
     # given probes that ran on a GPU whose allocator may use 75% of it
     LinearProber.record_extra = {"memory_fraction": 0.75}
     lines: list[str] = []
-    s = findbs.find_batch_size("fbs", data_dir, tmp_path, memory_cap_bytes=1000 * 2**20, noise_scale=False,
-                               log=lines.append)
+    s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, measure_noise=False), data_dir,
+                               tmp_path, log=lines.append)
     LinearProber.record_extra = {}
     # then the summary records it and says it beside the limit found
     assert s["memory_fraction"] == 0.75
@@ -471,9 +291,9 @@ def test_xlas_memory_fraction_is_reported_beside_the_limit(data_dir, tmp_path, m
     assert lines[limit + 1].startswith("That limit is XLA's: 75% of the GPU's memory")
 
 
-def measured(b_simple, low, high=None) -> dict:
-    return {"b_simple": b_simple, "low": low, "high": high, "batch_size": 32, "seconds": 20.0, "pairs": 32,
-            "small": 8, "large": 32}
+def measured(b_simple, low, high=None) -> NoiseRun:
+    estimate = NoiseEstimate(b_simple, low, high, gradient_sq=1.0, trace=b_simple or low, pairs=64, small=1, large=10)
+    return NoiseRun(estimate, initial=None, batch_size=32, measure_seconds=12.0, seconds=20.0)
 
 
 @pytest.mark.parametrize("noise, binding, rule", [
@@ -489,14 +309,15 @@ def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_di
     monkeypatch.setattr(findbs, "measure_noise_scale", lambda *args, **kwargs: noise)
     # given probes ever faster up to the memory limit (104 with the margin), and a measured noise scale
     lines: list[str] = []
-    s = findbs.find_batch_size("fbs", data_dir, tmp_path, memory_cap_bytes=1000 * 2**20, log=lines.append)
+    s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20), data_dir, tmp_path,
+                               log=lines.append)
     rec = s["recommendation"]
     text = "\n".join(lines)
     # then the recommendation names the limit that binds, and the learning rate follows its rule
     assert rec["binding"] == binding and rec["learning_rate_rule"] == rule
-    assert s["noise_scale"] == noise
+    assert s["noise_scale"] == noise.as_json()
     if rule == "paper":
-        assert rec["batch_size"] <= noise["b_simple"]
+        assert rec["batch_size"] <= noise.estimate.b_simple
         assert rec["learning_rate"] == pytest.approx(0.001 * (1 + 100 / 32) / (1 + 100 / rec["batch_size"]))
         assert "statistics binds" in text and "the paper's rule" in text
         assert "Critical batch size (the gradient noise scale B_simple after one epoch at batch size 32): 100" in text
@@ -517,7 +338,8 @@ def test_the_critical_batch_size_is_probed_and_recommended_when_statistics_binds
     monkeypatch.setattr(findbs, "measure_noise_scale", noise_step)
     # given a noise scale of 50 and probes ever faster up to the memory limit (104 with the margin)
     lines: list[str] = []
-    s = findbs.find_batch_size("fbs", data_dir, tmp_path, memory_cap_bytes=1000 * 2**20, log=lines.append)
+    s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20), data_dir, tmp_path,
+                               log=lines.append)
     # then 48, the critical batch size rounded down, is probed after the search, and recommended
     critical = [p for p in s["probes"] if p["phase"] == "critical"]
     assert [p["batch_size"] for p in critical] == [48] and critical[0]["order"] == len(s["probes"])
@@ -576,9 +398,9 @@ def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_lands_within
     start = {"tensorflow": 256, "jax": 64}[keras_backend]  # near the answer: the search is tested above
     resolution = 8  # 2% of the answer: fine enough to hold 15%
     lines: list[str] = []
-    s = findbs.find_batch_size("fbs", data_dir, tmp_path, start=start, margin=0.0, steps=2, warmup=1,
-                               memory_cap_bytes=int(cap_mb * 2**20), resolution=resolution, noise_scale=False,
-                               log=lines.append)
+    settings = FindSettings("fbs", start=start, margin=0.0, steps=2, warmup=1, memory_cap_bytes=int(cap_mb * 2**20),
+                            resolution=resolution, measure_noise=False)
+    s = findbs.find_batch_size(settings, data_dir, tmp_path, log=lines.append)
     probes = s["probes"]
     by_size = {p["batch_size"]: p for p in probes}
     largest, above = s["largest_fitting"], s["first_not_fitting"]

@@ -82,11 +82,11 @@ class RecordingWorker:
 
 
 def test_a_slot_keeps_one_workers_settings_and_starts_another_for_others(monkeypatch, tmp_path):
-    from catsdogs.training import sweep
+    from catsdogs.training import worker
 
-    monkeypatch.setattr(sweep, "Worker", RecordingWorker)
+    monkeypatch.setattr(worker, "Worker", RecordingWorker)
     RecordingWorker.started = []
-    slot = sweep.LocalSlot(0, 1, tmp_path)
+    slot = worker.LocalSlot(0, 1, tmp_path)
     on = TrialConfig("adam", 8, "standard", 0)
     off = TrialConfig("adam", 8, "standard", 1, deterministic=False)
     # when trials of both settings run in one slot, in this order

@@ -33,9 +33,9 @@ def trial(data_dir, **kw):
 
 def kept_step(cfg: TrialConfig, n_train: int):
     """The compiled step the engine kept for a trial it ran: its model and optimizer."""
-    from catsdogs.training import backends, engine
+    from catsdogs.training import backends, steps
 
-    step, reused = engine.STEPS.get(cfg, plan_steps(cfg, n_train)[0], backends.current())
+    step, reused = steps.STEPS.get(cfg, plan_steps(cfg, n_train)[0], backends.current())
     assert reused, "the trial's step was not kept"
     return step
 
@@ -117,7 +117,7 @@ def test_bfloat16_mixed_precision_trains_in_bfloat16_with_a_float32_output(data_
 
 @pytest.mark.slow
 def test_mirrored_strategy_splits_the_global_batch_over_two_cpu_replicas(data_dir, tmp_path):
-    from catsdogs.training.sweep import LocalSlot
+    from catsdogs.training.worker import LocalSlot
 
     # given no GPU, two logical CPU devices stand in for two GPUs (a worker of its own:
     # TensorFlow fixes its devices when it starts; CATSDOGS_LOGICAL_CPUS defaults to 2)

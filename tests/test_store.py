@@ -45,7 +45,7 @@ class InstantSlot:
     def shapes(self) -> set[str]:
         return set()
 
-    def run(self, cfg, data_dir, on_epoch=None, noise=None) -> TrialRecord:
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None) -> TrialRecord:
         return TrialRecord(status=Status.DONE, test_accuracy=0.5, images_per_second=100.0)
 
     def stop(self) -> None:

@@ -409,10 +409,10 @@ class ReusedWorkerRunsOutOfMemory:
 
 
 def test_a_trial_out_of_memory_in_a_reused_worker_runs_again_in_a_fresh_one(monkeypatch, tmp_path):
-    from catsdogs.training import sweep
+    from catsdogs.training import worker
 
-    monkeypatch.setattr(sweep, "Worker", ReusedWorkerRunsOutOfMemory)
-    slot = sweep.LocalSlot(0, 1, tmp_path)
+    monkeypatch.setattr(worker, "Worker", ReusedWorkerRunsOutOfMemory)
+    slot = worker.LocalSlot(0, 1, tmp_path)
     # given a slot whose worker has run a trial
     assert slot.run(TrialConfig("adam", 8, "standard", 0), tmp_path).status == Status.DONE
     # when the next trial runs out of memory there, then it is run again in a fresh worker

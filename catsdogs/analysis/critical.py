@@ -4,7 +4,7 @@ tested against the sweep. Pure functions of a sweep's trial rows; no framework.
 **The table** (`noise_table`): each trial recorded with `--noise-scale` has B_simple at the start
 (epoch 0, `initial_noise`) and after each epoch (its history), each from a few pairs. Per cell
 (optimizer, data set, protocol, batch size, learning rate) and epoch, the pairs of all its seeds
-are pooled into one estimate (catsdogs.noise.pool: the ratio of means over every pair, with
+are pooled into one estimate (catsdogs.gradient_noise.pool: the ratio of means over every pair, with
 Fieller's interval; "above N" where the noise dominated). Cells whose finished trials lack the
 measurement (run before it, or without `--noise-scale`) are listed, with how to get it.
 
@@ -58,7 +58,7 @@ from catsdogs.analysis.rows import (
     trial_order,
 )
 from catsdogs.analysis.rows import field as field_of
-from catsdogs.noise import fixed_epochs_limit, pool
+from catsdogs.gradient_noise import NoiseEstimate, fixed_epochs_limit, pool
 from catsdogs.schema import DEFAULT_LR, Status
 from catsdogs.stats import welch
 
@@ -70,22 +70,14 @@ TITLE = "Gradient noise scale B_simple over training, by batch size"
 # --- reading a trial ----------------------------------------------------------------------------
 
 
-def measurements(trial: dict) -> list[dict]:
-    """The trial's B_simple measurements in order of epoch (0: before the first update), each
-    {"epoch", "b_simple", "low", "high", "large", "pair_gradient_sq", "pair_trace"}; [] when it
-    was not measured."""
-    start = trial.get("initial_noise")
-    if not start:
+def measurements(trial: dict) -> list[NoiseEstimate]:
+    """The trial's B_simple measurements in order of epoch (0: before the first update); [] when
+    it was not measured."""
+    start = NoiseEstimate.from_dict(trial.get("initial_noise"))
+    if start is None:
         return []
-    keys = ("b_simple", "low", "high", "large", "pair_gradient_sq", "pair_trace")
-    out = [{"epoch": 0, **{k: start.get(k) for k in keys}}]
-    for row in trial.get("history") or []:
-        if "noise_pair_trace" in row:
-            out.append({"epoch": int(row["epoch"]), "b_simple": row.get("noise_scale"),
-                        "low": row.get("noise_scale_low"), "high": row.get("noise_scale_high"),
-                        "large": start.get("large"), "pair_gradient_sq": row["noise_pair_gradient_sq"],
-                        "pair_trace": row["noise_pair_trace"]})
-    return out
+    later = (NoiseEstimate.from_record(row, start) for row in trial.get("history") or [])
+    return [start, *(m for m in later if m is not None)]
 
 
 def _done(trials: Iterable[dict]) -> list[dict]:
@@ -112,7 +104,7 @@ def _group_label(trial: dict, many: bool = False) -> str:
 
 def noise_table(trials: list[dict]) -> dict:
     """{"name": "noise", "title", "groups": [{"label", "series": [{"label", "batch_size", "lr",
-    "seeds", "points": [{"epoch", "b_simple", "low", "high", "pairs", "measurements"}]}]}],
+    "seeds", "points": [NoiseEstimate pooled over the cell's seeds, one per epoch]}]}],
     "panels": the figure's panels, like groups, "batch_sizes": every batch size of the sweep's
     finished trials, "missing": [{"cell", "seeds"}], "sampling": the (B_s, B_b, pairs) the
     measurements used, "measured" and "done": how many finished trials have the measurement, of
@@ -140,9 +132,10 @@ def noise_table(trials: list[dict]) -> dict:
         by_epoch: dict[int, list[dict]] = {}
         for t in members:
             for m in measurements(t):
-                by_epoch.setdefault(m["epoch"], []).append(m)
+                by_epoch.setdefault(m.epoch, []).append(m)
+        points = [pool(ms, epoch=e) for e, ms in sorted(by_epoch.items())]
         series = {"label": f"batch {bs}" + (f", lr {lr:g}" if many_lrs else ""), "batch_size": bs, "lr": lr,
-                  "seeds": len(members), "points": [{"epoch": e, **pool(ms)} for e, ms in sorted(by_epoch.items())]}
+                  "seeds": len(members), "points": [p for p in points if p is not None]}
         panel["series"].append(series)
         if not many_lrs:
             panels.setdefault((group, "all"), {"label": panel["label"], "series": []})["series"].append(series)
@@ -164,8 +157,8 @@ def noise_table(trials: list[dict]) -> dict:
             if field_of(t, "lr") is not None:
                 cell += f", lr {learning_rate_of(t):g}"
             missing.setdefault(cell, []).append(int(field_of(t, "seed", 0)))
-    sampling = sorted({(t["initial_noise"].get("small"), t["initial_noise"].get("large"), t["initial_noise"].get("pairs"))
-                       for t in measured}, key=str)
+    starts = [measurements(t)[0] for t in measured]
+    sampling = sorted({(m.small, m.large, m.pairs) for m in starts}, key=str)
     return {"name": "noise", "title": TITLE, "groups": list(groups.values()), "panels": list(panels.values()),
             "sampling": sampling,
             "batch_sizes": sorted({int(field_of(t, "batch_size")) for t in done}),
@@ -263,20 +256,20 @@ def evaluate(label: str, cells: dict[int, list[dict]], epochs: int) -> dict | No
         return out
     target = curve[-1] - SHARP / 100
     e_star = next(e + 1 for e, v in enumerate(curve) if v >= target)
-    at = pool([m for t in base for m in measurements(t) if m["epoch"] >= e_star])
-    if at is None or at["low"] is None or (at["b_simple"] is None and not at["low"]):
+    at = pool([m for t in base for m in measurements(t) if m.epoch >= e_star])
+    if at is None or at.low is None or (at.b_simple is None and not at.low):
         out["verdict_text"] = f"not run: no noise scale at batch size {b0} from epoch {e_star} on"
         return out
-    bound_only = at["b_simple"] is None
-    b_noise = at["low"] if bound_only else at["b_simple"]
-    b_high = None if bound_only else at["high"]  # None: unbounded above
+    bound_only = at.b_simple is None
+    b_noise = at.low if bound_only else at.b_simple
+    b_high = None if bound_only else at.high  # None: unbounded above
 
     def limit_at(b: float) -> float:  # B_noise (E/E_min - 1), with E/E_min = (E/e*)(1 + B_0/B_noise)
         return fixed_epochs_limit(b, (epochs / e_star) * (1 + b0 / b)) if b else (epochs / e_star) * b0
 
-    held_up_to = limit_at(at["low"]) / WELL  # the limit grows with B_noise: its interval's low end
+    held_up_to = limit_at(at.low) / WELL  # the limit grows with B_noise: its interval's low end
     lost_from = WELL * limit_at(b_high) if b_high is not None else None  # ... and its high end
-    out.update(b_noise=b_noise, b_noise_low=at["low"], b_noise_high=b_high, e_star=e_star,
+    out.update(b_noise=b_noise, b_noise_low=at.low, b_noise_high=b_high, e_star=e_star,
                budget_ratio=(epochs / e_star) * (1 + b0 / b_noise), limit=limit_at(b_noise),
                limit_is_bound=bound_only, held_up_to=held_up_to, lost_from=lost_from, target=target)
     base_acc = [accuracy(t) for t in base]
@@ -371,9 +364,9 @@ def table_rows(results: list[dict]) -> list[str]:
     return lines
 
 
-def point_text(p: dict) -> str:
+def point_text(p: NoiseEstimate) -> str:
     """One epoch's pooled estimate: "84 (51–140)", "84 (51–∞)", "≥ 310", or "?" (undetermined)."""
-    if p["b_simple"] is None:
-        return "?" if p["low"] is None else f"≥ {p['low']:.0f}"
-    high = "∞" if p["high"] is None else f"{p['high']:.0f}"
-    return f"{p['b_simple']:.0f} ({p['low']:.0f}–{high})"
+    if p.b_simple is None:
+        return "?" if p.low is None else f"≥ {p.low:.0f}"
+    high = "∞" if p.high is None else f"{p.high:.0f}"
+    return f"{p.b_simple:.0f} ({p.low:.0f}–{high})"

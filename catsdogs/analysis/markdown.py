@@ -118,16 +118,16 @@ def noise_markdown(name: str, table: dict | None, contexts: list[dict]) -> list[
              f"and after every epoch ({', '.join(f'{p} pairs of {s} and {b} images' for s, b, p in table['sampling'])}, "
              "drawn with replacement, apart from training). Per cell and epoch, the pairs of all its seeds "
              "pooled: the ratio of means over every pair, with Fieller's 95% interval (∞: unbounded above); "
-             "\"≥ N\": the noise dominated, a lower bound only. catsdogs/noise.py says how it is estimated.",
+             "\"≥ N\": the noise dominated, a lower bound only. catsdogs/gradient_noise.py says how it is estimated.",
              ""]
     if table["groups"]:
         lines += ["![noise](figures/noise.png)", ""]
     for g in table["groups"]:
-        epochs = sorted({p["epoch"] for s in g["series"] for p in s["points"]})
+        epochs = sorted({p.epoch for s in g["series"] for p in s["points"]})
         lines += [f"**{g['label']}**", "", "| series | seeds | " + " | ".join(f"epoch {e}" for e in epochs) + " |",
                   "|---|---|" + "---|" * len(epochs)]
         for s in g["series"]:
-            by_epoch = {p["epoch"]: p for p in s["points"]}
+            by_epoch = {p.epoch: p for p in s["points"]}
             cols = [critical.point_text(by_epoch[e]) if e in by_epoch else "—" for e in epochs]
             lines.append(f"| {s['label']} | {s['seeds']} | " + " | ".join(cols) + " |")
         lines.append("")

@@ -197,26 +197,26 @@ def plot_noise(ax, group: dict, batch_sizes: list[int], dodge: float = 0.06) -> 
     out: dict = {}
     values: list[float] = list(batch_sizes)
     for s in series:
-        values += [v for p in s["points"] for v in (p["b_simple"], p["low"], p["high"]) if v]
+        values += [v for p in s["points"] for v in (p.b_simple, p.low, p.high) if v]
     top = 2 ** np.ceil(np.log2(max(values)))  # where an interval open above is drawn to
     for i, s in enumerate(series):
         color = f"C{i % 10}"
         shift = (i - (k - 1) / 2) * dodge
-        shown = [p for p in s["points"] if p["b_simple"] is not None]
-        (line,) = ax.plot([p["epoch"] + shift for p in shown], [p["b_simple"] for p in shown], "-o", color=color,
+        shown = [p for p in s["points"] if p.b_simple is not None]
+        (line,) = ax.plot([p.epoch + shift for p in shown], [p.b_simple for p in shown], "-o", color=color,
                           markersize=5, linewidth=1.6, label=s["label"], zorder=4)
         ci = None
         if shown:
-            ci = ax.errorbar([p["epoch"] + shift for p in shown], [p["b_simple"] for p in shown],
-                             yerr=[[p["b_simple"] - p["low"] for p in shown],
-                                   [(p["high"] if p["high"] is not None else top) - p["b_simple"] for p in shown]],
+            ci = ax.errorbar([p.epoch + shift for p in shown], [p.b_simple for p in shown],
+                             yerr=[[p.b_simple - p.low for p in shown],
+                                   [(p.high if p.high is not None else top) - p.b_simple for p in shown]],
                              fmt="none", ecolor=color, elinewidth=1.1, capsize=3, zorder=3)
             for p in shown:
-                if p["high"] is None:  # unbounded above
-                    ax.annotate("", (p["epoch"] + shift, top * 1.15), (p["epoch"] + shift, top),
+                if p.high is None:  # unbounded above
+                    ax.annotate("", (p.epoch + shift, top * 1.15), (p.epoch + shift, top),
                                 arrowprops={"arrowstyle": "->", "color": color, "lw": 1.1}, zorder=3)
-        bound = [p for p in s["points"] if p["b_simple"] is None and p["low"]]
-        bounds = ax.scatter([p["epoch"] + shift for p in bound], [p["low"] for p in bound], marker="^", s=40,
+        bound = [p for p in s["points"] if p.b_simple is None and p.low]
+        bounds = ax.scatter([p.epoch + shift for p in bound], [p.low for p in bound], marker="^", s=40,
                             facecolors="none", edgecolors=color, linewidths=1.2, zorder=5) if bound else None
         out[s["label"]] = {"line": line, "ci": ci, "bounds": bounds}
     for b in batch_sizes:
@@ -228,7 +228,7 @@ def plot_noise(ax, group: dict, batch_sizes: list[int], dodge: float = 0.06) -> 
     ax.set_yticks(ticks, labels=[f"{t:g}" for t in ticks])
     ax.yaxis.set_minor_locator(NullLocator())
     ax.set_ylim(ticks[0] / 1.2, top * 1.25)
-    ax.set_xticks(sorted({p["epoch"] for s in series for p in s["points"]}))
+    ax.set_xticks(sorted({p.epoch for s in series for p in s["points"]}))
     ax.set_xlabel("epoch (0: before the first update)")
     ax.set_ylabel("B_simple (log2 scale)")
     ax.set_title(group["label"], fontsize=10, loc="left")

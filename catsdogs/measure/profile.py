@@ -31,11 +31,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs.errors import SettingError
-from catsdogs.files import atomic_path, write_json_atomic
+from catsdogs.files import write_json_atomic
+from catsdogs.host import versions
+from catsdogs.manifest import require_prepared
+from catsdogs.measure import prober as probers
+from catsdogs.measure.common import check_settings, settings_note, write_csv
 from catsdogs.measure.figures import save_profile_figures
 from catsdogs.messages import PeakRecord, PeakTask, ProbeRecord, ProbeTask, columns
-from catsdogs.schema import FINISHED, Status, TrialConfig, process_words
+from catsdogs.schema import FINISHED, Status
 from catsdogs.training.backends import process_env_for
 
 DEFAULT_STEPS = 20
@@ -43,61 +46,6 @@ DEFAULT_WARMUP = 2  # the first step traces and compiles, the second may still a
 PEAK_SECONDS = 1.0  # each of the matmul peak's three timings lasts about this long
 
 PROFILE_COLUMNS = columns(ProbeRecord, "profile")
-
-
-# --- units -------------------------------------------------------------------------------------
-
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-          "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}  # bare K/M/G/T: binary, as docker and ulimit
-
-
-def parse_memory(text: str) -> int:
-    """'4GiB' -> 4294967296, '1.5 GB' -> 1500000000, '512MiB', '800M' (binary). Whole bytes.
-
-    A unit is required (a bare '4' is surely not four bytes); a SettingError with a one-line reason."""
-    import re
-
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", str(text))
-    if not m:
-        raise SettingError(f"not a memory size: {text!r} (use a number and a unit, like 4GiB or 512MB)", "memory_limit")
-    number, unit = float(m.group(1)), m.group(2).lower()
-    if not unit:
-        raise SettingError(f"{text!r} has no unit: write it like 4GiB, 4096MiB or 4GB", "memory_limit")
-    if unit not in _UNITS:
-        raise SettingError(f"unknown unit {m.group(2)!r} in {text!r}; use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB", "memory_limit")
-    value = int(number * _UNITS[unit])
-    if value <= 0:
-        raise SettingError(f"a memory size must be positive, got {text!r}", "memory_limit")
-    return value
-
-
-def format_bytes(n: float) -> str:
-    """1.5 GiB, 300 MiB: binary units, as the caps are given."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}" if n / scale < 100 else f"{n / scale:.0f} {unit}"
-    return f"{n:.0f} B"
-
-
-def settings_note(deterministic: bool, tf32: bool | None) -> str:
-    """"; non-deterministic, TF32 off": the workers' settings that are not defaults, for a log line."""
-    words = process_words(deterministic, tf32)
-    return "; " + ", ".join(words) if words else ""
-
-
-def check_settings(batch_sizes: Sequence[int], optimizer: str, dataset: str, precision: str,
-                   steps: int, warmup: int) -> None:
-    """A SettingError, naming the setting, for one no probe can run with: each batch size with the
-    optimizer, data set and precision must make a trial (schema.TrialConfig.check)."""
-    if not batch_sizes:
-        raise SettingError("give at least one batch size", "batch_size")
-    for b in batch_sizes:
-        TrialConfig(optimizer, int(b), dataset, 0, precision=precision).check()
-    if steps < 1:
-        raise SettingError(f"steps must be >= 1, got {steps}", "steps")
-    if warmup < 0:
-        raise SettingError(f"warm-up steps must be >= 0, got {warmup}", "warmup")
 
 
 # --- the profile ---------------------------------------------------------------------------------
@@ -120,23 +68,6 @@ def profile_row(record: ProbeRecord, peak: PeakRecord | None, image_size: int | 
     if not record.device and peak:
         record.device = peak.device
     return record.view("profile")
-
-
-def write_csv(rows: list[dict], path: Path, columns: Sequence[str]) -> Path:
-    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: _csv_value(r.get(k)) for k in columns})
-    return path
-
-
-def _csv_value(v):
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return v
 
 
 def read_table(path: Path) -> list[dict]:
@@ -190,10 +121,6 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
 
     Returns the rows (one per batch size, in the order given). Raises CatsdogsError when the
     data is not prepared, SettingError for impossible settings."""
-    from catsdogs.host import versions
-    from catsdogs.manifest import require_prepared
-    from catsdogs.measure.prober import Prober
-
     check_settings(batch_sizes, optimizer, dataset, precision, steps, warmup)
     manifest = require_prepared(Path(data_dir))
     folder = Path(out) / name
@@ -207,8 +134,8 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
     log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {optimizer}, {dataset} data "
         f"({settings['image_size']} px), {precision}; {warmup} warm-up + {steps} timed steps each"
         + settings_note(deterministic, tf32))
-    prober = Prober(work, memory_cap_bytes, isolate=isolate,
-                    env={**(worker_env or {}), **process_env_for(deterministic, tf32)})
+    prober = probers.Prober(work, memory_cap_bytes, isolate=isolate,
+                            env={**(worker_env or {}), **process_env_for(deterministic, tf32)})
     try:
         peak, rows = _probe_all(prober, batch_sizes, data_dir, settings, folder / "profile.csv",
                                 measure_peak, log)

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from catsdogs import config, schema
 from catsdogs.errors import SettingError
+from catsdogs.gradient_noise import NoiseSampling
 from catsdogs.manifest import load_manifest
-from catsdogs.noise import NoiseSettings
 from catsdogs.schema import PROTOCOL_FIELDS, TrialConfig
 
 # The keys of each part of a plan, with what each may hold (docs/usage.md, "Plans"). A grid's keys
@@ -281,12 +281,12 @@ def prepare_command(plan: Plan, data_dir: Path) -> str:
     return "catsdogs prepare " + " ".join(options)
 
 
-def noise_settings(plan: Plan) -> NoiseSettings | None:
+def noise_sampling(plan: Plan) -> NoiseSampling | None:
     """How each trial's gradient noise scale is measured, when the plan asks for it
     (`noise_scale = true`; `--noise-scale`); None when it does not."""
     if not plan.settings.get("noise_scale"):
         return None
-    return NoiseSettings()
+    return NoiseSampling()
 
 
 def adaptive(plan: Plan) -> tuple[float | None, int | None]:

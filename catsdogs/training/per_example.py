@@ -1,6 +1,6 @@
 """Dot products of per-example gradients, without forming the gradients ("ghost norms").
 
-The gradient noise scale (catsdogs.noise) needs squared norms of the mean gradient over small
+The gradient noise scale (catsdogs.gradient_noise) needs squared norms of the mean gradient over small
 and large batches at the same weights. Forming each micro-batch's gradient costs a full
 parameter-sized write (the Dense(128) kernel alone is 4.2M numbers at 64 px, 41M at 200 px) for
 a few images' worth of arithmetic. For layers that are affine maps followed by an activation,

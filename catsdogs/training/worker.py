@@ -18,6 +18,10 @@ file, never into the channel.
   thread that lives as long as the parent: `_Spawner`), so no orphan trial runs on while the
   next sweep runs it again; Ctrl-C stops them (`kill`).
 - `isolate`: a fresh worker for every task, the engine's old one-process-per-trial behaviour.
+- A sweep runs its trials in slots (catsdogs.training.sweep.Slot); `LocalSlot` is the local
+  runner's: one worker kept from trial to trial, a fresh one for a trial of other process
+  settings or a distribution strategy, and a trial out of memory in a reused worker run again
+  in a fresh one.
 - Memory caps (profile, find-batch-size): the worker resets its resident set's high-water
   mark when a task starts, and the parent watches it (VmHWM) and kills the worker the moment
   it goes over the cap. A worker's memory only grows (allocators keep what they freed), so
@@ -39,7 +43,7 @@ from pathlib import Path
 
 from catsdogs import messages
 from catsdogs.host import oom_kills, proc_status_kb, usable_cores, visible_gpus
-from catsdogs.messages import Task
+from catsdogs.messages import Task, TrialRecord, TrialTask
 from catsdogs.schema import Status
 from catsdogs.training import backends
 
@@ -80,7 +84,7 @@ def main() -> int:
     cap = int(os.environ.get(MEMORY_CAP_ENV) or 0) or None
     device = backend.setup_device(cap)  # before the framework touches the GPU; starts it with the
     backend.start()  # process's settings (backends.process_settings)
-    from catsdogs.training import engine
+    from catsdogs.training import engine, steps  # the framework's settings are made: import it
 
     send("ready", {"pid": os.getpid(), "device": device})
     for line in sys.stdin:
@@ -90,7 +94,7 @@ def main() -> int:
         backend.reset_peak_memory()
         send("started")
         record = engine.run_task(task, emit=lambda kind, payload: send(kind, {"payload": payload}))
-        send("result", {"record": record.as_dict(), "shapes": engine.STEPS.shapes()})
+        send("result", {"record": record.as_dict(), "shapes": steps.STEPS.shapes()})
     return 0
 
 
@@ -351,6 +355,58 @@ def slot_env(slot: int, workers: int) -> dict:
     share = max(1, len(cores) // workers)  # N trainers on N x fewer threads, not N x all
     mine = cores[(slot * share) % len(cores):][:share]
     return {**backends.current().process_env(threads=share), CPUS_ENV: ",".join(map(str, mine))}
+
+
+# --- a sweep's slot on this machine ------------------------------------------------------------
+
+
+class LocalSlot:
+    """A sweep's slot on this machine (catsdogs.training.sweep.Slot): a worker process kept from
+    trial to trial while their process settings agree, a fresh one for a trial that needs one."""
+
+    def __init__(self, slot: int, workers: int, workdir: Path, isolate: bool = False, env: dict | None = None):
+        self.env = {**slot_env(slot, workers), **(env or {})}
+        self.log_path = Path(workdir) / f"worker-{slot}.log"
+        self.settings = backends.process_env_for()  # the kept worker's process settings
+        self.worker = Worker(self.log_path, {**self.env, **self.settings})  # the kept one, for trials that share it
+        self.running = self.worker  # the one running the current trial (what stop() ends)
+        self.isolate = isolate
+
+    def shapes(self) -> set[str]:
+        return self.worker.shapes if self.worker.alive else set()
+
+    def run(self, cfg, data_dir: Path, on_epoch=None, noise_sampling: dict | None = None) -> TrialRecord:
+        task = TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling)
+        settings = backends.process_env_for(cfg.deterministic, cfg.tf32)
+        if not (self.isolate or needs_fresh_worker(cfg)):
+            if settings != self.settings:  # a process runs one setting: another gets its own worker
+                self.worker.close()
+                self.settings = settings
+                self.worker = Worker(self.log_path, {**self.env, **settings})
+            self.running = self.worker
+            reused = self.worker.alive and self.worker.tasks > 0
+            record = self.worker.run(task, on_progress=on_epoch)
+            if record.status == Status.OOM and reused:
+                # A reused worker holds what its earlier trials' allocators kept (see
+                # catsdogs.measure.prober): out of memory there is only an answer for a fresh one.
+                record = self.worker.run(task, on_progress=on_epoch)
+            return record
+        # A process of its own, started for this trial and ended with it; the kept worker is
+        # ended too, so the trial has the machine (all GPUs, for mirrored) to itself.
+        self.worker.close()
+        self.running = Worker(self.log_path, {**self.env, **settings, **backends.current().strategy_env(cfg.strategy)})
+        try:
+            return self.running.run(task, on_progress=on_epoch)
+        finally:
+            self.running.close()
+
+    def stop(self) -> None:
+        """From another thread (Ctrl-C): end the trial now; run() returns it as lost."""
+        self.running.kill()
+
+    def close(self) -> None:
+        self.running.close()
+        self.worker.close()
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@ import importlib.util
 import json
 import os
 import sys
+import traceback
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
 from catsdogs.errors import CatsdogsError
-from catsdogs.schema import BACKENDS, process_words
+from catsdogs.schema import BACKENDS, Status, process_words
 
 SUPPORTED = BACKENDS
 DEFAULT = "tensorflow"
@@ -148,3 +149,15 @@ def matmul_rate(run, n: int, dtype: str, seconds: float, repeats: int) -> dict:
     best = min(run(k) for _ in range(repeats))
     return {"peak_flops_per_second": 2.0 * n**3 * k / best, "matmul_size": n, "matmul_dtype": dtype,
             "matmuls": k}
+
+
+def failure_fields(exc: BaseException, backend=None) -> dict:
+    """What the record of a task that raised says: its status as the backend classifies the error
+    (oom, or failed), the error in a line and its traceback (the worker folds it into the error)."""
+    status = Status.FAILED
+    try:
+        status = Status((backend or current()).classify_error(exc))
+    except Exception:  # noqa: BLE001 - the backend itself failed to load: failed
+        pass
+    return {"status": status, "error": f"{type(exc).__name__}: {exc}".strip()[:4000],
+            "traceback": traceback.format_exc()[-8000:]}

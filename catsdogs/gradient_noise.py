@@ -52,6 +52,12 @@ the target only for B <= B_noise (E/E_min - 1) (`fixed_epochs_limit`); the learn
 is best at batch B is eps_max / (1 + B_noise/B) (`paper_learning_rate`), linear in B only well
 below B_noise.
 
+**One estimate, one type**: `NoiseEstimate` carries an estimate from the estimator to the trial's
+record and its store columns (`to_record` / `from_record`: the `noise_scale*` names, which stay
+as 0.9.0 wrote them), the report and find-batch-size. Its words: `NoiseSampling` is how a
+measurement samples (the plan key `noise_scale` and `--noise-scale` ask for one); `measure_noise`
+is the yes or no of measuring at all; `noise_scale` is only ever the stored number.
+
 Framework-free: the backends compute the Gram matrices (`per_example_gram`), the engine draws
 the batches (`draw`) and records the estimates, the report and find-batch-size read them.
 """
@@ -70,7 +76,7 @@ STREAM = 0x6E6F6973  # "nois": the noise batches' own random stream, apart from 
 
 
 @dataclass(frozen=True)
-class NoiseSettings:
+class NoiseSampling:
     """How one measurement samples: `pairs` large batches of `micros` x `micro` examples (by
     default a sweep's, catsdogs.config)."""
 
@@ -100,11 +106,118 @@ class NoiseSettings:
         return asdict(self)
 
 
-def draw(n_train: int, settings: NoiseSettings, seed: int, epoch: int) -> np.ndarray:
+# The names a measurement has in a trial's record (each history row, and the trial's own columns
+# for the last one), as catsdogs 0.8.0 first stored them: `NoiseEstimate.to_record` writes them.
+RECORD_NAMES = {"b_simple": "noise_scale", "low": "noise_scale_low", "high": "noise_scale_high",
+                "gradient_sq": "noise_gradient_sq", "trace": "noise_trace", "seconds": "noise_seconds",
+                "pair_gradient_sq": "noise_pair_gradient_sq", "pair_trace": "noise_pair_trace"}
+# What a record keeps of a whole estimate (the trial's `initial_noise`, find-batch-size's JSON).
+STORED = ("epoch", "b_simple", "low", "high", "gradient_sq", "trace", "pairs", "pair_gradient_sq",
+          "pair_trace", "small", "large", "seconds")
+
+
+@dataclass(frozen=True)
+class NoiseEstimate:
+    """B_simple from the pairs of one measurement (or of several, pooled).
+
+    `b_simple` is the ratio of means, or None when the |G|^2 estimate is not positive: then `low`,
+    if set, is a lower bound ("above low"), and with `low` None too the estimate is undetermined
+    (neither the gradient nor the noise clearly positive). `low` and `high` are Fieller's interval
+    (`high` None: unbounded above)."""
+
+    b_simple: float | None
+    low: float | None
+    high: float | None
+    gradient_sq: float | None  # the mean of the pairs' |G|^2 estimates
+    trace: float | None  # the mean of the pairs' tr(Sigma) estimates
+    pairs: int
+    small: int | None = None  # B_s, the micro-batch's examples (None: pooled over different ones)
+    large: int | None = None  # B_b, the large batch's examples
+    pair_gradient_sq: tuple | None = None  # each pair's |G|^2 estimate (what `pool` reads)
+    pair_trace: tuple | None = None  # each pair's tr(Sigma) estimate
+    epoch: int | None = None  # when it was measured: after this many epochs (0: before the first update)
+    seconds: float | None = None  # what measuring it took
+    measurements: int = 1  # how many measurements were pooled into it
+
+    @property
+    def images(self) -> int | None:
+        """The images whose gradients it used (each pair's large batch)."""
+        return self.pairs * self.large if self.large else None
+
+    @property
+    def is_bound(self) -> bool:
+        """Only a lower bound: the noise dominated."""
+        return self.b_simple is None and self.low is not None
+
+    @property
+    def value(self) -> float | None:
+        """The number a decision may use: the estimate, or where the noise dominated its lower bound."""
+        return self.low if self.b_simple is None else self.b_simple
+
+    def describe(self) -> str:
+        """"84 (95%: 51 to 240)", "84 (95%: 51 to unbounded)", "above 310", or "undetermined"."""
+        if self.b_simple is None and self.low is None:
+            return "undetermined"
+        if self.b_simple is None:
+            return f"above {self.low:.0f}"
+        high = "unbounded" if self.high is None else f"{self.high:.0f}"
+        return f"{self.b_simple:.0f} ({LEVEL:.0%}: {self.low:.0f} to {high})"
+
+    def to_record(self) -> dict:
+        """The estimate as a trial record's history row holds it (RECORD_NAMES)."""
+        out = {name: getattr(self, key) for key, name in RECORD_NAMES.items()}
+        for name in ("noise_pair_gradient_sq", "noise_pair_trace"):
+            out[name] = None if out[name] is None else list(out[name])
+        return out
+
+    @classmethod
+    def from_record(cls, row: dict, start: NoiseEstimate | None = None) -> NoiseEstimate | None:
+        """A history row's estimate (None when the row has none); the sampling it does not hold
+        (B_s, B_b) from `start`, the trial's measurement before its first update."""
+        if RECORD_NAMES["pair_trace"] not in row:
+            return None
+        values = {key: row.get(name) for key, name in RECORD_NAMES.items()}
+        pairs = values["pair_trace"] or ()
+        return cls(**{**values, "pair_gradient_sq": _tuple(values["pair_gradient_sq"]),
+                      "pair_trace": _tuple(values["pair_trace"])},
+                   pairs=len(pairs), epoch=_int(row.get("epoch")),
+                   small=start.small if start else None, large=start.large if start else None)
+
+    def as_dict(self) -> dict:
+        """The whole estimate, as a record keeps it (STORED: a trial's `initial_noise`)."""
+        out = {key: getattr(self, key) for key in STORED}
+        for key in ("pair_gradient_sq", "pair_trace"):
+            out[key] = None if out[key] is None else list(out[key])
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> NoiseEstimate | None:
+        """`as_dict`'s dict back (one that a record of catsdogs 0.8.0 or later holds); None for none."""
+        if not d:
+            return None
+        return cls(**{key: d.get(key) for key in STORED if key not in ("pairs", "pair_gradient_sq", "pair_trace")},
+                   pairs=int(d.get("pairs") or len(d.get("pair_trace") or ())),
+                   pair_gradient_sq=_tuple(d.get("pair_gradient_sq")), pair_trace=_tuple(d.get("pair_trace")))
+
+
+def _tuple(values) -> tuple | None:
+    return None if values is None else tuple(float(v) for v in values)
+
+
+def _int(value) -> int | None:
+    return None if value is None else int(value)
+
+
+def describe(estimate: NoiseEstimate | None) -> str:
+    """`NoiseEstimate.describe`, or "not measured"."""
+    return estimate.describe() if estimate else "not measured"
+
+
+def draw(n_train: int, sampling: NoiseSampling, seed: int, epoch: int) -> np.ndarray:
     """(pairs, micros, micro) indices into the training split, uniformly with replacement, from
     the noise's own generator (seed, epoch, STREAM): nothing training draws from is touched."""
     rng = np.random.default_rng([seed, epoch, STREAM])
-    return rng.integers(0, n_train, size=(settings.pairs, settings.micros, settings.micro))
+    return rng.integers(0, n_train, size=(sampling.pairs, sampling.micros, sampling.micro))
 
 
 def norms_from_gram(gram, micro: int) -> tuple[np.ndarray, np.ndarray]:
@@ -148,72 +261,63 @@ def fieller(num, den, level: float = LEVEL) -> tuple[float, float] | None:
     return (qb - root) / qa, (qb + root) / qa
 
 
-def estimate(small_sq, large_sq, b_small: int, b_large: int, level: float = LEVEL) -> dict:
+def estimate(small_sq, large_sq, b_small: int, b_large: int, level: float = LEVEL, *,
+             epoch: int | None = None, seconds: float | None = None) -> NoiseEstimate:
     """B_simple over the pairs of one measurement, with its interval (`from_pairs`)."""
     g2, trace = pair_estimates(small_sq, large_sq, b_small, b_large)
-    return {**from_pairs(g2, trace, b_large, level), "small": int(b_small), "large": int(b_large)}
+    return from_pairs(g2, trace, b_large, level, small=int(b_small), large=int(b_large), epoch=epoch,
+                      seconds=seconds)
 
 
-def pool(measurements: list[dict | None], level: float = LEVEL) -> dict | None:
+def pool(measurements: list[NoiseEstimate | None], level: float = LEVEL, epoch: int | None = None) -> NoiseEstimate | None:
     """One estimate from the pairs of several measurements (a cell's seeds at one epoch): the
-    ratio of means over all their pairs, with Fieller's interval; "measurements": how many.
-    None when none has pairs."""
-    usable = [m for m in measurements if m and m.get("pair_gradient_sq")]
+    ratio of means over all their pairs, with Fieller's interval, and how many it pooled. None
+    when none has pairs."""
+    usable = [m for m in measurements if m and m.pair_gradient_sq]
     if not usable:
         return None
-    g2 = [v for m in usable for v in m["pair_gradient_sq"]]
-    trace = [v for m in usable for v in m["pair_trace"]]
-    floor = max(m.get("large") or 2 for m in usable)
-    return {**from_pairs(g2, trace, floor, level, keep_pairs=False), "measurements": len(usable)}
+    g2 = [v for m in usable for v in m.pair_gradient_sq]
+    trace = [v for m in usable for v in m.pair_trace]
+    floor = max(m.large or 2 for m in usable)
+    smalls, larges = {m.small for m in usable}, {m.large for m in usable}
+    pooled = from_pairs(g2, trace, floor, level, keep_pairs=False, epoch=epoch,
+                        small=smalls.pop() if len(smalls) == 1 else None,
+                        large=larges.pop() if len(larges) == 1 else None)
+    return NoiseEstimate(**{**asdict(pooled), "measurements": len(usable)})
 
 
-def from_pairs(g2, trace, floor: float, level: float = LEVEL, keep_pairs: bool = True) -> dict:
+def from_pairs(g2, trace, floor: float, level: float = LEVEL, keep_pairs: bool = True, **about) -> NoiseEstimate:
     """B_simple from the pairs' estimates of |G|^2 and tr(Sigma). `floor`: the lower bound to
     report when even the interval's top for |G|^2 / tr(Sigma) is not positive (the large batch
-    size: the measurement's own large batches still looked like pure noise).
-
-    Returns {"b_simple": the ratio of means, or None when the |G|^2 estimate is not positive;
-    "low", "high": the interval (high None: unbounded above; with b_simple None, low is the
-    lower bound, "above low"); "gradient_sq", "trace": the means; "pairs"; and with keep_pairs
-    the pairs' own estimates, "pair_gradient_sq" and "pair_trace" (what `pool` reads)}."""
+    size: the measurement's own large batches still looked like pure noise). With `keep_pairs`
+    the estimate keeps the pairs' own estimates (what `pool` reads); `about`: the rest of its
+    fields (small, large, epoch, seconds)."""
     g2, trace = np.asarray(g2, np.float64), np.asarray(trace, np.float64)
     if len(g2) < 2:
         raise ValueError(f"an interval needs at least 2 pairs, got {len(g2)}")
     mean_g2, mean_trace = float(g2.mean()), float(trace.mean())
-    out = {"b_simple": None, "low": None, "high": None, "gradient_sq": mean_g2, "trace": mean_trace,
-           "pairs": len(g2)}
-    if keep_pairs:
-        out["pair_gradient_sq"], out["pair_trace"] = g2.tolist(), trace.tolist()
+    b_simple, low, high = _ratio(g2, trace, mean_g2, mean_trace, floor, level)
+    pairs = {"pair_gradient_sq": tuple(g2.tolist()), "pair_trace": tuple(trace.tolist())} if keep_pairs else {}
+    return NoiseEstimate(b_simple, low, high, mean_g2, mean_trace, len(g2), **pairs, **about)
+
+
+def _ratio(g2, trace, mean_g2: float, mean_trace: float, floor: float, level: float) -> tuple:
+    """(b_simple, low, high) as `NoiseEstimate` reads them, from Fieller's intervals."""
+    positive = mean_g2 > 0 and mean_trace > 0
     phi = fieller(g2, trace, level)  # |G|^2 / tr(Sigma) = 1 / B_simple
     if phi is None:  # the noise itself is not clearly positive: B_simple is small, if anything
+        if not positive:
+            return None, None, None  # neither clearly positive: undetermined
         rho = fieller(trace, g2, level)  # B_simple directly, when |G|^2 is clearly nonzero
-        if mean_g2 > 0 and mean_trace > 0:
-            out["b_simple"] = mean_trace / mean_g2
-            out["low"], out["high"] = (max(0.0, rho[0]), rho[1]) if rho is not None and rho[1] > 0 else (0.0, None)
-        return out  # neither clearly positive: undetermined
+        low, high = (max(0.0, rho[0]), rho[1]) if rho is not None and rho[1] > 0 else (0.0, None)
+        return mean_trace / mean_g2, low, high
     phi_low, phi_high = phi
-    if mean_g2 > 0 and mean_trace > 0:
-        out["b_simple"] = mean_trace / mean_g2
-        out["low"] = 1.0 / phi_high if phi_high > 0 else out["b_simple"]
-        out["high"] = 1.0 / phi_low if phi_low > 0 else None
-    elif phi_high > 0:  # the noise dominates: a lower bound only
-        out["low"] = 1.0 / phi_high
-    else:
-        out["low"] = float(floor)
-    return out
-
-
-def describe(m: dict | None) -> str:
-    """"84 (95%: 51 to 240)", "84 (95%: 51 to unbounded)", "above 310", "undetermined" (neither
-    the gradient nor the noise clearly positive), or "not measured"."""
-    if not m:
-        return "not measured"
-    if m.get("b_simple") is None and m.get("low") is None:
-        return "undetermined"
-    if m.get("b_simple") is None:
-        return f"above {m['low']:.0f}"
-    high = "unbounded" if m.get("high") is None else f"{m['high']:.0f}"
-    return f"{m['b_simple']:.0f} ({LEVEL:.0%}: {m['low']:.0f} to {high})"
+    if positive:
+        b_simple = mean_trace / mean_g2
+        return b_simple, 1.0 / phi_high if phi_high > 0 else b_simple, 1.0 / phi_low if phi_low > 0 else None
+    if phi_high > 0:  # the noise dominates: a lower bound only
+        return None, 1.0 / phi_high, None
+    return None, float(floor), None
 
 
 # --- the paper's model -----------------------------------------------------------------------------

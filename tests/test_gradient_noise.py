@@ -1,15 +1,17 @@
-"""The gradient noise scale's estimator (catsdogs.noise): its arithmetic, a known answer, the
-not-positive case, the interval, and the paper's model. Pure numpy: nothing trains."""
+"""The gradient noise scale's estimator (catsdogs.gradient_noise): its arithmetic, a known answer, the
+not-positive case, the interval, the estimate as a record holds it, and the paper's model. Pure
+numpy: nothing trains."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from catsdogs import noise
-from catsdogs.noise import NoiseSettings
+from catsdogs import gradient_noise as noise
+from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 
 
 def logistic_problem(n=2000, d=20, seed=0):
@@ -26,7 +28,7 @@ def logistic_problem(n=2000, d=20, seed=0):
     return per_example, float(g @ g), float(trace)
 
 
-def measure(per_example, settings: NoiseSettings, seed=0):
+def measure(per_example, settings: NoiseSampling, seed=0):
     """What the engine does, on exact per-example gradients: draw pairs with replacement, take
     each large batch's per-example gradient Gram matrix (what a backend returns), and give the
     estimator only the squared norms it yields."""
@@ -62,12 +64,12 @@ def test_the_estimate_is_within_10_percent_of_a_logistic_regressions_exact_noise
     per_example, g2, trace = logistic_problem()
     exact = trace / g2
     # when catsdogs' estimator sees only the squared norms of sampled batches
-    m = measure(per_example, NoiseSettings(micro=1, micros=16, pairs=400))
+    m = measure(per_example, NoiseSampling(micro=1, micros=16, pairs=400))
     # then B_simple is within 10% and the 95% interval holds the exact value
     assert exact > 10  # a problem where the noise matters
-    assert abs(m["b_simple"] - exact) / exact < 0.10
-    assert m["low"] <= exact <= m["high"]
-    assert abs(m["trace"] - trace) / trace < 0.05
+    assert abs(m.b_simple - exact) / exact < 0.10
+    assert m.low <= exact <= m.high
+    assert abs(m.trace - trace) / trace < 0.05
 
 
 def test_the_interval_covers_the_exact_value_about_95_percent_of_the_time():
@@ -76,10 +78,10 @@ def test_the_interval_covers_the_exact_value_about_95_percent_of_the_time():
     exact = trace / g2
     covered = 0
     for seed in range(200):
-        m = measure(per_example, NoiseSettings(micro=1, micros=16, pairs=16), seed=seed)
-        high = math.inf if m["high"] is None else m["high"]
-        covered += m["b_simple"] is not None and m["low"] <= exact <= high or (
-            m["b_simple"] is None and m["low"] <= exact)
+        m = measure(per_example, NoiseSampling(micro=1, micros=16, pairs=16), seed=seed)
+        high = math.inf if m.high is None else m.high
+        covered += m.b_simple is not None and m.low <= exact <= high or (
+            m.b_simple is None and m.low <= exact)
     # then the coverage is near the nominal 95%
     assert 0.88 <= covered / 200 <= 0.995
 
@@ -93,17 +95,17 @@ def test_a_gradient_estimate_that_is_not_positive_gives_a_lower_bound_never_a_nu
     # when estimated
     m = noise.estimate(small_sq, large_sq, 4, 32)
     # then there is no number, and the bound is positive and finite
-    assert m["gradient_sq"] <= 0
-    assert m["b_simple"] is None
-    assert 0 < m["low"] < math.inf and m["high"] is None
-    assert noise.describe(m) == f"above {m['low']:.0f}"
+    assert m.gradient_sq <= 0
+    assert m.b_simple is None
+    assert 0 < m.low < math.inf and m.high is None
+    assert noise.describe(m) == f"above {m.low:.0f}"
 
 
 def test_a_gradient_clearly_below_zero_gives_the_large_batch_as_the_bound():
     # given pairs that all say |G|^2 < 0 (by chance: it cannot be): no positive 1/B_simple fits
     m = noise.from_pairs([-1.0, -1.1, -0.9, -1.05], [100.0, 101.0, 99.0, 100.5], floor=16)
     # then the bound is the large batch, whose gradient still looked like pure noise
-    assert m["b_simple"] is None and m["low"] == 16.0 and m["high"] is None
+    assert m.b_simple is None and m.low == 16.0 and m.high is None
 
 
 def test_a_positive_but_unclear_gradient_gives_a_number_with_an_interval_unbounded_above():
@@ -113,8 +115,8 @@ def test_a_positive_but_unclear_gradient_gives_a_number_with_an_interval_unbound
     large_sq = 25.0 / 8 + 0.05 + rng.normal(0, 0.3, 10)
     m = noise.estimate(small_sq, large_sq, 4, 32)
     # then the number exists and the interval is open above
-    assert m["gradient_sq"] > 0 and m["b_simple"] > 0
-    assert m["high"] is None and 0 < m["low"] <= m["b_simple"]
+    assert m.gradient_sq > 0 and m.b_simple > 0
+    assert m.high is None and 0 < m.low <= m.b_simple
     assert noise.describe(m).endswith("to unbounded)")
 
 
@@ -137,7 +139,7 @@ def test_fieller_matches_its_closed_form_for_independent_samples():
 
 
 def test_draw_is_deterministic_for_a_seed_and_epoch_and_samples_with_replacement():
-    s = NoiseSettings(micro=8, micros=4, pairs=50)
+    s = NoiseSampling(micro=8, micros=4, pairs=50)
     a, b = noise.draw(100, s, seed=3, epoch=2), noise.draw(100, s, seed=3, epoch=2)
     assert a.shape == (50, 4, 8) and (a == b).all()
     assert not (a == noise.draw(100, s, seed=3, epoch=1)).all()
@@ -145,9 +147,9 @@ def test_draw_is_deterministic_for_a_seed_and_epoch_and_samples_with_replacement
     assert a.min() >= 0 and a.max() < 100
 
 
-@pytest.mark.parametrize("settings, key", [(NoiseSettings(0, 4, 8), "noise_micro"),
-                                           (NoiseSettings(8, 1, 8), "noise_micros"),
-                                           (NoiseSettings(8, 4, 1), "noise_pairs")])
+@pytest.mark.parametrize("settings, key", [(NoiseSampling(0, 4, 8), "noise_micro"),
+                                           (NoiseSampling(8, 1, 8), "noise_micros"),
+                                           (NoiseSampling(8, 4, 1), "noise_pairs")])
 def test_settings_that_cannot_estimate_are_refused_naming_the_setting(settings, key):
     from catsdogs.errors import SettingError
 
@@ -159,18 +161,18 @@ def test_settings_that_cannot_estimate_are_refused_naming_the_setting(settings, 
 def test_pooling_seeds_is_the_ratio_of_means_over_all_their_pairs():
     # given the same problem measured by three seeds with few pairs each
     per_example, g2, trace = logistic_problem()
-    settings = NoiseSettings(micro=1, micros=16, pairs=8)
+    settings = NoiseSampling(micro=1, micros=16, pairs=8)
     seeds = [measure(per_example, settings, seed=s) for s in range(3)]
     pooled = noise.pool([*seeds, None])  # a seed without the measurement counts for nothing
     # then it is one estimate over the 24 pairs, narrower than the typical seed's own
-    everything = noise.from_pairs([v for m in seeds for v in m["pair_gradient_sq"]],
-                                  [v for m in seeds for v in m["pair_trace"]], floor=16)
-    assert pooled["pairs"] == 24 and pooled["measurements"] == 3
-    assert pooled["b_simple"] == pytest.approx(everything["b_simple"])
-    assert pooled["b_simple"] == pytest.approx(sum(m["trace"] for m in seeds) / sum(m["gradient_sq"] for m in seeds))
-    width = (pooled["high"] or math.inf) - pooled["low"]
-    assert width < sorted((m["high"] or math.inf) - m["low"] for m in seeds)[1]
-    assert noise.pool([None, {}]) is None
+    everything = noise.from_pairs([v for m in seeds for v in m.pair_gradient_sq],
+                                  [v for m in seeds for v in m.pair_trace], floor=16)
+    assert pooled.pairs == 24 and pooled.measurements == 3
+    assert pooled.b_simple == pytest.approx(everything.b_simple)
+    assert pooled.b_simple == pytest.approx(sum(m.trace for m in seeds) / sum(m.gradient_sq for m in seeds))
+    width = (pooled.high or math.inf) - pooled.low
+    assert width < sorted((m.high or math.inf) - m.low for m in seeds)[1]
+    assert noise.pool([None]) is None
 
 
 def test_the_fixed_epochs_limit_and_the_papers_learning_rate():
@@ -180,3 +182,47 @@ def test_the_fixed_epochs_limit_and_the_papers_learning_rate():
     assert noise.paper_learning_rate(0.001, 32, 64, 1e9) == pytest.approx(0.002, rel=1e-6)
     flat = noise.paper_learning_rate(0.001, 32, 10**6, 64.0)
     assert flat == pytest.approx(0.001 * (1 + 64 / 32), rel=1e-3)
+
+
+# --- the estimate as a trial's record holds it ---------------------------------------------------
+
+
+def a_measurement() -> NoiseEstimate:
+    per_example, _, _ = logistic_problem()
+    return replace(measure(per_example, NoiseSampling(micro=1, micros=16, pairs=8)), epoch=2, seconds=0.25)
+
+
+def test_an_estimate_is_written_under_the_stores_noise_scale_names_and_read_back_whole():
+    # given an estimate from 8 pairs of 1 and 16 images, after epoch 2
+    m = a_measurement()
+    # when written as a history row and read back with the trial's first measurement beside it
+    row = {"epoch": 2, "loss": 0.4, **m.to_record()}
+    back = NoiseEstimate.from_record(row, start=m)
+    # then the names are those catsdogs 0.8.0 stored, and nothing is lost
+    assert set(m.to_record()) == {"noise_scale", "noise_scale_low", "noise_scale_high", "noise_gradient_sq",
+                                  "noise_trace", "noise_seconds", "noise_pair_gradient_sq", "noise_pair_trace"}
+    assert row["noise_scale"] == m.b_simple and row["noise_scale_low"] == m.low
+    assert back == m and back.images == 8 * 16
+    # and a row without the measurement has none
+    assert NoiseEstimate.from_record({"epoch": 1, "loss": 0.4}) is None
+
+
+def test_a_trials_first_measurement_keeps_the_dict_catsdogs_0_8_0_stored():
+    # given the estimate a trial measured before its first update
+    m = replace(a_measurement(), epoch=0)
+    # then its dict has exactly 0.8.0's keys, and reads back as the same estimate
+    stored = m.as_dict()
+    assert set(stored) == {"epoch", "b_simple", "low", "high", "gradient_sq", "trace", "pairs", "pair_gradient_sq",
+                           "pair_trace", "small", "large", "seconds"}
+    assert NoiseEstimate.from_dict(stored) == m and NoiseEstimate.from_dict(None) is None
+    # and a dict as 0.9.0 wrote it (the estimate's fields, then the epoch and the time) reads the same
+    old = {"epoch": 0, "b_simple": m.b_simple, "low": m.low, "high": m.high, "gradient_sq": m.gradient_sq,
+           "trace": m.trace, "pairs": 8, "pair_gradient_sq": list(m.pair_gradient_sq),
+           "pair_trace": list(m.pair_trace), "small": 1, "large": 16, "seconds": 0.25}
+    assert NoiseEstimate.from_dict(old) == m
+
+
+def test_a_lower_bound_reads_as_one():
+    bound = noise.from_pairs([-1.0, -1.1, -0.9, -1.05], [100.0, 101.0, 99.0, 100.5], floor=16)
+    assert bound.is_bound and bound.value == 16.0 and bound.describe() == "above 16"
+    assert noise.describe(None) == "not measured"

@@ -1,0 +1,227 @@
+"""The batch-size search and the recommendation: pure functions, no framework, no process.
+
+The search (`search`) takes any probe function, so it is tested with a fake device:
+- `power`: double from `start` until a probe does not fit (or `max` is reached; `max` itself is
+  probed when the doubling would pass it). If `start` does not fit, halve instead, down to 1.
+- `binsearch`: `power`, then bisect between the last size that fit and the first that did
+  not, until the gap is at most `resolution`; by default 8, or an eighth of the size that
+  fits when that is smaller (so 4 still bisects towards 7): memory varies by a few MiB from
+  run to run, so a finer answer would be noise, and the answer with a margin is rounded to a
+  multiple of 8 anyway.
+- A probe that fails for another reason than memory does not stop the search: while doubling
+  the search steps over it (two failed sizes in a row end the doubling), and while bisecting
+  it counts as an upper bound, so the answer is always a size that actually ran.
+
+The margin (`apply_margin`): `margin` (e.g. 0.1) takes that fraction off the largest size that
+fits, then rounds down to a multiple of 8 (GPU kernels and tensor cores like multiples of 8), or
+to a power of two below 8. The critical batch size is rounded down the same way (`round_batch`)
+and probed when it lies below the margin's size (`critical_probe`).
+
+The recommendation (`recommend`, `decide`) joins the three limits: of the sizes that fit and are
+no larger than the margin's (memory) and, when the noise scale was measured as a number, no
+larger than it (statistics), the fastest (images/s of the probes' median step; speed); a smaller
+size within 5% of it wins, being as fast within the probes' noise and kinder to generalization.
+It names the limit that binds: statistics when the critical batch size rules out the size memory
+and speed alone would pick, memory when that size is the largest the margin allows (a larger
+batch might be faster still), else speed (throughput peaked below both). A noise scale that is
+only a lower bound rules nothing out. Its learning rate: with the noise scale measured, the
+paper's rule, eps(B) = eps(32) (1 + B_noise/32) / (1 + B_noise/B), from the optimizer's Keras
+default at the base batch size (32); linear in B well below B_noise, where it agrees with the
+linear scaling rule, and flat well above it, where the linear rule would overshoot. Without it,
+the linear scaling rule, as a trial's `--lr-scaling linear` does (schema.learning_rate): the
+Keras default (SGD 0.01, Adam 0.001) times batch size / 32.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from catsdogs.errors import SettingError
+from catsdogs.gradient_noise import NoiseEstimate, paper_learning_rate
+from catsdogs.messages import ProbeRecord
+from catsdogs.schema import Status, TrialConfig, default, learning_rate
+
+MODES = ("power", "binsearch")
+DEFAULT_START = 8
+DEFAULT_RESOLUTION = 8  # the bisection's final gap, or an eighth of the answer when smaller
+MAX_FAILED_IN_A_ROW = 2
+TIE = 0.05  # throughputs within 5% are the same, for the recommendation
+FRESH_SHARE = 0.8  # probes at or above this share of the predicted limit run in a fresh worker
+
+
+@dataclass
+class SearchResult:
+    largest_fit: int | None  # the largest size that fit (None: not even 1)
+    first_failure: int | None  # the smallest size above it that did not (None: never failed)
+    order: list[int] = field(default_factory=list)  # batch sizes in the order probed
+    statuses: dict[int, str] = field(default_factory=dict)
+    reached_max: bool = False  # the search stopped at `max` with everything fitting
+
+
+def effective_resolution(resolution: int | None, largest_fit: int) -> int:
+    """The gap the bisection stops at: `resolution` when given; by default DEFAULT_RESOLUTION
+    or an eighth of the size that fits, whichever is smaller, and at least 1."""
+    if resolution is not None:
+        return int(resolution)
+    return max(1, min(DEFAULT_RESOLUTION, largest_fit // 8))
+
+
+def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DEFAULT_START,
+           max_batch: int | None = None, resolution: int | None = None) -> SearchResult:
+    """Find the largest batch size for which `probe(batch_size)` says done (it fits).
+
+    `probe` returns a status, done (fits), oom or failed, and is called at most once per batch size."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    if start < 1 or (max_batch is not None and max_batch < 1) or (resolution is not None and resolution < 1):
+        raise ValueError("start, max and resolution must be >= 1")
+    res = SearchResult(None, None)
+
+    def ask(b: int) -> str:
+        if b not in res.statuses:
+            res.order.append(b)
+            res.statuses[b] = probe(b)
+        return res.statuses[b]
+
+    b = min(start, max_batch) if max_batch is not None else start
+    lo = hi = None
+    if ask(b) == Status.DONE:
+        lo = b
+    else:  # the start is too large: halve until something fits
+        hi = b
+        while b > 1:
+            b //= 2
+            if ask(b) == Status.DONE:
+                lo = b
+                break
+            hi = b
+    if lo is None:
+        return res
+    if hi is None:  # double until out of memory, `max`, or failures in a row
+        b, failed_run = lo, []
+        while max_batch is None or b < max_batch:
+            b = b * 2 if max_batch is None else min(b * 2, max_batch)
+            status = ask(b)
+            if status == Status.DONE:
+                lo, failed_run = b, []
+            elif status == Status.OOM:
+                hi = failed_run[0] if failed_run else b
+                break
+            else:
+                failed_run.append(b)
+                if len(failed_run) >= MAX_FAILED_IN_A_ROW:
+                    hi = failed_run[0]
+                    break
+        else:
+            res.reached_max = not failed_run
+            if failed_run:
+                hi = failed_run[0]
+    if mode == "binsearch" and hi is not None:
+        while hi - lo > effective_resolution(resolution, lo):
+            mid = (lo + hi) // 2
+            if ask(mid) == Status.DONE:
+                lo = mid
+            else:
+                hi = mid
+    res.largest_fit, res.first_failure = lo, hi
+    return res
+
+
+def apply_margin(largest: int, margin: float) -> int:
+    """`largest` less the fraction `margin`, rounded down to a multiple of 8 (a power of two
+    below 8). margin 0 returns `largest` itself, unrounded; never less than 1."""
+    if not 0 <= margin < 1:
+        raise SettingError(f"margin must be in [0, 1), got {margin}", "margin")
+    if largest < 1:
+        raise ValueError(f"nothing to take a margin off: {largest}")
+    if margin == 0:
+        return largest
+    target = math.floor(largest * (1 - margin) + 1e-9)
+    if target >= 8:
+        return target // 8 * 8
+    return 2 ** int(math.log2(target)) if target >= 1 else 1
+
+
+def round_batch(value: float) -> int:
+    """A batch size at or below `value`, as the margin's is rounded: a multiple of 8, or a power
+    of two below 8; at least 1."""
+    whole = max(1, math.floor(value + 1e-9))
+    return whole // 8 * 8 if whole >= 8 else 2 ** int(math.log2(whole))
+
+
+def critical_probe(estimate: NoiseEstimate | None, safe: int | None) -> int | None:
+    """The batch size to probe at the critical batch size (rounded down), when the noise scale is
+    a number below the memory limit's size; None otherwise."""
+    if estimate is None or estimate.b_simple is None or safe is None:
+        return None
+    size = round_batch(estimate.b_simple)
+    return size if size < safe else None
+
+
+def linear_scaled_lr(optimizer: str, batch_size: int) -> float:
+    """The linear scaling rule from the optimizer's Keras default at the base batch size: the
+    learning rate a trial with `--lr-scaling linear` trains with."""
+    return learning_rate(TrialConfig(optimizer, batch_size, "standard", 0, lr_scaling="linear"))
+
+
+def fastest(probes: list[ProbeRecord]) -> ProbeRecord | None:
+    """The fastest of `probes`; a smaller one within TIE of it wins."""
+    if not probes:
+        return None
+    best = max(p.images_per_second for p in probes)
+    return min((p for p in probes if p.images_per_second >= (1 - TIE) * best), key=lambda p: p.batch_size)
+
+
+def recommend(probes: list[ProbeRecord], safe: int, critical: float | None = None) -> tuple[ProbeRecord | None, str | None]:
+    """(the recommended probe, the limit that binds: "memory", "speed" or "statistics").
+
+    Of the probes that fit with batch size <= safe (memory) and <= `critical` (statistics: the
+    critical batch size, when known as a number), the fastest (speed); a smaller one within TIE
+    of it wins. When the critical batch size is below every fitting size, the smallest fits."""
+    fits = [p for p in probes if p.status == Status.DONE and p.batch_size <= safe and p.images_per_second]
+    if not fits:
+        return None, None
+    by_speed = fastest(fits)
+    if critical is not None and by_speed.batch_size > critical:
+        within = [p for p in fits if p.batch_size <= critical]
+        return (fastest(within) if within else min(fits, key=lambda p: p.batch_size)), "statistics"
+    largest = max(p.batch_size for p in fits)
+    return by_speed, ("memory" if by_speed.batch_size == largest else "speed")
+
+
+def decide(result: SearchResult, probes: list[ProbeRecord], safe: int | None, optimizer: str,
+           estimate: NoiseEstimate | None) -> dict:
+    """The measured answer, the margin's size, the fastest and the recommendation with its
+    learning rate, as find_batch_size.json holds them."""
+    summary: dict = {"largest_fitting": result.largest_fit, "first_not_fitting": result.first_failure,
+                     "reached_max": result.reached_max}
+    if result.largest_fit is None:
+        return summary
+    summary["margin_batch_size"] = safe
+    fits = [p for p in probes if p.status == Status.DONE and p.images_per_second]
+    top = max(fits, key=lambda p: p.images_per_second) if fits else None
+    summary["fastest"] = {"batch_size": top.batch_size, "images_per_second": top.images_per_second} if top else None
+    critical = estimate.b_simple if estimate else None
+    rec, binding = recommend(probes, safe, critical)
+    if rec:
+        base = default("base_batch_size")
+        base_lr = linear_scaled_lr(optimizer, base)
+        lr = (paper_learning_rate(base_lr, base, rec.batch_size, critical) if critical
+              else linear_scaled_lr(optimizer, rec.batch_size))
+        summary["recommendation"] = {
+            "batch_size": rec.batch_size, "images_per_second": rec.images_per_second, "binding": binding,
+            "learning_rate": lr, "learning_rate_rule": "paper" if critical else "linear",
+            "linear_learning_rate": linear_scaled_lr(optimizer, rec.batch_size),
+            "base_learning_rate": base_lr, "base_batch_size": base}
+    return summary
+
+
+def fresh_threshold(predicted_max: int) -> int:
+    """The smallest batch size that gets a fresh worker, given the predicted largest that fits."""
+    return max(1, math.ceil(FRESH_SHARE * predicted_max))
+
+
+def percent_apart(predicted: float, measured: float) -> float:
+    return 100.0 * (predicted - measured) / measured

@@ -1,0 +1,156 @@
+"""A probe: a few training steps of the sweep's own step at one batch size, timed; and the two
+measurements of the device that profile and find-batch-size add to it (its matmul peak, and the
+largest batch by the compiler's memory plan).
+
+A probe is built as a trial is (catsdogs.training.steps: the same model, optimizer
+implementation, precision, process settings and input pipeline, run by the same `model.fit`), so
+what it times is what a sweep trains; it differs only in how many steps it runs and what it
+records. Always a record: out of memory and failures are its status (oom, failed), with the error.
+Runs inside a worker, after its backend has started (catsdogs.training.worker), so Keras is
+imported at the top.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import keras
+
+from catsdogs.errors import CatsdogsError
+from catsdogs.host import NvmlSampler, rss_mb
+from catsdogs.manifest import require_prepared
+from catsdogs.messages import (
+    MemoryPlan,
+    MemoryPlanTask,
+    PeakRecord,
+    PeakTask,
+    ProbeRecord,
+    ProbeTask,
+)
+from catsdogs.schema import Status, TrialConfig
+from catsdogs.training import backends, steps
+from catsdogs.training.costs import predict_max_batch_size_planned, train_flops_per_image
+
+# NVML's utilization is the share of the last sample period (up to a second) in which a kernel
+# ran: a probe of a few milliseconds reads a number that means little. On a GPU each probe's timed
+# steps last at least this long (the probe's batches repeat as often as that needs).
+GPU_MIN_PROBE_SECONDS = 2.0
+MAX_PROBE_EPOCHS = 100_000  # a bound only: the step timer stops the probe
+
+
+def run_probe(task: ProbeTask) -> ProbeRecord:
+    """Warm up, then time `task.steps` training steps at one batch size; measure memory.
+
+    The step is the sweep's (`steps.TrainingStep`), fed by the sweep's pipeline: batches of the
+    prepared train split, seeded permutations joined end to end (so a batch larger than the
+    split holds every image at least once). Only this probe's step is kept in memory."""
+    backend = backends.current()
+    kind = backend.start()
+    record = ProbeRecord(batch_size=task.batch_size, precision=task.precision, optimizer=task.optimizer,
+                         dataset=task.dataset, steps=task.steps, warmup=task.warmup)
+    sampler = NvmlSampler() if kind == "gpu" else None
+    try:
+        manifest, splits = steps.DATA.load(Path(task.data_dir), task.dataset)
+        size = manifest["params"]["size"]
+        cfg = TrialConfig(task.optimizer, int(task.batch_size), task.dataset, task.seed, epochs=1,
+                          image_size=size, data=manifest["fingerprint"][task.dataset],
+                          precision=task.precision, deterministic=task.deterministic, tf32=task.tf32,
+                          backend=backend.NAME)
+        cfg.check()
+        backends.check_settings(cfg, backend.running_settings())
+        record.deterministic, record.tf32 = cfg.deterministic, cfg.tf32
+        n = task.warmup + task.steps
+        record.image_size, record.device, record.backend = size, backend.device_description(), backend.NAME
+        record.baseline_rss_mb = rss_mb()  # before the model: runtime + data
+        step, _ = steps.STEPS.get(cfg, n, backend, keep_others=False)
+        batches = backend.train_batches(splits["train"], cfg.batch_size, cfg.seed, n, cross_epochs=True)
+        min_seconds = task.min_seconds
+        if min_seconds is None:
+            min_seconds = GPU_MIN_PROBE_SECONDS if kind == "gpu" else 0.0
+        timer = StepTimer(task.warmup, sampler.start if sampler else None, task.steps, min_seconds)
+        with step.strategy.scope():  # the same batches again until the timed steps last min_seconds
+            step.model.fit(batches, epochs=MAX_PROBE_EPOCHS if min_seconds else 1, steps_per_epoch=n,
+                           callbacks=[timer], shuffle=False, verbose=0)
+        nvml = sampler.stop() if sampler else {}
+        times = timer.times
+        median, mean = statistics.median(times), statistics.fmean(times)
+        _fill(record, status=Status.DONE, step_time_median_s=median, step_time_mean_s=mean,
+              step_times_s=times, timed_steps=len(times), timed_seconds=sum(times),
+              images_per_second=cfg.batch_size / median,
+              flops_per_second=train_flops_per_image(size) * cfg.batch_size / median, **nvml)
+    except Exception as exc:  # noqa: BLE001 - out of memory and failures are recorded outcomes
+        if sampler:
+            _fill(record, **sampler.stop())
+        _fill(record, **backends.failure_fields(exc, backend))
+        steps.STEPS.clear()  # whatever the failed step allocated goes back before the next task
+    _fill(record, **backend.peak_memory())
+    return record
+
+
+def _fill(record, **values):
+    """Set fields of a record (dataclasses.replace would copy it)."""
+    for k, v in values.items():
+        setattr(record, k, v)
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Times each training step after `warmup` untimed ones; the loss is read back at each step's
+    end, which waits for the device to finish the step. With `min_seconds`, it stops training at
+    the end of the first pass over the batches (an epoch) after which at least `steps` steps were
+    timed and they lasted `min_seconds`. `on_timed_start()`: called as the first timed step begins."""
+
+    def __init__(self, warmup: int, on_timed_start=None, steps: int = 0, min_seconds: float = 0.0):
+        super().__init__()
+        self.warmup, self.on_timed_start, self.steps, self.min_seconds = warmup, on_timed_start, steps, min_seconds
+        self.times: list[float] = []
+        self.step = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        if len(self.times) >= self.steps and sum(self.times) >= self.min_seconds:
+            self.model.stop_training = True
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.step == self.warmup and self.on_timed_start:
+            self.on_timed_start()
+        self.t0 = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        float((logs or {}).get("loss", 0.0))  # synchronize
+        if self.step >= self.warmup:
+            self.times.append(time.perf_counter() - self.t0)
+        self.step += 1
+
+
+def run_peak(task: PeakTask) -> PeakRecord:
+    """The device's matmul peak in the precision's compute dtype."""
+    backend = backends.current()
+    backend.start()
+    dtype = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[task.precision]
+    result = backend.matmul_peak(dtype, n=task.matmul_size, seconds=task.seconds)
+    return PeakRecord(status=Status.DONE, device=backend.device_description(), precision=task.precision,
+                      **result)
+
+
+def run_memory_plan(task: MemoryPlanTask) -> MemoryPlan:
+    """The largest batch size under `cap_bytes` by the compiler's memory plan (backends whose
+    compiler states one: JAX), its baseline from a measured probe (`calibration_peak_bytes` at
+    `calibration_batch`). Compiles the probe's step at a few batch sizes; runs nothing."""
+    backend = backends.current()
+    backend.start()
+    if backend.compiled_step_bytes is None:
+        raise CatsdogsError(f"{backend.NAME} states no memory plan: use catsdogs.training.costs' analytic model")
+    manifest = require_prepared(Path(task.data_dir))
+    size = manifest["params"]["size"]
+    cfg = TrialConfig(task.optimizer, int(task.calibration_batch), task.dataset, 0, epochs=1,
+                      image_size=size, data=manifest["fingerprint"][task.dataset],
+                      precision=task.precision, deterministic=task.deterministic, tf32=task.tf32,
+                      backend=backend.NAME)
+    backends.check_settings(cfg, backend.running_settings())
+    step, _ = steps.STEPS.get(cfg, 1, backend, keep_others=False)
+    with step.strategy.scope():
+        prediction = predict_max_batch_size_planned(
+            lambda b: backend.compiled_step_bytes(step.model, b, size), task.cap_bytes,
+            cfg.batch_size, task.calibration_peak_bytes)
+    return MemoryPlan(status=Status.DONE, **prediction)

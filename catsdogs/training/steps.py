@@ -1,0 +1,179 @@
+"""What a worker keeps between tasks: the data sets it has decoded and the steps it has compiled.
+
+A worker (catsdogs.training.worker, or a Ray actor) runs task after task; decoding the prepared
+images and building, compiling and tracing the article's model are the costs it pays once:
+- `DataCache`: every prepared data set it has decoded, checked against the manifest's
+  fingerprint before each task, so data re-prepared under a worker is decoded again, never
+  used stale;
+- `StepCache`: the compiled training step (`TrainingStep`) of each trial shape it has run
+  (`TrialConfig.shape()`: model, optimizer, batch size and protocol; not the seed or the data
+  set), up to a memory budget. A trial of a known shape gets the weights a freshly built model
+  of its seed has and zeroed optimizer state, so its result is bit-identical to the same trial
+  in a fresh process (tests/test_engine.py), without building, compiling and tracing again.
+
+One of each per process (`DATA`, `STEPS`). Imported only once the worker's backend has started
+(catsdogs.training.backends: a framework reads its settings when it starts), so Keras is
+imported here at the top.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from catsdogs.data import loading
+from catsdogs.errors import CatsdogsError
+from catsdogs.manifest import require_prepared
+from catsdogs.schema import TrialConfig, learning_rate
+from catsdogs.training.costs import OPTIMIZER_SLOTS, parameter_count
+from catsdogs.training.model import build_model, loss_and_metrics
+
+# The compiled steps a worker keeps: at most this share of the memory that holds them (the
+# GPU's, else the host's). At 200 px one Adam step holds ~0.66 GB (weights, gradients, two
+# slots), so a 24 GiB host keeps 9 of the article's 14 shapes.
+STEP_CACHE_SHARE = 0.25
+STEP_CACHE_BYTES_ENV = "CATSDOGS_STEP_CACHE_BYTES"  # overrides the share, in bytes (0: no cache)
+
+
+class DataCache:
+    """Decoded data sets by (folder, data set), each with the fingerprint it was decoded at."""
+
+    def __init__(self):
+        self._sets: dict[tuple[str, str], tuple[str, dict]] = {}
+
+    def load(self, data_dir: Path, dataset: str, expect: str = "") -> tuple[dict, dict[str, loading.Split]]:
+        """(manifest, splits). `expect`: the fingerprint the task was planned on; data that
+        changed since is an error, and data that changed since it was cached is decoded again."""
+        manifest = require_prepared(Path(data_dir))
+        fingerprint = manifest["fingerprint"][dataset]
+        if expect and fingerprint != expect:
+            raise CatsdogsError(f"the data in {data_dir} changed since this trial was planned "
+                                "(re-prepared?): plan the sweep again")
+        key = (str(Path(data_dir).resolve()), dataset)
+        cached = self._sets.get(key)
+        if cached is None or cached[0] != fingerprint:
+            self._sets[key] = (fingerprint, loading.load_dataset(Path(data_dir), dataset))
+            # a file replaced mid-read: the fingerprint is checked once more after decoding
+            if require_prepared(Path(data_dir))["fingerprint"][dataset] != fingerprint:
+                del self._sets[key]
+                raise CatsdogsError(f"the data in {data_dir} changed while it was being read")
+        return manifest, self._sets[key][1]
+
+
+class TrainingStep:
+    """A compiled model of one shape, and how to give it a new trial's starting state."""
+
+    def __init__(self, cfg: TrialConfig, steps_per_epoch: int, backend):
+        self.shape = shape_of(cfg, steps_per_epoch)
+        self.trial_shape = repr(cfg.shape())  # what a sweep knows of it (Worker.shapes)
+        self.strategy = backend.distribution(cfg.strategy)
+        keras.mixed_precision.set_dtype_policy(cfg.precision)
+        keras.utils.set_random_seed(cfg.seed)
+        with self.strategy.scope():
+            self.model = build_model(cfg.image_size)
+            loss, metrics = loss_and_metrics()
+            self.model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, backend), loss=loss, metrics=metrics)
+            self.model.optimizer.build(self.model.trainable_variables)
+            self.inspect = inspection_model(self.model)
+        self.gram_functions: dict = {}  # the noise measurement's compiled functions (backends.*.per_example_gram)
+        # The optimizer's starting state: zeros (slots, iterations) but for a few scalars.
+        self._opt_start = []
+        for v in self.model.optimizer.variables:
+            value = keras.ops.convert_to_numpy(v)
+            self._opt_start.append(value if value.any() else None)
+        self.nbytes = step_bytes(cfg)
+
+    def reset(self, cfg: TrialConfig) -> None:
+        """The state a freshly built model of `cfg.seed` starts from: its weights (drawn as a
+        new process draws them), the optimizer's variables as built."""
+        keras.mixed_precision.set_dtype_policy(cfg.precision)
+        keras.utils.set_random_seed(cfg.seed)
+        fresh = build_model(cfg.image_size)
+        for target, source in zip(self.model.weights, fresh.weights, strict=True):
+            target.assign(source.value)
+        del fresh
+        for v, start in zip(self.model.optimizer.variables, self._opt_start, strict=True):
+            v.assign(np.zeros(v.shape, v.dtype) if start is None else start)
+
+
+def inspection_model(model):
+    """The trained model's hidden Dense(128) activations and its logit, from the same weights:
+    what the engine's `diagnose` reads a collapse from."""
+    hidden = next(layer for layer in reversed(model.layers[:-1]) if isinstance(layer, keras.layers.Dense))
+    return keras.Model(model.inputs, [hidden.output, model.outputs[0]], name="inspect")
+
+
+def shape_of(cfg: TrialConfig, steps_per_epoch: int) -> tuple:
+    """The compiled step's identity; a warm-up schedule's length is compiled into it."""
+    return (*cfg.shape(), ("steps_per_epoch", steps_per_epoch if cfg.warmup_epochs else None))
+
+
+def step_bytes(cfg: TrialConfig) -> int:
+    """Memory a kept step holds: weights, gradients and the optimizer's slots, float32."""
+    return 4 * parameter_count(cfg.image_size) * (2 + OPTIMIZER_SLOTS[cfg.optimizer])
+
+
+def make_optimizer(cfg: TrialConfig, steps_per_epoch: int, backend):
+    lr = learning_rate(cfg)
+    warmup = int(round(cfg.warmup_epochs * steps_per_epoch / cfg.accumulate))
+    if warmup > 0:
+        lr = keras.optimizers.schedules.PolynomialDecay(  # a linear ramp 0 -> lr, then flat
+            initial_learning_rate=lr / warmup, decay_steps=warmup, end_learning_rate=lr, power=1.0)
+    kwargs = {"learning_rate": lr}
+    if cfg.accumulate > 1:
+        kwargs["gradient_accumulation_steps"] = cfg.accumulate
+    return backend.optimizer_class(cfg.optimizer, cfg.strategy)(**kwargs)
+
+
+class StepCache:
+    """Compiled steps by shape, least recently used first out, within a byte budget."""
+
+    def __init__(self):
+        self._steps: OrderedDict[tuple, TrainingStep] = OrderedDict()
+        self.budget: int | None = None
+
+    def shapes(self) -> list[str]:
+        """The trial shapes (`repr(TrialConfig.shape())`) whose steps are kept."""
+        return [step.trial_shape for step in self._steps.values()]
+
+    def get(self, cfg: TrialConfig, steps_per_epoch: int, backend, keep_others: bool = True) -> tuple[TrainingStep, bool]:
+        """(step, reused): the shape's kept step reset to `cfg`'s start, or a new one."""
+        shape = shape_of(cfg, steps_per_epoch)
+        step = self._steps.get(shape)
+        if step is not None:
+            self._steps.move_to_end(shape)
+            step.reset(cfg)
+            return step, True
+        if not keep_others:
+            self.clear()
+        budget = self._budget(backend)
+        while self._steps and sum(s.nbytes for s in self._steps.values()) + step_bytes(cfg) > budget:
+            self._steps.popitem(last=False)
+        step = TrainingStep(cfg, steps_per_epoch, backend)
+        if step.nbytes <= budget:
+            self._steps[shape] = step
+        return step, False
+
+    def clear(self) -> None:
+        self._steps.clear()
+        gc.collect()
+
+    def _budget(self, backend) -> int:
+        if self.budget is None:
+            override = os.environ.get(STEP_CACHE_BYTES_ENV)
+            if override is not None:
+                self.budget = int(override)
+            else:
+                total = backend.memory_budget_bytes()
+                self.budget = int(STEP_CACHE_SHARE * total) if total else 0
+        return self.budget
+
+
+# One of each per process: a worker's memory of what it has done.
+DATA = DataCache()
+STEPS = StepCache()

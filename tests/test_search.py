@@ -1,0 +1,213 @@
+"""The batch-size search and its recommendation (catsdogs.measure.search): pure functions, tested
+with a fake device and made-up probes, in a process that never imports a framework."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from catsdogs.gradient_noise import NoiseEstimate
+from catsdogs.measure import search as search_module
+from catsdogs.measure.search import (
+    apply_margin,
+    effective_resolution,
+    linear_scaled_lr,
+    recommend,
+    search,
+)
+from catsdogs.messages import ProbeRecord
+
+
+def test_the_search_runs_without_a_framework():
+    # given a fresh interpreter that imports the search and runs one
+    code = ("import sys; from catsdogs.measure.search import search; "
+            "r = search(lambda b: 'done' if b <= 100 else 'oom', start=8, resolution=1); "
+            "print(r.largest_fit, sorted(m for m in ('keras', 'tensorflow', 'jax') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # then it found the limit, and no framework was loaded
+    assert out.stdout.split() == ["100", "[]"]
+
+
+# --- margin and learning rate ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("largest, margin, expected", [
+    (200, 0.1, 176),  # 180 -> multiple of 8
+    (100, 0.1, 88),  # 90 -> 88
+    (64, 0.1, 56),  # 57.6 -> 57 -> 56
+    (256, 0.25, 192),
+    (96, 0.0, 96),  # no margin: the largest itself, unrounded
+    (93, 0.0, 93),
+    (9, 0.1, 8),  # 8.1 -> 8
+    (7, 0.1, 4),  # 6.3 -> below 8: a power of two
+    (3, 0.1, 2),
+    (1, 0.5, 1),  # never below 1
+])
+def test_margin_rounds_down_to_a_multiple_of_8_or_a_power_of_two(largest, margin, expected):
+    got = apply_margin(largest, margin)
+    assert got == expected
+    assert got <= largest
+
+
+@pytest.mark.parametrize("margin", [-0.1, 1.0, 1.5])
+def test_a_margin_outside_0_1_is_refused(margin):
+    with pytest.raises(ValueError, match="margin"):
+        apply_margin(100, margin)
+
+
+def test_linear_scaling_rule_from_keras_defaults_at_32():
+    assert linear_scaled_lr("adam", 32) == pytest.approx(0.001)
+    assert linear_scaled_lr("adam", 64) == pytest.approx(0.002)
+    assert linear_scaled_lr("sgd", 8) == pytest.approx(0.0025)
+    assert linear_scaled_lr("sgd", 256) == pytest.approx(0.08)
+
+
+# --- the search, with a fake probe ---------------------------------------------------------------
+
+
+class FakeDevice:
+    """Fits up to `limit`; `failing` sizes fail for another reason; counts every probe."""
+
+    def __init__(self, limit: int, failing=()):
+        self.limit, self.failing, self.calls = limit, set(failing), []
+
+    def __call__(self, b: int) -> str:
+        self.calls.append(b)
+        if b in self.failing:
+            return "failed"
+        return "done" if b <= self.limit else "oom"
+
+
+def test_power_mode_doubles_until_out_of_memory():
+    dev = FakeDevice(100)
+    r = search(dev, mode="power", start=8)
+    assert dev.calls == [8, 16, 32, 64, 128]
+    assert (r.largest_fit, r.first_failure) == (64, 128)
+
+
+def test_binsearch_bisects_between_the_last_fit_and_the_first_failure():
+    dev = FakeDevice(100)
+    r = search(dev, mode="binsearch", start=8)
+    assert dev.calls[:5] == [8, 16, 32, 64, 128]
+    assert dev.calls[5] == 96  # the middle of 64 and 128
+    assert r.largest_fit <= 100 < r.first_failure
+    assert r.first_failure - r.largest_fit <= 8
+    assert r.statuses[r.largest_fit] == "done" and r.statuses[r.first_failure] == "oom"
+
+
+def test_binsearch_with_resolution_1_finds_the_exact_limit_for_any_limit_and_start():
+    rng = random.Random(0)
+    for _ in range(300):
+        limit, start = rng.randint(1, 5000), rng.choice([1, 2, 3, 8, 16, 100, 4096, 10000])
+        dev = FakeDevice(limit)
+        r = search(dev, mode="binsearch", start=start, resolution=1)
+        assert (r.largest_fit, r.first_failure) == (limit, limit + 1), (limit, start)
+        assert len(dev.calls) == len(set(dev.calls)), "a batch size was probed twice"
+
+
+def test_default_resolution_is_8_or_an_eighth_of_the_answer():
+    assert effective_resolution(None, 1000) == 8
+    assert effective_resolution(None, 32) == 4
+    assert effective_resolution(None, 4) == 1
+    assert effective_resolution(16, 4) == 16
+    for limit in (5, 7, 13, 37, 100, 1000):
+        r = search(FakeDevice(limit), start=1)
+        assert r.largest_fit <= limit < r.first_failure
+        assert r.first_failure - r.largest_fit <= max(1, min(8, r.largest_fit // 8))
+
+
+def test_a_start_that_does_not_fit_is_halved():
+    dev = FakeDevice(100)
+    r = search(dev, start=512, resolution=1)
+    assert dev.calls[:4] == [512, 256, 128, 64]
+    assert r.largest_fit == 100
+
+
+def test_nothing_fits():
+    dev = FakeDevice(0)
+    r = search(dev, start=8)
+    assert r.largest_fit is None and dev.calls == [8, 4, 2, 1]
+
+
+def test_max_is_probed_when_doubling_would_pass_it():
+    dev = FakeDevice(1000)
+    r = search(dev, start=8, max_batch=300)
+    assert dev.calls == [8, 16, 32, 64, 128, 256, 300]
+    assert r.largest_fit == 300 and r.first_failure is None and r.reached_max
+    dev = FakeDevice(280)
+    r = search(dev, start=8, max_batch=300, resolution=1)
+    assert (r.largest_fit, r.first_failure) == (280, 281)
+
+
+def test_a_failed_probe_does_not_stop_the_search():
+    dev = FakeDevice(100, failing={32})  # while doubling: stepped over
+    r = search(dev, start=8, resolution=1)
+    assert dev.calls[:5] == [8, 16, 32, 64, 128]
+    assert r.largest_fit == 100 and r.statuses[32] == "failed"
+    dev = FakeDevice(100, failing={96})  # while bisecting: an upper bound, the answer ran
+    r = search(dev, start=8, resolution=1)
+    assert r.largest_fit == 95 and r.statuses[95] == "done"
+    dev = FakeDevice(100, failing={32, 64})  # two in a row end the doubling
+    r = search(dev, start=8, resolution=1)
+    assert 128 not in dev.calls and r.largest_fit == 31 and r.first_failure == 32
+
+
+def test_a_bad_mode_or_start_is_refused():
+    with pytest.raises(ValueError, match="unknown mode"):
+        search(FakeDevice(10), mode="linear")
+    with pytest.raises(ValueError, match=">= 1"):
+        search(FakeDevice(10), start=0)
+
+
+def speed_curve() -> list[ProbeRecord]:
+    return [ProbeRecord(batch_size=b, status=s, images_per_second=ips) for b, s, ips in [
+        (8, "done", 50.0), (16, "done", 90.0), (32, "done", 100.0), (64, "done", 98.0),
+        (128, "done", 120.0), (192, "done", 110.0), (256, "oom", None)]]
+
+
+def test_recommendation_is_the_fastest_at_or_below_the_margin_smaller_on_a_tie():
+    probes = speed_curve()
+    assert recommend(probes, safe=64) == (probes[2], "speed")  # 64 is within 5% of 32: the smaller
+    assert recommend(probes, safe=128) == (probes[4], "memory")  # the fastest is the largest allowed
+    assert recommend(probes, safe=192) == (probes[4], "speed")  # throughput peaked below the limit
+    assert recommend(probes, safe=16)[0].batch_size == 16
+    assert recommend(probes, safe=4) == (None, None)
+
+
+@pytest.mark.parametrize("value, expected", [(3.3, 2), (7.9, 4), (8.0, 8), (50.4, 48), (0.4, 1)])
+def test_a_critical_batch_size_is_rounded_down_as_the_margins_size_is(value, expected):
+    assert search_module.round_batch(value) == expected
+
+
+def noise_scale(b_simple, low, high=None) -> NoiseEstimate:
+    return NoiseEstimate(b_simple, low, high, gradient_sq=1.0, trace=b_simple or low, pairs=64, small=1, large=10)
+
+
+def test_the_critical_batch_size_is_probed_only_below_the_memory_limit():
+    assert search_module.critical_probe(noise_scale(50.4, 30.0, 90.0), safe=656) == 48
+    assert search_module.critical_probe(noise_scale(900.0, 600.0), safe=656) is None  # memory binds first
+    assert search_module.critical_probe(noise_scale(None, 40.0), safe=656) is None  # a lower bound only
+    assert search_module.critical_probe(None, safe=656) is None
+
+
+def test_the_critical_batch_size_caps_the_recommendation_and_is_named_when_it_binds():
+    probes = speed_curve()
+    # given a critical batch size of 100: 128 would be fastest, but is above it
+    assert recommend(probes, safe=192, critical=100.0) == (probes[2], "statistics")
+    # one above the fastest size binds nothing
+    assert recommend(probes, safe=192, critical=500.0) == (probes[4], "speed")
+    # one below every size that fits leaves the smallest
+    assert recommend(probes, safe=192, critical=4.0) == (probes[0], "statistics")
+
+
+
+
+def test_the_fresh_threshold_is_80_percent_of_the_prediction():
+    assert search_module.fresh_threshold(100) == 80
+    assert search_module.fresh_threshold(101) == 81  # rounded up: never below 80%
+    assert search_module.fresh_threshold(0) == 1  # nothing predicted to fit: every probe fresh
+
+
