@@ -143,7 +143,7 @@ def _memory(value: str) -> int:
 
 
 def _source(value: str) -> str:
-    from catsdogs.data.prepare import check_source
+    from catsdogs.data.source import check_source
 
     return check_source(value)
 

@@ -87,10 +87,9 @@ def main() -> None:
 
     verdicts = {}
     for rule in ("old", "new"):
-        contexts = claims.article_cells([t for t in trials if t["key"] in kept[rule]])
-        for context, accuracies in contexts.items():
-            for r in claims.evaluate_all(accuracies):
-                verdicts.setdefault((context, r["claim"].says), {})[rule] = r
+        for context in claims.claims_by_context([t for t in trials if t["key"] in kept[rule]]):
+            for r in context["results"]:
+                verdicts.setdefault((context["context"], r["claim"].says), {})[rule] = r
     print()
     print("| claim | 0.7.0's seeds: verdict | difference (95% interval) | 0.7.1's seeds: verdict | difference (95% interval) | changed |")
     print("|---|---|---|---|---|---|")

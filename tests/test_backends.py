@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from catsdogs.analysis import tables
+from catsdogs.analysis.summary import summarize
 from catsdogs.cli import cli
 from catsdogs.schema import TrialConfig
 from catsdogs.training.backends import jax as jax_backend
@@ -39,6 +40,32 @@ def data_dir(prepared_data) -> Path:
 
 
 # --- identity and cells (no framework needed) -------------------------------------------------
+
+
+def protocol_methods(protocol) -> dict[str, inspect.Signature]:
+    """A protocol's methods and their signatures, `self` left out."""
+    out = {}
+    for name, value in vars(protocol).items():
+        if callable(value) and not name.startswith("_"):
+            sig = inspect.signature(value)
+            out[name] = sig.replace(parameters=list(sig.parameters.values())[1:])
+    return out
+
+
+@pytest.mark.parametrize("module", [tf_backend, jax_backend], ids=["tensorflow", "jax"])
+def test_each_backend_module_provides_the_backend_protocol(module):
+    from catsdogs.training.backends import Backend
+
+    # given a backend's module, imported without its framework
+    methods = protocol_methods(Backend)
+    # then it is a Backend: every name the engine and the worker call, each taking what the protocol says
+    assert isinstance(module, Backend) and len(methods) == 20
+    for name, sig in methods.items():
+        got = inspect.signature(getattr(module, name))
+        assert [(p.name, p.default) for p in got.parameters.values()] == \
+               [(p.name, p.default) for p in sig.parameters.values()], name
+    assert module.NAME in ("tensorflow", "jax") and isinstance(module.OOM_MARKERS, tuple)
+    assert module.compiled_step_bytes is None or callable(module.compiled_step_bytes)
 
 
 def test_a_tensorflow_trial_keeps_its_key_from_before_backends_and_a_jax_trial_gets_its_own():
@@ -69,14 +96,14 @@ def test_two_backends_results_never_share_a_cell():
     trials = [_trial(None, 0, 0.70), _trial("tensorflow", 1, 0.72), _trial("jax", 0, 0.50),
               _trial("jax", 1, 0.52)]
     # when the report sorts them into figures
-    rows = tables.summarize(trials)["figures"][0]["rows"]
+    rows = summarize(trials)["figures"][0]["rows"]
     # then each backend has its own cell, labelled, with its own trials only
     by_series = {r["series"]: r for r in rows}
     assert set(by_series) == {"Adam, TensorFlow", "Adam, JAX"}
     assert by_series["Adam, TensorFlow"]["accuracies"] == [0.70, 0.72]
     assert by_series["Adam, JAX"]["accuracies"] == [0.50, 0.52]
     # and a figure of one backend only is labelled as before
-    alone = tables.summarize(trials[:2])["figures"][0]["rows"]
+    alone = summarize(trials[:2])["figures"][0]["rows"]
     assert {r["series"] for r in alone} == {"Adam"}
 
 

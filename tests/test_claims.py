@@ -12,9 +12,10 @@ from click.testing import CliRunner
 from test_report import config as report_config
 
 from catsdogs import stats
-from catsdogs.analysis import claims, plots, tables
+from catsdogs.analysis import claims, plots, tuning
 from catsdogs.analysis import report as rp
 from catsdogs.analysis.rows import load_trials
+from catsdogs.analysis.summary import summarize
 from catsdogs.cli import cli
 from catsdogs.messages import TrialRecord
 from catsdogs.store import Store
@@ -42,7 +43,7 @@ def cell(optimizer, batch_size, accuracies, dataset="standard", **extra) -> list
 
 
 def verdicts(out: Path, name: str) -> dict[str, dict]:
-    summary = tables.summarize(load_trials(out / "results.sqlite", name))
+    summary = summarize(load_trials(out / "results.sqlite", name))
     (context,) = summary["claims"]
     return {r["claim"].id: r for r in context["results"]}
 
@@ -149,7 +150,7 @@ def test_given_a_cell_of_collapses_when_summarized_then_rate_1_and_no_surviving_
     build_store(tmp_path, "s", cell("adam", 256, [0.5, 0.5, 0.5], **collapsed)
                 + [(config("adam", 128, seed=s), {"test_accuracy": a, "collapsed": c, "dead_units": 0.5})
                    for s, (a, c) in enumerate([(0.5, 1), (0.8, 0), (0.84, 0), (0.5, 1)])])
-    table = tables.summarize(load_trials(tmp_path / "results.sqlite", "s"))["collapse"]
+    table = summarize(load_trials(tmp_path / "results.sqlite", "s"))["collapse"]
     at = {r["x"]: r for r in table["rows"]}
     assert at[256]["collapse_rate"] == 1 and at[256]["n_collapsed"] == 3 and at[256]["collapse_ci_high"] == 1
     assert at[256]["n_not_collapsed"] == 0 and at[256]["not_collapsed_mean"] is None
@@ -186,7 +187,7 @@ def test_given_several_learning_rates_when_tuned_then_chosen_by_validation_not_t
     # and at 128: only a larger learning rate trains (validation 0.75 against 0.5)
     trials += lr_cell(128, None, 0.50, 0.50) + lr_cell(128, 0.004, 0.75, 0.76)
     build_store(tmp_path, "s", trials)
-    table = next(t for t in tables.summarize(load_trials(tmp_path / "results.sqlite", "s"))["figures"]
+    table = next(t for t in summarize(load_trials(tmp_path / "results.sqlite", "s"))["figures"]
                  if t["name"] == "tuned")
     tuned = {r["x"]: r for r in table["rows"] if r["series"] == "Adam, lr tuned per batch size"}
     # then the tuned curve has 0.002 at 16 (reporting its test accuracy) and 0.004 at 128
@@ -210,7 +211,7 @@ def test_a_tuned_choice_on_the_edge_of_its_grid_is_marked_in_the_table_and_the_f
     trials = lr_cell(16, 0.0005, 0.70) + lr_cell(16, None, 0.80) + lr_cell(16, 0.002, 0.75)
     trials += lr_cell(128, 0.0005, 0.60) + lr_cell(128, None, 0.65) + lr_cell(128, 0.002, 0.75)
     build_store(tmp_path, "s", trials)
-    table = next(t for t in tables.summarize(load_trials(tmp_path / "results.sqlite", "s"))["figures"]
+    table = next(t for t in summarize(load_trials(tmp_path / "results.sqlite", "s"))["figures"]
                  if t["name"] == "tuned")
     # then the choice at 128 is marked as the highest rate tried, the one at 16 is not
     chosen = {c["batch_size"]: c for c in table["choices"] if c["chosen"]}
@@ -227,15 +228,33 @@ def test_a_tuned_choice_on_the_edge_of_its_grid_is_marked_in_the_table_and_the_f
     assert "lr 0.002\n(grid edge)" in labels and "lr 0.001" in labels
 
 
+def test_two_backends_never_share_a_tuned_choice(tmp_path):
+    def lr_cell(bs, lr, val, backend):
+        return [(config("adam", bs, seed=s, lr=lr, backend=backend), {"test_accuracy": val, "val_accuracy": val})
+                for s in range(2)]
+    # given the same grid on TensorFlow, where 0.002 validates best, and on JAX, where the default does
+    trials = [*lr_cell(16, None, 0.70, "tensorflow"), *lr_cell(16, 0.002, 0.80, "tensorflow"),
+              *lr_cell(16, None, 0.90, "jax"), *lr_cell(16, 0.002, 0.60, "jax")]
+    build_store(tmp_path, "s", trials)
+    table = next(t for t in summarize(load_trials(tmp_path / "results.sqlite", "s"))["figures"]
+                 if t["name"] == "tuned")
+    # then each backend has its own tuned series, its own choice, named by its context
+    tuned = {r["series"]: r for r in table["rows"] if "tuned" in r["series"]}
+    assert {s: r["lr"] for s, r in tuned.items()} == {
+        "Adam, lr tuned per batch size (5 epochs, 64 px, TensorFlow)": 0.002,
+        "Adam, lr tuned per batch size (5 epochs, 64 px, JAX)": 0.001}
+    assert all(r["n_done"] == 2 for r in tuned.values())
+
+
 def test_the_edge_of_a_grid():
-    assert tables.grid_edge(0.01, [0.001, 0.003, 0.01]) == "highest"
-    assert tables.grid_edge(0.001, [0.001, 0.003, 0.01]) == "lowest"
-    assert tables.grid_edge(0.003, [0.001, 0.003, 0.01]) is None
-    assert tables.grid_edge(0.001, [0.001]) is None  # one rate: no grid to be on the edge of
-    assert tables.grid_edge(None, [0.001, 0.01]) is None
+    assert tuning.grid_edge(0.01, [0.001, 0.003, 0.01]) == "highest"
+    assert tuning.grid_edge(0.001, [0.001, 0.003, 0.01]) == "lowest"
+    assert tuning.grid_edge(0.003, [0.001, 0.003, 0.01]) is None
+    assert tuning.grid_edge(0.001, [0.001]) is None  # one rate: no grid to be on the edge of
+    assert tuning.grid_edge(None, [0.001, 0.01]) is None
 
 
 def test_given_one_learning_rate_when_summarized_then_no_tuned_figure(tmp_path):
     build_store(tmp_path, "s", cell("adam", 16, [0.8, 0.82]) + cell("adam", 32, [0.8, 0.81]))
-    names = [t["name"] for t in tables.summarize(load_trials(tmp_path / "results.sqlite", "s"))["figures"]]
+    names = [t["name"] for t in summarize(load_trials(tmp_path / "results.sqlite", "s"))["figures"]]
     assert "tuned" not in names

@@ -14,7 +14,7 @@ from catsdogs import gradient_noise
 from catsdogs.analysis import critical
 from catsdogs.analysis.markdown import markdown
 from catsdogs.analysis.plots import make_noise_figure
-from catsdogs.analysis.tables import summarize
+from catsdogs.analysis.summary import summarize
 from catsdogs.cli import cli
 from catsdogs.schema import Status, TrialConfig
 
@@ -52,7 +52,7 @@ def cell(bs, accs, **kw) -> list[dict]:
 def test_the_noise_table_pools_each_epochs_pairs_over_seeds():
     # given two seeds of one cell, the second's B_simple four times the first's at every epoch
     trials = [row(seed=0, noise_at=(10.0, 20.0, 40.0, 80.0)), row(seed=1, noise_at=(40.0, 80.0, 160.0, 320.0))]
-    table = critical.noise_table(trials)
+    table = summarize(trials)["noise"]
     (group,) = table["groups"]
     (series,) = group["series"]
     # then each epoch's point is the ratio of means over both seeds' 16 pairs, with its interval
@@ -66,25 +66,25 @@ def test_the_noise_table_pools_each_epochs_pairs_over_seeds():
 def test_cells_without_the_measurement_are_listed_with_their_seeds():
     # given one cell measured and one whose trials ran before --noise-scale
     trials = [row(bs=16), row(bs=32, seed=0, noise_at=None), row(bs=32, seed=1, noise_at=None)]
-    table = critical.noise_table(trials)
+    table = summarize(trials)["noise"]
     # then the unmeasured cell is listed, and results.md says how to measure it
     assert table["missing"] == [{"cell": "Adam, standard data, batch size 32", "seeds": [0, 1]}]
-    text = markdown("s", {**summarize(trials), "noise": table, "critical": []})
+    text = markdown("s", summarize(trials))
     assert "## Noise scale" in text and "Adam, standard data, batch size 32: seeds 0, 1" in text
     assert "--noise-scale --overwrite" in text
 
 
 def test_a_store_without_any_measurement_reports_no_noise_section():
     trials = [row(bs=16, noise_at=None), row(bs=32, noise_at=None)]
-    table = critical.noise_table(trials)
+    table = summarize(trials)["noise"]
     assert table["groups"] == [] and table["measured"] == 0
-    text = markdown("s", {**summarize(trials), "noise": table, "critical": critical.claims_by_context(trials)})
+    text = markdown("s", summarize(trials))
     assert "## Noise scale" not in text
 
 
 def test_the_noise_figure_has_a_panel_per_group_and_marks_the_sweeps_batch_sizes():
     trials = [*cell(16, [0.8, 0.82]), *cell(64, [0.7, 0.75]), row(opt="sgd", bs=16)]
-    table = critical.noise_table(trials)
+    table = summarize(trials)["noise"]
     fig, artists = make_noise_figure(table)
     axes = fig.get_axes()
     assert len(axes) == 2 == len(artists)
@@ -193,11 +193,10 @@ def test_the_claim_joins_the_claims_table_for_the_article_and_the_tuned_series()
     trials = [*cell(16, [0.85, 0.86, 0.84]), *cell(22, [0.85, 0.84, 0.86]), *cell(128, [0.6, 0.62, 0.58])]
     for bs in (16, 22, 128):
         trials += [row(bs=bs, seed=s, acc=0.85, lr=0.003, val=(0.7, 0.82, 0.9)) for s in range(3)]
-    contexts = critical.claims_by_context(trials)
-    (ctx,) = contexts
+    summary = summarize(trials)
+    (ctx,) = summary["critical"]
     series = [r["series"] for r in ctx["results"]]
     assert series == ["Adam, default lr 0.001", "Adam, lr tuned per batch size"]
-    summary = {**summarize(trials), "noise": critical.noise_table(trials), "critical": contexts}
     text = markdown("s", summary)
     rows = [ln for ln in text.splitlines() if ln.startswith(f"| {critical.SAYS}")]
     assert len(rows) == 2 and "**supported**" in rows[0]
@@ -300,7 +299,7 @@ def test_a_group_whose_measured_rates_are_neither_default_nor_chosen_is_still_dr
     # 0.003, measured but not chosen
     default_rate = row(bs=16, acc=0.9, val=(0.7, 0.8, 0.9), noise_at=None)
     other = row(bs=16, acc=0.8, val=(0.6, 0.7, 0.75), lr=0.003)
-    table = critical.noise_table([default_rate, other])
+    table = summarize([default_rate, other])["noise"]
     # then the figure has a panel for it (catsdogs 0.8.0's report raised here), with the measured rate
     assert [p["label"] for p in table["panels"]] == ["Adam, standard data, every learning rate"]
     fig, _ = make_noise_figure(table)
@@ -314,7 +313,7 @@ def test_trials_of_two_contexts_are_never_pooled():
     cfg = replace(TrialConfig.from_dict(small["config"]), image_size=32, seed=1)
     other = {**row(seed=1, noise_at=(90.0, 90.0, 90.0, 90.0)), "config": asdict(cfg), "image_size": 32,
              "key": cfg.key()}
-    table = critical.noise_table([small, other])
+    table = summarize([small, other])["noise"]
     # then each context is a group of its own, named by it, each with its own estimate
     labels = sorted(g["label"] for g in table["groups"])
     assert labels == ["Adam, standard data (3 epochs, 32 px, TensorFlow)",

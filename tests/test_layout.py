@@ -117,6 +117,42 @@ def test_data_analysis_and_the_parents_side_of_training_load_no_framework_when_r
     assert out.stdout.strip() == "[]"
 
 
+MAX_FUNCTION_LINES = 80  # a function read top to bottom on one screen
+MAX_MODULE_LINES = 450  # a module read top to bottom in one sitting
+
+
+def option_block_lines(tree: ast.Module) -> int:
+    """The lines of a module's click option blocks: every function's decorators, and the
+    module-level options shared by several commands (`NAME = click.option(...)`, `options(...)`)."""
+    lines = 0
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.decorator_list:
+            lines += node.lineno - node.decorator_list[0].lineno
+    for node in tree.body:
+        call = node.value if isinstance(node, ast.Assign) else None
+        if isinstance(call, ast.Call) and ast.unparse(call.func) in ("click.option", "options"):
+            lines += node.end_lineno - node.lineno + 1
+    return lines
+
+
+def test_no_function_is_longer_than_80_lines_and_no_module_longer_than_450():
+    # given every module of the package (cli.py's option blocks are its --help: not counted)
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        tree = ast.parse(text)
+        lines = len(text.splitlines()) - (option_block_lines(tree) if path.name == "cli.py" else 0)
+        if lines > MAX_MODULE_LINES:
+            too_long.append(f"{path.relative_to(ROOT)}: {lines} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}(): {length} lines")
+    # then each is short enough to read whole
+    assert not too_long, "\n".join(too_long)
+
+
 # --- the documentation's command lines ------------------------------------------------------------
 
 SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "<", "2>&1"}

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from catsdogs.analysis.tables import setting, summarize
+from catsdogs.analysis.summary import summarize
+from catsdogs.analysis.tables import setting
 from catsdogs.cli import cli
 from catsdogs.errors import CatsdogsError
 from catsdogs.schema import Status, TrialConfig
@@ -46,19 +47,19 @@ def test_a_trial_planned_for_other_settings_is_refused_in_one_line():
 
 
 def test_xlas_deterministic_flag_is_set_exactly_when_deterministic(monkeypatch):
-    from catsdogs.training.backends import jax as jax_backend
+    from catsdogs.training.backends import jax_process
 
     # given a parent whose XLA_FLAGS already hold the flag (inherited) and a flag of the user's
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x --xla_gpu_deterministic_ops=true")
     # then a non-deterministic worker gets the user's flag alone, a deterministic one both, once
-    assert jax_backend._xla_flags(deterministic=False) == "--xla_dump_to=/tmp/x"
-    both = jax_backend._xla_flags(deterministic=True).split()
+    assert jax_process._xla_flags(deterministic=False) == "--xla_dump_to=/tmp/x"
+    both = jax_process._xla_flags(deterministic=True).split()
     assert sorted(both) == ["--xla_dump_to=/tmp/x", "--xla_gpu_deterministic_ops=true"]
     monkeypatch.setenv("XLA_FLAGS", "")
-    assert jax_backend._xla_flags(deterministic=True) == "--xla_gpu_deterministic_ops=true"
+    assert jax_process._xla_flags(deterministic=True) == "--xla_gpu_deterministic_ops=true"
     # and a user's own value of that flag gives way to the trial's
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=false")
-    assert jax_backend._xla_flags(deterministic=True) == "--xla_gpu_deterministic_ops=true"
+    assert jax_process._xla_flags(deterministic=True) == "--xla_gpu_deterministic_ops=true"
 
 
 class RecordingWorker:

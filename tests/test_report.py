@@ -15,6 +15,7 @@ from catsdogs import stats
 from catsdogs.analysis import plots, tables
 from catsdogs.analysis import report as rp
 from catsdogs.analysis.rows import load_trials
+from catsdogs.analysis.summary import summarize
 from catsdogs.errors import CatsdogsError
 from catsdogs.messages import TrialRecord
 from catsdogs.store import Store
@@ -124,7 +125,7 @@ def test_given_the_article_sweep_when_summarized_then_cells_have_the_right_stati
     # given
     trials = load_trials(article_sweep / "results.sqlite", "article")
     # when
-    summary = tables.summarize(trials)
+    summary = summarize(trials)
     # then: the two article figures, no protocol figures
     assert [t["name"] for t in summary["figures"]] == ["optimizers", "augmentation"]
     opt = rows_of(summary, "optimizers")
@@ -182,7 +183,7 @@ def test_given_the_article_sweep_when_report_then_every_file_is_written(article_
 
 def test_given_the_optimizers_table_when_drawn_then_series_points_intervals_and_labels_are_right(article_sweep):
     # given
-    table = tables.summarize(load_trials(article_sweep / "results.sqlite", "article"))["figures"][0]
+    table = summarize(load_trials(article_sweep / "results.sqlite", "article"))["figures"][0]
     # when
     fig, art = plots.make_figure(table, note="synthetic data")
     ax = fig.axes[0]
@@ -262,7 +263,7 @@ def protocol_sweep(tmp_path: Path) -> Path:
 
 def test_given_protocol_variants_when_summarized_then_only_the_article_protocol_is_in_its_figures(protocol_sweep):
     # when
-    summary = tables.summarize(load_trials(protocol_sweep / "results.sqlite", "beyond"))
+    summary = summarize(load_trials(protocol_sweep / "results.sqlite", "beyond"))
     # then: no augmented data, so no augmentation figure; the variants get their own figures
     assert [t["name"] for t in summary["figures"]] == ["optimizers", "protocols", "accumulation"]
     opt = rows_of(summary, "optimizers")
@@ -285,7 +286,7 @@ def test_given_protocol_variants_when_summarized_then_only_the_article_protocol_
 def test_given_protocol_variants_when_report_then_protocols_figure_has_one_series_each(protocol_sweep):
     # when
     paths = rp.report("beyond", protocol_sweep, log=lambda _: None)
-    summary = tables.summarize(load_trials(protocol_sweep / "results.sqlite", "beyond"))
+    summary = summarize(load_trials(protocol_sweep / "results.sqlite", "beyond"))
     fig, art = plots.make_figure(next(t for t in summary["figures"] if t["name"] == "protocols"))
     # then
     assert set(paths["figures"]) == {"optimizers", "protocols", "accumulation"}
@@ -325,9 +326,9 @@ def test_given_one_backend_the_subtitle_names_it_and_given_two_each_series_does(
     build_store(tmp_path / "one", "one", jax_only)
     build_store(tmp_path / "two", "two", jax_only + tf)
     # when each is summarized and drawn
-    one = next(t for t in tables.summarize(load_trials(tmp_path / "one" / "results.sqlite", "one"))["figures"]
+    one = next(t for t in summarize(load_trials(tmp_path / "one" / "results.sqlite", "one"))["figures"]
                if t["name"] == "optimizers")
-    two = next(t for t in tables.summarize(load_trials(tmp_path / "two" / "results.sqlite", "two"))["figures"]
+    two = next(t for t in summarize(load_trials(tmp_path / "two" / "results.sqlite", "two"))["figures"]
                if t["name"] == "optimizers")
     # then one backend is named once, in the subtitle; two are named per series, not in the subtitle
     assert one["setting"] == "5 epochs, 200 px, Keras on JAX" and one["series"] == ["Adam"]

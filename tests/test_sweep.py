@@ -418,3 +418,22 @@ def test_a_trial_out_of_memory_in_a_reused_worker_runs_again_in_a_fresh_one(monk
     # when the next trial runs out of memory there, then it is run again in a fresh worker
     record = slot.run(TrialConfig("adam", 64, "standard", 0), tmp_path)
     assert record.status == Status.DONE and slot.worker.starts == 2
+
+
+def test_both_runners_slots_are_slots_as_the_sweep_calls_them(tmp_path):
+    import inspect
+
+    from catsdogs.training.ray_runner import RaySlot
+    from catsdogs.training.sweep import Slot
+    from catsdogs.training.worker import LocalSlot
+
+    # given the sweep's Slot protocol, and the local and the Ray runner's slots
+    wanted = {name: inspect.signature(getattr(Slot, name)) for name in ("shapes", "run", "stop", "close")}
+    for slot_class in (LocalSlot, RaySlot):
+        # then each has every method, taking what the sweep passes by the names it passes them
+        for name, sig in wanted.items():
+            got = inspect.signature(getattr(slot_class, name))
+            assert list(got.parameters) == list(sig.parameters), (slot_class.__name__, name)
+    # and an unstarted local slot is one at run time too (no worker starts until it runs a trial)
+    slot = LocalSlot(0, 1, tmp_path)
+    assert isinstance(slot, Slot) and not slot.worker.alive

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from catsdogs.analysis.rows import context_of, field, is_article_protocol
+from catsdogs.analysis.rows import field, is_article_protocol, per_context
 from catsdogs.schema import Status
 from catsdogs.stats import LEVEL, welch
 
@@ -129,21 +129,25 @@ def evaluate(claim: Claim, accuracies: dict[Cell, list[float]]) -> dict:
     return {**out, "verdict": verdict, "verdict_text": verdict}
 
 
-def article_cells(trials: Iterable[dict]) -> dict[tuple, dict[Cell, list[float]]]:
-    """Finished accuracies of the article-protocol trials by context (rows.context_of: epochs,
-    image size, backend, process settings) and cell."""
-    out: dict[tuple, dict[Cell, list[float]]] = {}
+def article_cells(trials: Iterable[dict]) -> dict[Cell, list[float]]:
+    """Finished accuracies of the article-protocol trials by cell (trials of one context)."""
+    out: dict[Cell, list[float]] = {}
     for t in trials:
         if t.get("status") != Status.DONE or t.get("test_accuracy") is None or not is_article_protocol(t):
             continue
-        context = context_of(t)
         cell = (field(t, "optimizer"), field(t, "dataset"), int(field(t, "batch_size")))
-        out.setdefault(context, {}).setdefault(cell, []).append(float(t["test_accuracy"]))
+        out.setdefault(cell, []).append(float(t["test_accuracy"]))
     return out
 
 
 def evaluate_all(accuracies: dict[Cell, list[float]]) -> list[dict]:
     return [evaluate(c, accuracies) for c in CLAIMS]
+
+
+def claims_by_context(trials: list[dict]) -> list[dict]:
+    """The article's claims on the sweep's article-protocol cells, in each context (rows.context_of)
+    that has some: [{"context", "results"}]; [] when none has."""
+    return per_context(trials, lambda context, members: evaluate_all(cells) if (cells := article_cells(members)) else [])
 
 
 def sentence(result: dict) -> str:

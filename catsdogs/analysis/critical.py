@@ -53,6 +53,7 @@ from catsdogs.analysis.rows import (
     is_article_protocol,
     learning_rate_of,
     many_contexts,
+    per_context,
     protocol_label,
     protocol_of,
     trial_order,
@@ -102,7 +103,7 @@ def _group_label(trial: dict, many: bool = False) -> str:
 # --- the table ----------------------------------------------------------------------------------
 
 
-def noise_table(trials: list[dict]) -> dict:
+def noise_table(trials: list[dict], tuned: dict) -> dict:
     """{"name": "noise", "title", "groups": [{"label", "series": [{"label", "batch_size", "lr",
     "seeds", "points": [NoiseEstimate pooled over the cell's seeds, one per epoch]}]}],
     "panels": the figure's panels, like groups, "batch_sizes": every batch size of the sweep's
@@ -112,8 +113,8 @@ def noise_table(trials: list[dict]) -> dict:
 
     A group is every cell of an optimizer, data set and protocol: the tables show them all. Where a
     group has several learning rates, the figure shows two panels of it, the ones the claim tests:
-    the default rate, and each batch size at the rate validation chose for it (the tuned series,
-    catsdogs.analysis.tables.tune_learning_rates)."""
+    the default rate, and each batch size at the rate validation chose for it (`tuned`: the tuned
+    table, catsdogs.analysis.tuning.tune_learning_rates)."""
     done = _done(trials)
     measured = [t for t in done if measurements(t)]
     many = many_contexts(trials)
@@ -125,7 +126,7 @@ def noise_table(trials: list[dict]) -> dict:
         cells.setdefault((_group(t), int(field_of(t, "batch_size")), learning_rate_of(t)), []).append(t)
     groups: dict[tuple, dict] = {}
     panels: dict[tuple, dict] = {}
-    chosen = _chosen_cells(trials, cells)
+    chosen = _chosen_cells(tuned, cells)
     for (group, bs, lr), members in sorted(cells.items(), key=lambda kv: (trial_order(kv[1][0]), kv[0][1], kv[0][2])):
         panel = groups.setdefault(group, {"label": _group_label(members[0], many), "series": []})
         many_lrs = len(rates[group]) > 1
@@ -166,27 +167,22 @@ def noise_table(trials: list[dict]) -> dict:
             "measured": len(measured), "done": len(done)}
 
 
-def _chosen_cells(trials: list[dict], cells: dict[tuple, list[dict]]) -> set[tuple]:
+def _chosen_cells(tuned: dict, cells: dict[tuple, list[dict]]) -> set[tuple]:
     """The (group, batch size, learning rate) cells whose rate validation chose for their batch
-    size (catsdogs.analysis.tables.tune_learning_rates), among `cells`."""
-    from catsdogs.analysis.tables import tune_learning_rates
-
-    keys = {k for by_bs in tune_learning_rates(trials)["chosen"].values() for ks in by_bs.values() for k in ks}
+    size (`tuned`: catsdogs.analysis.tuning.tune_learning_rates' table), among `cells`."""
+    keys = {k for by_bs in tuned["chosen"].values() for ks in by_bs.values() for k in ks}
     return {cell for cell, members in cells.items() if any(t.get("key") in keys for t in members)}
 
 
 # --- the claim ----------------------------------------------------------------------------------
 
 
-def _tuned_series(trials: list[dict]) -> list[tuple[str, dict[int, list[dict]]]]:
-    """The tuned table's series (catsdogs.analysis.tables.tune_learning_rates): per batch size the
-    trials of the learning rate validation chose."""
-    from catsdogs.analysis.tables import tune_learning_rates
-
+def _tuned_series(tuned: dict, trials: list[dict]) -> list[tuple[str, dict[int, list[dict]]]]:
+    """The tuned table's series, among `trials`: per batch size the trials of the learning rate
+    validation chose (a choice is made within a context: catsdogs.analysis.tuning)."""
     by_key = {t.get("key"): t for t in trials}
-    chosen = tune_learning_rates(trials)["chosen"]
-    return [(series, {bs: [by_key[k] for k in keys] for bs, keys in cells.items()})
-            for series, cells in chosen.items()]
+    return [(series, {bs: [by_key[k] for k in keys if k in by_key] for bs, keys in cells.items()})
+            for series, cells in tuned["chosen"].items()]
 
 
 def _article_series(trials: list[dict]) -> list[tuple[str, dict[int, list[dict]]]]:
@@ -202,21 +198,14 @@ def _article_series(trials: list[dict]) -> list[tuple[str, dict[int, list[dict]]
     return [(labels[k], out[k]) for k in sorted(out, key=str)]
 
 
-def claims_by_context(trials: list[dict]) -> list[dict]:
+def claims_by_context(trials: list[dict], tuned: dict) -> list[dict]:
     """The critical-batch-size claim for every series of every context (epochs, image size,
-    backend) that has one: [{"context", "results": [result, ...]}]."""
-    contexts: dict[tuple, list[dict]] = {}
-    for t in _done(trials):
-        contexts.setdefault(context_of(t), []).append(t)
-    out = []
-    many = many_contexts(trials)
-    for context, members in sorted(contexts.items(), key=lambda kv: str(kv[0])):
-        results = [evaluate(label, cells, int(context[0]))
-                   for label, cells in [*_article_series(members), *_tuned_series(members)]]
-        results = [r for r in results if r is not None]
-        if results:
-            out.append({"context": context_label(context, many), "results": results})
-    return out
+    backend, process settings) that has one: [{"context", "results": [result, ...]}]. `tuned`:
+    the learning rate tuned per batch size (catsdogs.analysis.tuning), whose series are tested too."""
+    def results(context: tuple, members: list[dict]) -> list[dict]:
+        series = [*_article_series(members), *_tuned_series(tuned, members)]
+        return [r for r in (evaluate(label, cells, int(context[0])) for label, cells in series) if r is not None]
+    return per_context(trials, results)
 
 
 def _val_curve(members: list[dict]) -> list[float] | None:

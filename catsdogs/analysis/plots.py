@@ -47,13 +47,7 @@ def plot_accuracy(ax, table: dict, dodge: float = 0.12, spread: float = 0.09) ->
         done = [r for r in srows if r["n_done"]]
         (mean,) = ax.plot([r["x"] * shift for r in done], [100 * r["mean"] for r in done],
                           "-o", color=color, markersize=6, linewidth=1.8, label=s, zorder=4)
-        px, py = [], []
-        for r in done:
-            n = len(r["accuracies"])
-            for j, acc in enumerate(r["accuracies"]):
-                offset = (j / (n - 1) - 0.5) * spread if n > 1 else 0.0
-                px.append(r["x"] * shift * 2 ** offset)
-                py.append(100 * acc)
+        px, py = _seed_points(done, shift, spread)
         seeds = ax.scatter(px, py, s=18, color=color, alpha=0.45, linewidths=0, zorder=3)
         with_ci = [r for r in done if r["ci_low"] is not None]
         ci = None
@@ -64,23 +58,8 @@ def plot_accuracy(ax, table: dict, dodge: float = 0.12, spread: float = 0.09) ->
                                    [100 * (min(r["ci_high"], 1.0) - r["mean"]) for r in with_ci]],
                              fmt="none", ecolor=color, elinewidth=1.4, capsize=4, zorder=3)
         if label_accumulated:
-            for r in done:
-                if r["accumulate"] > 1:
-                    top = max([r["ci_high"] or r["mean"], *r["accuracies"]])
-                    ax.annotate(f"{r['batch_size']}×{r['accumulate']}", (r["x"] * shift, 100 * top),
-                                xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
-                                fontsize=8, color=color, zorder=6,
-                                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white",
-                                      "edgecolor": "none", "alpha": 0.75})
-        notes = []
-        for r in srows:
-            text = problems(r)
-            if text:
-                notes.append(ax.text(r["x"] * shift, 0.03 + 0.065 * i, text, color=color,
-                                     transform=ax.get_xaxis_transform(), ha="center", va="bottom",
-                                     fontsize=8, fontweight="bold", zorder=6,
-                                     bbox={"boxstyle": "round,pad=0.2", "facecolor": "white",
-                                           "edgecolor": color, "linewidth": 0.8}))
+            _label_accumulated(ax, done, shift, color)
+        notes = _problem_notes(ax, srows, shift, color, 0.03 + 0.065 * i)
         out[s] = {"mean": mean, "seeds": seeds, "ci": ci, "notes": notes, "shift": shift}
     out["article"] = None
     if article:
@@ -97,17 +76,58 @@ def plot_accuracy(ax, table: dict, dodge: float = 0.12, spread: float = 0.09) ->
     ax.set_ylim(max(low, -2.0), min(high, 104.0))  # accuracy lives in 0..100; notes sit below 0
     ax.grid(True, axis="y", alpha=0.3)
     ax.grid(True, axis="x", alpha=0.15)
-    handles = [out[s]["mean"] for s in series]
+    out["legend"] = _accuracy_legend(ax, [out[s]["mean"] for s in series], out["article"])
+    return out
+
+
+def _seed_points(done: list[dict], shift: float, spread: float) -> tuple[list[float], list[float]]:
+    """Each finished seed's (x, accuracy %), spread by up to ±spread/2 octaves within its cell."""
+    px, py = [], []
+    for r in done:
+        n = len(r["accuracies"])
+        for j, acc in enumerate(r["accuracies"]):
+            offset = (j / (n - 1) - 0.5) * spread if n > 1 else 0.0
+            px.append(r["x"] * shift * 2 ** offset)
+            py.append(100 * acc)
+    return px, py
+
+
+def _label_accumulated(ax, done: list[dict], shift: float, color: str) -> None:
+    """"32×8" above each accumulated cell's interval."""
+    for r in done:
+        if r["accumulate"] > 1:
+            top = max([r["ci_high"] or r["mean"], *r["accuracies"]])
+            ax.annotate(f"{r['batch_size']}×{r['accumulate']}", (r["x"] * shift, 100 * top),
+                        xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=8, color=color, zorder=6,
+                        bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.75})
+
+
+def _problem_notes(ax, rows: list[dict], shift: float, color: str, height: float) -> list:
+    """"1 oom" at the bottom of the axis (at `height`, a share of it) under each cell with trials
+    that did not finish well."""
+    notes = []
+    for r in rows:
+        text = problems(r)
+        if text:
+            notes.append(ax.text(r["x"] * shift, height, text, color=color, transform=ax.get_xaxis_transform(),
+                                 ha="center", va="bottom", fontsize=8, fontweight="bold", zorder=6,
+                                 bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": color,
+                                       "linewidth": 0.8}))
+    return notes
+
+
+def _accuracy_legend(ax, means: list, article):
+    handles = list(means)
     handles.append(Line2D([], [], linestyle="none", marker="o", color="0.4", alpha=0.5,
                           markersize=5, label="each seed"))
     handles.append(Line2D([], [], linestyle="none", marker="|", color="0.2", markersize=14,
                           markeredgewidth=1.4, label=f"{LEVEL:.0%} CI (Student t on the seeds)"))
-    if out["article"] is not None:
-        handles.append(out["article"])
+    if article is not None:
+        handles.append(article)
     handles.append(Line2D([], [], linestyle=":", color="0.55", label="chance (50%)"))
-    out["legend"] = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
-                              borderaxespad=0.0, fontsize=9, frameon=False)
-    return out
+    return ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                     fontsize=9, frameon=False)
 
 
 def plot_collapse(ax, table: dict, dodge: float = 0.12) -> dict:

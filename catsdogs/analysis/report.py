@@ -1,7 +1,8 @@
 """The report of one sweep: its figures and tables, from the results store and nothing else.
 
-    rows (loading a sweep's trials) -> tables (pure: figures' cells, claims, collapses, tuning)
-    -> plots (figures from tables) and markdown (results.md, summary.csv) -> report (writing)
+    rows (loading a sweep's trials) -> summary (pure: every table once: tables' figures and
+    collapses, tuning, claims, critical's noise scale) -> plots (figures from tables) and
+    markdown (results.md, summary.csv) -> report (writing)
 
 `report(name, out)` writes OUT/NAME/figures/*.png|svg, OUT/NAME/results.md and
 OUT/NAME/summary.csv, each atomically. Nothing in catsdogs.analysis imports Keras, TensorFlow,
@@ -15,13 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs.analysis import critical
 from catsdogs.analysis.markdown import csv_text, markdown
 from catsdogs.analysis.plots import make_collapse_figure, make_figure, make_noise_figure
 from catsdogs.analysis.rows import data_source_kind, load_trials, sweep_config
-from catsdogs.analysis.tables import adaptive_state, status_counts, summarize
+from catsdogs.analysis.summary import summarize
+from catsdogs.analysis.tables import status_counts
 from catsdogs.files import write_text_atomic
-from catsdogs.manifest import test_images
 from catsdogs.plotting import save_figure
 from catsdogs.schema import UNFINISHED, Status
 from catsdogs.store import store_path
@@ -36,11 +36,7 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
     recorded = sweep_config(store_path(out), name)
     if note is None and data_source_kind(recorded) == "synthetic":
         note = "synthetic data"  # a figure from the stand-in data set always says so
-    summary = summarize(trials)
-    counts = (recorded.get("data") or {}).get("counts")
-    summary["adaptive"] = adaptive_state(trials, recorded.get("adaptive"), test_images(counts) if counts else None)
-    summary["noise"] = critical.noise_table(trials)
-    summary["critical"] = critical.claims_by_context(trials)
+    summary = summarize(trials, recorded)
     folder = out / name
     paths: dict = {"figures": {}}
     for table in summary["figures"]:

@@ -105,6 +105,23 @@ def context_label(context: tuple, many: bool) -> str:
     return label + "".join(f", {text}" for text in schema.process_words(deterministic, tf32))
 
 
+def per_context(trials: list[dict], results_of) -> list[dict]:
+    """A claim's results in each context of a sweep's finished trials (done, with an accuracy),
+    in the contexts' order, labelled by the one rule (`context_label`):
+    [{"context", "results": results_of(context, its trials)}], a context without results left out."""
+    contexts: dict[tuple, list[dict]] = {}
+    for t in trials:
+        if t.get("status") == schema.Status.DONE and accuracy(t) is not None:
+            contexts.setdefault(context_of(t), []).append(t)
+    many = many_contexts(trials)
+    out = []
+    for context, members in sorted(contexts.items(), key=lambda kv: str(kv[0])):
+        results = results_of(context, members)
+        if results:
+            out.append({"context": context_label(context, many), "results": results})
+    return out
+
+
 def is_article_protocol(trial: dict) -> bool:
     """True for the article's protocol (ARTICLE_PROTOCOL): the trials of its two figures."""
     p = protocol_of(trial)

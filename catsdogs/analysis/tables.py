@@ -3,8 +3,9 @@
 A **table** is one figure's data: {"name", "title", "xlabel", "series", "rows", "article",
 "setting", "keys"}, its rows one per (series, x) cell (`Cell`, as a dict), its series in the
 order of their trials' data (rows.trial_order: SGD before Adam, the article's protocol first),
-never of their labels. `summarize` makes every table of a sweep, the collapse table and the
-claims; `tune_learning_rates` chooses a learning rate per batch size by validation accuracy.
+never of their labels. One function per figure (`optimizers_table`, ...) and the collapse table;
+catsdogs.analysis.summary makes them all, with the learning rate tuned per batch size
+(catsdogs.analysis.tuning), the claims and the noise scale.
 
 Accuracies are fractions (0..1) here and in summary.csv; the figures and results.md show
 percentages.
@@ -12,20 +13,14 @@ percentages.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 
-from catsdogs import seeds
-from catsdogs.analysis import claims
 from catsdogs.analysis.rows import (
     BACKEND_NAMES,
     OPTIMIZER_NAMES,
     accuracy,
-    context_label,
     is_article_protocol,
-    learning_rate_of,
-    many_contexts,
     mean_of,
     protocol_label,
     protocol_of,
@@ -37,8 +32,8 @@ from catsdogs.analysis.rows import (
 from catsdogs.analysis.rows import (
     field as field_of,
 )
-from catsdogs.schema import DEFAULT_LR, UNFINISHED, Status, TrialConfig, process_words
-from catsdogs.stats import mean_ci, welch, wilson
+from catsdogs.schema import UNFINISHED, Status, process_words
+from catsdogs.stats import mean_ci, wilson
 
 # What the article reports, read from its text (docs/protocol.md, "The two figures"): each value is
 # one training run, so it has no spread. "About 62%" etc., as fractions of the 400 test images.
@@ -241,195 +236,90 @@ def _combos_text(combos) -> str:
     return "; ".join(f"{OPTIMIZER_NAMES.get(o, o)}, {d} data" for o, d in shown)
 
 
-def summarize(trials: list[dict]) -> dict:
-    """Sort a sweep's trials into the report's figures.
+# --- the figures ------------------------------------------------------------------------------------
+# Each takes every trial of a sweep and gives its figure's table, or None when the sweep has no
+# trial for it; catsdogs.analysis.summary makes them all.
 
-    Returns {"figures": [table, ...], "unused": [trial, ...], "collapse": table, "claims": [...]}.
-    Figures without trials are left out: optimizers (article protocol, standard data, by
-    optimizer); augmentation (article protocol, Adam, by data set; only with augmented trials);
-    protocols (accumulate 1, by protocol, for each optimizer and data set that has a variant);
-    accumulation (by accumulation steps, x the effective batch size, where accumulated trials
-    exist); tuned (where a cell has several learning rates)."""
-    trials = list(trials)
-    article = [t for t in trials if is_article_protocol(t)]
-    tables = []
 
-    # 1. the article's first figure
-    std = [t for t in article if field_of(t, "dataset") == "standard"]
-    if std:
-        sfx = context_suffixer(std)
+def optimizers_table(trials: list[dict]) -> dict | None:
+    """The article's first figure: its protocol, standard data, a series per optimizer."""
+    std = [t for t in trials if is_article_protocol(t) and field_of(t, "dataset") == "standard"]
+    if not std:
+        return None
+    sfx = context_suffixer(std)
 
-        def by_optimizer(t):
-            if not (is_article_protocol(t) and field_of(t, "dataset") == "standard"):
-                return None
-            return trial_order(t), _name(t) + sfx(t)
-        tables.append(_table("optimizers", FIGURE_TITLES["optimizers"], std, by_optimizer, article=article_value))
+    def by_optimizer(t):
+        if not (is_article_protocol(t) and field_of(t, "dataset") == "standard"):
+            return None
+        return trial_order(t), _name(t) + sfx(t)
+    return _table("optimizers", FIGURE_TITLES["optimizers"], std, by_optimizer, article=article_value)
 
-    # 2. the article's second figure (only when there are augmented trials to compare)
-    adam = [t for t in article if field_of(t, "optimizer") == "adam"]
-    if any(field_of(t, "dataset") == "augmented" for t in adam):
-        sfx = context_suffixer(adam)
 
-        def by_dataset(t):
-            if not (is_article_protocol(t) and field_of(t, "optimizer") == "adam"):
-                return None
-            return trial_order(t), f"{field_of(t, 'dataset')} data" + sfx(t)
-        tables.append(_table("augmentation", FIGURE_TITLES["augmentation"], adam, by_dataset,
-                             article=article_value))
+def augmentation_table(trials: list[dict]) -> dict | None:
+    """The article's second figure: its protocol, Adam, a series per data set (only when there
+    are augmented trials to compare)."""
+    adam = [t for t in trials if is_article_protocol(t) and field_of(t, "optimizer") == "adam"]
+    if not any(field_of(t, "dataset") == "augmented" for t in adam):
+        return None
+    sfx = context_suffixer(adam)
 
-    # 3. beyond the article: other protocols, without accumulation
+    def by_dataset(t):
+        if not (is_article_protocol(t) and field_of(t, "optimizer") == "adam"):
+            return None
+        return trial_order(t), f"{field_of(t, 'dataset')} data" + sfx(t)
+    return _table("augmentation", FIGURE_TITLES["augmentation"], adam, by_dataset, article=article_value)
+
+
+def protocols_table(trials: list[dict]) -> dict | None:
+    """Beyond the article: other protocols, without accumulation, for each optimizer and data set
+    that has a variant."""
     plain = [t for t in trials if protocol_of(t)["accumulate"] == 1]
     combos = {(field_of(t, "optimizer"), field_of(t, "dataset")) for t in plain if not is_article_protocol(t)}
-    if combos:
-        chosen = [t for t in plain if (field_of(t, "optimizer"), field_of(t, "dataset")) in combos]
-        sfx = context_suffixer(chosen)
-        many = len(combos) > 1
+    if not combos:
+        return None
+    chosen = [t for t in plain if (field_of(t, "optimizer"), field_of(t, "dataset")) in combos]
+    sfx = context_suffixer(chosen)
+    many = len(combos) > 1
 
-        def by_protocol(t):
-            combo = (field_of(t, "optimizer"), field_of(t, "dataset"))
-            if protocol_of(t)["accumulate"] != 1 or combo not in combos:
-                return None
-            prefix = f"{_name(t)}, {combo[1]}: " if many else ""
-            return trial_order(t), prefix + protocol_label(protocol_of(t)) + sfx(t)
-        tables.append(_table("protocols", f"{FIGURE_TITLES['protocols']} ({_combos_text(combos)})", chosen,
-                             by_protocol, article=article_value))
+    def by_protocol(t):
+        combo = (field_of(t, "optimizer"), field_of(t, "dataset"))
+        if protocol_of(t)["accumulate"] != 1 or combo not in combos:
+            return None
+        prefix = f"{_name(t)}, {combo[1]}: " if many else ""
+        return trial_order(t), prefix + protocol_label(protocol_of(t)) + sfx(t)
+    return _table("protocols", f"{FIGURE_TITLES['protocols']} ({_combos_text(combos)})", chosen,
+                  by_protocol, article=article_value)
 
-    # 4. beyond the article: gradient accumulation against the plain batch it stands for
+
+def accumulation_table(trials: list[dict]) -> dict | None:
+    """Beyond the article: gradient accumulation against the plain batch it stands for, x the
+    effective batch size, where accumulated trials exist."""
     def group_of(t):
         return field_of(t, "optimizer"), field_of(t, "dataset"), tuple(without_accumulate(protocol_of(t)).items())
     groups = {group_of(t) for t in trials if protocol_of(t)["accumulate"] > 1}
-    if groups:
-        chosen = [t for t in trials if group_of(t) in groups]
-        sfx = context_suffixer(chosen)
-        many_combos = len({g[:2] for g in groups}) > 1
-
-        def by_accumulation(t):
-            g = group_of(t)
-            if g not in groups:
-                return None
-            p = protocol_of(t)
-            rest = protocol_label(dict(g[2]), accumulate=False)
-            prefix = f"{_name(t)}, {g[1]}: " if many_combos else ""
-            prefix += "" if rest == "article protocol" else f"{rest}: "
-            what = "plain batches" if p["accumulate"] == 1 else f"gradient accumulation ×{p['accumulate']}"
-            return trial_order(t, dict(g[2])) + (p["accumulate"],), prefix + what + sfx(t)
-        combos_text = _combos_text({g[:2] for g in groups})
-        tables.append(_table("accumulation", f"{FIGURE_TITLES['accumulation']} ({combos_text})", chosen,
-                             by_accumulation, xlabel=EFFECTIVE_BATCH_LABEL,
-                             x_of=lambda t: int(field_of(t, "batch_size")) * protocol_of(t)["accumulate"],
-                             article=article_value))
-
-    # 5. beyond the article: the learning rate tuned per batch size on validation accuracy
-    tuned = tune_learning_rates(trials)
-    if tuned["rows"]:
-        tables.append(tuned)
-
-    used = set().union(*(tb["keys"] for tb in tables)) if tables else set()
-    return {"figures": tables, "unused": [t for t in trials if t.get("key") not in used],
-            "collapse": collapse_table(trials), "claims": claims_by_context(trials)}
-
-
-# --- the learning rate tuned per batch size -----------------------------------------------------
-
-
-def _tuning_group(trial: dict) -> tuple:
-    """What one learning-rate choice is made within: all but the learning rate and seed."""
-    p = dict(protocol_of(trial), lr=None)
-    return (field_of(trial, "optimizer"), field_of(trial, "dataset"), tuple(p.items()))
-
-
-def tune_learning_rates(trials: list[dict]) -> dict:
-    """For each batch size, the learning rate with the best mean *validation* accuracy over its
-    seeds, and that choice's *test* accuracy (never chosen by test accuracy: the test set only
-    reports). Groups (optimizer, data set, the rest of the protocol) with one learning rate at
-    every batch size are left out: nothing to choose.
-
-    A table like the figures' (rows from `cells`), with two series per group: the tuned choice
-    ("Adam, lr tuned per batch size") and, where it was run, the optimizer's default ("Adam,
-    default lr 0.001"); plus "choices": one row per (group, batch size, learning rate) with
-    its seeds' mean validation and test accuracy and whether it was chosen; "chosen": per tuned
-    series and batch size, the keys of the chosen rate's trials; and "drops": per group, the best
-    batch size and the first larger one clearly below it."""
-    plain = [t for t in trials if protocol_of(t)["accumulate"] == 1]
-    lrs: dict[tuple, set] = {}
-    for t in plain:
-        lrs.setdefault((_tuning_group(t), int(field_of(t, "batch_size"))), set()).add(learning_rate_of(t))
-    groups = sorted({g for (g, _), v in lrs.items() if len(v) > 1},
-                    key=lambda g: trial_order({"optimizer": g[0], "dataset": g[1]}, dict(g[2])))
-    choices = []
-    members: dict[str, list[dict]] = {}  # by series; a default-rate trial may be in both of its group's
-    chosen_lr: dict[tuple[str, int], float] = {}  # (tuned series, batch size) -> the rate it trained with
-    chosen_edge: dict[tuple[str, int], str | None] = {}  # ... -> "lowest" / "highest" of its grid, or None
-    chosen_keys: dict[str, dict[int, list[str]]] = {}  # tuned series -> batch size -> the chosen trials' keys
-    many = len({g[1] for g in groups}) > 1  # name the data set only where the figure has two
-    label_of: dict[tuple, tuple[str, str]] = {}
-    for g in groups:
-        name = OPTIMIZER_NAMES.get(g[0], g[0])
-        rest = protocol_label(dict(g[2]))
-        prefix = name + (f", {g[1]} data" if many else "") + ("" if rest == "article protocol" else f", {rest}")
-        label_of[g] = tuned, default_rate = (f"{prefix}, lr tuned per batch size",
-                                             f"{prefix}, default lr {DEFAULT_LR[g[0]]:g}")
-        in_group = [t for t in plain if _tuning_group(t) == g]
-        for bs in sorted({int(field_of(t, "batch_size")) for t in in_group}):
-            by_lr: dict[float, list[dict]] = {}
-            for t in in_group:
-                if int(field_of(t, "batch_size")) == bs:
-                    by_lr.setdefault(learning_rate_of(t), []).append(t)
-            done = {lr: [t for t in ts if t["status"] == Status.DONE and accuracy(t) is not None]
-                    for lr, ts in by_lr.items()}
-            scored = {lr: mean_of(validation_accuracy(t) for t in ts) for lr, ts in done.items()}
-            scored = {lr: v for lr, v in scored.items() if v is not None}
-            # ties go to the learning rate nearer the optimizer's default (log scale)
-            best = max(scored, key=lambda lr: (scored[lr], -abs(math.log(lr / DEFAULT_LR[g[0]]))), default=None)
-            edge = grid_edge(best, sorted(by_lr))
-            for lr in sorted(by_lr):
-                choices.append({"series": tuned, "batch_size": bs, "lr": lr, "n_done": len(done[lr]),
-                                "val_mean": scored.get(lr), "test_mean": mean_of(accuracy(t) for t in done[lr]),
-                                "chosen": lr == best, "edge": edge if lr == best else None})
-            if best is not None:
-                chosen_lr[(tuned, bs)] = best
-                chosen_edge[(tuned, bs)] = edge
-                chosen_keys.setdefault(tuned, {})[bs] = [t.get("key") for t in by_lr[best]]
-                members.setdefault(tuned, []).extend(by_lr[best])
-            members.setdefault(default_rate, []).extend(by_lr.get(DEFAULT_LR[g[0]], []))
-    # every tuned series, then every default-rate one, each in its group's order
-    order = [label_of[g][0] for g in groups] + [label_of[g][1] for g in groups]
-    rows = [r for i, s in enumerate(order) for r in cells(members.get(s, []), lambda t, i=i, s=s: ((i,), s))]
-    for r in rows:
-        r["lr"] = chosen_lr.get((r["series"], r["x"]))
-        r["lr_edge"] = chosen_edge.get((r["series"], r["x"]))
-    keys = {t.get("key") for ts in members.values() for t in ts}
-    tuned_trials = [t for g in groups for t in members.get(label_of[g][0], [])]
-    return {"name": "tuned", "title": FIGURE_TITLES["tuned"], "xlabel": BATCH_LABEL,
-            "series": list(dict.fromkeys(r["series"] for r in rows)), "rows": rows, "article": [],
-            "setting": setting(tuned_trials), "keys": keys, "choices": choices, "chosen": chosen_keys,
-            "drops": [_drop(rows, label_of[g][0]) for g in groups]}
-
-
-def grid_edge(chosen: float | None, grid: list[float]) -> str | None:
-    """"lowest" or "highest" when the chosen rate sits on that edge of a grid of 2 or more rates:
-    the optimum may lie outside the grid. None when it is interior (or nothing was chosen)."""
-    if chosen is None or len(grid) < 2:
+    if not groups:
         return None
-    return "lowest" if chosen == min(grid) else "highest" if chosen == max(grid) else None
+    chosen = [t for t in trials if group_of(t) in groups]
+    sfx = context_suffixer(chosen)
+    many_combos = len({g[:2] for g in groups}) > 1
+
+    def by_accumulation(t):
+        g = group_of(t)
+        if g not in groups:
+            return None
+        p = protocol_of(t)
+        rest = protocol_label(dict(g[2]), accumulate=False)
+        prefix = f"{_name(t)}, {g[1]}: " if many_combos else ""
+        prefix += "" if rest == "article protocol" else f"{rest}: "
+        what = "plain batches" if p["accumulate"] == 1 else f"gradient accumulation ×{p['accumulate']}"
+        return trial_order(t, dict(g[2])) + (p["accumulate"],), prefix + what + sfx(t)
+    combos_text = _combos_text({g[:2] for g in groups})
+    return _table("accumulation", f"{FIGURE_TITLES['accumulation']} ({combos_text})", chosen, by_accumulation,
+                  xlabel=EFFECTIVE_BATCH_LABEL,
+                  x_of=lambda t: int(field_of(t, "batch_size")) * protocol_of(t)["accumulate"], article=article_value)
 
 
-def _drop(rows: list[dict], series: str) -> dict:
-    """The tuned series' best batch size and the first larger one whose mean is clearly below it
-    (Welch interval of the difference below 0), or None if none is."""
-    mine = sorted((r for r in rows if r["series"] == series and r["n_done"]), key=lambda r: r["x"])
-    if not mine:
-        return {"series": series, "best": None, "drop_from": None, "diff": None}
-    best = max(mine, key=lambda r: r["mean"])
-    for r in mine:
-        if r["x"] > best["x"]:
-            w = welch(r["accuracies"], best["accuracies"])
-            if w["ci_high"] is not None and w["ci_high"] < 0:
-                return {"series": series, "best": best["x"], "drop_from": r["x"], "diff": w}
-    return {"series": series, "best": best["x"], "drop_from": None, "diff": None}
-
-
-# --- collapses, claims, adaptive seeds -----------------------------------------------------------
+# --- collapses, and a table's counts ---------------------------------------------------------------
 
 
 def collapse_table(trials: list[dict]) -> dict:
@@ -446,28 +336,6 @@ def collapse_table(trials: list[dict]) -> dict:
         label = f"{_name(t)}, {field_of(t, 'dataset')}" + ("" if rest == "article protocol" else f", {rest}")
         return (not is_article_protocol(t), *trial_order(t)), label + sfx(t)
     return _table("collapse", FIGURE_TITLES["collapse"], known, by_setting)
-
-
-def claims_by_context(trials: list[dict]) -> list[dict]:
-    """The article's claims (analysis.claims) on the sweep's article-protocol cells, one list per
-    context (rows.context_of) the sweep has; [] when it has none."""
-    out = []
-    contexts = claims.article_cells(trials)
-    many = many_contexts(trials)
-    for context, accuracies in sorted(contexts.items(), key=lambda kv: str(kv[0])):
-        out.append({"context": context_label(context, many), "results": claims.evaluate_all(accuracies)})
-    return out
-
-
-def adaptive_state(trials: list[dict], adaptive: dict | None, n_test: int | None = None) -> dict | None:
-    """Where each cell of an adaptive-seeds sweep stands ({"target_ci", "max_seeds", "cells"}),
-    judged as the sweep judged it: with the binomial floor of `n_test` test images."""
-    if not adaptive:
-        return None
-    grid = [TrialConfig.from_dict(t["config"]) for t in trials if t.get("config")]
-    state = seeds.next_seeds(grid, {t["key"]: t for t in trials}, adaptive["target_ci"], adaptive["max_seeds"],
-                             n_test=n_test)
-    return {**adaptive, "cells": state["cells"]}
 
 
 def status_counts(rows: list[dict]) -> dict[str, int]:

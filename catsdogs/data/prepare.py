@@ -8,44 +8,38 @@
       -> data/standard/{train,validation,test}/{Cat,Dog}/, data/augmented/{train,validation}/...
       -> data/manifest.json, written last: it is the mark of a finished prepare.
 
-The pixels are the article's: `keras.utils.load_img(target_size=...)` (convert to RGB, nearest
-neighbour from the full image, aspect ratio not kept) followed by `keras.utils.save_img`, which
-stretches each image's values to 0..255 (`array_to_img(scale=True)`) and saves a JPEG at
-Pillow's default quality. The augmented copy is that resized image, resized to 1.25 x size with
-Pillow's default filter and cropped to its top-left size x size, saved the same way.
+The source is catsdogs.data.source's to fetch and open; the pixels are catsdogs.data.images'
+(the article's resize, save and augmented copy, made in decode processes); this module chooses,
+splits and writes, and writes the manifest (catsdogs.manifest).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
-import io
 import itertools
 import os
-import re
 import shutil
 import sys
 import threading
 import time
 import uuid
-import warnings
-import zipfile
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from catsdogs import config
-from catsdogs.manifest import FORMAT, MANIFEST, count_files, load_manifest
-from catsdogs.errors import ArchiveError, CatsdogsError, ChecksumError, DownloadError, SettingError
+from catsdogs.data.images import process_and_write
+from catsdogs.data.source import check_source, resolve_source
+from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
 from catsdogs.host import versions
+from catsdogs.manifest import FORMAT, MANIFEST, count_files, load_manifest
 from catsdogs.schema import check_prepare, check_sha256
 
 WORKERS = os.cpu_count() or 1  # one decode process per core: decoding is the cost
@@ -70,249 +64,6 @@ class PrepareParams:
         d["augment_scale"] = config.AUGMENT_SCALE
         d["jpeg_quality"] = config.JPEG_QUALITY
         return d
-
-
-# --- one image: the only place pixels are made -----------------------------------------------
-
-
-def article_jpeg(img: Image.Image) -> bytes:
-    """What keras.utils.save_img(path.jpg, img) writes: min-max stretched, JPEG at quality 75.
-
-    keras' array_to_img stretches in float32: x - min, / max, * 255, truncated to uint8. Each
-    output value depends only on the input value and the image's min and max, so those same
-    float32 steps applied once to the 256 possible values give a lookup table with identical
-    results (bytes included), without float copies of the whole image."""
-    a = np.asarray(img)  # uint8, H x W x 3
-    lut = _stretch_lut(int(a.min()), int(a.max()))
-    if lut is not None:  # the same table for R, G and B, as keras stretches them together
-        # Image.point() would first round all 768 entries in Python, which costs more than
-        # the lookup itself; the table is already whole numbers, so hand it to the core.
-        img = img._new(img.im.point(lut, None))
-    buf = io.BytesIO()
-    img.save(buf, format="JPEG", quality=config.JPEG_QUALITY)
-    return buf.getvalue()
-
-
-@functools.cache
-def _stretch_lut(lo: int, hi: int) -> list[int] | None:
-    """keras' float32 min-max stretch as an RGB table for Image.point (None if it changes nothing).
-
-    Entries outside lo..hi are never looked up (no pixel has those values); they are 0."""
-    x = np.arange(256, dtype=np.float32)[lo : hi + 1]  # the values an image with this min, max holds
-    x = x - np.float32(lo)  # x - np.min(x)
-    x_max = np.float32(hi - lo)  # np.max(x), exactly: small whole numbers are exact in float32
-    if x_max != 0:
-        x /= x_max
-    x *= 255
-    lut = np.zeros(256, dtype=np.uint8)
-    lut[lo : hi + 1] = x.astype("uint8")
-    if np.array_equal(lut[lo : hi + 1], np.arange(lo, hi + 1)):
-        return None
-    return lut.tolist() * 3
-
-
-def resize_like_article(img: Image.Image, size: int) -> Image.Image:
-    """keras.utils.load_img(target_size=(size, size)): RGB, nearest neighbour, aspect not kept."""
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    if img.size != (size, size):
-        img = img.resize((size, size), Image.NEAREST)
-    return img
-
-
-def augment_like_article(photo: Image.Image, size: int) -> Image.Image:
-    """photo.resize((big, big)).crop((0, 0, size, size)), Pillow's default filter (bicubic)."""
-    big = round(size * config.AUGMENT_SCALE)
-    if (size * size) % big == 0:
-        # Only the top-left size x size of the big image is kept. Pillow computes each output
-        # pixel's filter weights from the scale (here side / size == size / big exactly) and
-        # clips its window to the whole source image, not to the box, so resizing just the
-        # source box that maps onto the crop gives the same pixels with 36 % less work.
-        side = size * size // big
-        return photo.resize((size, size), box=(0, 0, side, side))
-    return photo.resize((big, big)).crop((0, 0, size, size))
-
-
-def process_image(path: str, size: int, max_pixels: int, augment: bool = True) -> tuple[str, object]:
-    """Fully decode one candidate. ('ok', (standard_jpeg, augmented_jpeg, mode)) or ('rejected', reason).
-
-    Runs in a worker process; everything it needs comes in as arguments. With augment=False
-    (a candidate that can only land in the test split) augmented_jpeg is None."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        return "rejected", f"unreadable: {e.strerror or e}"
-    if not data:
-        return "rejected", "empty file (0 bytes)"
-    Image.MAX_IMAGE_PIXELS = max_pixels  # Pillow refuses at twice this in open(); we check at 1x
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # decode warnings are not failures; errors are
-            img = Image.open(io.BytesIO(data))
-            width, height = img.size
-            if width * height > max_pixels:
-                return "rejected", f"decompression bomb ({width}x{height} pixels declared)"
-            img.load()  # verify() lets truncated JPEGs through; only a full decode catches them
-            mode = img.mode
-            photo = resize_like_article(img, size)
-            standard = article_jpeg(photo)
-            augmented = article_jpeg(augment_like_article(photo, size)) if augment else None
-    except Image.DecompressionBombError as e:
-        return "rejected", f"decompression bomb ({e})"
-    except UnidentifiedImageError:
-        return "rejected", "not an image Pillow can identify"
-    except (OSError, SyntaxError, ValueError, EOFError) as e:
-        return "rejected", f"undecodable: {e}"
-    return "ok", (standard, augmented, mode)
-
-
-def write_file(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def process_and_write(path: str, size: int, max_pixels: int, augment: bool,
-                      targets: tuple[str, str, str]) -> tuple[str, object]:
-    """process_image(), then write its JPEGs to targets = (standard, augmented folder's original,
-    augmented copy); the original is a hard link to the standard file where the filesystem
-    allows: creating a file can cost more CPU than encoding it, a link next to nothing.
-
-    ('ok', (standard SHA-256, augmented SHA-256 or None, mode)) or ('rejected', reason). Writing
-    in the workers spreads the cost of creating files over them."""
-    status, payload = process_image(path, size, max_pixels, augment)
-    if status != "ok":
-        return status, payload
-    standard, augmented, mode = payload
-    std_path, orig_path, aug_path = targets
-    write_file(std_path, standard)
-    if augmented is not None:
-        try:
-            os.link(std_path, orig_path)
-        except OSError:  # a filesystem without hard links
-            write_file(orig_path, standard)
-        write_file(aug_path, augmented)
-    digest = hashlib.sha256(standard).digest()
-    return "ok", (digest, augmented and hashlib.sha256(augmented).digest(), mode)
-
-
-# --- source -> PetImages folder --------------------------------------------------------------
-
-
-def synthetic_valid_count(per_class: int) -> int:
-    # A few more valid images than needed, so the seeded choice is a choice.
-    return per_class + max(10, per_class // 10)
-
-
-# The second line of every failed download: each other way in, all three offline.
-WITHOUT_DOWNLOAD = ("Without the download: --source FILE.zip (the archive, fetched some other way), "
-                    "--source FOLDER (it extracted), or --source synthetic (a generated stand-in; "
-                    "`catsdogs reproduce --config quick` runs the whole article on it).")
-
-
-def source_kind(source: str) -> str:
-    """'synthetic', 'url' (http or https) or 'path' (a .zip or an extracted folder)."""
-    if source == "synthetic":
-        return "synthetic"
-    return "url" if re.match(r"^https?://", source) else "path"
-
-
-def check_source(source: str) -> str:
-    """A source prepare can read: 'synthetic', a URL, or a file or folder that exists."""
-    if source_kind(source) == "path" and not Path(source).expanduser().exists():
-        raise SettingError(f"no such file or folder: {source}", "source")
-    return source
-
-
-def resolve_source(params: PrepareParams, data_dir: Path, log, progress: bool) -> tuple[Path, dict]:
-    """Return the PetImages folder and a description of where it came from."""
-    src = params.source
-    downloads = data_dir / "downloads"
-    if source_kind(src) == "synthetic":
-        from catsdogs.data.synthetic import make_synthetic_archive
-
-        n_valid = synthetic_valid_count(params.per_class)
-        archive = downloads / f"synthetic-{n_valid}.zip"
-        if not archive.exists():
-            downloads.mkdir(parents=True, exist_ok=True)
-            log(f"Generating a synthetic PetImages archive ({n_valid} valid images per class) ...")
-            make_synthetic_archive(archive, n_valid)
-        pets, sha = extract_archive(archive, data_dir, None, log)
-        return pets, {"kind": "synthetic", "n_valid": n_valid, "sha256": sha}
-    if source_kind(src) == "url":
-        from catsdogs.data.download import download
-
-        name = PurePosixPath(src.split("?")[0]).name or "archive.zip"
-        expected_size = config.ARCHIVE_SIZE if src == config.ARCHIVE_URL else None
-        try:
-            archive = download(src, downloads / name, sha256=params.sha256,
-                               expected_size=expected_size, progress=progress, log=log)
-        except ChecksumError:
-            raise
-        except DownloadError as e:
-            e.hint = WITHOUT_DOWNLOAD
-            raise
-        pets, sha = extract_archive(archive, data_dir, params.sha256, log)
-        return pets, {"kind": "url", "url": src, "sha256": sha}
-    path = Path(src).expanduser()
-    if path.is_dir():
-        pets = path if (path / "Cat").is_dir() else path / "PetImages"
-        check_layout(pets, f"--source {src}")
-        return pets, {"kind": "folder", "path": str(path.resolve()), "sha256": None}
-    pets, sha = extract_archive(path, data_dir, params.sha256, log)  # a file: prepare checked it exists
-    return pets, {"kind": "zip", "path": str(path.resolve()), "sha256": sha}
-
-
-def check_layout(pets: Path, what: str) -> None:
-    missing = [c for c in config.CLASSES if not (pets / c).is_dir()]
-    if missing:
-        raise ArchiveError(f"{what} has no PetImages/{'/, PetImages/'.join(missing)}/ folder")
-
-
-def safe_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
-    """Every member, after making sure none can land outside the target folder."""
-    members = zf.infolist()
-    for m in members:
-        name = m.filename.replace("\\", "/")
-        parts = PurePosixPath(name).parts
-        if name.startswith("/") or re.match(r"^[A-Za-z]:", name) or ".." in parts:
-            raise ArchiveError(f"unsafe path in archive, refusing to extract: {m.filename!r}")
-        if (m.external_attr >> 16) & 0o170000 == 0o120000:
-            raise ArchiveError(f"symbolic link in archive, refusing to extract: {m.filename!r}")
-    return members
-
-
-def extract_archive(archive: Path, data_dir: Path, sha256: str | None, log) -> tuple[Path, str]:
-    """Verify (when a hash is given), then extract to a temporary folder renamed when complete."""
-    from catsdogs.data.download import sha256_of
-
-    actual = sha256_of(archive)
-    if sha256 and actual.lower() != sha256.lower():
-        raise ArchiveError(
-            f"{archive} has SHA-256 {actual}, expected {sha256} (pass the right --sha256, or --no-verify)"
-        )
-    final = data_dir / "extracted" / actual[:16]
-    pets = final / "PetImages"
-    if pets.is_dir():
-        return pets, actual
-    if not zipfile.is_zipfile(archive):
-        raise ArchiveError(f"{archive} is not a zip archive")
-    tmp = final.parent / f".tmp-{actual[:16]}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    try:
-        with zipfile.ZipFile(archive) as zf:
-            members = safe_members(zf)
-            log(f"Extracting {len(members):,} members of {archive.name} ...")
-            zf.extractall(tmp, members)
-        check_layout(tmp / "PetImages", str(archive))
-        if final.exists():  # a half-finished older attempt without PetImages
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except zipfile.BadZipFile as e:
-        raise ArchiveError(f"{archive} is not a readable zip archive: {e}") from None
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return pets, actual
 
 
 # --- select, split, write ---------------------------------------------------------------------
@@ -362,11 +113,8 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
 
     Also returns the SHA-256 of every file written (by path relative to `staging`), so the
     fingerprints need not read the files back."""
-    chosen: dict = {c: {s: [] for s in config.SPLIT_NAMES} for c in config.CLASSES}
-    rejected: list[dict] = []
-    checked: dict = {}
-    modes: Counter = Counter()
-    digests: dict[str, bytes] = {}  # by path relative to staging, '/'-separated
+    picked = {"chosen": {c: {s: [] for s in config.SPLIT_NAMES} for c in config.CLASSES}, "rejected": [],
+              "checked": {}, "modes": Counter(), "digests": {}}
     pending = staging / ".pending"  # where the workers write; removed with the staging folder
     for c in config.CLASSES:
         (pending / c).mkdir(parents=True)
@@ -374,14 +122,6 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
             (staging / "standard" / s / c).mkdir(parents=True)
             if s != "test":
                 (staging / "augmented" / s / c).mkdir(parents=True)
-
-    root = str(staging)  # plain strings here: pathlib would cost the main process a tenth of its CPU
-
-    def final_paths(c: str, s: str, name: str) -> tuple[str, str, str]:
-        return (f"standard/{s}/{c}/{name}", f"augmented/{s}/{c}/{name}",
-                f"augmented/{s}/{c}/augmented_{name}")
-
-    n_augmented = params.split[0] + params.split[1]  # the first this many valid go to train/validation
     # Forking is nearly free and spares each worker re-importing numpy and Pillow (a tenth of
     # the CPU of a 2,000-image prepare); but a process that has started TensorFlow's threads
     # must not be forked, so then the workers are spawned.
@@ -390,71 +130,96 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
     with ProcessPoolExecutor(WORKERS, mp_context=ctx, initializer=_worker_init,
                              initargs=(os.getpid(),)) as pool, bar:
         for ci, c in enumerate(config.CLASSES):
-            names = sorted(os.listdir(pets / c), key=numeric_order)
-            for n in names:
-                if not n.endswith(".jpg"):  # the article's filter; Thumbs.db lands here
-                    rejected.append({"file": f"{c}/{n}", "reason": "not a .jpg file"})
-            order = seeded_order([n for n in names if n.endswith(".jpg")], params.seed, ci)
-            counted = {"valid": 0}  # read when a candidate is submitted, a window ahead
+            # plain strings: pathlib would cost the main process a tenth of its CPU
+            _select_class(pool, pets, ci, _Selection(c, params, str(pets), str(staging), str(pending), picked), bar)
+    return {**picked, "modes": dict(picked["modes"])}
 
-            def args_of(name, ahead, c=c, counted=counted):
-                # With `ahead` candidates still in flight before this one, its index among the
-                # valid images, if it is valid, lies in valid .. valid + ahead. When that range
-                # is inside one split, the worker writes straight into the split's folders (the
-                # usual case: rejections are rare); otherwise into `pending`, and the files are
-                # renamed into place once the split is known.
-                lo, hi = counted["valid"], counted["valid"] + ahead
-                # A candidate submitted once `n_augmented` are already valid can only be a
-                # test image (or not chosen at all): skip its augmented copy. Before that,
-                # the decodes still in flight may be rejected, so make it to be safe.
-                augment = lo < n_augmented
-                first = split_of(lo, params.split)
-                if hi < params.per_class and first == split_of(hi, params.split):
-                    targets = tuple(f"{root}/{rel}" for rel in final_paths(c, first, name))
-                else:
-                    targets = tuple(f"{pending}/{c}/{name}{x}" for x in (".std.jpg", ".orig.jpg", ".aug.jpg"))
-                return (f"{pets}/{c}/{name}", params.size, config.MAX_IMAGE_PIXELS, augment, targets)
 
-            def batch(in_flight, counted=counted):
-                # Big batches while many images are still needed, single ones near the end,
-                # so that what is decoded after the last valid image stays little.
-                wanted = params.per_class - counted["valid"] - in_flight
-                return max(1, min(BATCH, wanted // (2 * WORKERS)))
+def _select_class(pool, pets: Path, ci: int, sel: _Selection, bar: _Progress) -> None:
+    """One class: its .jpg candidates decoded in their seeded order, a window ahead, until
+    `per_class` are valid (the decodes still in flight then cancelled)."""
+    c, params = sel.c, sel.params
+    names = sorted(os.listdir(pets / c), key=numeric_order)
+    for n in names:
+        if not n.endswith(".jpg"):  # the article's filter; Thumbs.db lands here
+            sel.picked["rejected"].append({"file": f"{c}/{n}", "reason": "not a .jpg file"})
+    order = seeded_order([n for n in names if n.endswith(".jpg")], params.seed, ci)
+    n_checked = 0
+    results = in_order(pool, order, sel.args_of, window=WINDOW, batch=sel.batch)
+    for name, args, (status, payload) in results:
+        n_checked += 1
+        if sel.take(name, args, status, payload):
+            bar.advance()
+            if sel.valid == params.per_class:
+                break
+    results.close()  # cancels the decodes still in flight
+    sel.picked["checked"][c] = n_checked
+    if sel.valid < params.per_class:
+        raise CatsdogsError(f"only {sel.valid} valid images in {c} (of {len(order)} .jpg files); "
+                            f"--per-class {params.per_class} needs more")
 
-            n_checked = 0
-            results = in_order(pool, order, args_of, window=WINDOW, batch=batch)
-            for name, args, (status, payload) in results:
-                n_checked += 1
-                if status != "ok":
-                    rejected.append({"file": f"{c}/{name}", "reason": payload})
-                    continue
-                standard, augmented, mode = payload  # their SHA-256s: the files are written
-                modes[mode] += 1
-                s = split_of(counted["valid"], params.split)
-                chosen[c][s].append(name)
-                if s != "test" and augmented is None:  # cannot happen: see args_of
-                    raise RuntimeError(f"no augmented copy made for {c}/{name} ({s})")
-                *_, targets = args  # where the worker wrote them
-                files = zip(targets, final_paths(c, s, name), (standard, standard, augmented), strict=True)
-                for written, rel, digest in itertools.islice(files, 1 if s == "test" else 3):
-                    if written != f"{root}/{rel}":  # in `pending`: its split was not yet known
-                        if not written.startswith(f"{pending}/"):  # cannot happen: see args_of
-                            raise RuntimeError(f"{c}/{name} was written to the wrong split")
-                        os.rename(written, f"{root}/{rel}")
-                    digests[rel] = digest
-                bar.advance()
-                counted["valid"] += 1
-                if counted["valid"] == params.per_class:
-                    break
-            results.close()  # cancels the decodes still in flight
-            checked[c] = n_checked
-            if counted["valid"] < params.per_class:
-                raise CatsdogsError(
-                    f"only {counted['valid']} valid images in {c} (of {len(order)} .jpg files); "
-                    f"--per-class {params.per_class} needs more"
-                )
-    return {"chosen": chosen, "rejected": rejected, "checked": checked, "modes": dict(modes),
-            "digests": digests}
+
+class _Selection:
+    """One class's choice as it goes: where each candidate's decode writes its files
+    (`args_of`), how many go to a decode process at once (`batch`), and what each answer does
+    (`take`: a rejection noted, a valid image moved into its split and its digests kept)."""
+
+    def __init__(self, c: str, params: PrepareParams, pets: str, root: str, pending: str, picked: dict):
+        self.c, self.params, self.pets, self.root, self.pending, self.picked = c, params, pets, root, pending, picked
+        self.valid = 0  # valid images so far: read when a candidate is submitted, a window ahead
+        self.n_augmented = params.split[0] + params.split[1]  # the first this many valid go to train/validation
+
+    def final_paths(self, s: str, name: str) -> tuple[str, str, str]:
+        c = self.c
+        return (f"standard/{s}/{c}/{name}", f"augmented/{s}/{c}/{name}", f"augmented/{s}/{c}/augmented_{name}")
+
+    def args_of(self, name: str, ahead: int) -> tuple:
+        # With `ahead` candidates still in flight before this one, its index among the valid
+        # images, if it is valid, lies in valid .. valid + ahead. When that range is inside one
+        # split, the worker writes straight into the split's folders (the usual case: rejections
+        # are rare); otherwise into `pending`, and the files are renamed into place once the
+        # split is known.
+        params, c = self.params, self.c
+        lo, hi = self.valid, self.valid + ahead
+        # A candidate submitted once `n_augmented` are already valid can only be a test image (or
+        # not chosen at all): skip its augmented copy. Before that, the decodes still in flight
+        # may be rejected, so make it to be safe.
+        augment = lo < self.n_augmented
+        first = split_of(lo, params.split)
+        if hi < params.per_class and first == split_of(hi, params.split):
+            targets = tuple(f"{self.root}/{rel}" for rel in self.final_paths(first, name))
+        else:
+            targets = tuple(f"{self.pending}/{c}/{name}{x}" for x in (".std.jpg", ".orig.jpg", ".aug.jpg"))
+        return (f"{self.pets}/{c}/{name}", params.size, config.MAX_IMAGE_PIXELS, augment, targets)
+
+    def batch(self, in_flight: int) -> int:
+        # Big batches while many images are still needed, single ones near the end, so that
+        # what is decoded after the last valid image stays little.
+        wanted = self.params.per_class - self.valid - in_flight
+        return max(1, min(BATCH, wanted // (2 * WORKERS)))
+
+    def take(self, name: str, args: tuple, status: str, payload) -> bool:
+        """One candidate's answer; True when it was valid (and is now in its split)."""
+        c, picked = self.c, self.picked
+        if status != "ok":
+            picked["rejected"].append({"file": f"{c}/{name}", "reason": payload})
+            return False
+        standard, augmented, mode = payload  # their SHA-256s: the files are written
+        picked["modes"][mode] += 1
+        s = split_of(self.valid, self.params.split)
+        picked["chosen"][c][s].append(name)
+        if s != "test" and augmented is None:  # cannot happen: see args_of
+            raise RuntimeError(f"no augmented copy made for {c}/{name} ({s})")
+        *_, targets = args  # where the worker wrote them
+        files = zip(targets, self.final_paths(s, name), (standard, standard, augmented), strict=True)
+        for written, rel, digest in itertools.islice(files, 1 if s == "test" else 3):
+            if written != f"{self.root}/{rel}":  # in `pending`: its split was not yet known
+                if not written.startswith(f"{self.pending}/"):  # cannot happen: see args_of
+                    raise RuntimeError(f"{c}/{name} was written to the wrong split")
+                os.rename(written, f"{self.root}/{rel}")
+            picked["digests"][rel] = digest
+        self.valid += 1
+        return True
 
 
 def fingerprint_of(digests: dict[str, bytes], dirs: list[str]) -> str:
@@ -573,7 +338,7 @@ def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None
         for stale in data_dir.glob(f".{MANIFEST}.*.tmp"):
             stale.unlink(missing_ok=True)
         started = time.time()
-        pets, origin = resolve_source(params, data_dir, log, progress)
+        pets, origin = resolve_source(params.source, params.sha256, params.per_class, data_dir, log, progress)
         staging = data_dir / f".staging-{uuid.uuid4().hex[:8]}"
         try:
             picked = select_and_write(pets, params, staging, log, progress)

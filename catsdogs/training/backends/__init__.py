@@ -2,9 +2,12 @@
 
 Everything framework-specific (input pipelines, the fused optimizer update, determinism,
 memory queries, out-of-memory classification, distribution, thread settings, the device's
-matmul peak) lives in one module per backend here; the engine, the worker and profile call
-only what `current()` returns. The backend is Keras's own choice: `KERAS_BACKEND`, else the
-"backend" of Keras's keras.json, else TensorFlow. Importing this package imports no framework.
+matmul peak) lives in one module per backend here (`tensorflow`, `jax`); the engine, the worker
+and the prober call only what `current()` returns, and only the names of the `Backend`
+protocol, which each module provides (tests/test_backends.py checks them). The backend is
+Keras's own choice: `KERAS_BACKEND`, else the "backend" of Keras's keras.json, else TensorFlow.
+Importing this package, or a backend's module, imports no framework: a backend's `start`
+imports it, once the worker's settings are in place.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from types import ModuleType
+from typing import Any, Protocol, cast, runtime_checkable
 
 from catsdogs.errors import CatsdogsError
 from catsdogs.schema import BACKENDS, Status, process_words
@@ -32,6 +36,79 @@ DEFAULT = "tensorflow"
 DETERMINISTIC_ENV = "CATSDOGS_DETERMINISTIC"  # "0": no deterministic kernels; else deterministic
 TF32_ENV = "CATSDOGS_TF32"  # "1": TF32 allowed, "0": forbidden, unset or "": the framework's default
 COMPILE_CACHE_ENV = "CATSDOGS_COMPILE_CACHE"  # JAX's persistent compilation cache: a folder, or "off"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What catsdogs asks of a Keras backend: a module (backends.tensorflow, backends.jax) whose
+    functions are these methods, `self` aside. A worker calls `setup_device` and `start` once,
+    before anything else; every other call comes after."""
+
+    NAME: str  # KERAS_BACKEND's name for it
+    OOM_MARKERS: tuple[str, ...]  # texts of its out-of-memory errors, in a dead worker's log too
+    # XLA's planned bytes of a training step (model, batch size, image size), without running it;
+    # None where the compiler states no plan (TensorFlow: catsdogs.training.costs models it)
+    compiled_step_bytes: Callable[[Any, int, int], int] | None
+
+    # --- a worker process, before and as the framework starts
+    def process_env(self, threads: int | None = None) -> dict[str, str]:
+        """Environment for a worker process, read by the framework when it starts."""
+
+    def strategy_env(self, strategy: str) -> dict[str, str]:
+        """Environment for a worker started for a trial of this distribution strategy."""
+
+    def setup_device(self, memory_cap_bytes: int | None) -> str:
+        """Before the framework touches the GPU: a cap as its memory limit; 'gpu' or 'cpu'."""
+
+    def start(self) -> str:
+        """Once per process: the process's settings (`process_settings`) applied; 'gpu' or 'cpu'."""
+
+    def running_settings(self) -> dict:
+        """{"deterministic", "tf32"}: what the process runs with, read back after `start`."""
+
+    def compile_counts(self) -> dict | None:
+        """{"compiles", "cache_hits"} so far (XLA's), or None where nothing is compiled."""
+
+    def device_description(self) -> str: ...
+
+    def versions(self) -> dict: ...
+
+    # --- training
+    def train_batches(self, split, batch_size: int, seed: int, n_batches: int, cross_epochs: bool = False,
+                      prefetch: int = 2):
+        """The batches of catsdogs.data.loading.batch_schedule, in order, ready for `fit`."""
+
+    def eval_batches(self, split, batch_size: int):
+        """Every image once, in order, the last batch partial."""
+
+    def optimizer_class(self, name: str, strategy: str) -> type: ...
+
+    def distribution(self, strategy: str):
+        """The strategy's scope and replica count (`scope()`, `num_replicas_in_sync`)."""
+
+    def weight_values(self, model) -> list:
+        """Each weight's value as it is now, which no later step changes (the weights' digest)."""
+
+    def wait_for_steps(self, model) -> None:
+        """Return when every dispatched training step has run."""
+
+    def per_example_gram(self, model, images, labels, block: int, cache: dict | None = None):
+        """Per-example gradient Gram matrices, block by block (catsdogs.training.per_example)."""
+
+    # --- memory, errors, the device's peak
+    def reset_peak_memory(self) -> None: ...
+
+    def peak_memory(self) -> dict:
+        """{"peak_memory_mb", "memory_kind", ...}: the peak since the last reset."""
+
+    def memory_budget_bytes(self) -> int | None:
+        """The memory that holds a model: the GPU's, else the host's."""
+
+    def classify_error(self, exc: BaseException) -> str:
+        """'oom' for running out of memory, else 'failed' (a schema.Status)."""
+
+    def matmul_peak(self, dtype: str, n: int | None = None, seconds: float = 1.0, repeats: int = 3) -> dict:
+        """FLOP/s of n x n matrix products in `dtype` (matmul_rate)."""
 
 
 def process_env_for(deterministic: bool = True, tf32: bool | None = None) -> dict[str, str]:
@@ -128,7 +205,7 @@ def check(backend: str | None = None) -> str:
     return backend
 
 
-def current() -> ModuleType:
+def current() -> Backend:
     """The backend module (catsdogs.training.backends.tensorflow, ...), or a one-line
     CatsdogsError when its framework is not installed."""
     backend = check()
@@ -136,7 +213,7 @@ def current() -> ModuleType:
     if sys.modules.get(backend) is None and importlib.util.find_spec(backend) is None:
         install = {"jax": "pip install 'catsdogs[jax]'", "tensorflow": "pip install tensorflow"}[backend]
         raise CatsdogsError(f"KERAS_BACKEND={backend} needs {backend}, which is not installed: {install}")
-    return module
+    return cast(Backend, module)
 
 
 def matmul_rate(run, n: int, dtype: str, seconds: float, repeats: int) -> dict:

@@ -1,25 +1,20 @@
 """Keras 3 on JAX: every JAX-specific call catsdogs makes (`KERAS_BACKEND=jax`).
 
-The same functions as backends.tensorflow, so the engine cannot tell them apart. Where
-JAX differs, the choice is made here:
+The same functions as backends.tensorflow (the `Backend` protocol of catsdogs.training.backends),
+so the engine cannot tell them apart. Where JAX differs, the choice is made here:
 
-- Nothing imports TensorFlow. `start` makes `import tensorflow` fail as if it were not
-  installed (`_NoTensorFlow`), so Keras's own optional uses of it (seeding
-  tf.random in `set_random_seed`, tf.data adapters) stay off even where TensorFlow is installed,
-  and a JAX process behaves as on the GPU machine, which has none.
+- Starting a worker process (catsdogs.training.backends.jax_process, whose `start`,
+  `process_env`, `strategy_env`, `running_settings` and `compile_counts` this module gives as its
+  own): TensorFlow kept out, so a JAX process behaves as on the GPU machine, which has none;
+  determinism as XLA's `--xla_gpu_deterministic_ops` exactly when deterministic (on the CPU
+  XLA's kernels are deterministic already); TF32 through `jax_default_matmul_precision`
+  ("tensorfloat32" or "highest"; unset, JAX's default, which is TF32 on Ampere and later); JAX's
+  persistent compilation cache, and every compilation counted.
 - The input pipeline: the decoded uint8 images are copied to the device once per data set and
   each batch is gathered there by one jitted op, so only indices cross from the host. JAX
   dispatches asynchronously, so the next batch's gather is queued while a step runs: the
   prefetch is free. A data set larger than its share of device memory stays on the host and
   each batch is gathered there (Keras's JAX trainer copies it one batch ahead).
-- Determinism and TF32, the worker's settings (backends.process_settings, read by `start`
-  before JAX starts): XLA's `--xla_gpu_deterministic_ops` when deterministic, and never else,
-  whatever the parent's XLA_FLAGS held (on the CPU XLA's kernels are deterministic already);
-  TF32 through `jax_default_matmul_precision` ("tensorfloat32" or "highest"; unset, JAX's
-  default, which is TF32 on Ampere and later).
-- Compilation: JAX's persistent compilation cache (backends.compile_cache_dir), configured before
-  JAX starts, with its thresholds at zero so the many small CPU compilations are kept too; a
-  worker counts its compilations and the cache's hits (`compile_counts`).
 - Memory: XLA's allocator peak (`memory_stats()["peak_bytes_in_use"]`) on a GPU. JAX cannot reset
   it, so it is the worker's peak since it started (`memory_kind` "gpu-worker"): exact for a
   probe, whose worker only ever grows its batch, an upper bound for a trial. On the CPU, the
@@ -29,6 +24,9 @@ JAX differs, the choice is made here:
   visible device; on a CPU, over `CATSDOGS_LOGICAL_CPUS` host devices XLA is told to make.
 - Adam: Keras's own. XLA compiles the whole update into a few fused loops, which is what the
   fused TensorFlow kernel buys on that backend.
+
+JAX is imported inside each function, never at the top: this module is loaded before its
+worker's process has started JAX with its settings (`start`).
 """
 
 from __future__ import annotations
@@ -49,57 +47,14 @@ from catsdogs.host import (
 )
 from catsdogs.schema import Status
 from catsdogs.training.backends import matmul_rate
+from catsdogs.training.backends.jax_process import HOST_DEVICES_FLAG, LOGICAL_CPUS_ENV, start
+from catsdogs.training.backends.jax_process import compile_counts as compile_counts
+from catsdogs.training.backends.jax_process import process_env as process_env
+from catsdogs.training.backends.jax_process import running_settings as running_settings
+from catsdogs.training.backends.jax_process import strategy_env as strategy_env
 
 NAME = "jax"
-LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many host devices
-DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
-HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 DEVICE_DATA_SHARE = 0.25  # a data set stays on the device when it takes at most this share of it
-
-
-def _xla_flags(*extra: str, deterministic: bool = True, flags: str | None = None) -> str:
-    """XLA_FLAGS as the user set them, plus ours (a flag the user set is left as they set it), with
-    XLA's deterministic-ops flag exactly when `deterministic`: that one is the trial's, a user's
-    value of it is replaced."""
-    name = DETERMINISTIC_FLAG.split("=")[0]
-    given = [f for f in (os.environ.get("XLA_FLAGS", "") if flags is None else flags).split()
-             if f.split("=")[0] != name]  # the trial's setting, whatever the user's says
-    names = {f.split("=")[0] for f in given}
-    wanted = [*extra, DETERMINISTIC_FLAG] if deterministic else list(extra)
-    return " ".join([*given, *(f for f in wanted if f.split("=")[0] not in names)])
-
-
-def process_env(threads: int | None = None) -> dict[str, str]:
-    """Environment for a worker process, read by JAX when it starts. (Threads: XLA's CPU thread
-    pool follows the worker's CPU affinity, which catsdogs.training.worker sets. Determinism and
-    TF32: `start`, from the worker's settings.)"""
-    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-            "TF_CPP_MIN_LOG_LEVEL": "2"}  # XLA's C++ logging reads TensorFlow's variable
-
-
-def strategy_env(strategy: str) -> dict[str, str]:
-    """Environment for a worker started for a trial of this distribution strategy."""
-    if strategy == "mirrored":
-        n = os.environ.get(LOGICAL_CPUS_ENV, "2")  # host devices; a GPU machine uses its GPUs
-        return {LOGICAL_CPUS_ENV: n,
-                "XLA_FLAGS": _xla_flags(f"{HOST_DEVICES_FLAG}={n}", deterministic=False)}  # `start` decides
-    return {}
-
-
-class _NoTensorFlow:
-    """A meta-path finder under which `import tensorflow` raises ModuleNotFoundError, as where
-    it is not installed. (Not `sys.modules["tensorflow"] = None`: Keras takes a name present in
-    sys.modules for an imported TensorFlow.)"""
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            raise ModuleNotFoundError(f"No module named {name!r} (catsdogs runs on JAX)", name=name)
-        return None
-
-
-def _block_tensorflow() -> None:
-    if "tensorflow" not in sys.modules and not any(isinstance(f, _NoTensorFlow) for f in sys.meta_path):
-        sys.meta_path.insert(0, _NoTensorFlow())
 
 
 def setup_device(memory_cap_bytes: int | None) -> str:
@@ -120,84 +75,6 @@ def setup_device(memory_cap_bytes: int | None) -> str:
         raise CatsdogsError("--memory-limit on a GPU under JAX becomes XLA's memory fraction, which needs "
                             "the GPU's size from NVML: pip install nvidia-ml-py (the nvml extra)")
     return kind
-
-
-RUNNING: dict = {}  # the settings this process runs with, once `start` has set them
-
-
-def start() -> str:
-    """Once per process, before any op: TensorFlow kept out; the process's settings (determinism,
-    TF32: backends.process_settings) and the compilation cache set before JAX starts; 'gpu' or
-    'cpu'. A process that imported JAX before keeps the XLA flags it started with, and says so
-    (`running_settings`)."""
-    from catsdogs.training.backends import compile_cache_dir, process_settings
-
-    _block_tensorflow()
-    settings = process_settings()
-    if "jax" not in sys.modules:
-        for key, value in process_env().items():
-            os.environ.setdefault(key, value)
-        os.environ["XLA_FLAGS"] = _xla_flags(deterministic=settings["deterministic"])
-        _configure_cache(compile_cache_dir())
-    import jax
-
-    # the trial's setting, also over a JAX_DEFAULT_MATMUL_PRECISION of the user's (None: JAX's default)
-    jax.config.update("jax_default_matmul_precision",
-                      None if settings["tf32"] is None else "tensorfloat32" if settings["tf32"] else "highest")
-    _count_compilations()
-    precision = jax.config.jax_default_matmul_precision  # read back: what the process really runs with
-    RUNNING.update(deterministic=DETERMINISTIC_FLAG in os.environ.get("XLA_FLAGS", "").split(),
-                   tf32={"tensorfloat32": True, "highest": False}.get(precision) if precision else None)
-    return "gpu" if jax.default_backend() == "gpu" else "cpu"
-
-
-def running_settings() -> dict:
-    """{"deterministic", "tf32"}: what this process runs with (after `start`)."""
-    return dict(RUNNING)
-
-
-def _configure_cache(folder) -> None:
-    """Before JAX starts: its persistent compilation cache in `folder` (None: off), keeping every
-    entry, however small or quick to compile (JAX's defaults keep only compilations of over a
-    second, which a CPU's small steps rarely are)."""
-    if folder is None:
-        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
-        return
-    with contextlib.suppress(OSError):
-        folder.mkdir(parents=True, exist_ok=True)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-
-
-COMPILATIONS = {"backend_compiles": 0, "cache_hits": 0}  # this process's, since `start`
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch's
-CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-
-
-@functools.cache
-def _count_compilations() -> None:
-    """Count XLA compilations with jax.monitoring. The backend-compile event times
-    `compile_or_get_cached`, so it fires for a persistent-cache hit too (a load, not a compile):
-    compilations are those events less the hits."""
-    import jax
-
-    def on_duration(event, duration, **kwargs):
-        if event == BACKEND_COMPILE_EVENT:
-            COMPILATIONS["backend_compiles"] += 1
-
-    def on_event(event, **kwargs):
-        if event == CACHE_HIT_EVENT:
-            COMPILATIONS["cache_hits"] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(on_duration)
-    jax.monitoring.register_event_listener(on_event)
-
-
-def compile_counts() -> dict:
-    """{"compiles", "cache_hits"}: this process's XLA compilations and persistent-cache loads so far."""
-    return {"compiles": COMPILATIONS["backend_compiles"] - COMPILATIONS["cache_hits"],
-            "cache_hits": COMPILATIONS["cache_hits"]}
 
 
 def device_description() -> str:

@@ -1,0 +1,152 @@
+"""How a JAX worker process starts: the first half of catsdogs.training.backends.jax, which gives
+these functions as its own (the Backend protocol's `start`, `process_env`, `strategy_env`,
+`running_settings`, `compile_counts`).
+
+- TensorFlow kept out: `start` makes `import tensorflow` fail as if it were not installed
+  (`_NoTensorFlow`), so Keras's own optional uses of it stay off and a JAX process behaves as on
+  the GPU machine, which has none.
+- The process's settings (backends.process_settings, read before JAX starts): XLA's
+  `--xla_gpu_deterministic_ops` exactly when deterministic, whatever the parent's XLA_FLAGS held;
+  TF32 through `jax_default_matmul_precision`. Read back (`running_settings`): what holds.
+- The persistent compilation cache (backends.compile_cache_dir), configured before JAX starts,
+  its thresholds at zero; the process's compilations and the cache's loads counted
+  (`compile_counts`).
+
+Imports JAX only inside `start`, after everything it reads at start-up is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+
+LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many host devices
+DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
+HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+def _xla_flags(*extra: str, deterministic: bool = True, flags: str | None = None) -> str:
+    """XLA_FLAGS as the user set them, plus ours (a flag the user set is left as they set it), with
+    XLA's deterministic-ops flag exactly when `deterministic`: that one is the trial's, a user's
+    value of it is replaced."""
+    name = DETERMINISTIC_FLAG.split("=")[0]
+    given = [f for f in (os.environ.get("XLA_FLAGS", "") if flags is None else flags).split()
+             if f.split("=")[0] != name]  # the trial's setting, whatever the user's says
+    names = {f.split("=")[0] for f in given}
+    wanted = [*extra, DETERMINISTIC_FLAG] if deterministic else list(extra)
+    return " ".join([*given, *(f for f in wanted if f.split("=")[0] not in names)])
+
+
+def process_env(threads: int | None = None) -> dict[str, str]:
+    """Environment for a worker process, read by JAX when it starts. (Threads: XLA's CPU thread
+    pool follows the worker's CPU affinity, which catsdogs.training.worker sets. Determinism and
+    TF32: `start`, from the worker's settings.)"""
+    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+            "TF_CPP_MIN_LOG_LEVEL": "2"}  # XLA's C++ logging reads TensorFlow's variable
+
+
+def strategy_env(strategy: str) -> dict[str, str]:
+    """Environment for a worker started for a trial of this distribution strategy."""
+    if strategy == "mirrored":
+        n = os.environ.get(LOGICAL_CPUS_ENV, "2")  # host devices; a GPU machine uses its GPUs
+        return {LOGICAL_CPUS_ENV: n,
+                "XLA_FLAGS": _xla_flags(f"{HOST_DEVICES_FLAG}={n}", deterministic=False)}  # `start` decides
+    return {}
+
+
+class _NoTensorFlow:
+    """A meta-path finder under which `import tensorflow` raises ModuleNotFoundError, as where
+    it is not installed. (Not `sys.modules["tensorflow"] = None`: Keras takes a name present in
+    sys.modules for an imported TensorFlow.)"""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            raise ModuleNotFoundError(f"No module named {name!r} (catsdogs runs on JAX)", name=name)
+        return None
+
+
+def _block_tensorflow() -> None:
+    if "tensorflow" not in sys.modules and not any(isinstance(f, _NoTensorFlow) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoTensorFlow())
+
+
+RUNNING: dict = {}  # the settings this process runs with, once `start` has set them
+
+
+def start() -> str:
+    """Once per process, before any op: TensorFlow kept out; the process's settings (determinism,
+    TF32: backends.process_settings) and the compilation cache set before JAX starts; 'gpu' or
+    'cpu'. A process that imported JAX before keeps the XLA flags it started with, and says so
+    (`running_settings`)."""
+    from catsdogs.training.backends import compile_cache_dir, process_settings
+
+    _block_tensorflow()
+    settings = process_settings()
+    if "jax" not in sys.modules:
+        for key, value in process_env().items():
+            os.environ.setdefault(key, value)
+        os.environ["XLA_FLAGS"] = _xla_flags(deterministic=settings["deterministic"])
+        _configure_cache(compile_cache_dir())
+    import jax
+
+    # the trial's setting, also over a JAX_DEFAULT_MATMUL_PRECISION of the user's (None: JAX's default)
+    jax.config.update("jax_default_matmul_precision",
+                      None if settings["tf32"] is None else "tensorfloat32" if settings["tf32"] else "highest")
+    _count_compilations()
+    precision = jax.config.jax_default_matmul_precision  # read back: what the process really runs with
+    RUNNING.update(deterministic=DETERMINISTIC_FLAG in os.environ.get("XLA_FLAGS", "").split(),
+                   tf32={"tensorfloat32": True, "highest": False}.get(precision) if precision else None)
+    return "gpu" if jax.default_backend() == "gpu" else "cpu"
+
+
+def running_settings() -> dict:
+    """{"deterministic", "tf32"}: what this process runs with (after `start`)."""
+    return dict(RUNNING)
+
+
+def _configure_cache(folder) -> None:
+    """Before JAX starts: its persistent compilation cache in `folder` (None: off), keeping every
+    entry, however small or quick to compile (JAX's defaults keep only compilations of over a
+    second, which a CPU's small steps rarely are)."""
+    if folder is None:
+        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+        return
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+
+COMPILATIONS = {"backend_compiles": 0, "cache_hits": 0}  # this process's, since `start`
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch's
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+@functools.cache
+def _count_compilations() -> None:
+    """Count XLA compilations with jax.monitoring. The backend-compile event times
+    `compile_or_get_cached`, so it fires for a persistent-cache hit too (a load, not a compile):
+    compilations are those events less the hits."""
+    import jax
+
+    def on_duration(event, duration, **kwargs):
+        if event == BACKEND_COMPILE_EVENT:
+            COMPILATIONS["backend_compiles"] += 1
+
+    def on_event(event, **kwargs):
+        if event == CACHE_HIT_EVENT:
+            COMPILATIONS["cache_hits"] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
+
+
+def compile_counts() -> dict:
+    """{"compiles", "cache_hits"}: this process's XLA compilations and persistent-cache loads so far."""
+    return {"compiles": COMPILATIONS["backend_compiles"] - COMPILATIONS["cache_hits"],
+            "cache_hits": COMPILATIONS["cache_hits"]}
+
+
