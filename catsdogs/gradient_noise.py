@@ -70,6 +70,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from catsdogs import config
+from catsdogs.errors import SettingError
 from catsdogs.stats import LEVEL, t_quantile
 
 STREAM = 0x6E6F6973  # "nois": the noise batches' own random stream, apart from training's
@@ -93,8 +94,6 @@ class NoiseSampling:
         return self.large * self.pairs
 
     def check(self) -> None:
-        from catsdogs.errors import SettingError
-
         if self.micro < 1:
             raise SettingError(f"micro-batches need at least 1 example, got {self.micro}", "noise_micro")
         if self.micros < 2:

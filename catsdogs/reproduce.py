@@ -11,8 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from catsdogs import config
+from catsdogs.analysis.report import report
+from catsdogs.data.prepare import prepare
 from catsdogs.plans import Plan
 from catsdogs.schema import parse_split
+from catsdogs.training.study import run_plan
 
 
 def reproduce(plan: Plan, *, data_dir: Path, out: Path, source: str | None = None, workers: int = 1,
@@ -20,10 +23,6 @@ def reproduce(plan: Plan, *, data_dir: Path, out: Path, source: str | None = Non
               worker_env: dict | None = None) -> dict:
     """prepare -> sweep (all grids, shared trials once) -> report; `source` overrides the plan's.
     {"counts": the sweep's status counts, "trials": how many it ended with, "report": its files}."""
-    from catsdogs.analysis.report import report
-    from catsdogs.data.prepare import prepare
-    from catsdogs.training.study import run_plan
-
     p = plan.settings.get("prepare", {})
     sha256 = None if p.get("verify") is False else p.get("sha256", config.ARCHIVE_SHA256)
     log("== prepare")

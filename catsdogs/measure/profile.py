@@ -2,7 +2,7 @@
 
 `profile(name, batch_sizes, data_dir, out, ...)` runs one probe per batch size (the sweep's own
 training step, warmed up, then `steps` steps timed on batches of the prepared train split:
-catsdogs.training.engine.run_probe) in workers (catsdogs.measure.prober: one worker reused while
+catsdogs.training.probes.run_probe) in workers (catsdogs.measure.prober: one worker reused while
 the batch sizes grow). Before the probes, the device's matrix-multiply peak (a loop of large
 matmuls in the precision policy's compute dtype) is measured, against which each probe's achieved
 model FLOP/s gives its model FLOPs utilization (MFU). Out of memory is a recorded outcome
