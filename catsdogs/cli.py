@@ -481,10 +481,10 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
     is the cap, and on the CPU 90% of the memory available when the search starts."""
     from catsdogs.measure.find_batch_size import find_batch_size as run
 
-    settings = FindSettings(name, mode, start, max_batch, margin, opt, dataset, precision, steps,
-                            memory_cap_bytes=memory_limit, resolution=resolution, isolate=isolate,
-                            measure_noise=measure_noise, deterministic=deterministic is not False, tf32=tf32,
-                            worker_env=worker_env(compile_cache))
+    settings = FindSettings(name=name, mode=mode, start=start, max_batch=max_batch, margin=margin, optimizer=opt,
+                            dataset=dataset, precision=precision, steps=steps, memory_cap_bytes=memory_limit,
+                            resolution=resolution, isolate=isolate, measure_noise=measure_noise,
+                            deterministic=deterministic is not False, tf32=tf32, worker_env=worker_env(compile_cache))
     run(settings, data_dir or config.default_data_dir(), out, log=click.echo)
     return 0
 

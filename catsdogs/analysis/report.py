@@ -50,14 +50,14 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
         fig, _ = make_collapse_figure(summary["collapse"], note)
         paths["figures"]["collapse"] = save_figure(fig, folder / "figures" / "collapse")
         log(f"collapse: {len(summary['collapse']['rows'])} cells -> {paths['figures']['collapse']['png']} (and .svg)")
-    noise = summary["noise"]
-    if noise["panels"]:
-        fig, _ = make_noise_figure(noise, note)
+    noise_table = summary["noise"]
+    if noise_table["panels"]:
+        fig, _ = make_noise_figure(noise_table, note)
         paths["figures"]["noise"] = save_figure(fig, folder / "figures" / "noise")
-        log(f"noise: {noise['measured']} of {noise['done']} finished trials measured -> "
+        log(f"noise: {noise_table['measured']} of {noise_table['done']} finished trials measured -> "
             f"{paths['figures']['noise']['png']} (and .svg)")
-    if noise["measured"] and noise["missing"]:
-        log(f"noise: {len(noise['missing'])} cells lack the measurement (results.md says how to get it)")
+    if noise_table["measured"] and noise_table["missing"]:
+        log(f"noise: {len(noise_table['missing'])} cells lack the measurement (results.md says how to get it)")
     for ctx in summary["claims"]:
         verdicts = [r["verdict"] for r in ctx["results"]]
         log(f"claims ({ctx['context']}): " + ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts)))

@@ -1,9 +1,9 @@
 """A sweep: the grid of trials, run by workers, each outcome in the store.
 
-Each of the sweep's `workers` slots (`Slot`) holds one worker that runs trial after trial, reusing
-decoded data and compiled training steps: a process on this machine (the local runner,
-catsdogs.training.worker.LocalSlot) or a Ray actor (catsdogs.training.ray_runner.RaySlot). A trial that does not end done takes its worker with it
-and the slot starts a fresh one. A slot claims, among the trials of the lowest seed still
+Each of the sweep's `workers` slots (`Slot`) holds one worker that runs trial after trial,
+reusing decoded data and compiled training steps: a process on this machine (the local runner,
+catsdogs.training.worker.LocalSlot) or a Ray actor (catsdogs.training.ray_runner.RaySlot). A trial
+that does not end done takes its worker with it and the slot starts a fresh one. A slot claims, among the trials of the lowest seed still
 pending, first those whose shape its worker has compiled: the order stays seed-major (a sweep
 stopped early still covers the whole figure) while steps are reused. `isolate` gives every trial
 a fresh worker (one process per trial). Only this process writes the store.
@@ -250,12 +250,12 @@ def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: 
 def _epoch_logger(log, tag: str = ""):
     def on_epoch(e):
         val = f" val_acc {e['val_accuracy']:.3f}" if "val_accuracy" in e else ""
-        noise = ""
+        measured = ""
         estimate = NoiseEstimate.from_record(e)
         if estimate:
-            noise = f", B_simple {estimate.describe()} in {estimate.seconds:.1f} s"
+            measured = f", B_simple {estimate.describe()} in {estimate.seconds:.1f} s"
         log(f"{tag}    epoch {e['epoch']}/{e['epochs']}: loss {e['loss']:.4f} acc {e['accuracy']:.3f}{val} "
-            f"({e['seconds']:.1f} s{noise})")
+            f"({e['seconds']:.1f} s{measured})")
     return on_epoch
 
 
