@@ -31,7 +31,7 @@ def study(data_dir: Path, optimizer: str, batch_size: int, seed: int, warmup_epo
     from catsdogs.data import loading as data
     from catsdogs.manifest import require_prepared
     from catsdogs.schema import TrialConfig, plan_steps
-    from catsdogs.training.engine import inspection_model, make_optimizer
+    from catsdogs.training.steps import inspection_model, make_optimizer
     from catsdogs.training.model import build_model, loss_and_metrics
 
     manifest = require_prepared(data_dir)
