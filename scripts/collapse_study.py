@@ -31,8 +31,8 @@ def study(data_dir: Path, optimizer: str, batch_size: int, seed: int, warmup_epo
     from catsdogs.data import loading as data
     from catsdogs.manifest import require_prepared
     from catsdogs.schema import TrialConfig, plan_steps
-    from catsdogs.training.steps import inspection_model, make_optimizer
     from catsdogs.training.model import build_model, loss_and_metrics
+    from catsdogs.training.steps import inspection_model, make_optimizer
 
     manifest = require_prepared(data_dir)
     splits = data.load_dataset(data_dir, "standard")
