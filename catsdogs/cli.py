@@ -9,6 +9,7 @@ is one line and exit 1. No tracebacks.
 from __future__ import annotations
 
 import re
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import click
 from click.core import ParameterSource
 
 from catsdogs import __version__, config, plans, schema
-from catsdogs.errors import CatsdogsError, SettingError
+from catsdogs.errors import CatsdogsError, Interrupted, SettingError, os_error_line
 from catsdogs.measure.find_batch_size import FindSettings
 from catsdogs.measure.search import MODES as SEARCH_MODES
 from catsdogs.schema import PROTOCOL_FIELDS
@@ -37,8 +38,9 @@ class OneLineErrors(click.Group):
         except click.ClickException as e:
             e.show()
             sys.exit(e.exit_code)
-        except click.Abort:
-            click.echo("Interrupted.", err=True)
+        except click.Abort as e:  # Ctrl-C: said once, by what it stopped or here
+            if not isinstance(e.__cause__, Interrupted):
+                click.echo("Interrupted.", err=True)
             sys.exit(130)
         except SettingError as e:  # one that no command placed: a usage error all the same
             click.echo(f"Error: {e}", err=True)
@@ -47,6 +49,12 @@ class OneLineErrors(click.Group):
             click.echo(f"Error: {e}", err=True)
             if e.hint:  # what to do about it, on a line of its own
                 click.echo(e.hint, err=True)
+            sys.exit(1)
+        except OSError as e:  # the filesystem's answer (a path that is a file, a read-only or full disk)
+            click.echo(f"Error: {os_error_line(e)}", err=True)
+            sys.exit(1)
+        except sqlite3.DatabaseError as e:  # SQLite's, met outside the store's own guard
+            click.echo(f"Error: the results store cannot be used: {e}", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -89,14 +97,16 @@ class Command(click.Command):
             return super().invoke(ctx)
         except SettingError as e:
             raise self.usage_error(ctx, e) from None
+        except KeyboardInterrupt as e:  # Ctrl-C: to OneLineErrors as click's own, without its blank line
+            raise click.Abort() from e
 
     def usage_error(self, ctx, e: SettingError) -> click.UsageError:
         """--batch-size's error for key batch_size when the value came from the command line; a
-        plan's key that the command line did not give keeps the plan's own words."""
+        value the command line did not give (a plan's, or a default) keeps the library's own words."""
         param = next((p for p in self.params if e.key and (p.name == e.key or f"--{e.key.replace('_', '-')}"
                                                             in getattr(p, "opts", ()))), None)
         from_plan = isinstance(e, plans.PlanError) and (param is None or not given(ctx, param.name))
-        if param is None or from_plan:
+        if param is None or from_plan or not given(ctx, param.name):  # a plan's value, or a default
             return click.UsageError(str(e), ctx)
         return click.BadParameter(getattr(e, "reason", str(e)), ctx, param)
 
@@ -136,10 +146,13 @@ def _checked(rule):
     return callback
 
 
-def _memory(value: str) -> int:
-    from catsdogs.measure.common import parse_memory
+WORKERS_LIMIT = _checked(lambda v: schema.check_number(v, "workers"))
 
-    return parse_memory(value)
+
+def _memory(value: str) -> int:
+    from catsdogs.measure.common import check_memory_limit, parse_memory
+
+    return check_memory_limit(parse_memory(value))
 
 
 def _source(value: str) -> str:
@@ -203,10 +216,12 @@ def name_option(default: str | None, help: str):
                         callback=_checked(schema.check_run_name), help=help)
 
 
-@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]},
+             invoke_without_command=True)
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Print catsdogs's version and the Keras backend it would train on, then exit.")
-def cli():
+@click.pass_context
+def cli(ctx):
     """Which batch size should I train with, and what does it cost in accuracy, speed, memory?
 
     Reproduces the cats-vs-dogs case study of "How to maximize GPU utilization by finding the
@@ -219,6 +234,8 @@ def cli():
 
     Trains on Keras's TensorFlow backend, or on JAX with KERAS_BACKEND=jax (Keras's own
     switch); every result records its backend, and two backends' results never share a cell."""
+    if ctx.invoked_subcommand is None:  # bare `catsdogs`: what it does, not an error
+        click.echo(ctx.get_help())
 
 
 # --- prepare ----------------------------------------------------------------------------------
@@ -337,7 +354,7 @@ def _renamed_backend(ctx, param, value):
     click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default)."),
     click.option("--retry-failed", is_flag=True, help="Run failed and out-of-memory trials again."),
     click.option("--dry-run", is_flag=True, help="List the planned trials and their status; run nothing."),
-    click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+    click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, callback=WORKERS_LIMIT,
                  help="Worker processes running trials at once: one per GPU where there are "
                       "GPUs, else each pinned to its share of the CPU cores. A worker runs trial "
                       "after trial, reusing decoded data and compiled training steps."),
@@ -417,7 +434,7 @@ MEASUREMENT_OPTIONS = options(
               help="Timed training steps per batch size, after the warm-up.")
 @click.option("--warmup", type=int, default=2, show_default=True,
               help="Untimed warm-up steps (the first one traces and compiles).")
-@click.option("--min-seconds", type=click.FloatRange(min=0), default=None,
+@click.option("--min-seconds", type=float, default=None, callback=_checked(lambda v: schema.check_number(v, "min_seconds", 0, float)),
               help="Time each batch size for at least this long, repeating its batches past --steps as "
                    "needed: NVML's utilization averages over up to a second, so a shorter probe reads a "
                    "number that means little [default: 2 on a GPU, 0 on the CPU].")
@@ -533,7 +550,7 @@ def report(name, out, title_note):
 @name_option(None, "Override the plan's name (the sweep; outputs in OUT/NAME/).")
 @DATA_DIR
 @out_option("Where the results store and the sweep's folder go.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, callback=WORKERS_LIMIT,
               help="Trials run at once (see `catsdogs sweep --help`).")
 @ISOLATE
 @COMPILE_CACHE

@@ -20,6 +20,11 @@ class SettingError(CatsdogsError, ValueError):
         self.key = key
 
 
+class Interrupted(KeyboardInterrupt):
+    """A Ctrl-C that the work it stopped has already reported (what was done, how to resume): the
+    CLI ends with exit code 130 without saying it again."""
+
+
 class DownloadError(CatsdogsError):
     """The archive could not be fetched (HTTP error, network down after every retry)."""
 
@@ -34,3 +39,11 @@ class ChecksumError(DownloadError):
 
 class ArchiveError(CatsdogsError):
     """The archive is not a zip, is unsafe to extract, or lacks the PetImages layout."""
+
+
+def os_error_line(exc: OSError) -> str:
+    """What the filesystem said, in a line naming the path: "out/sub: Not a directory",
+    "data: Read-only file system", "No space left on device"."""
+    what = exc.strerror or str(exc) or type(exc).__name__
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    return f"{' -> '.join(paths)}: {what}" if paths else what

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs.errors import SettingError
+from catsdogs.errors import CatsdogsError
 from catsdogs.schema import DATASETS
 
 MANIFEST = "manifest.json"
@@ -40,24 +40,38 @@ def test_images(counts: dict) -> int:
 
 
 def load_manifest(data_dir: Path) -> dict | None:
-    """The manifest of a finished prepare whose folders are all there, or None."""
+    """The manifest of a finished prepare whose folders are all there, or None: a missing, half
+    written or damaged one (not JSON, or JSON of another shape) is no finished prepare, and
+    `prepare` rebuilds it."""
     try:
         manifest = json.loads((Path(data_dir) / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    if not manifest.get("complete") or manifest.get("format") != FORMAT:
+    if not well_formed(manifest):
         return None
     if count_files(Path(data_dir)) != manifest.get("counts"):
         return None
     return manifest
 
 
+def well_formed(manifest) -> bool:
+    """Whether a decoded manifest.json has what every reader takes from it: an object, complete
+    and of this FORMAT, its parameters (the image size a whole number), its source, and a
+    fingerprint (text) for each data set."""
+    if not isinstance(manifest, dict) or manifest.get("complete") is not True or manifest.get("format") != FORMAT:
+        return False
+    params, source, fingerprint = manifest.get("params"), manifest.get("source"), manifest.get("fingerprint")
+    return (isinstance(params, dict) and isinstance(params.get("size"), int) and not isinstance(params["size"], bool)
+            and isinstance(source, dict) and isinstance(fingerprint, dict)
+            and all(isinstance(fingerprint.get(d), str) for d in DATASETS))
+
+
 def require_prepared(data_dir: Path) -> dict:
-    """The manifest of a finished prepare in `data_dir`; a usage error (the data dir given, or
-    the default one, holds none) that says how to make one."""
+    """The manifest of a finished prepare in `data_dir`; a one-line CatsdogsError (exit 1: a
+    missing or damaged data folder is not a bad option) that says how to make one."""
     manifest = load_manifest(data_dir)
     if manifest is None:
-        raise SettingError(
+        raise CatsdogsError(
             f"{data_dir} holds no finished prepared data set (no valid {MANIFEST}); "
             f"run `catsdogs prepare --data-dir {data_dir}` first"
         )

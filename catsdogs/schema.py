@@ -96,6 +96,56 @@ TF32_HELP = (
     "No effect on a CPU. Recorded with every trial; set per worker process.")
 
 
+# --- bounds ---------------------------------------------------------------------------------
+# Every number a study takes has a ceiling, checked where it is parsed (here, catsdogs.plans, the
+# CLI): far above any real study, and well below what SQLite's 64-bit integers, a worker's memory
+# or a lifetime of training allow, so a typo like 99999999999999999999 is one line, never an
+# OverflowError, a machine brought to its knees, or a sweep that cannot end.
+LIMITS: dict[str, tuple[float, str]] = {  # the largest value of each, and why
+    "batch_size": (2**20, "a million images a step is beyond any device's memory"),
+    "base_batch_size": (2**20, "a million images a step is beyond any device's memory"),
+    "accumulate": (2**12, "more batches an update than any effective batch needs"),
+    "epochs": (10_000, "more epochs than any of this model's trials needs"),
+    "warmup_epochs": (10_000, "more epochs than any of this model's trials needs"),
+    "seed": (2**32 - 1, "Keras seeds NumPy's legacy generator, which takes 32 bits"),
+    "seeds": (1_000, "more seeds than any interval needs: ±1 point at 50% on 400 test images takes about 100"),
+    "max_seeds": (1_000, "more seeds than any interval needs: ±1 point at 50% on 400 test images takes about 100"),
+    "per_class": (100_000, "PetImages holds 12,500 a class, and the synthetic source makes as many as asked"),
+    "workers": (1_024, "one worker a GPU or a share of the cores, and no machine has more"),
+    "steps": (100_000, "a probe's timing settles within a few dozen steps"),
+    "warmup": (10_000, "a probe's warm-up settles within a few steps"),
+    "min_seconds": (3_600.0, "an hour of one probe is more than any utilization reading needs"),
+}
+MAX_TRIALS = 100_000  # trials one sweep may plan (with adaptive seeds, at most): months of training
+TARGET_CI_MAX = 50.0  # points: a wider interval than ±50 points says nothing about an accuracy
+
+
+def check_number(value, key: str, least: float = 1, kind: type = int):
+    """`value`, a whole number (kind int) or a finite number (float) from `least` to its limit
+    (LIMITS), or a SettingError naming `key` that says what is allowed, and why."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    number = whole or (isinstance(value, float) and math.isfinite(value))
+    if not (whole if kind is int else number):
+        raise SettingError(f"must be {'a whole number' if kind is int else 'a finite number'}, got {value!r}", key)
+    if value < least:
+        raise SettingError(f"must be at least {_shown(least)}, got {_shown(value)}", key)
+    check_at_most(value, key)
+    return value
+
+
+def check_at_most(value, key: str) -> None:
+    """A SettingError naming `key` when `value` is above its limit (LIMITS), saying why there is one."""
+    most, why = LIMITS[key]
+    if value > most:
+        raise SettingError(f"must be at most {_shown(most)}: {why}; got {_shown(value)}", key)
+
+
+def _shown(x) -> str:
+    """1,048,576 for a whole number, 0.25 or 1e+300 for any other."""
+    return f"{int(x):,}" if isinstance(x, int) or (math.isfinite(x) and float(x).is_integer() and abs(x) < 1e15) \
+        else f"{x:g}"
+
+
 def process_words(deterministic: bool, tf32: bool | None, defaults: bool = False) -> list[str]:
     """How a worker's settings read in labels and messages: those off their defaults only
     ("non-deterministic", "TF32 on", "TF32 off"), or with `defaults` both ("deterministic",
@@ -203,10 +253,13 @@ class TrialConfig:
             if getattr(self, name) < least:
                 raise SettingError(f"{name.replace('_', ' ')} must be at least {least}, got "
                                    f"{getattr(self, name)}", name)
-        if self.lr is not None and not self.lr > 0:
+            check_at_most(getattr(self, name), name)
+        check_number(self.seed, "seed", least=0)
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
             raise SettingError(f"learning rate must be positive, got {self.lr}", "lr")
-        if self.warmup_epochs < 0:
+        if not (math.isfinite(self.warmup_epochs) and self.warmup_epochs >= 0):
             raise SettingError(f"warm-up epochs must be >= 0, got {self.warmup_epochs}", "warmup_epochs")
+        check_at_most(self.warmup_epochs, "warmup_epochs")
 
 
 # --- derived views -------------------------------------------------------------------------
@@ -319,10 +372,12 @@ def parse_split(text, key: str = "split") -> tuple[int, int, int]:
     return counts  # type: ignore[return-value]
 
 
-def check_prepare(per_class: int, split: tuple[int, int, int], size: int) -> None:
+def check_prepare(per_class: int, split: tuple[int, int, int], size: int, seed: int = 0) -> None:
     """The sizes a prepare can make: the split adds up to per_class, the images 8-2048 px."""
     if per_class < 1:
         raise SettingError(f"--per-class must be at least 1, got {per_class}", "per_class")
+    check_at_most(per_class, "per_class")
+    check_number(seed, "seed", least=0)
     if sum(split) != per_class:
         raise SettingError(f"--split {','.join(map(str, split))} adds up to {sum(split)}, not "
                            f"--per-class {per_class}", "split")
@@ -340,6 +395,11 @@ def check_adaptive(target_ci: float | None, max_seeds: int | None, seeds: int) -
     if target_ci is not None and not (number and math.isfinite(target_ci) and target_ci > 0):
         shown = f"{target_ci:g}" if number else repr(target_ci)
         raise SettingError(f"must be a positive number of points, got {shown}", "target_ci")
+    if target_ci is not None and target_ci > TARGET_CI_MAX:
+        raise SettingError(f"must be at most {TARGET_CI_MAX:g} points (an interval wider than ±{TARGET_CI_MAX:g} "
+                           f"points says nothing about an accuracy), got {target_ci:g}", "target_ci")
+    if max_seeds is not None:
+        check_number(max_seeds, "max_seeds")
     if max_seeds is not None and max_seeds < seeds:
         raise SettingError(f"{max_seeds} is below the {seeds} seeds every cell starts with", "max_seeds")
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import fcntl
+import functools
 import io
 import json
 import os
@@ -31,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from catsdogs import config, schema
+from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_text_atomic
 from catsdogs.messages import TrialRecord, columns
 from catsdogs.schema import FINISHED, STORED, Status
@@ -79,22 +81,58 @@ CREATE TABLE IF NOT EXISTS sweep_trials (
 """
 
 
-class Store:
-    """A connection to `out/results.sqlite`; safe with several processes writing."""
+class StoreError(CatsdogsError):
+    """The results store cannot be used: not a catsdogs store, damaged, or on a disk that is full
+    or read-only. One line naming the file; the file is left as it was."""
 
+
+def store_error(exc: sqlite3.DatabaseError, path: Path) -> StoreError:
+    """What SQLite said, as one line about the store at `path`, with what to do."""
+    text = str(exc) or type(exc).__name__
+    if type(exc) is sqlite3.DatabaseError or "malformed" in text:  # not SQLite's, or a damaged page
+        return StoreError(f"{path} is not a catsdogs results store, or it is damaged ({text}); it was left as it is",
+                          hint="Move it aside and run the sweep again (it starts a new store), or give another --out.")
+    return StoreError(f"cannot use the results store {path}: {text}",
+                      hint="Every trial already finished is kept in it: make room (or give a writable --out), "
+                           "then run the same command again to resume.")
+
+
+def _guarded(method):
+    """A Store method whose SQLite errors of the file or the disk (not of catsdogs' own SQL: an
+    IntegrityError or ProgrammingError is a bug and stays one) become one StoreError."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError):
+            raise
+        except sqlite3.DatabaseError as exc:
+            raise store_error(exc, self.path) from None
+    return guarded
+
+
+class Store:
+    """A connection to `out/results.sqlite`; safe with several processes writing. Every SQLite error
+    of the file or the disk is a StoreError naming it (`_guarded`)."""
+
+    @_guarded
     def __init__(self, path: Path | str):
         self.path = Path(path)
+        self._owner_lock = None
+        self.owner: str | None = None  # this process's token, once it claims a trial (become_owner)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            self.db.row_factory = sqlite3.Row
-            self.db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(_schema())  # IF NOT EXISTS: idempotent
-            self._add_missing_columns()
-        self._owner_lock = None
-        self.owner: str | None = None  # this process's token, once it claims a trial (become_owner)
+            try:
+                self.db.row_factory = sqlite3.Row
+                self.db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
+                self.db.execute("PRAGMA synchronous=NORMAL")
+                self.db.executescript(_schema())  # IF NOT EXISTS: idempotent
+                self._add_missing_columns()
+            except BaseException:
+                self.db.close()
+                raise
 
     def _add_missing_columns(self) -> None:
         """A store written by an older catsdogs lacks the newer columns: add them (empty), so its
@@ -171,6 +209,7 @@ class Store:
 
     # --- sweeps and their trials ---------------------------------------------------------
 
+    @_guarded
     def register_sweep(self, name: str, sweep_config: dict, configs: list[dict],
                        overwrite: bool = False) -> list[str]:
         """Add the sweep and its trials (pending unless known); return their keys in order."""
@@ -199,6 +238,7 @@ class Store:
         db.execute(f"UPDATE trials SET status=?, owner=NULL, started_at=NULL, "
                    f"finished_at=NULL, {blank} WHERE key=?", (Status.PENDING, key))
 
+    @_guarded
     def claim(self, keys: list[str], retry_failed: bool = False) -> dict | None:
         """Mark the next runnable trial of `keys` as running by us; None when none is left.
 
@@ -219,6 +259,7 @@ class Store:
                     return self.get(key)
         return None
 
+    @_guarded
     def finish(self, key: str, record: TrialRecord) -> bool:
         """Write a trial's outcome, only if we still own it; True if written."""
         if record.status not in FINISHED:
@@ -235,6 +276,7 @@ class Store:
                               self.become_owner()))
             return cur.rowcount == 1
 
+    @_guarded
     def release(self, key: str) -> None:
         """Give a trial we were running back to pending (interrupted, not failed)."""
         with self.transaction() as db:
@@ -244,17 +286,21 @@ class Store:
 
     # --- reading -----------------------------------------------------------------------------
 
+    @_guarded
     def get(self, key: str) -> dict | None:
         r = self.db.execute("SELECT * FROM trials WHERE key=?", (key,)).fetchone()
         return _row(r) if r else None
 
+    @_guarded
     def sweeps(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT name FROM sweeps ORDER BY name")]
 
+    @_guarded
     def sweep_config(self, name: str) -> dict | None:
         r = self.db.execute("SELECT config FROM sweeps WHERE name=?", (name,)).fetchone()
         return json.loads(r[0]) if r and r[0] else None
 
+    @_guarded
     def trials(self, sweep: str | None = None) -> list[dict]:
         """Every trial (of one sweep, in its order); JSON columns decoded."""
         if sweep is None:
@@ -264,12 +310,14 @@ class Store:
                                    "WHERE s.sweep=? ORDER BY s.position", (sweep,))
         return [_row(r) for r in rows]
 
+    @_guarded
     def running_elsewhere(self, keys: list[str]) -> list[int]:
         """The process ids of the live sweeps, other than this one, running trials of `keys`."""
         rows = self.db.execute(f"SELECT owner FROM trials WHERE status=? AND key IN ({','.join('?' * len(keys))})",
                                [Status.RUNNING, *keys])
         return [int(r[0].split("-")[0]) for r in rows if r[0] != self.owner and self.owner_alive(r[0])]
 
+    @_guarded
     def counts(self, keys: list[str]) -> dict[str, int]:
         out = dict.fromkeys(STORED, 0)
         for r in self.db.execute(f"SELECT status, COUNT(*) FROM trials WHERE key IN ({','.join('?' * len(keys))}) "
@@ -277,6 +325,7 @@ class Store:
             out[r[0]] = r[1]
         return out
 
+    @_guarded
     def export_csv(self, sweep: str, path: Path) -> Path:
         """outputs/NAME/results.csv, replaced atomically so a reader never sees half a file."""
         buf = io.StringIO()

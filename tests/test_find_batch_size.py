@@ -291,6 +291,23 @@ def test_xlas_memory_fraction_is_reported_beside_the_limit(data_dir, tmp_path, m
     assert lines[limit + 1].startswith("That limit is XLA's: 75% of the GPU's memory")
 
 
+def test_a_max_that_everything_fit_is_no_limit_to_measure_the_prediction_against(data_dir, tmp_path, monkeypatch):
+    from catsdogs.measure import prober
+
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setattr(prober, "Prober", LinearProber)
+    LinearProber.record_extra = {}
+    # given a search stopped by --max 64 with every size fitting, under a cap far above it
+    lines: list[str] = []
+    s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, max_batch=64, measure_noise=False),
+                               data_dir, tmp_path, log=lines.append)
+    # then the prediction is stated, but never "% from the measured 64": 64 is no limit
+    assert s["reached_max"] and "percent_apart" not in s["prediction"]
+    predicted = next(ln for ln in lines if "predicts" in ln)
+    assert "from the measured" not in predicted
+    assert any(ln.startswith("Largest batch size that fits") and "every size up to --max 64 fit" in ln for ln in lines)
+
+
 def measured(b_simple, low, high=None) -> NoiseRun:
     estimate = NoiseEstimate(b_simple, low, high, gradient_sq=1.0, trace=b_simple or low, pairs=64, small=1, large=10)
     return NoiseRun(estimate, initial=None, batch_size=32, measure_seconds=12.0, seconds=20.0)
@@ -460,9 +477,10 @@ def test_bad_find_batch_size_options_are_one_line_usage_errors(data_dir, tmp_pat
     assert not (tmp_path / "find-batch-size").exists()
 
 
-def test_find_batch_size_on_unprepared_data_is_a_usage_error(tmp_path):
+def test_find_batch_size_on_unprepared_data_is_exit_1_saying_how_to_prepare(tmp_path):
+    # a missing data folder is not a bad option: exit 1 (docs/usage.md, "Exit codes")
     result = CliRunner().invoke(cli, ["find-batch-size", "--data-dir", str(tmp_path / "empty")])
-    assert result.exit_code == 2 and "catsdogs prepare" in result.output
+    assert result.exit_code == 1 and "catsdogs prepare" in result.output
 
 
 OWN_LINES = ("Find batch size", "calibrate ", "search ", "confirm ", "critical ", "Predicted before the search",

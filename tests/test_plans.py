@@ -127,7 +127,10 @@ def test_command_line_values_replace_a_key_in_every_grid():
 def test_a_plan_says_how_to_prepare_its_data_when_sweep_finds_none(tmp_path):
     result = CliRunner().invoke(cli, ["sweep", "--config", "quick", "--data-dir", str(tmp_path / "d"),
                                       "--out", str(tmp_path)])
-    one_line_usage_error(result, "catsdogs prepare --data-dir")
+    # a missing data folder is not a bad option: exit 1 (docs/usage.md, "Exit codes"), in one line
+    assert result.exit_code == 1, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:") and "catsdogs prepare --data-dir" in lines[0]
     assert "--source synthetic --per-class 120 --split 72,24,24 --size 40" in result.output
     assert "catsdogs reproduce --config quick" in result.output
 

@@ -236,6 +236,37 @@ def test_given_a_finished_prepare_when_run_again_with_the_same_parameters_then_n
     assert mtimes(data) == before
 
 
+def test_given_a_killed_prepares_leftovers_when_nothing_is_to_do_then_they_are_removed(small_archive, tmp_path):
+    # given a finished prepare, and what a prepare killed since left beside it
+    data = tmp_path / "data"
+    params = {"per_class": 20, "split": (12, 4, 4), "size": 32}
+    run(data, small_archive.path, **params)
+    leftovers = [data / ".staging-1a2b3c4d" / "standard", data / "extracted" / ".tmp-abc-123"]
+    for folder in leftovers:
+        folder.mkdir(parents=True)
+        (folder / "half.jpg").write_bytes(b"half")
+    # when the same prepare runs again, with nothing to do
+    _, lines = run(data, small_archive.path, **params)
+    # then it removed them (no prepare was running), and rebuilt nothing
+    assert any("nothing to do" in line for line in lines)
+    assert not (data / ".staging-1a2b3c4d").exists() and not leftovers[1].exists()
+
+
+@pytest.mark.parametrize("manifest", ["null", "[1, 2, 3]", '{"complete": true, "format": 1, "fingerprint": 12345}'],
+                         ids=["null", "list", "fingerprint"])
+def test_given_a_manifest_of_another_shape_when_preparing_then_it_is_rebuilt(small_archive, tmp_path, manifest):
+    # given a finished prepare whose manifest.json became valid JSON that is no manifest
+    data = tmp_path / "data"
+    params = {"per_class": 20, "split": (12, 4, 4), "size": 32}
+    first, _ = run(data, small_archive.path, **params)
+    (data / "manifest.json").write_text(manifest)
+    assert load_manifest(data) is None
+    # when prepared again, then it is rebuilt (the same choice), not a crash
+    second, lines = run(data, small_archive.path, **params)
+    assert not any("nothing to do" in line for line in lines)
+    assert second["chosen"] == first["chosen"] and load_manifest(data) == second
+
+
 @pytest.mark.parametrize("change", [{"size": 40}, {"seed": 1}], ids=["size", "seed"])
 def test_given_a_finished_prepare_when_a_parameter_changes_then_it_rebuilds(small_archive, tmp_path, change):
     # given

@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 from catsdogs.cli import cli
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.store import CSV_COLUMNS, Store
+from catsdogs.training import sweep as sweep_module
 
 SIZE = 32
 FAST = ["--epochs", "1", "--seeds", "1"]
@@ -98,28 +100,36 @@ epochs = 1
 [grids.grid]
 opt = ["adam", "sgd"]
 batch_size = [8, 16]
-[grids.too_large]  # more than the 48 training images: no full batch to train on
-opt = ["sgd"]
-batch_size = [64]
 """
 
 
 @pytest.fixture(scope="module")
 def swept(data_dir, tmp_path_factory):
-    """When: `catsdogs sweep` runs a plan of Adam and SGD at batch sizes 8 and 16, and SGD at a
-    batch size larger than the training set, last (so one worker runs them all)."""
+    """When: `catsdogs sweep` runs a plan of Adam and SGD at batch sizes 8 and 16; then the same
+    sweep, through the library, gets a fifth trial that fails in its worker: SGD at a batch size
+    larger than the training set, which the command refuses before it starts (so the trial stands
+    for any failure inside a worker), run last by the worker that ran the others."""
+    from catsdogs.plans import load, trials
+    from catsdogs.training.sweep import run_sweep
+
     out = tmp_path_factory.mktemp("swept")
     plan = out / "grid.toml"
     plan.write_text(GRID_PLAN)
     args = ["sweep", "--config", str(plan), "--data-dir", str(data_dir), "--out", str(out)]
-    return {"out": out, "args": args, "result": CliRunner().invoke(cli, args)}
+    result = CliRunner().invoke(cli, args)
+    planned = trials(load(str(plan)), data_dir, "tensorflow")
+    too_large = replace(planned[-1], optimizer="sgd", batch_size=64)
+    lines: list[str] = []
+    counts = run_sweep("grid", [*planned, too_large], data_dir, out, log=lines.append)
+    return {"out": out, "args": args, "result": result, "counts": counts, "lines": lines}
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("swept")
 def test_sweep_of_2_optimizers_by_2_batch_sizes_gives_4_done_rows(swept):
     out = swept["out"]
-    # then the CSV has a row per trial: the 4 cells done, with the promised columns
+    # then the command ran them all, and the CSV has a row per trial: the 4 cells done, with the promised columns
+    assert swept["result"].exit_code == 0, swept["result"].output
     table = [r for r in rows(out, "grid") if r["batch_size"] != "64"]
     assert len(table) == 4 and {r["status"] for r in table} == {"done"}
     assert {(r["optimizer"], r["batch_size"]) for r in table} == {
@@ -133,9 +143,9 @@ def test_sweep_of_2_optimizers_by_2_batch_sizes_gives_4_done_rows(swept):
 @pytest.mark.slow
 @pytest.mark.xdist_group("swept")
 def test_a_failing_trial_is_recorded_and_the_others_finish(swept):
-    # then the sweep went on, reported the failure in its exit code, and recorded the error text
-    assert swept["result"].exit_code == 1, swept["result"].output
-    assert "4 done, 1 failed, 0 out of memory, of 5" in swept["result"].output
+    # then the sweep went on, counted the failure (the command's exit code 1), and recorded the error text
+    assert not sweep_module.succeeded(swept["counts"], 5)
+    assert "4 done, 1 failed, 0 out of memory, of 5" in "\n".join(swept["lines"])
     table = {(r["optimizer"], r["batch_size"]): r for r in rows(swept["out"], "grid")}
     assert table[("sgd", "64")]["status"] == "failed"
     assert "larger than the 48 training images" in table[("sgd", "64")]["error"]
@@ -168,7 +178,7 @@ def test_the_same_sweep_again_resumes_and_a_shared_trial_runs_once(swept, data_d
     out = swept["out"]
     # when the same command runs again, then nothing is trained again (the failure stays failed)
     again = CliRunner().invoke(cli, swept["args"])
-    assert again.exit_code == 1 and "5 of 5 trials already finished" in again.output
+    assert again.exit_code == 0 and "4 of 4 trials already finished" in again.output
     assert "epoch 1/1" not in again.output
     with Store(out / "results.sqlite") as store:
         assert [t["attempts"] for t in store.trials("grid")] == [1] * 5
@@ -285,6 +295,7 @@ def test_ctrl_c_stops_cleanly_and_gives_the_trial_back(data_dir, tmp_path):
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 130
     assert "run the same command again to resume" in out and "Traceback" not in out
+    assert out.count("Interrupted") == 1 and out.rstrip().endswith("run the same command again to resume.")
     with Store(tmp_path / "results.sqlite") as store:
         assert [t["status"] for t in store.trials("c")] == ["pending"]
 
@@ -358,10 +369,22 @@ def test_bad_sweep_options_are_one_line_usage_errors(data_dir, tmp_path, args, m
     assert "Traceback" not in result.output
 
 
-def test_an_unprepared_data_dir_is_a_usage_error(tmp_path):
+def test_an_unprepared_data_dir_is_exit_1_in_one_line_saying_how_to_prepare(tmp_path):
+    # a missing data folder is not a bad option: exit 1 (docs/usage.md, "Exit codes")
     result = CliRunner().invoke(cli, ["sweep", "--opt", "adam", "--data-dir", str(tmp_path / "empty")])
-    assert result.exit_code == 2 and "catsdogs prepare" in result.output
+    assert result.exit_code == 1 and "catsdogs prepare" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_batch_size_larger_than_the_training_split_is_refused_before_the_sweep(data_dir, tmp_path):
+    # given data with 48 training images a data set; when a sweep asks for batch size 64
+    result = CliRunner().invoke(cli, ["sweep", "--opt", "adam", "--batch-size", "16", "64", "--seeds", "1",
+                                      "--data-dir", str(data_dir), "--out", str(tmp_path)])
+    # then a usage error names it, and nothing was planned or run
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "batch size 64 is larger than the 48 training images" in lines[0]
+    assert not (tmp_path / "results.sqlite").exists()
 
 
 def test_a_bad_config_key_is_a_usage_error(data_dir, tmp_path):

@@ -108,6 +108,15 @@ def prepare_lock(data_dir: Path):
         yield
 
 
+def _remove_leftovers(data_dir: Path) -> None:
+    """What a killed prepare left (the lock says none runs now): half-built folders, half an
+    extraction (up to the archive's size each time), a half-written manifest."""
+    for stale in [*data_dir.glob(".staging-*"), *data_dir.glob("extracted/.tmp-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    for stale in data_dir.glob(f".{MANIFEST}.*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
 def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, progress: bool) -> dict:
     """Decode candidates in seeded order until `per_class` are valid; write both data sets.
 
@@ -317,7 +326,7 @@ def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None
     """Build (or find already built) the article's folders under `data_dir`; return the manifest."""
     data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
     split = tuple(split)  # type: ignore[assignment]
-    check_prepare(per_class, split, size)
+    check_prepare(per_class, split, size, seed)
     check_source(source)
     if source == "synthetic":
         sha256 = None  # we make it ourselves; its hash is recorded, not checked
@@ -327,16 +336,13 @@ def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None
 
     existing = load_manifest(data_dir)
     if existing and existing["params"] == params.key():
+        with contextlib.suppress(CatsdogsError, OSError), prepare_lock(data_dir):  # none running (and writable): tidy
+            _remove_leftovers(data_dir)
         log(f"Already prepared in {data_dir} with these parameters: nothing to do.")
         return existing
 
     with prepare_lock(data_dir):
-        # Left by a killed prepare (the lock says none runs now): half-built folders, half
-        # an extraction (up to the archive's size each time), a half-written manifest.
-        for stale in [*data_dir.glob(".staging-*"), *data_dir.glob("extracted/.tmp-*")]:
-            shutil.rmtree(stale, ignore_errors=True)
-        for stale in data_dir.glob(f".{MANIFEST}.*.tmp"):
-            stale.unlink(missing_ok=True)
+        _remove_leftovers(data_dir)
         started = time.time()
         pets, origin = resolve_source(params.source, params.sha256, params.per_class, data_dir, log, progress)
         staging = data_dir / f".staging-{uuid.uuid4().hex[:8]}"

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from catsdogs.errors import SettingError
 from catsdogs.files import atomic_path
-from catsdogs.schema import TrialConfig, process_words
+from catsdogs.host import gpu_total_bytes, host_memory_bytes, visible_gpus
+from catsdogs.schema import TrialConfig, check_at_most, process_words
+from catsdogs.training.costs import state_bytes
 
 # --- memory sizes --------------------------------------------------------------------------------
 
@@ -40,11 +42,38 @@ def parse_memory(text: str) -> int:
     return value
 
 
+def check_memory_limit(value: int) -> int:
+    """A memory cap no larger than the machine's memory (its RAM, or its GPU's where NVML says and
+    it is larger): a larger one caps nothing, and lets probes take the machine down. A
+    SettingError naming the machine's memory otherwise."""
+    ram, gpu = host_memory_bytes(), gpu_total_bytes()
+    if gpu is None and visible_gpus():
+        return value  # a GPU whose size NVML cannot tell (no nvml extra): nothing to hold it to
+    most = max(ram or 0, gpu or 0)
+    if most and value > most:
+        names = f"{format_bytes(ram)} of RAM" + (f", {format_bytes(gpu)} on its GPU" if gpu else "")
+        raise SettingError(f"{format_bytes(value)} is more than this machine's memory ({names}): a cap that "
+                           "large caps nothing", "memory_limit")
+    return value
+
+
+def check_memory_floor(cap_bytes: int | None, image_size: int, optimizer: str, precision: str) -> None:
+    """A SettingError when a memory cap is below what batch size 1 needs: the model's weights, their
+    gradients and the optimizer's slots alone (catsdogs.training.costs), whatever the batch."""
+    if cap_bytes is None:
+        return
+    floor = sum(state_bytes(image_size, optimizer, precision).values())
+    if cap_bytes < floor:
+        raise SettingError(f"{format_bytes(cap_bytes)} is below what batch size 1 needs at {image_size} px: the "
+                           f"model's weights, gradients and {optimizer}'s slots alone take {format_bytes(floor)}",
+                           "memory_limit")
+
+
 def format_bytes(n: float) -> str:
     """1.5 GiB, 300 MiB: binary units, as the caps are given."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}" if n / scale < 100 else f"{n / scale:.0f} {unit}"
+            return f"{n / scale:.3g} {unit}" if not 100 <= n / scale < 1e6 else f"{n / scale:.0f} {unit}"
     return f"{n:.0f} B"
 
 
@@ -69,6 +98,8 @@ def check_settings(batch_sizes: Sequence[int], optimizer: str, dataset: str, pre
         raise SettingError(f"steps must be >= 1, got {steps}", "steps")
     if warmup < 0:
         raise SettingError(f"warm-up steps must be >= 0, got {warmup}", "warmup")
+    check_at_most(steps, "steps")
+    check_at_most(warmup, "warmup")
 
 
 # --- CSV -----------------------------------------------------------------------------------------

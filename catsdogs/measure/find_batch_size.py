@@ -48,7 +48,13 @@ from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 from catsdogs.host import host_memory_available, versions
 from catsdogs.manifest import require_prepared
 from catsdogs.measure import prober as probers
-from catsdogs.measure.common import check_settings, format_bytes, settings_note, write_csv
+from catsdogs.measure.common import (
+    check_memory_floor,
+    check_settings,
+    format_bytes,
+    settings_note,
+    write_csv,
+)
 from catsdogs.measure.find_summary import METHODS, probe_line, summary_lines
 from catsdogs.measure.search import (
     DEFAULT_START,
@@ -68,7 +74,7 @@ from catsdogs.messages import (
     TrialTask,
     columns,
 )
-from catsdogs.schema import Status, TrialConfig, default
+from catsdogs.schema import LIMITS, Status, TrialConfig, default
 from catsdogs.training import backends
 from catsdogs.training.costs import predict_max_batch_size, predicted_peak_bytes
 from catsdogs.training.worker import run_isolated
@@ -109,6 +115,9 @@ class FindSettings:
 
     def check(self) -> None:
         """A SettingError naming the setting, for one no search can run with."""
+        if self.start > LIMITS["batch_size"][0]:
+            raise SettingError(f"must be at most {LIMITS['batch_size'][0]:,}, the largest batch size, got {self.start:,}",
+                               "start")
         check_settings([self.start], self.optimizer, self.dataset, self.precision, self.steps, self.warmup)
         if self.mode not in MODES:
             raise SettingError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}", "mode")
@@ -116,6 +125,10 @@ class FindSettings:
             raise SettingError(f"--max must be >= 1, got {self.max_batch}", "max")
         if self.resolution is not None and self.resolution < 1:
             raise SettingError(f"resolution must be >= 1, got {self.resolution}", "resolution")
+        for key, value in (("max", self.max_batch), ("resolution", self.resolution)):
+            if value is not None and value > LIMITS["batch_size"][0]:
+                raise SettingError(f"must be at most {LIMITS['batch_size'][0]:,}, the largest batch size, got {value:,}",
+                                   key)
         apply_margin(1, self.margin)  # validates the margin
 
     def environment(self) -> dict:
@@ -163,6 +176,7 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     settings.check()
     manifest = require_prepared(Path(data_dir))
     size = manifest["params"]["size"]
+    check_memory_floor(settings.memory_cap_bytes, size, settings.optimizer, settings.precision)
     folder = Path(out) / settings.name
     folder.mkdir(parents=True, exist_ok=True)
     work = folder / ".work"
@@ -337,7 +351,7 @@ def _prediction(pred: dict | None, calib: ProbeRecord, run: ProbeRun, result, im
         p.predicted_peak_mb = _predicted_peak_bytes(pred, p.batch_size, run.settings, image_size) / 2**20
     out = {**pred, "calibration_batch_size": CALIBRATION_BATCH, "calibration_peak_mb": calib.peak_memory_mb,
            "fresh_from": run.prober.fresh_from}
-    if result.largest_fit:
+    if result.largest_fit and not result.reached_max:  # a size --max stopped at is no limit to hold it to
         out["percent_apart"] = percent_apart(pred["max_batch_size"], result.largest_fit)
     return out
 

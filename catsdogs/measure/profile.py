@@ -35,7 +35,7 @@ from catsdogs.files import write_json_atomic
 from catsdogs.host import versions
 from catsdogs.manifest import require_prepared
 from catsdogs.measure import prober as probers
-from catsdogs.measure.common import check_settings, settings_note, write_csv
+from catsdogs.measure.common import check_memory_floor, check_settings, settings_note, write_csv
 from catsdogs.measure.figures import save_profile_figures
 from catsdogs.messages import PeakRecord, PeakTask, ProbeRecord, ProbeTask, columns
 from catsdogs.schema import FINISHED, Status
@@ -123,6 +123,7 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
     data is not prepared, SettingError for impossible settings."""
     check_settings(batch_sizes, optimizer, dataset, precision, steps, warmup)
     manifest = require_prepared(Path(data_dir))
+    check_memory_floor(memory_cap_bytes, manifest["params"]["size"], optimizer, precision)
     folder = Path(out) / name
     folder.mkdir(parents=True, exist_ok=True)
     work = folder / ".work"

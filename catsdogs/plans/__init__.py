@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from catsdogs import config, schema
-from catsdogs.errors import SettingError
+from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.gradient_noise import NoiseSampling
-from catsdogs.manifest import load_manifest
+from catsdogs.manifest import load_manifest, require_prepared
 from catsdogs.schema import PROTOCOL_FIELDS, TrialConfig
 
 # The keys of each part of a plan, with what each may hold (docs/usage.md, "Plans"). A grid's keys
@@ -83,11 +83,16 @@ def text_of(value: str) -> tuple[str, str]:
     if is_path(value):
         path = Path(value).expanduser()
         try:
-            return str(path), path.read_text()
+            return str(path), path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise PlanError(f"no such file: {value}") from None
         except OSError as e:
             raise PlanError(f"cannot read {value}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            utf16 = path.read_bytes()[:2] in (b"\xff\xfe", b"\xfe\xff")
+            why = (" (it is UTF-16, as PowerShell's `>` writes: `catsdogs plans quick | Out-File -Encoding utf8 "
+                   "my.toml` writes UTF-8)" if utf16 else "")
+            raise PlanError(f"{value} is not a plan: a plan is TOML text in UTF-8, and this file is not{why}") from None
     known = names()
     if value not in known:
         hint = f" (the file? give its path: ./{value})" if Path(value).is_file() else " (or a .toml file's path)"
@@ -141,6 +146,22 @@ def check(plan: dict, origin: str) -> None:
         _unknown(grid, GRID_KEYS, origin, f"[grids.{gname}] ")
         with _located(origin, f"[grids.{gname}] "):
             check_grid(grid, required=True)
+    with _located(origin):
+        check_size(plan)
+
+
+def check_size(plan: dict) -> None:
+    """A plan no larger than a sweep may be (schema.MAX_TRIALS), counted before any trial is made:
+    its cells times the seeds each starts with, and with adaptive seeds times the most it may get."""
+    cells = sum(math.prod(max(1, len(as_list(grid[k]))) for k in ("opt", "batch_size", "dataset", *PROTOCOL_FIELDS)
+                          if k in grid)
+                for grid in plan["grids"].values())
+    seeds = plan.get("max_seeds", config.MAX_SEEDS) if plan.get("target_ci") is not None else plan.get("seeds", config.SEEDS)
+    if cells * seeds > schema.MAX_TRIALS:
+        why = "at most, with adaptive seeds" if plan.get("target_ci") is not None else "as planned"
+        raise SettingError(f"{cells:,} cells x {seeds:,} seeds is {cells * seeds:,} trials ({why}), more than the "
+                           f"{schema.MAX_TRIALS:,} a sweep may hold (months of training): give fewer values or seeds",
+                           "max_seeds" if plan.get("target_ci") is not None else "seeds")
 
 
 @contextlib.contextmanager
@@ -188,6 +209,8 @@ def _is_number(v) -> bool:
 def _check_top_value(key: str, v) -> None:
     if key in ("seeds", "epochs", "max_seeds") and not (_is_int(v) and v >= 1):
         raise SettingError(f"must be a whole number >= 1, got {v!r}", key)
+    if key in ("seeds", "epochs", "max_seeds"):
+        schema.check_at_most(v, key)
     if key in ("name", "description", "duration", "note", "data_dir") and not isinstance(v, str):
         raise SettingError(f"must be a string, got {v!r}", key)
     if key == "name":
@@ -201,8 +224,14 @@ def _check_top_value(key: str, v) -> None:
 def _check_prepare_value(key: str, v) -> None:
     if key in ("per_class", "size") and not (_is_int(v) and v >= 1):
         raise SettingError(f"must be a whole number >= 1, got {v!r}", key)
+    if key == "per_class":
+        schema.check_at_most(v, key)
+    if key == "size" and v > 2048:
+        raise SettingError(f"must be between 8 and 2048 pixels, got {v}", key)
     if key == "seed" and not (_is_int(v) and v >= 0):
         raise SettingError(f"must be a whole number >= 0, got {v!r}", key)
+    if key == "seed":
+        schema.check_at_most(v, key)
     if key == "verify" and not isinstance(v, bool):
         raise SettingError(f"must be true or false, got {v!r}", key)
     if key == "sha256":
@@ -223,9 +252,11 @@ def _check_grid_value(key: str, v) -> None:
     elif key == "batch_size":
         if not (_is_int(v) and v >= 1):
             raise SettingError(f"batch sizes must be whole numbers >= 1, got {v!r}", key)
+        schema.check_at_most(v, key)
     elif key == "epochs":
         if not (_is_int(v) and v >= 1):
             raise SettingError(f"must be a whole number >= 1, got {v!r}", key)
+        schema.check_at_most(v, key)
     else:
         kind = schema.python_type(key)
         if (kind is int and not _is_int(v)) or (kind is float and not _is_number(v)) \
@@ -316,14 +347,28 @@ def listing() -> list[str]:
 def trials(plan: Plan, data_dir: Path, backend: str) -> list[TrialConfig]:
     """Every trial of every grid on the prepared data in `data_dir`, for the Keras `backend` the
     workers run on, each once (a trial two grids share runs once). Unprepared data is an error
-    that says how to prepare what the plan asks for."""
+    that says how to prepare what the plan asks for (exit 1)."""
     manifest = load_manifest(Path(data_dir))
     if manifest is None:
         also = f" (or `catsdogs reproduce --config {plan.ref}`, which prepares and trains)" if plan.ref else ""
-        raise SettingError(f"{data_dir} holds no finished prepared data set: run "
-                           f"`{prepare_command(plan, data_dir)}` first{also}")
+        raise CatsdogsError(f"{data_dir} holds no finished prepared data set: run "
+                            f"`{prepare_command(plan, data_dir)}` first{also}")
     return configs(plan, plan.settings.get("seeds", config.SEEDS), image_size=manifest["params"]["size"],
-                    fingerprints=manifest["fingerprint"], backend=backend, **process_settings(plan))
+                   fingerprints=manifest["fingerprint"], backend=backend, **process_settings(plan))
+
+
+def check_fit(grid: list[TrialConfig], data_dir: Path) -> None:
+    """A SettingError (a bad option, exit 2) for a trial no step of which can train on the data:
+    a batch size larger than its data set's training split (with the steps budget, the base batch
+    size too, which counts its steps). Asked before a sweep starts, so none is recorded as failed."""
+    manifest = require_prepared(Path(data_dir))
+    for c in grid:
+        n_train = sum(manifest["counts"][c.dataset]["train"].values())
+        base = c.base_batch_size if c.budget == "steps" else None
+        for key, size in (("batch_size", c.batch_size), ("base_batch_size", base)):
+            if size is not None and size > n_train:
+                raise SettingError(f"{key.replace('_', ' ')} {size} is larger than the {n_train} training images "
+                                   f"of the {c.dataset} data in {data_dir}: not one full batch to train on", key)
 
 
 def process_settings(plan: Plan) -> dict:

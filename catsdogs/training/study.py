@@ -42,6 +42,7 @@ def run_plan(plan: Plan, data_dir: Path, out: Path, *, runner: str = "local", wo
         for line in describe(trials, out):
             log(line)
         return {"trials": len(trials), "dry_run": True}
+    plans.check_fit(trials, data_dir)
     if runner == "ray":
         from catsdogs.training import ray_runner  # Ray is an extra: imported only when asked for
 

@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from catsdogs.errors import SettingError
+from catsdogs.errors import Interrupted, SettingError
 from catsdogs.files import write_json_atomic
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 from catsdogs.host import versions
@@ -95,7 +95,9 @@ class _Board:
         self.durations: list[float] = []
         self.base, self.started = finished, 0
         self.attempted: set[str] = set()  # each trial runs at most once per invocation
-        self.stop = threading.Event()
+        self.stop = threading.Event()  # Ctrl-C: end every trial now, give the running ones back
+        self.halt = threading.Event()  # a slot failed (a full disk, a damaged store): claim nothing more
+        self.error: BaseException | None = None  # the first slot's failure, raised in the sweep's thread
 
     def eta(self) -> str:
         if not self.durations:
@@ -167,12 +169,14 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
         with Store(store_path(out)) as store:
             counts = store.counts(keys)
         log(f"Interrupted: {counts[Status.DONE]} of {total} trials done; run the same command again to resume.")
-        raise
+        raise Interrupted() from None
     finally:
         signal.signal(signal.SIGTERM, previous)
         if kept is None:  # kept slots are the caller's to close
             for runner in runners:
                 runner.close()
+    if board.error is not None:  # every finished trial is in the store: only the failed write is not
+        raise board.error
     with Store(store_path(out)) as store:
         counts = store.counts(keys)
         elsewhere = store.running_elsewhere(keys)
@@ -209,8 +213,13 @@ def claim_order(keys: list[str], by_key: dict[str, TrialConfig], shapes: set[str
 
 
 def _slot_thread(runner: Slot, slot: int, ended: threading.Event, **work) -> None:
+    board: _Board = work["board"]
     try:
         _work(runner, slot, **work)
+    except Exception as exc:  # noqa: BLE001 - raised again in the sweep's own thread (run_sweep)
+        with board.lock:
+            board.error = board.error or exc
+        board.halt.set()  # the other slots finish and record the trial they run, then claim nothing
     finally:
         ended.set()
 
@@ -220,7 +229,7 @@ def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: 
     """Claim, run, record; until nothing is left or the sweep is stopped."""
     tag = f"[w{slot}] " if board.workers > 1 else ""
     with Store(store_path(out)) as store:
-        while not board.stop.is_set():
+        while not (board.stop.is_set() or board.halt.is_set()):
             with board.lock:
                 left = [k for k in keys if k not in board.attempted]
                 row = store.claim(claim_order(left, by_key, runner.shapes()), retry_failed=retry_failed)

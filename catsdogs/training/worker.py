@@ -35,6 +35,7 @@ import ctypes
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -251,7 +252,6 @@ class Worker:
         tail = ""
         with contextlib.suppress(OSError):
             tail = self.log_path.read_text(errors="replace")[-4000:]
-        last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "")
         if hwm is not None:  # only probes run under a watched cap
             return task.RECORD(status=Status.OOM, peak_memory_mb=hwm / 1024, memory_kind="cpu-rss",
                                error=f"stopped: peak resident memory {hwm / 1024:.0f} MiB went over the "
@@ -270,8 +270,11 @@ class Worker:
         else:
             oom = any(m in tail for m in backends.current().OOM_MARKERS)
             status, cause = (Status.OOM if oom else Status.FAILED), ""
-        return task.RECORD(status=status, error=f"worker process {why}{cause} without a result: {last}\n"
-                                                f"(log: {self.log_path})")
+        # A killed worker's log ends wherever it was cut off (a CUDA probe's message, a progress
+        # line): only an error the process itself reported says why it ended.
+        said = "" if signum else _last_error_line(tail)
+        return task.RECORD(status=status, error=f"worker process {why}{cause} without a result"
+                                                f"{': ' + said if said else ''}\n(log: {self.log_path})")
 
     def kill(self) -> None:
         """Stop the worker now (Ctrl-C, a memory cap); safe from any thread."""
@@ -294,6 +297,16 @@ class Worker:
         with contextlib.suppress(OSError):
             self.proc.stdout.close()
         self.proc = None
+
+
+def _last_error_line(log_tail: str) -> str:
+    """The last line of a worker's log that reads as an error it reported (an exception's
+    "Name: message", Python's or the framework's), or ""."""
+    for line in reversed(log_tail.splitlines()):
+        line = line.strip()
+        if re.match(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b", line) or "Error:" in line or "error:" in line:
+            return line
+    return ""
 
 
 class _Watcher:
