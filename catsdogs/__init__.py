@@ -1,3 +1,3 @@
 """catsdogs: which batch size should I train with, and what does it cost?"""
 
-__version__ = "0.9.1"
+__version__ = "0.10.0"
