@@ -18,8 +18,8 @@ from click.core import ParameterSource
 
 from catsdogs import __version__, config, plans, schema
 from catsdogs.errors import CatsdogsError, Interrupted, SettingError, os_error_line
-from catsdogs.measure.find_batch_size import FindSettings
 from catsdogs.measure.search import MODES as SEARCH_MODES
+from catsdogs.measure.search import FindSettings
 from catsdogs.schema import PROTOCOL_FIELDS
 
 

@@ -13,9 +13,11 @@ from pathlib import Path
 from catsdogs import config
 from catsdogs.analysis.report import report
 from catsdogs.data.prepare import prepare
-from catsdogs.plans import Plan
-from catsdogs.schema import parse_split
+from catsdogs.plans import Plan, configs
+from catsdogs.schema import DATASETS, parse_split
+from catsdogs.training import backends
 from catsdogs.training.study import run_plan
+from catsdogs.training.sweep import check_workers
 
 
 def reproduce(plan: Plan, *, data_dir: Path, out: Path, source: str | None = None, workers: int = 1,
@@ -23,6 +25,11 @@ def reproduce(plan: Plan, *, data_dir: Path, out: Path, source: str | None = Non
               worker_env: dict | None = None) -> dict:
     """prepare -> sweep (all grids, shared trials once) -> report; `source` overrides the plan's.
     {"counts": the sweep's status counts, "trials": how many it ended with, "report": its files}."""
+    # What can be told without data is told before the download: the backend, and whether the
+    # plan can run with this many workers (the trials as `plans.count` makes them, data aside).
+    backend = backends.check()
+    check_workers(configs(plan, 1, image_size=config.IMAGE_SIZE, fingerprints={d: d for d in DATASETS},
+                          backend=backend), workers)
     p = plan.settings.get("prepare", {})
     sha256 = None if p.get("verify") is False else p.get("sha256", config.ARCHIVE_SHA256)
     log("== prepare")

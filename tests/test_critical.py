@@ -319,3 +319,15 @@ def test_trials_of_two_contexts_are_never_pooled():
     assert labels == ["Adam, standard data (3 epochs, 32 px, TensorFlow)",
                       "Adam, standard data (3 epochs, 64 px, TensorFlow)"]
     assert sorted(g["series"][0]["points"][0].b_simple for g in table["groups"]) == pytest.approx([10.0, 90.0])
+
+
+def test_a_rate_that_has_not_finished_makes_no_tuned_series_in_the_claim():
+    # given Adam at its default rate finished at three batch sizes, and a second rate still pending
+    trials = [*cell(16, [0.85, 0.86]), *cell(32, [0.84, 0.85]), *cell(64, [0.7, 0.72])]
+    for bs in (16, 32, 64):
+        pending = row(bs=bs, lr=0.003)
+        trials.append({**pending, "status": Status.PENDING, "test_accuracy": None})
+    summary = summarize(trials)
+    # then the claim tests the default rate's series alone, as catsdogs 0.9.0 did: nothing was chosen
+    series = [r["series"] for ctx in summary["critical"] for r in ctx["results"]]
+    assert series == ["Adam, default lr 0.001"]

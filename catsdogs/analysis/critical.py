@@ -178,11 +178,17 @@ def _chosen_cells(tuned: dict, cells: dict[tuple, list[dict]]) -> set[tuple]:
 
 
 def _tuned_series(tuned: dict, trials: list[dict]) -> list[tuple[str, dict[int, list[dict]]]]:
-    """The tuned table's series, among `trials`: per batch size the trials of the learning rate
-    validation chose (a choice is made within a context: catsdogs.analysis.tuning)."""
+    """The tuned table's series, among `trials` (one context's finished ones): per batch size the
+    trials of the learning rate validation chose. A series whose rates never had two finished at
+    one batch size is no tuned series (it is the default rate's, chosen for want of another)."""
+    tried: dict[tuple[str, int], int] = {}
+    for c in tuned["choices"]:
+        if c["n_done"]:
+            tried[(c["series"], c["batch_size"])] = tried.get((c["series"], c["batch_size"]), 0) + 1
+    chosen_from_several = {series for (series, _), n in tried.items() if n > 1}
     by_key = {t.get("key"): t for t in trials}
     return [(series, {bs: [by_key[k] for k in keys if k in by_key] for bs, keys in cells.items()})
-            for series, cells in tuned["chosen"].items()]
+            for series, cells in tuned["chosen"].items() if series in chosen_from_several]
 
 
 def _article_series(trials: list[dict]) -> list[tuple[str, dict[int, list[dict]]]]:
@@ -198,7 +204,7 @@ def _article_series(trials: list[dict]) -> list[tuple[str, dict[int, list[dict]]
     return [(labels[k], out[k]) for k in sorted(out, key=str)]
 
 
-def claims_by_context(trials: list[dict], tuned: dict) -> list[dict]:
+def critical_claims_by_context(trials: list[dict], tuned: dict) -> list[dict]:
     """The critical-batch-size claim for every series of every context (epochs, image size,
     backend, process settings) that has one: [{"context", "results": [result, ...]}]. `tuned`:
     the learning rate tuned per batch size (catsdogs.analysis.tuning), whose series are tested too."""

@@ -45,7 +45,7 @@ def summarize(trials: list[dict], recorded: dict | None = None) -> dict:
     return {"figures": figures, "unused": [t for t in trials if t.get("key") not in used],
             "collapse": collapse_table(trials), "claims": claims.claims_by_context(trials),
             "adaptive": adaptive_state(trials, recorded.get("adaptive"), test_images(counts) if counts else None),
-            "noise": critical.noise_table(trials, tuned), "critical": critical.claims_by_context(trials, tuned)}
+            "noise": critical.noise_table(trials, tuned), "critical": critical.critical_claims_by_context(trials, tuned)}
 
 
 def adaptive_state(trials: list[dict], adaptive: dict | None, n_test: int | None = None) -> dict | None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs.errors import CatsdogsError, SettingError
+from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 from catsdogs.host import host_memory_available, versions
@@ -50,15 +50,13 @@ from catsdogs.manifest import require_prepared
 from catsdogs.measure import prober as probers
 from catsdogs.measure.common import (
     check_memory_floor,
-    check_settings,
     format_bytes,
     settings_note,
     write_csv,
 )
 from catsdogs.measure.find_summary import METHODS, probe_line, summary_lines
 from catsdogs.measure.search import (
-    DEFAULT_START,
-    MODES,
+    FindSettings,
     apply_margin,
     critical_probe,
     decide,
@@ -74,14 +72,11 @@ from catsdogs.messages import (
     TrialTask,
     columns,
 )
-from catsdogs.schema import LIMITS, Status, TrialConfig, default
+from catsdogs.schema import Status, TrialConfig, default
 from catsdogs.training import backends
 from catsdogs.training.costs import predict_max_batch_size, predicted_peak_bytes
 from catsdogs.training.worker import run_isolated
 
-DEFAULT_STEPS = 3  # timed steps per probe, after one warm-up step: the peak comes in the first
-DEFAULT_WARMUP = 1
-DEFAULT_MARGIN = 0.1
 CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline comes from
 HOST_CAP_FRACTION = 0.9
 # find-batch-size's noise measurement: eight times a sweep's pairs, for a narrow interval: it is
@@ -89,60 +84,6 @@ HOST_CAP_FRACTION = 0.9
 NOISE_PAIRS = 8 * config.NOISE_PAIRS
 
 PROBE_COLUMNS = columns(ProbeRecord, "search")  # find_batch_size.csv, and each probe in the .json
-
-
-@dataclass(frozen=True)
-class FindSettings:
-    """find-batch-size's options, each with its one default (the command line's too)."""
-
-    name: str = "find-batch-size"  # the run: OUT/NAME/find_batch_size.json and .csv
-    mode: str = "binsearch"  # power: double until out of memory; binsearch: then bisect
-    start: int = DEFAULT_START  # the first batch size (halved while it does not fit)
-    max_batch: int | None = None  # the largest to try
-    margin: float = DEFAULT_MARGIN  # taken off the largest that fits, then rounded down
-    optimizer: str = "adam"
-    dataset: str = "standard"
-    precision: str = "float32"
-    steps: int = DEFAULT_STEPS  # timed steps per probe
-    warmup: int = DEFAULT_WARMUP  # untimed steps before them
-    memory_cap_bytes: int | None = None  # None: a GPU's memory, or HOST_CAP_FRACTION of the host's available
-    resolution: int | None = None  # the bisection's last gap (None: search.effective_resolution's)
-    isolate: bool = False  # a fresh worker process for every probe
-    measure_noise: bool = True  # the gradient noise scale first (--no-noise-scale: not)
-    deterministic: bool = True  # every worker's process settings
-    tf32: bool | None = None
-    worker_env: dict | None = None  # more of the workers' environment (the compile cache)
-
-    def check(self) -> None:
-        """A SettingError naming the setting, for one no search can run with."""
-        if self.start > LIMITS["batch_size"][0]:
-            raise SettingError(f"must be at most {LIMITS['batch_size'][0]:,}, the largest batch size, got {self.start:,}",
-                               "start")
-        check_settings([self.start], self.optimizer, self.dataset, self.precision, self.steps, self.warmup)
-        if self.mode not in MODES:
-            raise SettingError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}", "mode")
-        if self.max_batch is not None and self.max_batch < 1:
-            raise SettingError(f"--max must be >= 1, got {self.max_batch}", "max")
-        if self.resolution is not None and self.resolution < 1:
-            raise SettingError(f"resolution must be >= 1, got {self.resolution}", "resolution")
-        for key, value in (("max", self.max_batch), ("resolution", self.resolution)):
-            if value is not None and value > LIMITS["batch_size"][0]:
-                raise SettingError(f"must be at most {LIMITS['batch_size'][0]:,}, the largest batch size, got {value:,}",
-                                   key)
-        apply_margin(1, self.margin)  # validates the margin
-
-    def environment(self) -> dict:
-        """Every worker's environment: its process settings, and what `worker_env` adds."""
-        return {**(self.worker_env or {}), **backends.process_env_for(self.deterministic, self.tf32)}
-
-    def recorded(self, image_size: int, cpu_cap: int | None, data_dir: Path) -> dict:
-        """The settings as find_batch_size.json records them."""
-        return {"name": self.name, "mode": self.mode, "start": self.start, "max": self.max_batch,
-                "margin": self.margin, "optimizer": self.optimizer, "dataset": self.dataset,
-                "precision": self.precision, "steps": self.steps, "warmup": self.warmup,
-                "resolution": self.resolution, "memory_cap_bytes": self.memory_cap_bytes,
-                "noise_scale": self.measure_noise, "deterministic": self.deterministic, "tf32": self.tf32,
-                "cpu_cap_bytes_default": cpu_cap, "image_size": image_size, "data_dir": str(Path(data_dir).resolve())}
 
 
 @dataclass(frozen=True)

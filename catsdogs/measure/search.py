@@ -1,4 +1,5 @@
-"""The batch-size search and the recommendation: pure functions, no framework, no process.
+"""The batch-size search and the recommendation: pure functions, no framework, no process; and
+find-batch-size's options (`FindSettings`), one default each.
 
 The search (`search`) takes any probe function, so it is tested with a fake device:
 - `power`: double from `start` until a probe does not fit (or `max` is reached; `max` itself is
@@ -37,18 +38,79 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from catsdogs.errors import SettingError
 from catsdogs.gradient_noise import NoiseEstimate, paper_learning_rate
+from catsdogs.measure.common import check_settings
 from catsdogs.messages import ProbeRecord
-from catsdogs.schema import Status, TrialConfig, default, learning_rate
+from catsdogs.schema import LIMITS, Status, TrialConfig, default, learning_rate
+from catsdogs.training import backends
 
 MODES = ("power", "binsearch")
 DEFAULT_START = 8
+DEFAULT_STEPS = 3  # timed steps per probe, after one warm-up step: the peak comes in the first
+DEFAULT_WARMUP = 1
+DEFAULT_MARGIN = 0.1
 DEFAULT_RESOLUTION = 8  # the bisection's final gap, or an eighth of the answer when smaller
 MAX_FAILED_IN_A_ROW = 2
 TIE = 0.05  # throughputs within 5% are the same, for the recommendation
 FRESH_SHARE = 0.8  # probes at or above this share of the predicted limit run in a fresh worker
+
+
+@dataclass(frozen=True)
+class FindSettings:
+    """find-batch-size's options, each with its one default (the command line's too)."""
+
+    name: str = "find-batch-size"  # the run: OUT/NAME/find_batch_size.json and .csv
+    mode: str = "binsearch"  # power: double until out of memory; binsearch: then bisect
+    start: int = DEFAULT_START  # the first batch size (halved while it does not fit)
+    max_batch: int | None = None  # the largest to try
+    margin: float = DEFAULT_MARGIN  # taken off the largest that fits, then rounded down
+    optimizer: str = "adam"
+    dataset: str = "standard"
+    precision: str = "float32"
+    steps: int = DEFAULT_STEPS  # timed steps per probe
+    warmup: int = DEFAULT_WARMUP  # untimed steps before them
+    memory_cap_bytes: int | None = None  # None: a GPU's memory, or HOST_CAP_FRACTION of the host's available
+    resolution: int | None = None  # the bisection's last gap (None: search.effective_resolution's)
+    isolate: bool = False  # a fresh worker process for every probe
+    measure_noise: bool = True  # the gradient noise scale first (--no-noise-scale: not)
+    deterministic: bool = True  # every worker's process settings
+    tf32: bool | None = None
+    worker_env: dict | None = None  # more of the workers' environment (the compile cache)
+
+    def check(self) -> None:
+        """A SettingError naming the setting, for one no search can run with."""
+        if self.start > LIMITS["batch_size"][0]:
+            raise SettingError(f"must be at most {LIMITS['batch_size'][0]:,}, the largest batch size, got {self.start:,}",
+                               "start")
+        check_settings([self.start], self.optimizer, self.dataset, self.precision, self.steps, self.warmup)
+        if self.mode not in MODES:
+            raise SettingError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}", "mode")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise SettingError(f"--max must be >= 1, got {self.max_batch}", "max")
+        if self.resolution is not None and self.resolution < 1:
+            raise SettingError(f"resolution must be >= 1, got {self.resolution}", "resolution")
+        for key, value in (("max", self.max_batch), ("resolution", self.resolution)):
+            if value is not None and value > LIMITS["batch_size"][0]:
+                raise SettingError(f"must be at most {LIMITS['batch_size'][0]:,}, the largest batch size, got {value:,}",
+                                   key)
+        apply_margin(1, self.margin)  # validates the margin
+
+    def environment(self) -> dict:
+        """Every worker's environment: its process settings, and what `worker_env` adds."""
+        return {**(self.worker_env or {}), **backends.process_env_for(self.deterministic, self.tf32)}
+
+    def recorded(self, image_size: int, cpu_cap: int | None, data_dir: Path) -> dict:
+        """The settings as find_batch_size.json records them."""
+        return {"name": self.name, "mode": self.mode, "start": self.start, "max": self.max_batch,
+                "margin": self.margin, "optimizer": self.optimizer, "dataset": self.dataset,
+                "precision": self.precision, "steps": self.steps, "warmup": self.warmup,
+                "resolution": self.resolution, "memory_cap_bytes": self.memory_cap_bytes,
+                "noise_scale": self.measure_noise, "deterministic": self.deterministic, "tf32": self.tf32,
+                "cpu_cap_bytes_default": cpu_cap, "image_size": image_size, "data_dir": str(Path(data_dir).resolve())}
+
 
 
 @dataclass
@@ -196,7 +258,7 @@ def decide(result: SearchResult, probes: list[ProbeRecord], safe: int | None, op
     """The measured answer, the margin's size, the fastest and the recommendation with its
     learning rate, as find_batch_size.json holds them."""
     summary: dict = {"largest_fitting": result.largest_fit, "first_not_fitting": result.first_failure,
-                     "reached_max": result.reached_max}
+                     "reached_max": result.reached_max, "noise_scale": None}  # the caller's, in this place
     if result.largest_fit is None:
         return summary
     summary["margin_batch_size"] = safe

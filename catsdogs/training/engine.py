@@ -5,7 +5,7 @@ worker's end (`run_task`).
 A trial (`run_trial`) trains the article's model on its configuration and tests it: the step
 the worker keeps for its shape (catsdogs.training.steps, reset to the trial's starting state:
 results bit-identical to a fresh process), its epochs timed by `EpochTimer`, the gradient noise
-scale measured between them when asked (`measure_noise`, outside every clock), the trained
+scale measured between them when asked (`noise_estimate_at`, outside every clock), the trained
 weights named by their digest. A probe, the matmul peak and the memory plan are
 catsdogs.training.probes'.
 
@@ -57,7 +57,7 @@ def run_task(task: Task, emit=lambda kind, payload: None):
 def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
               noise_sampling: NoiseSampling | None = None) -> TrialRecord:
     """Train and test one configuration; return its record (status done). With `noise_sampling`,
-    the gradient noise scale is measured at the start and at each epoch's end (`measure_noise`),
+    the gradient noise scale is measured at the start and at each epoch's end (`noise_estimate_at`),
     outside the epochs' clocks and without touching what the trial trains with."""
     cfg.check()
     started = time.time()
@@ -75,7 +75,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
     test_ds = backend.eval_batches(test, cfg.batch_size)
 
     def measure(epoch: int) -> NoiseEstimate:
-        return measure_noise(step, train, noise_sampling, cfg.seed, epoch, backend)
+        return noise_estimate_at(step, train, noise_sampling, cfg.seed, epoch, backend)
 
     timer = EpochTimer(epochs, on_epoch, backend.wait_for_steps,
                        after_epoch=(lambda epoch: measure(epoch).to_record()) if noise_sampling else None)
@@ -149,10 +149,14 @@ def _noise_fields(initial: NoiseEstimate | None, history: list[dict]) -> dict:
     if initial is None:
         return {}
     last = NoiseEstimate.from_record(history[-1], initial) if history else None
+    columns = {k: v for k, v in last.to_record().items() if k in RECORD_COLUMNS} if last else {}
     seconds = initial.seconds + sum(h.get("noise_seconds") or 0 for h in history)
-    return {"initial_noise": initial.as_dict(), "noise_scale": last.b_simple if last else None,
-            "noise_scale_low": last.low if last else None, "noise_scale_high": last.high if last else None,
+    return {"initial_noise": initial.as_dict(), **dict.fromkeys(RECORD_COLUMNS), **columns,
             "noise_seconds": round(seconds, 4)}
+
+
+# The last measurement's fields that are columns of the trial's own row (the rest stay in its history).
+RECORD_COLUMNS = ("noise_scale", "noise_scale_low", "noise_scale_high")
 
 
 def _timings(timer: EpochTimer, batch_size: int, batches: int, fit_seconds: float, setup_seconds: float) -> dict:
@@ -275,7 +279,7 @@ def start_weights_digest(model):
 GRAM_EXAMPLES = 128
 
 
-def measure_noise(step: steps.TrainingStep, split, sampling: NoiseSampling, seed: int, epoch: int,
+def noise_estimate_at(step: steps.TrainingStep, split, sampling: NoiseSampling, seed: int, epoch: int,
                   backend) -> NoiseEstimate:
     """B_simple at the model's current weights (catsdogs.gradient_noise): `sampling.pairs` large
     batches drawn with replacement from the training split by the noise's own generator (seed,
