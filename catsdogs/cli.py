@@ -261,18 +261,22 @@ def cli(ctx):
 @click.option("--seed", type=int, default=config.SEED, show_default=True,
               help="Seed of the choice of images and of their split.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def prepare(source, sha256, no_verify, data_dir, per_class, split, size, seed, quiet):
+@click.option("--force", is_flag=True,
+              help="Rebuild every folder from the source, even when they are already prepared as asked.")
+def prepare(source, sha256, no_verify, data_dir, per_class, split, size, seed, quiet, force):
     """Download, verify, extract, validate, split, resize and augment the images.
 
-    Idempotent: the same parameters again do no work. Writes data/standard/, data/augmented/
-    and data/manifest.json (the record of every choice and every rejected file)."""
+    Idempotent: the same parameters again check every prepared file against the manifest and
+    rebuild only those that changed since (nothing, usually). Writes data/standard/,
+    data/augmented/ and data/manifest.json (the record of every choice, every rejected file and
+    each file's SHA-256)."""
     from catsdogs.data.prepare import prepare as run
 
     if no_verify:
         click.echo("Warning: SHA-256 verification skipped (--no-verify).", err=True)
     run(source=source, data_dir=data_dir, sha256=None if no_verify else sha256,
         per_class=per_class, split=split, size=size, seed=seed, log=click.echo,
-        progress=not quiet and sys.stderr.isatty())
+        progress=not quiet and sys.stderr.isatty(), force=force)
 
 
 # --- sweep ----------------------------------------------------------------------------------
@@ -514,7 +518,10 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
 @out_option("Where the results store is; the report goes to OUT/NAME/.")
 @click.option("--title-note", default=None,
               help="Added to every figure's title and to results.md, e.g. 'synthetic data'.")
-def report(name, out, title_note):
+@click.option("--export-store", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="Also write the whole results store to FILE as one self-contained SQLite file, with "
+                   "what its write-ahead log (results.sqlite-wal) holds: the way to copy or archive a store.")
+def report(name, out, title_note, export_store):
     """Figures and tables of a sweep, read from OUT/results.sqlite alone (no TensorFlow).
 
     Writes OUT/NAME/figures/optimizers and augmentation (the article's two figures: every
@@ -522,9 +529,13 @@ def report(name, out, title_note):
     protocols, accumulation, tuned and collapse when the sweep has such trials, each as PNG and
     SVG; plus OUT/NAME/results.md (with the article's claims and their verdicts) and
     OUT/NAME/summary.csv. Failed, out-of-memory and unfinished trials are counted and shown,
-    never dropped. Safe to run while a sweep is running."""
+    never dropped. Safe to run while a sweep is running: it opens the store read-only and changes
+    nothing in it."""
+    from catsdogs.analysis.report import export_store as export
     from catsdogs.analysis.report import report as run
 
+    if export_store is not None:
+        export(out, export_store, log=click.echo)
     run(name, out, note=title_note, log=click.echo)
 
 

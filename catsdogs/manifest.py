@@ -10,7 +10,9 @@ and the store, it lives at the package root, shared by the stages and part of no
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
 from catsdogs import config
@@ -19,6 +21,8 @@ from catsdogs.schema import DATASETS
 
 MANIFEST = "manifest.json"
 FORMAT = 1  # bump when the prepared layout or pixels change, so old folders get rebuilt
+# The folders each data set's fingerprint covers: the augmented set tests on the standard test split.
+FINGERPRINT_DIRS = {"standard": ("standard",), "augmented": ("augmented", "standard/test")}
 
 
 def count_files(root: Path) -> dict:
@@ -64,6 +68,74 @@ def well_formed(manifest) -> bool:
     return (isinstance(params, dict) and isinstance(params.get("size"), int) and not isinstance(params["size"], bool)
             and isinstance(source, dict) and isinstance(fingerprint, dict)
             and all(isinstance(fingerprint.get(d), str) for d in DATASETS))
+
+
+def fingerprint_of(digests: dict[str, bytes], dirs) -> str:
+    """SHA-256 over the relative path and the SHA-256 of every prepared .jpg under `dirs` (paths
+    sorted part by part, as pathlib sorts them): what names the data a trial trained on."""
+    h = hashlib.sha256()
+    for d in dirs:
+        inside = (r for r in digests if r.startswith(d + "/") and r.endswith(".jpg"))
+        for rel in sorted(inside, key=lambda r: r.split("/")):
+            h.update(rel.encode() + b"\0")
+            h.update(digests[rel])
+    return h.hexdigest()
+
+
+def file_digests(data_dir: Path, rels) -> dict[str, bytes]:
+    """The SHA-256 of each prepared file (by path relative to `data_dir`), read once per file:
+    a standard image and its augmented folder's original are often one file (a hard link)."""
+    by_inode: dict[tuple[int, int], bytes] = {}
+    out = {}
+    for rel in rels:
+        path = Path(data_dir) / rel
+        try:
+            st = path.stat()
+            inode = (st.st_dev, st.st_ino)
+            if inode not in by_inode:
+                with open(path, "rb") as f:
+                    by_inode[inode] = hashlib.sha256(f.read()).digest()
+            out[rel] = by_inode[inode]
+        except OSError:
+            out[rel] = b""  # missing or unreadable: matches no digest
+    return out
+
+
+def prepared_files(data_dir: Path) -> list[str]:
+    """Every prepared .jpg, as a path relative to `data_dir`."""
+    root = Path(data_dir)
+    return [os.path.relpath(os.path.join(d, n), root) for name in ("standard", "augmented")
+            for d, _, names in os.walk(root / name) for n in names if n.endswith(".jpg")]
+
+
+def changed_files(data_dir: Path, manifest: dict) -> list[str]:
+    """The prepared files whose bytes are no longer those the prepare wrote (by the manifest's
+    `files`, each file's SHA-256), in the manifest's order; [] when all match. A manifest written
+    before catsdogs recorded `files` (0.10.0 and older) has only its fingerprints to check: then
+    the answer is every file of a data set whose fingerprint no longer matches."""
+    files = manifest.get("files")
+    if isinstance(files, dict):
+        now = file_digests(data_dir, files)
+        return [rel for rel, digest in files.items() if now[rel].hex() != digest]
+    now = file_digests(data_dir, prepared_files(data_dir))
+    return sorted(rel for dataset, dirs in FINGERPRINT_DIRS.items()
+                  if fingerprint_of(now, dirs) != manifest["fingerprint"][dataset]
+                  for rel in now if any(rel.startswith(d + "/") for d in dirs))
+
+
+def require_intact(data_dir: Path) -> dict:
+    """require_prepared(), and every prepared file as the prepare wrote it: a file changed since
+    (replaced, edited, damaged) is a one-line CatsdogsError naming it and the fix, so no trial
+    trains on other data under the prepared data's fingerprint (docs/usage.md, "Prepared data")."""
+    manifest = require_prepared(data_dir)
+    changed = changed_files(data_dir, manifest)
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise CatsdogsError(
+            f"{Path(data_dir) / changed[0]}{more} changed since `catsdogs prepare` wrote it; "
+            f"run `catsdogs prepare --data-dir {data_dir}` with the options it was prepared with "
+            "(manifest.json's params) to rebuild what changed")
+    return manifest
 
 
 def require_prepared(data_dir: Path) -> dict:

@@ -45,6 +45,7 @@ class Status(str, enum.Enum):
     FAILED = "failed"
     OOM = "oom"
     LOST = "lost"
+    INTERRUPTED = "interrupted"
 
     __hash__ = str.__hash__  # a member and its string are one dictionary key (Python 3.10 too)
 
@@ -66,10 +67,14 @@ MEANINGS = {
     Status.OOM: "ran out of memory: the device's, the host's, or a probe's --memory-limit",
     Status.LOST: "never a stored status: what a runner returns when a trial's worker was lost through "
                  "no fault of the trial (killed from outside, a Ray node gone); the sweep makes it pending again",
+    Status.INTERRUPTED: "never a stored status: how the store shows a running trial whose sweep process is gone "
+                        "(killed: kill -9, a crash, a reboot); the next sweep runs it again",
 }
-STORED = tuple(s for s in Status if s is not Status.LOST)  # the statuses a store's row may have
+# the statuses a store's row may have
+STORED = tuple(s for s in Status if s not in (Status.LOST, Status.INTERRUPTED))
 FINISHED = (Status.DONE, Status.FAILED, Status.OOM)  # a sweep does not run these again unless asked
-UNFINISHED = (Status.FAILED, Status.OOM, Status.PENDING, Status.RUNNING)  # what the report counts apart
+# what the report counts apart
+UNFINISHED = (Status.FAILED, Status.OOM, Status.PENDING, Status.INTERRUPTED, Status.RUNNING)
 
 # --- allowed values ------------------------------------------------------------------------------
 DEFAULT_LR = {"sgd": 0.01, "adam": 0.001}  # Keras' defaults: what optimizer="sgd"/"adam" gives

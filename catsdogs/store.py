@@ -12,8 +12,15 @@ sweep can tell are abandoned and runs again.
 Several sweeps may share one store at once. Opening it (creating it, switching it to WAL,
 adding the columns a newer catsdogs has) takes a file lock beside it, so processes opening it
 together wait their turn rather than fail on SQLite's own lock, which its busy timeout does not
-cover for a change of journal mode. A reader (the report) reads in one transaction: one
-consistent snapshot while sweeps write.
+cover for a change of journal mode. A reader (the report, a dry run) opens it read-only
+(`read_only=True`): it writes nothing, not even to bring an older store's columns up to date, and
+reads in one transaction, one consistent snapshot while sweeps write. It shows a running trial
+whose sweep process is gone as interrupted (schema.Status.INTERRUPTED); the row itself stays
+running until a sweep claims it again.
+
+The store is a SQLite database in WAL mode: after a sweep is killed, finished trials may live
+only in `results.sqlite-wal` beside it. Copy the store with `catsdogs report --export-store FILE`
+(`Store.export_copy`: one self-contained file), never the .sqlite file alone.
 """
 
 from __future__ import annotations
@@ -27,13 +34,14 @@ import json
 import os
 import sqlite3
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 from catsdogs import config, schema
 from catsdogs.errors import CatsdogsError
-from catsdogs.files import write_text_atomic
+from catsdogs.files import atomic_path, write_text_atomic
 from catsdogs.messages import TrialRecord, columns
 from catsdogs.schema import FINISHED, STORED, Status
 
@@ -86,6 +94,11 @@ class StoreError(CatsdogsError):
     or read-only. One line naming the file; the file is left as it was."""
 
 
+def not_a_store(path: Path, why: str) -> StoreError:
+    return StoreError(f"{path} is not a catsdogs results store ({why}); it was left as it is",
+                      hint="Give the --out of a catsdogs sweep, or move the file aside.")
+
+
 def store_error(exc: sqlite3.DatabaseError, path: Path) -> StoreError:
     """What SQLite said, as one line about the store at `path`, with what to do."""
     text = str(exc) or type(exc).__name__
@@ -113,26 +126,56 @@ def _guarded(method):
 
 class Store:
     """A connection to `out/results.sqlite`; safe with several processes writing. Every SQLite error
-    of the file or the disk is a StoreError naming it (`_guarded`)."""
+    of the file or the disk is a StoreError naming it (`_guarded`). `read_only`: a reader's, which
+    changes nothing (a file that is no catsdogs store is a StoreError, as it is for a writer)."""
 
     @_guarded
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, read_only: bool = False):
         self.path = Path(path)
+        self.read_only = read_only
         self._owner_lock = None
         self.owner: str | None = None  # this process's token, once it claims a trial (become_owner)
+        if read_only:
+            uri = f"file:{urllib.parse.quote(str(self.path.resolve()))}?mode=ro"
+            self.db = sqlite3.connect(uri, uri=True, timeout=60, isolation_level=None)
+            self.db.row_factory = sqlite3.Row
+            self._guard(self._check_shape)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            try:
-                self.db.row_factory = sqlite3.Row
-                self.db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
-                self.db.execute("PRAGMA synchronous=NORMAL")
-                self.db.executescript(_schema())  # IF NOT EXISTS: idempotent
-                self._add_missing_columns()
-            except BaseException:
-                self.db.close()
-                raise
+            self.db.row_factory = sqlite3.Row
+            self._guard(self._create)
+
+    def _guard(self, step) -> None:
+        try:
+            step()
+        except BaseException:
+            self.db.close()
+            raise
+
+    def _create(self) -> None:
+        if self._tables():  # an existing database: ours, or refused before anything is added to it
+            self._check_shape()
+        self.db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(_schema())  # IF NOT EXISTS: idempotent
+        self._add_missing_columns()
+
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+    def _check_shape(self) -> None:
+        """A StoreError unless this database is a catsdogs store (of any version: its three tables,
+        and a trial's key, configuration and status), so that nothing is read from, or added to,
+        another program's SQLite file."""
+        missing = {"trials", "sweeps", "sweep_trials"} - self._tables()
+        if missing:
+            raise not_a_store(self.path, f"no {', '.join(sorted(missing))} table")
+        have = {r[1] for r in self.db.execute("PRAGMA table_info(trials)")}
+        if not {"key", "config", "status", "owner"} <= have:
+            raise not_a_store(self.path, "its trials table has no key, config, status or owner column")
 
     def _add_missing_columns(self) -> None:
         """A store written by an older catsdogs lacks the newer columns: add them (empty), so its
@@ -203,8 +246,9 @@ class Store:
                 fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 return True
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # its process is gone: tidy up
+        if not self.read_only:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # its process is gone: tidy up
         return False
 
     # --- sweeps and their trials ---------------------------------------------------------
@@ -289,7 +333,13 @@ class Store:
     @_guarded
     def get(self, key: str) -> dict | None:
         r = self.db.execute("SELECT * FROM trials WHERE key=?", (key,)).fetchone()
-        return _row(r) if r else None
+        return self._shown(_row(r)) if r else None
+
+    def _shown(self, row: dict) -> dict:
+        """A row as a reader should see it: a running trial whose owner is gone is interrupted."""
+        if row["status"] == Status.RUNNING and not self.owner_alive(row.get("owner")):
+            row["status"] = Status.INTERRUPTED
+        return row
 
     @_guarded
     def sweeps(self) -> list[str]:
@@ -308,7 +358,7 @@ class Store:
         else:
             rows = self.db.execute("SELECT t.* FROM trials t JOIN sweep_trials s ON s.key = t.key "
                                    "WHERE s.sweep=? ORDER BY s.position", (sweep,))
-        return [_row(r) for r in rows]
+        return [self._shown(_row(r)) for r in rows]
 
     @_guarded
     def running_elsewhere(self, keys: list[str]) -> list[int]:
@@ -326,19 +376,45 @@ class Store:
         return out
 
     @_guarded
+    def export_copy(self, path: Path) -> Path:
+        """The whole store, with what its write-ahead log holds, as one self-contained SQLite file
+        at `path` (not in WAL mode: no -wal beside it to lose), written to a temporary file and
+        renamed into place, so `path` is never half a copy. A consistent snapshot while sweeps write."""
+        with atomic_path(path) as tmp:
+            copy = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                self.db.backup(copy)
+                copy.execute("PRAGMA journal_mode=DELETE")
+            finally:
+                copy.close()
+        return Path(path)
+
+    @_guarded
+    def sweeps_of(self, key: str) -> list[str]:
+        """The sweeps that list trial `key` (a trial two sweeps share is run once, for both)."""
+        return [r[0] for r in self.db.execute("SELECT sweep FROM sweep_trials WHERE key=? ORDER BY sweep", (key,))]
+
+    @_guarded
     def export_csv(self, sweep: str, path: Path) -> Path:
-        """outputs/NAME/results.csv, replaced atomically so a reader never sees half a file."""
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
-        w.writeheader()
-        for t in self.trials(sweep):
-            w.writerow({k: t.get(k) for k in CSV_COLUMNS})
+        """outputs/NAME/results.csv, replaced atomically so a reader never sees half a file. Read
+        and written under a lock beside it, so that of two processes exporting one sweep's CSV at
+        once (two sweeps sharing its trials), the one that reads the store last writes last: the
+        file is never older than the store's last finished trial."""
+        path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        return write_text_atomic(path, buf.getvalue())
+        with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            buf = io.StringIO()
+            w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+            w.writeheader()
+            for t in self.trials(sweep):
+                w.writerow({k: t.get(k) for k in CSV_COLUMNS})
+            return write_text_atomic(path, buf.getvalue())
 
 
 def _row(r: sqlite3.Row) -> dict:
-    d = dict(r)
+    # a store of an older catsdogs, read without adding its missing columns: they read as empty
+    d = {**dict.fromkeys(CONFIG_COLUMNS), **dict.fromkeys(RESULT_COLUMNS), **dict(r)}
     for k in ("config", *JSON_COLUMNS):
         if d.get(k):
             d[k] = json.loads(d[k])

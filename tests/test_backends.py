@@ -116,6 +116,24 @@ def test_an_unknown_backend_is_a_one_line_error_and_help_still_works(tmp_path, m
         assert CliRunner().invoke(cli, [command, "--help"]).exit_code == 0
 
 
+@pytest.mark.parametrize("spelling", ["JAX", "Tensorflow", " jax", "jax "])
+def test_a_backend_name_keras_would_refuse_is_refused_before_any_trial_is_recorded(prepared_data, tmp_path,
+                                                                                  monkeypatch, spelling):
+    # given a KERAS_BACKEND spelled as Keras does not take it (it compares the name exactly)
+    monkeypatch.setenv("KERAS_BACKEND", spelling)
+    data = prepared_data(32)
+    for command in (["sweep", "--opt", "adam", "--batch-size", "4", "--epochs", "1"], ["find-batch-size"]):
+        # when a command that trains runs
+        result = CliRunner().invoke(cli, [*command, "--data-dir", str(data), "--out", str(tmp_path / "out")])
+        # then one line says what Keras takes, and nothing was recorded
+        assert result.exit_code == 1, result.output
+        assert result.output.strip() == (
+            f"Error: KERAS_BACKEND is {spelling!r}, which is not a backend name Keras accepts (exactly one of "
+            "tensorflow, jax, torch, numpy, openvino, in lower case); catsdogs runs on tensorflow or jax: "
+            "e.g. KERAS_BACKEND=jax")
+        assert not (tmp_path / "out").exists()
+
+
 def test_the_h100s_out_of_memory_texts_are_out_of_memory_on_jax():
     # the texts ../shared/GPU.md records for Keras on JAX on the H100
     autotuner = RuntimeError("NOT_FOUND: Failed to get configs for: 2 out of 26 instructions. ... All "

@@ -18,7 +18,7 @@ import pytest
 from catsdogs import plans
 from catsdogs.analysis import report as rp
 from catsdogs.analysis.rows import load_trials
-from catsdogs.store import RESULT_COLUMNS
+from catsdogs.store import RESULT_COLUMNS, Store
 
 OLD = Path(__file__).parent / "data" / "catsdogs-0.6.0"
 
@@ -31,17 +31,26 @@ def old_store(tmp_path: Path) -> Path:
     return out
 
 
-def test_a_store_written_by_0_6_0_loads_and_gains_the_newer_columns(old_store):
-    # given the columns 0.6.0's store had
-    with sqlite3.connect(old_store / "results.sqlite") as db:
-        before = {r[1] for r in db.execute("PRAGMA table_info(trials)")}
-    assert "noise_scale" not in before
-    # when it is read now
-    trials = load_trials(old_store / "results.sqlite", "old")
-    # then every trial is there, as it finished, and the store has every column of today's
+def test_a_store_written_by_0_6_0_reads_unchanged_and_a_writer_adds_the_newer_columns(old_store, tmp_path):
+    # given the columns 0.6.0's store had (a copy: this test writes to it)
+    path = tmp_path / "results.sqlite"
+    path.write_bytes((old_store / "results.sqlite").read_bytes())
+    before = path.read_bytes()
+    with sqlite3.connect(path) as db:
+        columns = {r[1] for r in db.execute("PRAGMA table_info(trials)")}
+    assert "noise_scale" not in columns
+    # when it is read now (as the report reads it)
+    trials = load_trials(path, "old")
+    # then every trial is there, as it finished, today's newer columns read as empty, and the
+    # store is as it was: a reader writes nothing
     assert len(trials) == 8 and {t["status"] for t in trials} == {"done"}
     assert {t["test_accuracy"] for t in trials} == {0.5}
-    with sqlite3.connect(old_store / "results.sqlite") as db:
+    assert all(t["noise_scale"] is None for t in trials)
+    assert path.read_bytes() == before
+    # when a sweep opens it, then it gains every column of today's
+    with Store(path):
+        pass
+    with sqlite3.connect(path) as db:
         after = {r[1] for r in db.execute("PRAGMA table_info(trials)")}
     assert set(RESULT_COLUMNS) <= after
 

@@ -23,7 +23,7 @@ from PIL import Image
 from catsdogs import config
 from catsdogs.cli import cli
 from catsdogs.data import prepare as prep_module
-from catsdogs.data.prepare import folder_fingerprint, prepare
+from catsdogs.data.prepare import prepare
 from catsdogs.errors import ArchiveError, CatsdogsError, ChecksumError, DownloadError
 from catsdogs.manifest import load_manifest, require_prepared
 
@@ -43,6 +43,16 @@ REASON_WORDS = {
 
 # --- helpers -----------------------------------------------------------------------------------
 
+
+
+def folder_fingerprint(root: Path, dirs: list[str]) -> str:
+    """The data fingerprint as 0.9.0 defined it, computed here from the files on disk."""
+    h = hashlib.sha256()
+    for d in dirs:
+        for p in sorted((root / d).rglob("*.jpg")):
+            h.update(str(p.relative_to(root)).encode() + b"\0")
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
 
 def run(data_dir: Path, source, **kw) -> tuple[dict, list[str]]:
     """prepare() quietly; return the manifest and the lines it logged."""
@@ -346,6 +356,10 @@ def test_given_a_split_when_preparing_then_every_folder_holds_the_right_count_of
         "augmented": folder_fingerprint(data, ["augmented", "standard/test"]),
     }
     assert {"python", "pillow", "numpy"} <= set(manifest["versions"])
+    # and each file's digest is its bytes'
+    on_disk = sorted(str(p.relative_to(data)) for d in ("standard", "augmented") for p in (data / d).rglob("*.jpg"))
+    assert sorted(manifest["files"]) == on_disk
+    assert all(hashlib.sha256((data / rel).read_bytes()).hexdigest() == h for rel, h in manifest["files"].items())
 
 
 # --- 6. safety ----------------------------------------------------------------------------------

@@ -173,8 +173,8 @@ def test_given_the_article_sweep_when_report_then_every_file_is_written(article_
     # results.md: a section per figure, the oom counted, the n=1 cell said to have no interval
     md = paths["results_md"].read_text()
     assert "## optimizers" in md and "## augmentation" in md and "synthetic data" in md
-    assert "| SGD | 64 | 1 | 55.0 | — (n=1) | — (n=1) | — | 0 | 1 | 1 | 0 | — |" in md
-    assert "| SGD | 16 | 3 | 70.0 | 45.2 | 94.8 | 10.00 | 0 | 0 | 0 | 0 | 62.0 |" in md
+    assert "| SGD | 64 | 1 | 55.0 | — (n=1) | — (n=1) | — | 0 | 1 | 1 | 0 | 0 | — |" in md
+    assert "| SGD | 16 | 3 | 70.0 | 45.2 | 94.8 | 10.00 | 0 | 0 | 0 | 0 | 0 | 62.0 |" in md
     assert "incomplete: 1 pending" in md and "OOM when allocating" in md
 
 

@@ -79,8 +79,11 @@ def test_statuses_are_one_enum_of_strings_with_their_meanings():
         assert {status.value: 1}[status] == 1  # one dictionary key
         assert status.meaning
     # the store accepts exactly the statuses a row may have; lost is not one, and says so
-    assert Status.LOST not in schema.STORED and "never a stored status" in Status.LOST.meaning
-    assert set(schema.FINISHED) <= set(schema.STORED) and set(schema.UNFINISHED) <= set(schema.STORED)
+    # (nor is interrupted: how a reader shows a running trial whose sweep is gone)
+    for shown_only in (Status.LOST, Status.INTERRUPTED):
+        assert shown_only not in schema.STORED and "never a stored status" in shown_only.meaning
+    assert set(schema.FINISHED) <= set(schema.STORED)
+    assert set(schema.UNFINISHED) <= {*schema.STORED, Status.INTERRUPTED}
 
 
 def test_the_store_refuses_a_status_that_is_not_a_rows(tmp_path):

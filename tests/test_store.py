@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sqlite3
 import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from catsdogs import plans
+from catsdogs.cli import cli
 from catsdogs.messages import TrialRecord
 from catsdogs.plans import trials
 from catsdogs.schema import Status, TrialConfig
-from catsdogs.store import Store
+from catsdogs.store import Store, StoreError
 from catsdogs.training import sweep
 
 
@@ -156,3 +159,148 @@ def test_two_sweeps_started_together_split_the_trials_and_both_succeed(data_dir,
         rows = store.trials("s")
     assert len(rows) == 6 and {r["status"] for r in rows} == {Status.DONE}
     assert [r["attempts"] for r in rows] == [1] * 6
+
+
+# --- the store tells the truth (issue 32) -------------------------------------------------------
+
+
+class FailingSlot(InstantSlot):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None) -> TrialRecord:
+        return TrialRecord(status=Status.FAILED, error="RuntimeError: the environment was wrong")
+
+
+def test_a_sweep_whose_trials_failed_says_so_again_and_names_retry_failed(data_dir, tmp_path):
+    # given a sweep whose trials failed
+    grid = grid_of(data_dir)
+    first: list[str] = []
+    sweep.run_sweep("s", grid, data_dir, tmp_path, log=first.append, slots=FailingSlot)
+    assert "--retry-failed" in first[-1]
+    # when it runs again
+    again: list[str] = []
+    counts = sweep.run_sweep("s", grid, data_dir, tmp_path, log=again.append, slots=InstantSlot)
+    # then it says they failed and are not run again, and how to run them again
+    assert "2 of 2 trials already finished (2 of them failed or ran out of memory, and are not run again: " \
+           "the same command with --retry-failed runs them again)" in again[0]
+    assert counts[Status.FAILED] == 2
+    # and with --retry-failed they run, and nothing more is suggested
+    retried: list[str] = []
+    counts = sweep.run_sweep("s", grid, data_dir, tmp_path, log=retried.append, slots=InstantSlot, retry_failed=True)
+    assert counts[Status.DONE] == 2 and not any("--retry-failed" in line for line in retried)
+
+
+CLAIM_AND_DIE = """
+import os, sys
+from catsdogs.store import Store, StoreError
+store = Store(sys.argv[1])
+store.claim([sys.argv[2]])
+os.kill(os.getpid(), 9)
+"""
+
+
+def killed_while_running(path: Path, key: str) -> None:
+    """A sweep process that claimed trial `key` and was killed with kill -9."""
+    subprocess.run([sys.executable, "-c", CLAIM_AND_DIE, str(path), key], check=False)
+
+
+def test_a_trial_whose_sweep_was_killed_shows_as_interrupted_to_readers(data_dir, tmp_path):
+    # given a trial left running by a sweep that is gone (its owner token names no live process:
+    # the lock a live sweep holds on its token's file is released when it dies)
+    grid = grid_of(data_dir)
+    path = tmp_path / "results.sqlite"
+    with Store(path) as store:
+        keys = register(store, grid)
+        with store.transaction() as db:
+            db.execute("UPDATE trials SET status='running', owner='999999-deadbeef0000' WHERE key=?", (keys[0],))
+    # when the dry run and the report read the store, then they show it interrupted
+    lines = sweep.describe(grid, tmp_path)
+    assert lines[0].split()[:2] == [keys[0], "interrupted"] and lines[1].split()[1] == "pending"
+    from catsdogs.analysis.rows import load_trials
+    assert [t["status"] for t in load_trials(path, "s")] == [Status.INTERRUPTED, Status.PENDING]
+    # and the next sweep runs it again
+    counts = sweep.run_sweep("s", grid, data_dir, tmp_path, log=lambda _: None, slots=InstantSlot)
+    assert counts[Status.DONE] == 2
+
+
+def test_the_report_reads_the_store_without_changing_it(data_dir, tmp_path):
+    # given a store with a finished sweep
+    grid = grid_of(data_dir)
+    sweep.run_sweep("s", grid, data_dir, tmp_path, log=lambda _: None, slots=InstantSlot)
+    path = tmp_path / "results.sqlite"
+    wal = tmp_path / "results.sqlite-wal"
+    before, log_before = path.read_bytes(), wal.read_bytes() if wal.exists() else b""
+    # when the report runs
+    from catsdogs.analysis import report as rp
+    rp.report("s", tmp_path, log=lambda _: None)
+    # then the store and its log hold what they held, byte for byte (SQLite may open an empty
+    # log, and its shared-memory index, beside a store in WAL mode that it reads)
+    assert path.read_bytes() == before
+    assert (wal.read_bytes() if wal.exists() else b"") == log_before
+
+
+def test_a_sqlite_file_that_is_not_a_store_is_refused_and_left_unchanged(tmp_path):
+    # given another program's SQLite database where the store would be
+    path = tmp_path / "results.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+        db.execute("INSERT INTO notes(text) VALUES ('mine')")
+    db.close()
+    before = path.read_bytes()
+    # when the report, or a sweep, opens it
+    result = CliRunner().invoke(cli, ["report", "--out", str(tmp_path), "--name", "s"])
+    # then one line says what it is, and the file is as it was
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.startswith(f"Error: {path} is not a catsdogs results store (no sweep_trials, sweeps, trials table)")
+    for read_only in (True, False):
+        with pytest.raises(StoreError, match="not a catsdogs results store"):
+            Store(path, read_only=read_only)
+    assert path.read_bytes() == before
+    with sqlite3.connect(path) as db:
+        assert [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["notes"]
+    db.close()
+
+
+@pytest.mark.slow
+def test_export_store_writes_one_file_with_the_trials_only_the_wal_held(data_dir, tmp_path):
+    # given a store whose last finished trial lives only in its write-ahead log (the sweep was killed)
+    grid = grid_of(data_dir)
+    path = tmp_path / "results.sqlite"
+    with Store(path) as store:
+        keys = register(store, grid)
+        store.claim(keys)
+        store.finish(keys[0], TrialRecord(status=Status.DONE, test_accuracy=0.5))
+    killed_while_running(path, keys[1])
+    assert (tmp_path / "results.sqlite-wal").stat().st_size > 0
+    # when it is exported
+    copy = tmp_path / "elsewhere" / "copy.sqlite"
+    copy.parent.mkdir()
+    result = CliRunner().invoke(cli, ["report", "--out", str(tmp_path), "--name", "s", "--export-store", str(copy)])
+    assert result.exit_code == 0, result.output
+    # then the copy alone has every trial as the store had it, and no log beside it
+    assert sorted(p.name for p in copy.parent.iterdir()) == ["copy.sqlite"]
+    with Store(copy, read_only=True) as exported:
+        assert [t["status"] for t in exported.trials("s")] == [Status.DONE, Status.INTERRUPTED]
+    assert not (copy.parent / "copy.sqlite-wal").exists()
+    # and exporting onto the store itself is refused
+    bad = CliRunner().invoke(cli, ["report", "--out", str(tmp_path), "--name", "s", "--export-store", str(path)])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_a_sweeps_csv_has_a_shared_trial_that_another_sweep_finished_after_it_ended(data_dir, tmp_path):
+    import csv
+
+    grid = grid_of(data_dir)
+    path = tmp_path / "results.sqlite"
+    with Store(path) as other:
+        # given sweep "b" (another live process: its own store connection) running the trial it
+        # shares with sweep "a"
+        (shared,) = register(other, grid[1:], name="b")
+        assert other.claim([shared])["key"] == shared
+        # when "a" ends first, and "b" finishes the shared trial after
+        sweep.run_sweep("a", grid, data_dir, tmp_path, log=lambda _: None, slots=InstantSlot)
+        with open(tmp_path / "a" / "results.csv") as f:
+            assert [r["status"] for r in csv.DictReader(f)] == ["done", "running"]
+        sweep.record_outcome(other, tmp_path, shared, TrialRecord(status=Status.DONE, test_accuracy=0.5))
+    # then "a"'s CSV has it done, as the store does, and so has "b"'s
+    for name, statuses in (("a", ["done", "done"]), ("b", ["done"])):
+        with open(tmp_path / name / "results.csv") as f:
+            assert [r["status"] for r in csv.DictReader(f)] == statuses

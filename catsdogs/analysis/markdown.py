@@ -29,7 +29,8 @@ def markdown(name: str, summary: dict, note: str | None = None) -> str:
         "interval (Student t: mean ± t·sd/√n, t the 0.975 quantile with n − 1 degrees of freedom) "
         "and the sample standard deviation (sd, in points). A cell with one finished seed has no "
         "interval (marked n=1). *article*: the value the article reports (its text, one run). "
-        "failed / oom / pending / running: trials of the cell that did not finish, or not yet; "
+        "failed / oom / pending / interrupted / running: trials of the cell that did not finish, or not "
+        "yet (interrupted: running when its sweep process was killed; the next sweep runs it again); "
         "none is dropped.", ""]
     lines += claims_markdown(summary.get("claims") or [], summary.get("critical") or [])
     if not summary["figures"]:

@@ -21,10 +21,11 @@ from catsdogs.analysis.plots import make_collapse_figure, make_figure, make_nois
 from catsdogs.analysis.rows import data_source_kind, load_trials, sweep_config
 from catsdogs.analysis.summary import summarize
 from catsdogs.analysis.tables import status_counts
+from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.files import write_text_atomic
 from catsdogs.plotting import save_figure
 from catsdogs.schema import UNFINISHED, Status
-from catsdogs.store import store_path
+from catsdogs.store import Store, store_path
 
 
 def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = None,
@@ -72,3 +73,19 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
     paths["summary_csv"] = write_text_atomic(folder / "summary.csv", csv_text(summary))
     log(f"tables: {paths['results_md']}, {paths['summary_csv']}")
     return paths
+
+
+def export_store(out: Path | str, path: Path | str, log: Callable[[str], None] = print) -> Path:
+    """OUT/results.sqlite, with what its write-ahead log holds, copied to one self-contained SQLite
+    file at `path` (catsdogs.store.Store.export_copy); the store itself is only read."""
+    source, path = store_path(out), Path(path)
+    if not source.is_file():
+        raise CatsdogsError(f"no results store at {source}: run `catsdogs sweep` first (or give the --out it used)")
+    if path.resolve() in {source.resolve(), *(source.with_name(source.name + x).resolve() for x in ("-wal", "-shm"))}:
+        raise SettingError(f"--export-store {path} is the store itself: give another file", "export_store")
+    if not path.parent.is_dir():
+        raise SettingError(f"--export-store {path}: no folder {path.parent}", "export_store")
+    with Store(source, read_only=True) as store:
+        store.export_copy(path)
+    log(f"store: {source} (with its write-ahead log) copied to {path}")
+    return path

@@ -34,7 +34,7 @@ def load_trials(store_path: Path | str, name: str) -> list[dict]:
     if not store_path.is_file():
         raise CatsdogsError(f"no results store at {store_path}: run `catsdogs sweep` first "
                             "(or give the --out it used)")
-    with Store(store_path) as store, store.snapshot():
+    with Store(store_path, read_only=True) as store, store.snapshot():
         names = store.sweeps()
         if name not in names:
             known = ", ".join(names) if names else "none yet"
@@ -44,7 +44,7 @@ def load_trials(store_path: Path | str, name: str) -> list[dict]:
 
 def sweep_config(store_path: Path | str, name: str) -> dict:
     """The sweep's resolved configuration as it recorded it (its plan, data, adaptive settings)."""
-    with Store(store_path) as store:
+    with Store(store_path, read_only=True) as store:
         return store.sweep_config(name) or {}
 
 

@@ -85,6 +85,7 @@ class Cell:
     n_failed: int = _csv()  # a trial marked done without an accuracy counts here, never dropped
     n_oom: int = _csv()
     n_pending: int = _csv()
+    n_interrupted: int = _csv()  # running when its sweep process died: the next sweep runs it again
     n_running: int = _csv()
     article: float | None = _csv()  # the article's value for the cell, if it reports one
     # collapses: the trained model predicts one class for every test image (recorded since 0.5.0)
@@ -152,7 +153,8 @@ def _cell(label: str, x: int, members: list[dict], article) -> dict:
         batch_size=batch_size, accumulate=p["accumulate"], effective_batch_size=batch_size * p["accumulate"],
         n_trials=len(members), n_done=stats["n"],
         n_failed=status.count(Status.FAILED) + no_accuracy, n_oom=status.count(Status.OOM),
-        n_pending=status.count(Status.PENDING), n_running=status.count(Status.RUNNING),
+        n_pending=status.count(Status.PENDING), n_interrupted=status.count(Status.INTERRUPTED),
+        n_running=status.count(Status.RUNNING),
         mean=stats["mean"], sd=stats["sd"], t=stats["t"], ci_low=stats["ci_low"], ci_high=stats["ci_high"],
         ci_half_width=stats["ci_half_width"],
         accuracies=[accuracy(m) for m in finished], seeds=[field_of(m, "seed") for m in finished],
@@ -344,9 +346,9 @@ def status_counts(rows: list[dict]) -> dict[str, int]:
 
 
 def incomplete_note(rows: list[dict]) -> str:
-    """'incomplete: 3 pending, 1 running', or '' when nothing is left to run."""
+    """'incomplete: 3 pending, 1 interrupted, 1 running', or '' when nothing is left to run."""
     c = status_counts(rows)
-    left = [f"{c[k]} {k}" for k in (Status.PENDING, Status.RUNNING) if c[k]]
+    left = [f"{c[k]} {k}" for k in (Status.PENDING, Status.INTERRUPTED, Status.RUNNING) if c[k]]
     return f"incomplete: {', '.join(left)}" if left else ""
 
 

@@ -39,7 +39,8 @@ from catsdogs.data.source import check_source, resolve_source
 from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
 from catsdogs.host import versions
-from catsdogs.manifest import FORMAT, MANIFEST, count_files, load_manifest
+from catsdogs.manifest import (FINGERPRINT_DIRS, FORMAT, MANIFEST, changed_files, count_files, file_digests,
+                               fingerprint_of, load_manifest, prepared_files)
 from catsdogs.schema import check_prepare, check_sha256
 
 WORKERS = os.cpu_count() or 1  # one decode process per core: decoding is the cost
@@ -85,16 +86,6 @@ def split_of(i: int, split: tuple[int, int, int]) -> str:
     if i < split[0]:
         return "train"
     return "validation" if i < split[0] + split[1] else "test"
-
-
-def folder_fingerprint(root: Path, dirs: list[str]) -> str:
-    """SHA-256 over every prepared file's relative path and bytes: names the data of a trial."""
-    h = hashlib.sha256()
-    for d in dirs:
-        for p in sorted((root / d).rglob("*.jpg")):
-            h.update(str(p.relative_to(root)).encode() + b"\0")
-            h.update(hashlib.sha256(p.read_bytes()).digest())
-    return h.hexdigest()
 
 
 @contextlib.contextmanager
@@ -231,18 +222,6 @@ class _Selection:
         return True
 
 
-def fingerprint_of(digests: dict[str, bytes], dirs: list[str]) -> str:
-    """folder_fingerprint() of the files whose SHA-256 digests we already have (same order:
-    paths sort part by part, as pathlib sorts them)."""
-    h = hashlib.sha256()
-    for d in dirs:
-        inside = (r for r in digests if r.startswith(d + "/") and r.endswith(".jpg"))
-        for rel in sorted(inside, key=lambda r: r.split("/")):
-            h.update(rel.encode() + b"\0")
-            h.update(digests[rel])
-    return h.hexdigest()
-
-
 def in_order(pool, items, args_of, window: int = WINDOW, batch=lambda in_flight: 1):
     """Yield (item, args, process_and_write(*args)) in the items' order, a bounded window ahead,
     where args = args_of(item, number of items in flight before it).
@@ -322,8 +301,12 @@ class _Progress:
 def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None,
             sha256: str | None = config.ARCHIVE_SHA256, per_class: int = config.PER_CLASS,
             split: tuple[int, int, int] = config.SPLIT, size: int = config.IMAGE_SIZE,
-            seed: int = config.SEED, log=print, progress: bool = True) -> dict:
-    """Build (or find already built) the article's folders under `data_dir`; return the manifest."""
+            seed: int = config.SEED, log=print, progress: bool = True, force: bool = False) -> dict:
+    """Build (or find already built) the article's folders under `data_dir`; return the manifest.
+
+    Folders already prepared with these parameters are checked file by file against the
+    manifest: files changed since are rebuilt from the source (`repair`), the rest kept. `force`
+    rebuilds everything."""
     data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
     split = tuple(split)  # type: ignore[assignment]
     check_prepare(per_class, split, size, seed)
@@ -335,11 +318,21 @@ def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None
     params = PrepareParams(source, sha256, per_class, split, size, seed)  # type: ignore[arg-type]
 
     existing = load_manifest(data_dir)
-    if existing and existing["params"] == params.key():
-        with contextlib.suppress(CatsdogsError, OSError), prepare_lock(data_dir):  # none running (and writable): tidy
+    if existing and existing["params"] == params.key() and not force:
+        changed = changed_files(data_dir, existing)
+        if not changed:
+            with contextlib.suppress(CatsdogsError, OSError), prepare_lock(data_dir):  # none running (and writable): tidy
+                _remove_leftovers(data_dir)
+                _record_files(data_dir, existing)
+            log(f"Already prepared in {data_dir} with these parameters, every file as written: nothing to do.")
+            return existing
+        log(f"{len(changed)} prepared file(s) changed since they were written (first: {changed[0]}): rebuilding them.")
+        with prepare_lock(data_dir):
             _remove_leftovers(data_dir)
-        log(f"Already prepared in {data_dir} with these parameters: nothing to do.")
-        return existing
+            if repair(existing, changed, params, data_dir, log, progress):
+                log(f"Rebuilt {len(changed)} file(s) in {data_dir}; every file is again as the manifest records it.")
+                return existing
+        log("They cannot be rebuilt one by one (the source or the image library changed): preparing everything again.")
 
     with prepare_lock(data_dir):
         _remove_leftovers(data_dir)
@@ -365,10 +358,10 @@ def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None
                 "source_modes": picked["modes"],
                 "rejected": picked["rejected"],
                 "chosen": picked["chosen"],
-                "fingerprint": {
-                    "standard": fingerprint_of(picked["digests"], ["standard"]),
-                    "augmented": fingerprint_of(picked["digests"], ["augmented", "standard/test"]),
-                },
+                "fingerprint": {name: fingerprint_of(picked["digests"], dirs)
+                                for name, dirs in FINGERPRINT_DIRS.items()},
+                # each file's SHA-256: what prepare and every sweep check the folders against
+                "files": {rel: picked["digests"][rel].hex() for rel in sorted(picked["digests"])},
                 "versions": versions(),
             }
             _commit(staging, data_dir, manifest)
@@ -377,6 +370,47 @@ def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None
                 shutil.rmtree(staging, ignore_errors=True)
     log(summary_line(manifest))
     return manifest
+
+
+def repair(manifest: dict, changed: list[str], params: PrepareParams, data_dir: Path, log, progress) -> bool:
+    """Make each of the `changed` files again from its source image, as prepare made it; True
+    when every one came out with the bytes the manifest records (each then moved into place, one
+    atomic rename at a time, so a kill leaves only whole files). False, with nothing moved, when
+    one did not: the source or the image library is not what it was, and only a full prepare
+    can say what the data now are. A manifest without per-file digests (0.10.0's) cannot be
+    repaired."""
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return False
+    pets, _ = resolve_source(params.source, params.sha256, params.per_class, data_dir, log, progress)
+    staging = data_dir / f".staging-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        made = []
+        for i, rel in enumerate(changed):
+            dataset, split, c, name = rel.split("/")
+            original = name.removeprefix("augmented_") if dataset == "augmented" else name
+            targets = tuple(str(staging / f"{i}{x}") for x in (".std.jpg", ".orig.jpg", ".aug.jpg"))
+            status, _ = process_and_write(str(pets / c / original), params.size, config.MAX_IMAGE_PIXELS,
+                                          split != "test", targets)  # type: ignore[arg-type]
+            path = Path(targets[2] if name.startswith("augmented_") else targets[0])
+            if status != "ok" or hashlib.sha256(path.read_bytes()).hexdigest() != files[rel]:
+                return False
+            made.append((path, data_dir / rel))
+        for path, final in made:
+            os.replace(path, final)
+        return True
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _record_files(data_dir: Path, manifest: dict) -> None:
+    """A manifest of 0.10.0 or older, whose files were just found to match its fingerprints: add
+    each file's SHA-256, so later checks name the file that changed."""
+    if "files" not in manifest:
+        digests = file_digests(data_dir, sorted(prepared_files(data_dir)))
+        manifest["files"] = {rel: d.hex() for rel, d in digests.items()}
+        write_json_atomic(data_dir / MANIFEST, manifest, fsync=True)
 
 
 def _commit(staging: Path, data_dir: Path, manifest: dict) -> None:

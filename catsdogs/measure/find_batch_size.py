@@ -46,7 +46,7 @@ from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 from catsdogs.host import host_memory_available, versions
-from catsdogs.manifest import require_prepared
+from catsdogs.manifest import require_intact
 from catsdogs.measure import prober as probers
 from catsdogs.measure.common import (
     check_memory_floor,
@@ -115,7 +115,7 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     Raises SettingError for impossible settings, CatsdogsError when the data is not prepared or
     when not even batch size 1 fits (after writing the records)."""
     settings.check()
-    manifest = require_prepared(Path(data_dir))
+    manifest = require_intact(Path(data_dir))
     size = manifest["params"]["size"]
     check_memory_floor(settings.memory_cap_bytes, size, settings.optimizer, settings.precision)
     folder = Path(out) / settings.name

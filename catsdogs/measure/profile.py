@@ -33,7 +33,7 @@ from pathlib import Path
 from catsdogs import config
 from catsdogs.files import write_json_atomic
 from catsdogs.host import versions
-from catsdogs.manifest import require_prepared
+from catsdogs.manifest import require_intact
 from catsdogs.measure import prober as probers
 from catsdogs.measure.common import check_memory_floor, check_settings, settings_note, write_csv
 from catsdogs.measure.figures import save_profile_figures
@@ -122,7 +122,7 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
     Returns the rows (one per batch size, in the order given). Raises CatsdogsError when the
     data is not prepared, SettingError for impossible settings."""
     check_settings(batch_sizes, optimizer, dataset, precision, steps, warmup)
-    manifest = require_prepared(Path(data_dir))
+    manifest = require_intact(Path(data_dir))
     check_memory_floor(memory_cap_bytes, manifest["params"]["size"], optimizer, precision)
     folder = Path(out) / name
     folder.mkdir(parents=True, exist_ok=True)

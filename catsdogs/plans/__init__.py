@@ -26,7 +26,7 @@ from pathlib import Path
 from catsdogs import config, schema
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.gradient_noise import NoiseSampling
-from catsdogs.manifest import load_manifest, require_prepared
+from catsdogs.manifest import load_manifest, require_intact, require_prepared
 from catsdogs.schema import PROTOCOL_FIELDS, TrialConfig
 
 # The keys of each part of a plan, with what each may hold (docs/usage.md, "Plans"). A grid's keys
@@ -347,12 +347,14 @@ def listing() -> list[str]:
 def trials(plan: Plan, data_dir: Path, backend: str) -> list[TrialConfig]:
     """Every trial of every grid on the prepared data in `data_dir`, for the Keras `backend` the
     workers run on, each once (a trial two grids share runs once). Unprepared data is an error
-    that says how to prepare what the plan asks for (exit 1)."""
+    that says how to prepare what the plan asks for, and so is a prepared file changed since
+    (exit 1)."""
     manifest = load_manifest(Path(data_dir))
     if manifest is None:
         also = f" (or `catsdogs reproduce --config {plan.ref}`, which prepares and trains)" if plan.ref else ""
         raise CatsdogsError(f"{data_dir} holds no finished prepared data set: run "
                             f"`{prepare_command(plan, data_dir)}` first{also}")
+    require_intact(Path(data_dir))  # else trials would train on other data under its fingerprint
     return configs(plan, plan.settings.get("seeds", config.SEEDS), image_size=manifest["params"]["size"],
                    fingerprints=manifest["fingerprint"], backend=backend, **process_settings(plan))
 

@@ -71,7 +71,7 @@ def describe(grid: list[TrialConfig], out: Path) -> list[str]:
     """One line per planned trial with its status in the store, if it has one."""
     status = {}
     if store_path(out).exists():
-        with Store(store_path(out)) as store:
+        with Store(store_path(out), read_only=True) as store:
             status = {c.key(): (store.get(c.key()) or {}).get("status") for c in grid}
     lines = [f"{c.key()}  {status.get(c.key()) or 'new':8}  {c.label()}" for c in grid]
     return [*lines, f"{len(grid)} trials"]
@@ -139,7 +139,10 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
     total = len(keys)
     already = sum(counts[s] for s in FINISHED)
     if already:
-        log(f"Sweep {name}: {already} of {total} trials already finished, resuming.")
+        not_again = counts[Status.FAILED] + counts[Status.OOM] if not retry_failed else 0
+        why = (f" ({not_again} of them failed or ran out of memory, and are not run again: {RETRY_HINT})"
+               if not_again else "")
+        log(f"Sweep {name}: {already} of {total} trials already finished{why}, resuming.")
     how = "a fresh worker process per trial" if isolate else "long-lived worker processes"
     log(f"Sweep {name}: {total} trials, {workers} at a time in {how}; results in {store_path(out)} "
         f"and {csv_path}")
@@ -177,19 +180,27 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
                 runner.close()
     if board.error is not None:  # every finished trial is in the store: only the failed write is not
         raise board.error
+    return _ended(name, keys, out, log)
+
+
+def _ended(name: str, keys: list[str], out: Path, log) -> dict:
+    """The sweep's status counts, said in one line, once its slots have stopped."""
     with Store(store_path(out)) as store:
         counts = store.counts(keys)
         elsewhere = store.running_elsewhere(keys)
+    total = len(keys)
     # A trial another live sweep is running is neither failed nor left to do: it counts neither way.
     counts[RUNNING_ELSEWHERE] = len(elsewhere)
     running = (f", {len(elsewhere)} running in another sweep (pid {', '.join(map(str, sorted(set(elsewhere))))})"
                if elsewhere else "")
+    again = f" ({RETRY_HINT})" if counts[Status.FAILED] + counts[Status.OOM] else ""
     log(f"Sweep {name} finished: {counts[Status.DONE]} done, {counts[Status.FAILED]} failed, "
-        f"{counts[Status.OOM]} out of memory{running}, of {total}.")
+        f"{counts[Status.OOM]} out of memory{running}, of {total}.{again}")
     return counts
 
 
 RUNNING_ELSEWHERE = "running_elsewhere"  # counts' key: trials another live sweep is running
+RETRY_HINT = "the same command with --retry-failed runs them again"
 
 
 def make_slots(out: Path, workers: int = 1, isolate: bool = False, worker_env: dict | None = None,
@@ -248,12 +259,19 @@ def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: 
                 if record.status == Status.LOST and not board.stop.is_set():
                     board.log(f"{tag}    lost: {record.error or ''}; left pending")
                 continue
-            store.finish(row["key"], record)
+            record_outcome(store, out, row["key"], record)
             with board.lock:
                 board.durations.append(time.time() - t0)
                 board.finished += 1
-                store.export_csv(name, out / name / "results.csv")
             board.log(f"{tag}{_outcome_line(record, time.time() - t0)}")
+
+
+def record_outcome(store: Store, out: Path, key: str, record: TrialRecord) -> None:
+    """A finished trial into the store, and into the results.csv of every sweep that lists it:
+    another sweep sharing the trial may have ended already, and its CSV must have it too."""
+    store.finish(key, record)
+    for listed in store.sweeps_of(key):
+        store.export_csv(listed, Path(out) / listed / "results.csv")
 
 
 def _epoch_logger(log, tag: str = ""):

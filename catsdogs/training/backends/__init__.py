@@ -29,6 +29,7 @@ from catsdogs.schema import BACKENDS, Status, process_words
 
 SUPPORTED = BACKENDS
 DEFAULT = "tensorflow"
+KERAS_BACKENDS = ("tensorflow", "jax", "torch", "numpy", "openvino")  # the names Keras 3 takes, exactly
 
 # A worker process is started with its settings in these variables, read by the backend's
 # `start` before the framework starts (schema.PROCESS_FIELDS: a trial runs only in a worker of
@@ -163,15 +164,17 @@ def name() -> str:
 
 def _choice() -> tuple[str, str]:
     """(backend, what chose it): KERAS_BACKEND, else keras.json in $KERAS_HOME (default ~/.keras,
-    or /tmp/.keras where the home folder is read-only), else Keras's default."""
-    env = os.environ.get("KERAS_BACKEND", "").strip().lower()
+    or /tmp/.keras where the home folder is read-only), else Keras's default. As Keras reads them:
+    the name exactly as written ("JAX" or " jax" is no backend to Keras, and so none to us), an
+    empty KERAS_BACKEND as none."""
+    env = os.environ.get("KERAS_BACKEND", "")
     if env:
         return env, "KERAS_BACKEND"
     home = os.environ.get("KERAS_HOME") or os.path.join(
         os.path.expanduser("~") if os.access(os.path.expanduser("~"), os.W_OK) else "/tmp", ".keras")
     path = Path(home) / "keras.json"
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        chosen = str(json.loads(path.read_text()).get("backend", "")).strip().lower()
+        chosen = str(json.loads(path.read_text()).get("backend", ""))
         if chosen:
             return chosen, str(path)
     return DEFAULT, "Keras's default"
@@ -197,9 +200,17 @@ def describe() -> str:
 
 
 def check(backend: str | None = None) -> str:
-    """The backend's name, or a one-line CatsdogsError naming the supported ones."""
-    backend = backend or name()
+    """The backend's name, or a one-line CatsdogsError naming the supported ones (and, for a name
+    Keras itself would refuse, the names it takes): asked before any trial is recorded."""
+    chosen_by = "KERAS_BACKEND"
+    if backend is None:
+        backend, chosen_by = _choice()
     if backend not in SUPPORTED:
+        what = "KERAS_BACKEND" if chosen_by == "KERAS_BACKEND" else f"the backend in {chosen_by}"
+        if backend not in KERAS_BACKENDS:
+            raise CatsdogsError(f"{what} is {backend!r}, which is not a backend name Keras accepts (exactly one of "
+                                f"{', '.join(KERAS_BACKENDS)}, in lower case); catsdogs runs on "
+                                f"{' or '.join(SUPPORTED)}: e.g. KERAS_BACKEND={SUPPORTED[1]}")
         raise CatsdogsError(f"KERAS_BACKEND={backend} is not supported by catsdogs; "
                             f"use {' or '.join(SUPPORTED)}")
     return backend
