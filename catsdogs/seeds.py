@@ -13,6 +13,12 @@ deviation is never taken below the test set's own sampling noise: the binomial s
 of an accuracy p measured on the cell's n test images, sqrt(p(1-p)/n), with p kept within
 [0.1, 0.9] (a cell at 0% or 100% still has noise left to find). With 400 test images that is
 2.5 points at p = 0.5, so a cell whose seeds agree meets a ±5 target at 4 seeds, not at 2.
+
+The floored width is a stopping guard, not a confidence interval: every seed is tested on the
+same test images, so their test-set noise is shared, not independent, and more seeds do not
+average it away as t·floor/√n assumes. It keeps a sweep from calling a cell settled on seeds
+that merely agree; the report's intervals (catsdogs.stats) are what to read a cell's
+uncertainty from.
 """
 
 from __future__ import annotations
@@ -21,20 +27,18 @@ import math
 from dataclasses import replace
 
 from catsdogs.schema import Status, TrialConfig
-from catsdogs.stats import LEVEL, mean_ci, t_quantile
-
-P_RANGE = (0.1, 0.9)  # the accuracy the binomial floor is taken at is kept within this range
+from catsdogs.stats import LEVEL, binomial_sd, mean_ci, t_quantile
 
 
 def sd_floor(accuracy: float, n_test: int) -> float:
     """The binomial standard deviation of an accuracy measured on n_test images (a fraction)."""
-    p = min(max(accuracy, P_RANGE[0]), P_RANGE[1])
-    return math.sqrt(p * (1 - p) / n_test)
+    return binomial_sd(accuracy, n_test)
 
 
 def interval(accuracies: list[float], n_test: int | None = None) -> dict:
     """{"half_width": points or None below 2 seeds, "floored": whether the binomial floor on the
-    per-seed sd decided it}: the 95% Student-t half-width over the seeds."""
+    per-seed sd decided it}: the 95% Student-t half-width over the seeds, as the stopping rule
+    reads it (floored: a guard, not an interval; see the module's note)."""
     stats = mean_ci(accuracies)
     if stats["ci_half_width"] is None:
         return {"half_width": None, "floored": False}

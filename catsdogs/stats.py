@@ -13,6 +13,12 @@ interval is too narrow at such n, and a point when the seeds agree). A rate of k
 runs is a binomial proportion; Wilson's interval stays inside 0..1 and is not empty at 0/n or
 n/n, where the textbook p ± z·se interval is. Each interval is at its own 95%: no correction
 for the several claims a report tests (each claim's verdict stands alone).
+
+Seeds that agree exactly (two cells that both collapsed to 50%) have no spread, and Welch's
+interval would be the difference itself, zero wide. But every accuracy is measured on a finite
+test set, whose sampling noise no number of agreeing seeds removes: given `n_test`, each side's
+per-seed standard deviation is taken at least at the binomial one, sqrt(p(1-p)/n_test), p its
+mean kept within [0.1, 0.9] (`binomial_sd`, the same floor as catsdogs.seeds' stopping guard).
 """
 
 from __future__ import annotations
@@ -99,12 +105,24 @@ def normal_quantile(p: float) -> float:
     return t_quantile(p, 10**6)
 
 
-def welch(a: Iterable[float], b: Iterable[float], level: float = LEVEL) -> dict:
-    """mean(a) - mean(b), and Welch's interval for it: diff ± t·√(sa²/na + sb²/nb), with the
-    Welch-Satterthwaite degrees of freedom rounded down (a wider, so safer, interval).
+P_RANGE = (0.1, 0.9)  # the accuracy a binomial floor is taken at is kept within this range
 
-    With fewer than 2 values on either side there is no interval (ci_low, ci_high None). When
-    both sides have no spread the interval is the difference itself."""
+
+def binomial_sd(accuracy: float, n_test: int) -> float:
+    """The binomial standard deviation of an accuracy measured on n_test images (a fraction),
+    with the accuracy kept within P_RANGE (a cell at 0% or 100% still has noise left to find)."""
+    p = min(max(accuracy, P_RANGE[0]), P_RANGE[1])
+    return math.sqrt(p * (1 - p) / n_test)
+
+
+def welch(a: Iterable[float], b: Iterable[float], level: float = LEVEL, n_test: int | None = None) -> dict:
+    """mean(a) - mean(b), and Welch's interval for it: diff ± t·√(sa²/na + sb²/nb), with the
+    Welch-Satterthwaite degrees of freedom rounded down (a wider, so safer, interval). With
+    `n_test` (the test images each accuracy was measured on), each side's sd is at least the
+    binomial one (`binomial_sd`): never an interval narrower than the test set's own noise.
+
+    With fewer than 2 values on either side there is no interval (ci_low, ci_high None). Without
+    `n_test`, when both sides have no spread, the interval is the difference itself."""
     a, b = [float(x) for x in a], [float(x) for x in b]
     out = {"n_a": len(a), "n_b": len(b), "diff": None, "se": None, "df": None,
            "ci_low": None, "ci_high": None}
@@ -112,7 +130,12 @@ def welch(a: Iterable[float], b: Iterable[float], level: float = LEVEL) -> dict:
         out["diff"] = statistics.fmean(a) - statistics.fmean(b)
     if len(a) < 2 or len(b) < 2:
         return out
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+
+    def variance_of_mean(x: list[float]) -> float:
+        floor = binomial_sd(statistics.fmean(x), n_test) ** 2 if n_test else 0.0
+        return max(statistics.variance(x), floor) / len(x)
+
+    va, vb = variance_of_mean(a), variance_of_mean(b)
     se = math.sqrt(va + vb)
     if se == 0:
         out.update(se=0.0, ci_low=out["diff"], ci_high=out["diff"])

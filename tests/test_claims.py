@@ -69,6 +69,29 @@ def test_given_unequal_spreads_when_welch_then_df_falls_towards_the_noisier_samp
     assert one["diff"] == pytest.approx(0.075) and one["ci_low"] is None
 
 
+def test_given_seeds_that_agree_exactly_when_welch_with_a_test_set_then_the_interval_is_never_narrower_than_its_noise():
+    # given two cells whose 3 seeds all collapsed to exactly 50% on 400 test images
+    a, b = [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]
+    # then without the test set's size Welch's interval is a point, and with it the binomial floor:
+    # each side's sd at least sqrt(0.25 / 400) = 2.5 points, so se = sqrt(2 * 0.025² / 3)
+    assert stats.welch(a, b)["ci_low"] == stats.welch(a, b)["ci_high"] == 0
+    w = stats.welch(a, b, n_test=400)
+    assert w["se"] == pytest.approx((2 * 0.025**2 / 3) ** 0.5) and w["df"] == 4
+    assert w["ci_low"] == pytest.approx(-T_975_DF4 * w["se"], abs=1e-3) and w["ci_high"] == -w["ci_low"]
+    # and a spread wider than the floor is Welch's own
+    wide = [0.4, 0.5, 0.6]
+    assert stats.welch(wide, wide, n_test=400)["se"] == stats.welch(wide, wide)["se"]
+
+
+def test_given_two_cells_collapsed_at_50_percent_when_a_claim_compares_them_then_it_is_not_settled():
+    # given the claim "Adam at 16 is no more than 5 points below Adam at 32" on seeds that agree exactly
+    claim = next(c for c in claims.CLAIMS if c.kind == "above" and c.threshold == -5)
+    acc = {claim.cell: [0.5, 0.5], **{other: [0.5, 0.5] for other in claim.versus}}
+    # then with the 400 test images' floor, two seeds each leave it open (±10.8 points: t = 4.30 on 2 df)
+    assert claims.evaluate(claim, acc)["verdict"] == claims.SUPPORTED  # a zero-width interval would settle it
+    assert claims.evaluate(claim, acc, n_test=400)["verdict"] == claims.UNSETTLED
+
+
 def test_given_known_counts_when_wilson_then_matches_the_published_bounds():
     # Wilson 95% bounds (Newcombe 1998, table I): 0/10 -> 0-0.2775, 3/10 -> 0.1078-0.6032
     assert stats.wilson(0, 10)["ci_low"] == 0 and stats.wilson(0, 10)["ci_high"] == pytest.approx(0.2775, abs=1e-4)

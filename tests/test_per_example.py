@@ -92,3 +92,21 @@ def test_a_model_measured_is_freed_with_the_cache_its_caller_keeps():
     gc.collect()
     # then nothing of catsdogs' keeps the model alive
     assert gone() is None
+
+
+@pytest.mark.parametrize("regularizer", ["kernel_regularizer", "bias_regularizer", "activity_regularizer"])
+def test_a_regularized_layer_is_refused_rather_than_its_loss_term_left_out(regularizer):
+    import keras
+
+    from catsdogs.training.per_example import tapped_layers
+
+    # given the article's kind of model with one Dense layer regularized
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(),
+                              keras.layers.Dense(4, activation="relu", name="hidden", **{regularizer: "l2"}),
+                              keras.layers.Dense(1)])
+    # then the per-example dot products refuse it, naming the layer and the regularizer
+    with pytest.raises(ValueError, match=f"layer hidden has a {regularizer}, whose loss term"):
+        tapped_layers(model)
+    # and without the regularizer the same model is measured
+    plain = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(), keras.layers.Dense(4), keras.layers.Dense(1)])
+    assert len(tapped_layers(plain)) == 2

@@ -186,3 +186,50 @@ def test_a_second_jax_run_into_a_fresh_out_loads_its_steps_from_the_compile_cach
     # and with the cache off it compiles everything again
     off, none = compiles("third", "--no-compile-cache")
     assert off >= cold and none == 0
+
+
+@pytest.mark.slow
+def test_a_framework_started_before_catsdogs_stops_the_sweep_once_and_records_no_failure(prepared_data, tmp_path):
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+
+    # given a Python whose start imports JAX (a sitecustomize), before catsdogs can set its flags
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import jax.monitoring\n")
+    env = {**os.environ, "PYTHONPATH": str(site), "KERAS_BACKEND": "jax"}
+    out = tmp_path / "out"
+    # when a deterministic sweep of several trials runs there
+    result = subprocess.run([sys.executable, "-m", "catsdogs", "sweep", "--data-dir", str(prepared_data(32)),
+                             "--out", str(out), "--opt", "adam", "sgd", "--batch-size", "8", "--epochs", "1"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    # then it stops at once, saying why and the way out in one line, and no trial is recorded failed
+    assert result.returncode == 1, result.stdout + result.stderr
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stdout + result.stderr
+    assert "runs non-deterministic" in errors[0] and "jax was already imported" in errors[0]
+    assert "--no-deterministic" in errors[0]
+    with sqlite3.connect(out / "results.sqlite") as db:
+        assert db.execute("SELECT status, COUNT(*) FROM trials GROUP BY status").fetchall() == [("pending", 6)]
+    db.close()
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_worker_starts_ends_it_at_once(tmp_path, monkeypatch):
+    from catsdogs.training import worker as worker_module
+
+    # given a worker whose parent is interrupted while it waits for the worker's `ready`
+    w = worker_module.Worker(tmp_path / "w.log")
+    started = []
+
+    def interrupted(self, *kinds, on_message=None):
+        started.append(self.proc.pid)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(worker_module.Worker, "_expect", interrupted)
+    # when it starts, then the interruption goes on up, and the worker process is already gone
+    with pytest.raises(KeyboardInterrupt):
+        w.start()
+    assert started and w.proc.poll() is not None

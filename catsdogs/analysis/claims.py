@@ -9,7 +9,8 @@ size, under the article's protocol) and what it says of it against other cells:
 - `best`: the cell is above every other cell of its optimizer's batch sizes.
 
 The difference of two cells' mean test accuracies gets Welch's 95% interval (catsdogs.stats
-says why Welch). The verdict:
+says why Welch), each cell's per-seed sd never below the binomial sd of its test set (two cells
+whose seeds all agree, at 50% for instance, are not settled by that alone). The verdict:
 
 - **supported**: the whole interval is on the claimed side of t;
 - **contradicted**: the whole interval is on the other side;
@@ -93,8 +94,9 @@ def _verdict(kind: str, low: float | None, high: float | None, threshold: float)
     return SUPPORTED if high < threshold else CONTRADICTED if low > threshold else None
 
 
-def evaluate(claim: Claim, accuracies: dict[Cell, list[float]]) -> dict:
-    """One claim against the cells' accuracies (fractions, one per finished seed).
+def evaluate(claim: Claim, accuracies: dict[Cell, list[float]], n_test: int | None = None) -> dict:
+    """One claim against the cells' accuracies (fractions, one per finished seed), measured on
+    `n_test` test images each (the floor of Welch's interval: catsdogs.stats.welch).
 
     Returns {"claim", "verdict", "verdict_text", "diff", "ci_low", "ci_high" (points, the
     comparison shown: for `best` the one with the strongest rival), "versus" (that rival), "n"
@@ -109,7 +111,7 @@ def evaluate(claim: Claim, accuracies: dict[Cell, list[float]]) -> dict:
                 f"{', '.join(cell_name(c) for c in missing)}"}
     comparisons = {}
     for other in claim.versus:
-        w = welch(accuracies[claim.cell], accuracies[other])
+        w = welch(accuracies[claim.cell], accuracies[other], n_test=n_test)
         comparisons[other] = {k: None if w[k] is None else 100 * w[k] for k in ("diff", "ci_low", "ci_high")}
     if claim.kind == "best":
         shown = max(claim.versus, key=lambda c: sum(accuracies[c]) / len(accuracies[c]))  # the strongest rival
@@ -140,14 +142,15 @@ def article_cells(trials: Iterable[dict]) -> dict[Cell, list[float]]:
     return out
 
 
-def evaluate_all(accuracies: dict[Cell, list[float]]) -> list[dict]:
-    return [evaluate(c, accuracies) for c in CLAIMS]
+def evaluate_all(accuracies: dict[Cell, list[float]], n_test: int | None = None) -> list[dict]:
+    return [evaluate(c, accuracies, n_test) for c in CLAIMS]
 
 
-def claims_by_context(trials: list[dict]) -> list[dict]:
+def claims_by_context(trials: list[dict], n_test: int | None = None) -> list[dict]:
     """The article's claims on the sweep's article-protocol cells, in each context (rows.context_of)
-    that has some: [{"context", "results"}]; [] when none has."""
-    return per_context(trials, lambda context, members: evaluate_all(cells) if (cells := article_cells(members)) else [])
+    that has some: [{"context", "results"}]; [] when none has. `n_test`: the test images."""
+    return per_context(trials, lambda context, members: evaluate_all(cells, n_test)
+                       if (cells := article_cells(members)) else [])
 
 
 def sentence(result: dict) -> str:

@@ -204,13 +204,15 @@ def _article_series(trials: list[dict]) -> list[tuple[str, dict[int, list[dict]]
     return [(labels[k], out[k]) for k in sorted(out, key=str)]
 
 
-def critical_claims_by_context(trials: list[dict], tuned: dict) -> list[dict]:
+def critical_claims_by_context(trials: list[dict], tuned: dict, n_test: int | None = None) -> list[dict]:
     """The critical-batch-size claim for every series of every context (epochs, image size,
     backend, process settings) that has one: [{"context", "results": [result, ...]}]. `tuned`:
-    the learning rate tuned per batch size (catsdogs.analysis.tuning), whose series are tested too."""
+    the learning rate tuned per batch size (catsdogs.analysis.tuning), whose series are tested too.
+    `n_test`: the test images each accuracy was measured on (the floor of Welch's interval)."""
     def results(context: tuple, members: list[dict]) -> list[dict]:
         series = [*_article_series(members), *_tuned_series(tuned, members)]
-        return [r for r in (evaluate(label, cells, int(context[0])) for label, cells in series) if r is not None]
+        return [r for r in (evaluate(label, cells, int(context[0]), n_test) for label, cells in series)
+                if r is not None]
     return per_context(trials, results)
 
 
@@ -228,7 +230,7 @@ def _val_curve(members: list[dict]) -> list[float] | None:
     return [sum(c[e] for c in curves) / len(curves) for e in range(length)]
 
 
-def evaluate(label: str, cells: dict[int, list[dict]], epochs: int) -> dict | None:
+def evaluate(label: str, cells: dict[int, list[dict]], epochs: int, n_test: int | None = None) -> dict | None:
     """The claim for one series ({batch size: its trials}); None when the series has fewer than
     two batch sizes with finished trials (nothing to compare)."""
     cells = {bs: _done(ts) for bs, ts in cells.items()}
@@ -277,7 +279,7 @@ def evaluate(label: str, cells: dict[int, list[dict]], epochs: int) -> dict | No
             predicted = "lost"
         else:
             continue
-        w = welch([accuracy(t) for t in ts], base_acc)
+        w = welch([accuracy(t) for t in ts], base_acc, n_test=n_test)
         low, high = (None, None) if w["ci_low"] is None else (100 * w["ci_low"], 100 * w["ci_high"])
         if low is None:
             agrees = None

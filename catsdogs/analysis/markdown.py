@@ -119,7 +119,10 @@ def noise_markdown(name: str, table: dict | None, contexts: list[dict]) -> list[
              f"and after every epoch ({', '.join(f'{p} pairs of {s} and {b} images' for s, b, p in table['sampling'])}, "
              "drawn with replacement, apart from training). Per cell and epoch, the pairs of all its seeds "
              "pooled: the ratio of means over every pair, with Fieller's 95% interval (∞: unbounded above); "
-             "\"≥ N\": the noise dominated, a lower bound only. catsdogs/gradient_noise.py says how it is estimated.",
+             "\"≥ N\": the noise dominated, a lower bound only. Training draws each epoch's batches *without* "
+             "replacement from its n images, which shrinks a batch's gradient noise by (n − B)/(n − 1) (0.79 at "
+             "B = 256 of n = 1,200): these are the with-replacement values, and as B nears n the noise training "
+             "sees is smaller than they say. catsdogs/gradient_noise.py says how it is estimated.",
              ""]
     if table["groups"]:
         lines += ["![noise](figures/noise.png)", ""]

@@ -10,7 +10,7 @@ table and the critical batch size's claim (catsdogs.analysis.critical), which re
 
 from __future__ import annotations
 
-from catsdogs import seeds
+from catsdogs import config, seeds
 from catsdogs.analysis import claims, critical
 from catsdogs.analysis.tables import (
     accumulation_table,
@@ -37,15 +37,19 @@ def summarize(trials: list[dict], recorded: dict | None = None) -> dict:
     (where a cell has several learning rates)."""
     trials = list(trials)
     recorded = recorded or {}
-    tuned = tune_learning_rates(trials)
+    counts = (recorded.get("data") or {}).get("counts")
+    # the test images every accuracy was measured on (each comparison's binomial floor); the
+    # article's test split where the store does not record the data's counts
+    n_test = test_images(counts) if counts else len(config.CLASSES) * config.SPLIT[2]
+    tuned = tune_learning_rates(trials, n_test)
     figures = [table for table in (optimizers_table(trials), augmentation_table(trials), protocols_table(trials),
                                    accumulation_table(trials), tuned if tuned["rows"] else None) if table]
     used = set().union(*(table["keys"] for table in figures)) if figures else set()
-    counts = (recorded.get("data") or {}).get("counts")
     return {"figures": figures, "unused": [t for t in trials if t.get("key") not in used],
-            "collapse": collapse_table(trials), "claims": claims.claims_by_context(trials),
+            "collapse": collapse_table(trials), "claims": claims.claims_by_context(trials, n_test),
             "adaptive": adaptive_state(trials, recorded.get("adaptive"), test_images(counts) if counts else None),
-            "noise": critical.noise_table(trials, tuned), "critical": critical.critical_claims_by_context(trials, tuned)}
+            "noise": critical.noise_table(trials, tuned),
+            "critical": critical.critical_claims_by_context(trials, tuned, n_test)}
 
 
 def adaptive_state(trials: list[dict], adaptive: dict | None, n_test: int | None = None) -> dict | None:

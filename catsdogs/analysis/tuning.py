@@ -37,7 +37,7 @@ def _tuning_group(trial: dict) -> tuple:
     return (field_of(trial, "optimizer"), field_of(trial, "dataset"), tuple(p.items()), context_of(trial))
 
 
-def tune_learning_rates(trials: list[dict]) -> dict:
+def tune_learning_rates(trials: list[dict], n_test: int | None = None) -> dict:
     """For each batch size, the learning rate with the best mean *validation* accuracy over its
     seeds, and that choice's *test* accuracy. Groups with one learning rate at every batch size
     are left out: nothing to choose.
@@ -47,7 +47,8 @@ def tune_learning_rates(trials: list[dict]) -> dict:
     default lr 0.001"); plus "choices": one row per (group, batch size, learning rate) with
     its seeds' mean validation and test accuracy and whether it was chosen; "chosen": per tuned
     series and batch size, the keys of the chosen rate's trials; and "drops": per group, the best
-    batch size and the first larger one clearly below it."""
+    batch size and the first larger one clearly below it (Welch's interval, floored by the binomial
+    sd of `n_test` test images: catsdogs.stats.welch)."""
     plain = [t for t in trials if protocol_of(t)["accumulate"] == 1]
     lrs: dict[tuple, set] = {}
     for t in plain:
@@ -83,7 +84,7 @@ def tune_learning_rates(trials: list[dict]) -> dict:
     return {"name": "tuned", "title": FIGURE_TITLES["tuned"], "xlabel": BATCH_LABEL,
             "series": list(dict.fromkeys(r["series"] for r in rows)), "rows": rows, "article": [],
             "setting": setting(tuned_trials), "keys": keys, "choices": choices, "chosen": chosen_keys,
-            "drops": [_drop(rows, label_of[g][0]) for g in groups]}
+            "drops": [_drop(rows, label_of[g][0], n_test) for g in groups]}
 
 
 def _labels(groups: list[tuple]) -> dict[tuple, tuple[str, str]]:
@@ -126,7 +127,7 @@ def grid_edge(chosen: float | None, grid: list[float]) -> str | None:
     return "lowest" if chosen == min(grid) else "highest" if chosen == max(grid) else None
 
 
-def _drop(rows: list[dict], series: str) -> dict:
+def _drop(rows: list[dict], series: str, n_test: int | None = None) -> dict:
     """The tuned series' best batch size and the first larger one whose mean is clearly below it
     (Welch interval of the difference below 0), or None if none is."""
     mine = sorted((r for r in rows if r["series"] == series and r["n_done"]), key=lambda r: r["x"])
@@ -135,7 +136,7 @@ def _drop(rows: list[dict], series: str) -> dict:
     best = max(mine, key=lambda r: r["mean"])
     for r in mine:
         if r["x"] > best["x"]:
-            w = welch(r["accuracies"], best["accuracies"])
+            w = welch(r["accuracies"], best["accuracies"], n_test=n_test)
             if w["ci_high"] is not None and w["ci_high"] < 0:
                 return {"series": series, "best": best["x"], "drop_from": r["x"], "diff": w}
     return {"series": series, "best": best["x"], "drop_from": None, "diff": None}

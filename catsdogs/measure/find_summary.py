@@ -36,6 +36,19 @@ def _linear_rule_note(rec: dict, b_noise: float) -> str:
             "below the critical batch size, as they are not here.")
 
 
+def _noise_lines(measured: dict | None, settings: dict) -> list[str]:
+    if measured:
+        shown = describe(NoiseEstimate.from_dict(measured))
+        return [f"Critical batch size (the gradient noise scale B_simple after one epoch at batch size "
+                f"{measured['batch_size']}): {shown}; measured in {measured['seconds']:.0f} s. It grows as "
+                "training goes on, so this early value is a cautious one. It assumes batches drawn with "
+                "replacement; training draws without, whose noise is smaller by (n − B)/(n − 1) for n "
+                "training images."]
+    if settings.get("noise_scale"):
+        return ["Critical batch size: not measured (the short run failed; see above)."]
+    return []
+
+
 def summary_lines(summary: dict) -> list[str]:
     """The end of the command's output: measured, predicted, margin, fastest, recommendation."""
     s = summary["settings"]
@@ -83,13 +96,7 @@ def summary_lines(summary: dict) -> list[str]:
     if s["margin"]:
         lines.append(f"With a {s['margin']:.0%} margin: {summary['margin_batch_size']}.")
     measured = summary.get("noise_scale")
-    if measured:
-        shown = describe(NoiseEstimate.from_dict(measured))
-        lines.append(f"Critical batch size (the gradient noise scale B_simple after one epoch at batch size "
-                     f"{measured['batch_size']}): {shown}; measured in {measured['seconds']:.0f} s. It grows as "
-                     "training goes on, so this early value is a cautious one.")
-    elif s.get("noise_scale"):
-        lines.append("Critical batch size: not measured (the short run failed; see above).")
+    lines += _noise_lines(measured, s)
     rec = summary.get("recommendation")
     if not rec:
         lines.append("No recommendation: no size at or below the margin's fit with a throughput measured.")

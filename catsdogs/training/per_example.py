@@ -35,14 +35,24 @@ from keras import layers, ops
 WEIGHTLESS = (layers.Rescaling, layers.MaxPooling2D, layers.Flatten, layers.InputLayer)
 
 
+REGULARIZERS = ("kernel_regularizer", "bias_regularizer", "activity_regularizer")
+
+
 def tapped_layers(model) -> list:
     """The model's Dense and Conv2D layers, in order; an error for any layer with weights that
-    is neither (its gradient would be missed)."""
+    is neither (its gradient would be missed), and for a regularized one: a regularizer adds a
+    term to the loss whose gradient the dot products above do not have (a weight penalty's is the
+    same for every example, an activity penalty's is not), so the noise scale would silently
+    leave it out."""
     tapped = []
     for layer in model.layers:
         if isinstance(layer, (layers.Dense, layers.Conv2D)):
             if isinstance(layer, layers.Conv2D) and layer.data_format != "channels_last":
                 raise ValueError(f"per-example gradients: {layer.name} is not channels_last")
+            regularized = [r for r in REGULARIZERS if getattr(layer, r, None) is not None]
+            if regularized:
+                raise ValueError(f"per-example gradients: layer {layer.name} has a {' and a '.join(regularized)}, "
+                                 "whose loss term these dot products leave out")
             tapped.append(layer)
         elif layer.weights or not isinstance(layer, WEIGHTLESS):
             raise ValueError(f"per-example gradients: layer {layer.name} ({type(layer).__name__}) is not supported")

@@ -253,7 +253,11 @@ def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: 
             cfg = by_key[row["key"]]
             board.log(f"{tag}[{min(position, board.total)}/{board.total}] {cfg.label()}{eta}")
             t0 = time.time()
-            record = runner.run(cfg, data_dir, on_epoch=_epoch_logger(board.log, tag), noise_sampling=noise_sampling)
+            try:
+                record = runner.run(cfg, data_dir, on_epoch=_epoch_logger(board.log, tag), noise_sampling=noise_sampling)
+            except BaseException:  # no outcome of the trial's (a worker unfit for any trial): run it again later
+                store.release(row["key"])
+                raise
             if board.stop.is_set() or record.status == Status.LOST:
                 store.release(row["key"])  # interrupted or lost with its worker: to be run again
                 if record.status == Status.LOST and not board.stop.is_set():

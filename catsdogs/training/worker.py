@@ -31,10 +31,8 @@ file, never into the channel.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -43,10 +41,12 @@ import threading
 from pathlib import Path
 
 from catsdogs import messages
+from catsdogs.errors import CatsdogsError
 from catsdogs.host import oom_kills, proc_status_kb, usable_cores, visible_gpus
 from catsdogs.messages import Task, TrialRecord, TrialTask
 from catsdogs.schema import Status
 from catsdogs.training import backends
+from catsdogs.training.spawner import SPAWNER, die_with_parent
 
 WATCH_INTERVAL = 0.02  # seconds between two looks at a capped worker's peak memory
 MEMORY_CAP_ENV = "CATSDOGS_MEMORY_CAP_BYTES"  # a GPU's logical device size, read at start
@@ -82,9 +82,14 @@ def main() -> int:
     send = _channel()
     _pin_cpus()
     backend = backends.current()
+    preloaded = backend.NAME in sys.modules  # started before catsdogs could set it up
     cap = int(os.environ.get(MEMORY_CAP_ENV) or 0) or None
     device = backend.setup_device(cap)  # before the framework touches the GPU; starts it with the
     backend.start()  # process's settings (backends.process_settings)
+    unfit = _unfit(backend, preloaded)
+    if unfit:  # every task would fail alike: said once, and the parent stops
+        send("unfit", {"error": unfit})
+        return 3
     from catsdogs.training import engine, steps  # the framework's settings are made: import it
 
     send("ready", {"pid": os.getpid(), "device": device})
@@ -99,62 +104,33 @@ def main() -> int:
     return 0
 
 
+def _unfit(backend, preloaded: bool) -> str:
+    """Why this worker cannot run what it was started for, or "": the settings it was started
+    with (backends.process_settings) that its framework does not run with. JAX reads its XLA flags
+    once, when it is imported: imported before this process's start could set them (by a
+    sitecustomize, a .pth file, PYTHONSTARTUP or a wrapper), it keeps the flags it found."""
+    wanted, running = backends.process_settings(), backend.running_settings()
+    if wanted == running:
+        return ""
+    cause = (f"{backend.NAME} was already imported when the worker started (by a sitecustomize, a .pth "
+             f"file, PYTHONSTARTUP or a wrapper around python), before catsdogs could set it up"
+             if preloaded else f"{backend.NAME} did not take catsdogs' settings")
+    return (f"a worker started for {backends.describe_settings(wanted)} runs "
+            f"{backends.describe_settings(running)}: {cause}. Run catsdogs where nothing imports "
+            f"{backend.NAME} at Python's start (`python -c \"import sys; print('{backend.NAME}' in sys.modules)\"` "
+            "prints False), or plan the trials for what it runs (e.g. --no-deterministic)")
+
+
 # --- the parent's handle ----------------------------------------------------------------------
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: be killed when the parent dies, even by kill -9."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-class _Spawner:
-    """Forks every worker from one thread that lives as long as this process.
-
-    PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not the process. A
-    worker started from a sweep slot's thread would be killed the moment that thread ends,
-    which is what the adaptive rounds did to the workers they keep from round to round
-    (catsdogs 0.7.1: the next round's first trial either met a dead worker and started a fresh
-    one, or, racing the kill, was recorded as failed)."""
-
-    def __init__(self):
-        self._reset()
-        if hasattr(os, "register_at_fork"):  # a child forked from this process has no spawner thread
-            os.register_at_fork(after_in_child=self._reset)
-
-    def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def popen(self, *args, **kwargs) -> subprocess.Popen:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="catsdogs-spawner", daemon=True)
-                self._thread.start()
-        done: dict = {}
-        ready = threading.Event()
-        self._requests.put((args, kwargs, done, ready))
-        ready.wait()
-        if "error" in done:
-            raise done["error"]
-        return done["proc"]
-
-    def _loop(self) -> None:
-        while True:
-            args, kwargs, done, ready = self._requests.get()
-            try:
-                done["proc"] = subprocess.Popen(*args, **kwargs)
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                done["error"] = e
-            ready.set()
-
-
-SPAWNER = _Spawner()
 
 
 class WorkerDied(Exception):
     """The worker process ended before it answered."""
+
+
+class WorkerUnfit(CatsdogsError):
+    """A worker that cannot run what it was started for, whatever the task (its framework was
+    started with other settings): every task would fail alike, so the work stops, in one line."""
 
 
 class Worker:
@@ -177,24 +153,40 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
+        """Start the process and wait for its `ready`. WorkerDied if it ends first, WorkerUnfit if
+        it cannot run what it was started for; a Ctrl-C while it starts ends it at once."""
         self._stopped = False
         with open(self.log_path, "a") as log:  # the child has its own copy of the descriptor
             self.proc = SPAWNER.popen(
                 [sys.executable, "-m", "catsdogs.training.worker"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, text=True, env=self.env, bufsize=1,
                 start_new_session=True,  # Ctrl-C reaches the parent, which stops the worker
-                preexec_fn=_die_with_parent)
+                preexec_fn=die_with_parent)
+        if self._stopped:  # stopped (Ctrl-C) while the process was being made
+            self.kill()
         self.tasks, self.largest_batch, self.shapes = 0, 0, set()
-        self.device = self._expect("ready").get("device")
+        try:
+            msg = self._expect("ready", "unfit")
+        except WorkerDied:
+            raise
+        except BaseException:  # Ctrl-C in the handshake: the worker ends now, not when this process does
+            self.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+            raise
+        if msg["type"] == "unfit":
+            self.close()
+            raise WorkerUnfit(msg["error"])
+        self.device = msg.get("device")
 
-    def _expect(self, kind: str, on_message=None) -> dict:
-        """Read messages until one of `kind`; WorkerDied when the channel closes first."""
+    def _expect(self, *kinds: str, on_message=None) -> dict:
+        """Read messages until one of `kinds`; WorkerDied when the channel closes first."""
         for line in self.proc.stdout:
             try:
                 msg = json.loads(line)
             except ValueError:
                 continue
-            if msg.get("type") == kind:
+            if msg.get("type") in kinds:
                 return msg
             if on_message:
                 on_message(msg)
