@@ -16,7 +16,12 @@ must leave room above the runtime's own (about 0.75 GiB with TensorFlow, 0.45 Gi
 error in batch size is the error in memory over the room left, and the resident memory of a run
 varies by 60-130 MiB with the scheduling of its ops (docs/performance.md), so with 200 MiB of
 room no model can be held to 15%. On a GPU the cap is the device's memory limit. This process imports no framework: each backend runs in
-its workers, chosen by KERAS_BACKEND. About a minute per row on a 2-core CPU.
+its workers, chosen by KERAS_BACKEND. About a minute per search on a 2-core CPU.
+
+Each row is searched `--repeats` times (3 by default) and printed as the median with its spread
+(the least and the most apart): one search's answer moves with that run-to-run variation, which
+is why the 15% target is judged here, on the median, and tests/test_find_batch_size.py holds a
+single search only to a bound no correct run misses (40%).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -45,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--resolution", type=int, default=4,
                     help="The search's final gap: fine enough to tell 15%% apart (the command's default is 8).")
+    ap.add_argument("--repeats", type=int, default=3, help="Searches per row: the median and spread are printed.")
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_memory_model"))
     ap.add_argument("--verbose", action="store_true", help="Print every probe.")
     args = ap.parse_args(argv)
@@ -53,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     for backend in args.backends:
         os.environ["KERAS_BACKEND"] = backend  # read by catsdogs.training.backends, and by the workers
         for data_dir in args.data_dir:
-            for text in args.caps:
+            for text, _ in ((text, r) for text in args.caps for r in range(args.repeats)):
                 cap = parse_memory(text)
                 t0 = time.time()
                 print(f"{backend}, {data_dir}, cap {format_bytes(cap)}: searching ...", flush=True)
@@ -74,19 +81,25 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    measured {row['measured']} (next {row['not_fitting']}), predicted {row['predicted']}"
                       f", {row['apart']:+.1f}%" if row["apart"] is not None else "    no prediction", flush=True)
 
-    print(f"\nArticle's model, {args.opt}, {args.precision}, bisected to a gap of {args.resolution}; "
-          f"device: {rows[0]['device']}\n")
-    print("| backend | image size | cap | measured (next) | predicted | apart | model's MiB/image | probes (fresh) | time |")
+    print(f"\nArticle's model, {args.opt}, {args.precision}, bisected to a gap of {args.resolution}, "
+          f"{args.repeats} searches a row (median, and the least to the most apart); device: {rows[0]['device']}\n")
+    print("| backend | image size | cap | measured (next) | predicted | apart: median (spread) | model's MiB/image "
+          "| probes (fresh) | time |")
     print("|---|---|---|---|---|---|---|---|---|")
-    ok = True
-    for r in rows:
-        apart = f"{r['apart']:+.1f}%" if r["apart"] is not None else "n/a"
-        ok &= r["apart"] is not None and abs(r["apart"]) <= TARGET_PERCENT
-        print(f"| {r['backend']} | {r['image_size']} px | {r['cap']} | {r['measured']} ({r['not_fitting']}) | "
+    ok, worst = True, 0.0
+    for key in dict.fromkeys((r["backend"], r["image_size"], r["cap"]) for r in rows):
+        group = [r for r in rows if (r["backend"], r["image_size"], r["cap"]) == key]
+        aparts = [r["apart"] for r in group if r["apart"] is not None]
+        median = statistics.median(aparts) if len(aparts) == len(group) else None
+        ok &= median is not None and abs(median) <= TARGET_PERCENT
+        worst = max(worst, abs(median)) if median is not None else worst
+        apart = f"{median:+.1f}% ({min(aparts):+.1f} to {max(aparts):+.1f})" if median is not None else "n/a"
+        measured = "/".join(str(r["measured"]) for r in group)
+        r = group[0]
+        print(f"| {r['backend']} | {r['image_size']} px | {r['cap']} | {measured} ({r['not_fitting']}) | "
               f"{r['predicted']} | {apart} | {r['per_image_mib']:.2f} | {r['probes']} ({r['fresh_probes']}) | "
-              f"{r['seconds']:.0f} s |")
-    worst = max((abs(r["apart"]) for r in rows if r["apart"] is not None), default=float("nan"))
-    print(f"\nwithin {TARGET_PERCENT:.0f}% everywhere: {'yes' if ok else 'no'} (worst {worst:.1f}%)")
+              f"{statistics.median(x['seconds'] for x in group):.0f} s |")
+    print(f"\nmedian within {TARGET_PERCENT:.0f}% everywhere: {'yes' if ok else 'no'} (worst median {worst:.1f}%)")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_memory_model.json").write_text(json.dumps(rows, indent=2))
     return 0 if ok else 1

