@@ -1,0 +1,73 @@
+"""The critical batch size measured (catsdogs.analysis.critical_fit): the paper's fit of steps to
+a target, S = S_min + E_min / B, and Fieller's interval for B_crit = E_min / S_min, checked
+against known answers."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+
+from catsdogs.analysis.critical_fit import fit_critical
+
+BATCH_SIZES = [4, 8, 16, 32, 64, 128]  # the `critical` plan's (issue 33)
+SEEDS = 3
+S_MIN, B_CRIT = 200.0, 32.0
+
+
+def steps(b: int) -> float:
+    return S_MIN * (1 + B_CRIT / b)
+
+
+def test_given_steps_exactly_on_the_papers_curve_then_the_fit_returns_its_parameters():
+    fit = fit_critical(BATCH_SIZES, [steps(b) for b in BATCH_SIZES])
+    assert fit.s_min == pytest.approx(S_MIN) and fit.e_min == pytest.approx(S_MIN * B_CRIT)
+    assert fit.b_crit == pytest.approx(B_CRIT)
+    assert fit.low == pytest.approx(B_CRIT) and fit.high == pytest.approx(B_CRIT)  # no residual: no width
+    assert fit.df == 4 and fit.describe() == "32 (95% interval 32–32)"
+
+
+@pytest.mark.parametrize("spread", [0.05, 0.1, 0.2])
+def test_given_studies_with_a_known_critical_batch_size_then_the_interval_covers_it_90_to_99_percent(spread):
+    # given 400 generated studies: at each batch size, 3 seeds' steps to the target scattered
+    # around the paper's curve by a log-normal factor of this spread, their median the point fitted
+    # (the plan's own batch sizes and seeds; the plan's measured spread is owed by its first run)
+    rng = random.Random(2026)
+    covered = 0
+    for _ in range(400):
+        medians = [statistics.median(steps(b) * math.exp(rng.gauss(0, spread)) for _ in range(SEEDS))
+                   for b in BATCH_SIZES]
+        fit = fit_critical(BATCH_SIZES, medians)
+        covered += fit.low is None or fit.low <= B_CRIT <= fit.high
+    # then the 95% interval covers the truth in 90-99% of them
+    assert 0.90 <= covered / 400 <= 0.99
+
+
+def test_given_a_wrong_interval_then_the_coverage_check_would_fail():
+    # the check above can fail: the same studies judged by an interval a third as wide miss often
+    rng = random.Random(2026)
+    covered = 0
+    for _ in range(400):
+        medians = [statistics.median(steps(b) * math.exp(rng.gauss(0, 0.1)) for _ in range(SEEDS))
+                   for b in BATCH_SIZES]
+        fit = fit_critical(BATCH_SIZES, medians)
+        half = (fit.high - fit.low) / 6
+        covered += fit.b_crit - half <= B_CRIT <= fit.b_crit + half
+    assert covered / 400 < 0.90
+
+
+def test_given_steps_that_keep_halving_with_the_batch_then_no_critical_batch_size_is_claimed():
+    # perfect scaling at every batch size measured: S = E_min / B, no S_min to be seen
+    fit = fit_critical(BATCH_SIZES, [6400 / b for b in BATCH_SIZES])
+    assert fit.b_crit is None or fit.low is None
+    assert fit.describe().startswith(("above 128", f"{fit.b_crit:.0f} (interval unbounded"))
+
+
+@pytest.mark.parametrize("sizes, values", [([4, 8], [10, 5]), ([4, 4, 8], [10, 9, 5]), ([4, 8, 16], [10, 0, 5]),
+                                           ([4, 8, 16], [10, math.inf, 5])],
+                         ids=["two-points", "repeated-size", "zero-steps", "not-reached"])
+def test_given_points_the_fit_cannot_use_then_it_says_so(sizes, values):
+    with pytest.raises(ValueError):
+        fit_critical(sizes, values)
