@@ -381,7 +381,10 @@ class Store:
         at `path` (not in WAL mode: no -wal beside it to lose), written to a temporary file and
         renamed into place, so `path` is never half a copy. A consistent snapshot while sweeps write."""
         with atomic_path(path) as tmp:
-            copy = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                copy = sqlite3.connect(tmp, isolation_level=None)
+            except sqlite3.Error as exc:  # the copy's file, not the store: say which
+                raise StoreError(f"cannot write the copy {path}: {exc}") from None
             try:
                 self.db.backup(copy)
                 copy.execute("PRAGMA journal_mode=DELETE")

@@ -304,3 +304,16 @@ def test_a_sweeps_csv_has_a_shared_trial_that_another_sweep_finished_after_it_en
     for name, statuses in (("a", ["done", "done"]), ("b", ["done"])):
         with open(tmp_path / name / "results.csv") as f:
             assert [r["status"] for r in csv.DictReader(f)] == statuses
+
+
+def test_an_export_that_cannot_be_written_names_the_copy_not_the_store(data_dir, tmp_path):
+    # given a store, and a copy to be written where no file can be made (/proc)
+    grid = grid_of(data_dir)
+    sweep.run_sweep("s", grid, data_dir, tmp_path, log=lambda _: None, slots=InstantSlot)
+    before = (tmp_path / "results.sqlite").read_bytes()
+    result = CliRunner().invoke(cli, ["report", "--out", str(tmp_path), "--name", "s",
+                                      "--export-store", "/proc/catsdogs-copy.sqlite"])
+    # then one line names the copy, exit 1, and the store is as it was
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.startswith("Error: cannot write the copy /proc/catsdogs-copy.sqlite")
+    assert (tmp_path / "results.sqlite").read_bytes() == before
