@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import itertools
 import os
 import shutil
@@ -35,12 +34,20 @@ import numpy as np
 
 from catsdogs import config
 from catsdogs.data.images import process_and_write
+from catsdogs.data.repair import record_file_digests, repair
 from catsdogs.data.source import check_source, resolve_source
 from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
 from catsdogs.host import versions
-from catsdogs.manifest import (FINGERPRINT_DIRS, FORMAT, MANIFEST, changed_files, count_files, file_digests,
-                               fingerprint_of, load_manifest, prepared_files)
+from catsdogs.manifest import (
+    FINGERPRINT_DIRS,
+    FORMAT,
+    MANIFEST,
+    changed_files,
+    count_files,
+    fingerprint_of,
+    load_manifest,
+)
 from catsdogs.schema import check_prepare, check_sha256
 
 WORKERS = os.cpu_count() or 1  # one decode process per core: decoding is the cost
@@ -305,7 +312,7 @@ def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None
     """Build (or find already built) the article's folders under `data_dir`; return the manifest.
 
     Folders already prepared with these parameters are checked file by file against the
-    manifest: files changed since are rebuilt from the source (`repair`), the rest kept. `force`
+    manifest: files changed since are rebuilt from the source (catsdogs.data.repair), the rest kept. `force`
     rebuilds everything."""
     data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
     split = tuple(split)  # type: ignore[assignment]
@@ -323,7 +330,7 @@ def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None
         if not changed:
             with contextlib.suppress(CatsdogsError, OSError), prepare_lock(data_dir):  # none running (and writable): tidy
                 _remove_leftovers(data_dir)
-                _record_files(data_dir, existing)
+                record_file_digests(data_dir, existing)
             log(f"Already prepared in {data_dir} with these parameters, every file as written: nothing to do.")
             return existing
         log(f"{len(changed)} prepared file(s) changed since they were written (first: {changed[0]}): rebuilding them.")
@@ -370,47 +377,6 @@ def prepare(source: str = config.ARCHIVE_URL, data_dir: Path | str | None = None
                 shutil.rmtree(staging, ignore_errors=True)
     log(summary_line(manifest))
     return manifest
-
-
-def repair(manifest: dict, changed: list[str], params: PrepareParams, data_dir: Path, log, progress) -> bool:
-    """Make each of the `changed` files again from its source image, as prepare made it; True
-    when every one came out with the bytes the manifest records (each then moved into place, one
-    atomic rename at a time, so a kill leaves only whole files). False, with nothing moved, when
-    one did not: the source or the image library is not what it was, and only a full prepare
-    can say what the data now are. A manifest without per-file digests (0.10.0's) cannot be
-    repaired."""
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        return False
-    pets, _ = resolve_source(params.source, params.sha256, params.per_class, data_dir, log, progress)
-    staging = data_dir / f".staging-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    try:
-        made = []
-        for i, rel in enumerate(changed):
-            dataset, split, c, name = rel.split("/")
-            original = name.removeprefix("augmented_") if dataset == "augmented" else name
-            targets = tuple(str(staging / f"{i}{x}") for x in (".std.jpg", ".orig.jpg", ".aug.jpg"))
-            status, _ = process_and_write(str(pets / c / original), params.size, config.MAX_IMAGE_PIXELS,
-                                          split != "test", targets)  # type: ignore[arg-type]
-            path = Path(targets[2] if name.startswith("augmented_") else targets[0])
-            if status != "ok" or hashlib.sha256(path.read_bytes()).hexdigest() != files[rel]:
-                return False
-            made.append((path, data_dir / rel))
-        for path, final in made:
-            os.replace(path, final)
-        return True
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _record_files(data_dir: Path, manifest: dict) -> None:
-    """A manifest of 0.10.0 or older, whose files were just found to match its fingerprints: add
-    each file's SHA-256, so later checks name the file that changed."""
-    if "files" not in manifest:
-        digests = file_digests(data_dir, sorted(prepared_files(data_dir)))
-        manifest["files"] = {rel: d.hex() for rel, d in digests.items()}
-        write_json_atomic(data_dir / MANIFEST, manifest, fsync=True)
 
 
 def _commit(staging: Path, data_dir: Path, manifest: dict) -> None:

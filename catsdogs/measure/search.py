@@ -112,7 +112,6 @@ class FindSettings:
                 "cpu_cap_bytes_default": cpu_cap, "image_size": image_size, "data_dir": str(Path(data_dir).resolve())}
 
 
-
 @dataclass
 class SearchResult:
     largest_fit: int | None  # the largest size that fit (None: not even 1)
