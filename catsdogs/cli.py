@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from catsdogs import __version__, config, plans, schema
+from catsdogs import __version__, config, plans, schema, targets
 from catsdogs.errors import CatsdogsError, Interrupted, SettingError, os_error_line
 from catsdogs.measure.search import MODES as SEARCH_MODES
 from catsdogs.measure.search import FindSettings
@@ -147,6 +147,11 @@ def _checked(rule):
 
 
 WORKERS_LIMIT = _checked(lambda v: schema.check_number(v, "workers"))
+
+
+def _limited(ctx, param, value):
+    """A whole number under its limit (schema.LIMITS, by the option's plan key)."""
+    return _checked(lambda v: schema.check_number(v, param.name))(ctx, param, value)
 
 
 def _memory(value: str) -> int:
@@ -344,7 +349,12 @@ def _renamed_backend(ctx, param, value):
                  help=f"The most seeds a cell gets with --target-ci [default: {config.MAX_SEEDS}]."),
     click.option("--epochs", type=click.IntRange(min=1), default=config.EPOCHS, show_default=True,
                  help="Epochs per trial."),
+    click.option("--max-epochs", type=click.IntRange(min=1), default=None, metavar="M", callback=_limited,
+                 help="With --until: the most epochs a trial trains when it does not reach its target "
+                      "(the same number as --epochs, named for what it does there; give one)."),
     click.option("--noise-scale", is_flag=True, default=None, help=NOISE_SCALE_HELP),
+    click.option("--eval-every", type=click.IntRange(min=1), default=None, metavar="N", callback=_limited,
+                 help=targets.EVAL_EVERY_HELP),
     DETERMINISTIC,
     TF32,
     name_option("sweep", "Name of the sweep: its CSV and figures go to OUT/NAME/."),
@@ -392,8 +402,13 @@ def sweep(ctx, **values):
 
     # Without a plan every option counts, its default too; with one, only those given.
     counted = (lambda k: True) if values["plan"] is None else (lambda k: given(ctx, k))
+    if values["max_epochs"] is not None:  # one cap: --max-epochs is --epochs' name with --until
+        if given(ctx, "epochs"):
+            raise click.UsageError("--max-epochs and --epochs both cap the trials: give one", ctx)
+        counted = (lambda was: lambda k: k != "epochs" and was(k))(counted)
     grid = {k: _plan_value(values[k]) for k in plans.GRID_KEYS if counted(k) and values[k] not in (None, ())}
-    top = {k: values[k] for k in ("seeds", "name", "target_ci", "max_seeds", "noise_scale", *schema.PROCESS_FIELDS)
+    top = {k: values[k] for k in ("seeds", "name", "target_ci", "max_seeds", "noise_scale", "eval_every",
+                                  "max_epochs", *schema.PROCESS_FIELDS)
            if counted(k) and values[k] is not None}
     plan = plans.with_overrides(values["plan"] or plans.command_line_plan(), top, grid)
     counts = run_plan(plan, plans.data_dir(plan, values["data_dir"]), values["out"], runner=values["runner"],

@@ -53,3 +53,6 @@ STORE_FILE = "results.sqlite"  # under --out, shared by every sweep
 
 def default_data_dir() -> Path:
     return Path(os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR)
+# The validation curve (sweep --eval-every N): every evaluation at this batch size, whatever the
+# training batch, so no batch size is evaluated with other arithmetic or at another cost per image.
+EVAL_BATCH_SIZE = 100

@@ -98,6 +98,16 @@ class TrialRecord(Record):
     noise_scale_high: float | None = _field(csv=True)
     initial_noise: dict | None = _field()  # the measurement before the first update, in full
     noise_seconds: float | None = _field(csv=True)  # time spent measuring it, in no epoch's clock
+    # the validation curve (sweep --eval-every; catsdogs.targets): a point per evaluation, the first
+    # before any update, each {step, examples, train_seconds, val_loss, val_accuracy}; its time
+    curve: list | None = _field()
+    eval_seconds: float | None = _field(csv=True)  # in no epoch's clock, as the noise scale's
+    # a target (sweep --until): reached (1) or not (0), and the updates, images and training seconds
+    # to it, interpolated between the evaluations around it (catsdogs.targets); None when not reached
+    target_reached: int | None = _field(csv=True)
+    steps_to_target: float | None = _field(csv=True)
+    examples_to_target: float | None = _field(csv=True)
+    seconds_to_target: float | None = _field(csv=True)
     steps: int | None = _field(csv=True)  # optimizer updates (weights changed)
     batches: int | None = _field()  # batches fit ran (accumulation: several per update)
     learning_rate: float | None = _field(csv=True)
@@ -210,13 +220,16 @@ class MemoryPlan(Record):
 class TrialTask:
     """Train and test `config` on the prepared data in `data_dir` (an absolute path), recording
     the gradient noise scale as `noise_sampling` (catsdogs.gradient_noise.NoiseSampling, as a
-    dict) says."""
+    dict) says, and the validation curve every `eval_every` training images."""
 
     KIND: ClassVar[str] = "trial"
     RECORD: ClassVar[type] = TrialRecord
     config: TrialConfig
     data_dir: str
     noise_sampling: dict | None = None  # measure the noise scale so (None: not); not the trial's identity
+    # evaluate the validation split every so many training images (None: not); not the trial's
+    # identity either (a trial with a target has its own, config.eval_every, which wins)
+    eval_every: int | None = None
 
 
 @dataclass(frozen=True)

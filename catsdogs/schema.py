@@ -29,7 +29,7 @@ import math
 import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from catsdogs import config
+from catsdogs import config, targets
 from catsdogs.errors import SettingError
 
 # --- statuses ----------------------------------------------------------------------------------
@@ -111,6 +111,8 @@ LIMITS: dict[str, tuple[float, str]] = {  # the largest value of each, and why
     "base_batch_size": (2**20, "a million images a step is beyond any device's memory"),
     "accumulate": (2**12, "more batches an update than any effective batch needs"),
     "epochs": (10_000, "more epochs than any of this model's trials needs"),
+    "max_epochs": (10_000, "more epochs than any of this model's trials needs"),
+    "eval_every": (10**9, "a billion images between evaluations is more than any trial trains on"),
     "warmup_epochs": (10_000, "more epochs than any of this model's trials needs"),
     "seed": (2**32 - 1, "Keras seeds NumPy's legacy generator, which takes 32 bits"),
     "seeds": (1_000, "more seeds than any interval needs: ±1 point at 50% on 400 test images takes about 100"),
@@ -171,7 +173,7 @@ def _protocol(help: str, choices: tuple | None = None, multiple: bool = False):
 
 # Fields added after trials were first stored: left out of a trial's key while at their default,
 # so a store written before them resumes with the same keys.
-KEY_OMITS_DEFAULT = ("backend", "deterministic", "tf32")
+KEY_OMITS_DEFAULT = ("backend", "deterministic", "tf32", "until", "eval_every")
 # The fields a worker process is started with and keeps (set before its framework starts): a trial
 # runs only in a worker of its own settings (catsdogs.training.backends.process_env_for).
 PROCESS_FIELDS = ("deterministic", "tf32")
@@ -210,6 +212,7 @@ class TrialConfig:
         "mirrored: each trial data-parallel over all visible GPUs (TensorFlow: MirroredStrategy; "
         "JAX: keras.distribution.DataParallel); "
         "the batch size is the global batch, split across replicas.", STRATEGIES))
+    until: str | None = field(default=None, metadata=_protocol(targets.UNTIL_HELP))
     # Not options of the article's protocol but of the process that trains it: part of the
     # identity (never two settings in one cell), set per worker process (PROCESS_FIELDS).
     deterministic: bool = field(default=True, metadata={"help": DETERMINISTIC_HELP})
@@ -217,6 +220,9 @@ class TrialConfig:
     # Not an option: the Keras backend the trial ran on (KERAS_BACKEND, catsdogs.training.backends).
     # Part of the identity, so two backends' results never share a cell.
     backend: str = field(default="tensorflow", metadata={"choices": BACKENDS})
+    # With a target, the evaluations it is checked at decide where the trial stops: its identity.
+    # Without one the curve changes nothing, the sweep's measurement (messages.TrialTask): None here.
+    eval_every: int | None = field(default=None, metadata={"help": targets.EVAL_EVERY_HELP})
 
     def key(self) -> str:
         d = asdict(self)
@@ -228,9 +234,10 @@ class TrialConfig:
 
     def shape(self) -> tuple:
         """What a compiled training step depends on: every field but the seed, the data set and
-        its fingerprint, and the number of epochs. Trials of one shape share a worker's step."""
+        its fingerprint, the number of epochs and a target (where training stops). Trials of one shape
+        share a worker's step."""
         return tuple((f.name, getattr(self, f.name)) for f in fields(self)
-                     if f.name not in ("seed", "dataset", "data", "epochs"))
+                     if f.name not in ("seed", "dataset", "data", "epochs", "until", "eval_every"))
 
     def cell(self) -> TrialConfig:
         """The trial's cell: its configuration with seed 0, whatever its seed."""
@@ -265,6 +272,9 @@ class TrialConfig:
         if not (math.isfinite(self.warmup_epochs) and self.warmup_epochs >= 0):
             raise SettingError(f"warm-up epochs must be >= 0, got {self.warmup_epochs}", "warmup_epochs")
         check_at_most(self.warmup_epochs, "warmup_epochs")
+        if self.until is not None or self.eval_every is not None:
+            targets.check_trial(self.until, self.eval_every)
+            check_number(self.eval_every, "eval_every")
 
 
 # --- derived views -------------------------------------------------------------------------

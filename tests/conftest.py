@@ -171,11 +171,11 @@ class InProcessSlot:
 
         return set(steps.STEPS.shapes())
 
-    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None):
         from catsdogs.messages import TrialTask
         from catsdogs.training import engine
 
-        return engine.run_task(TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling),
+        return engine.run_task(TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling, eval_every),
                                emit=lambda kind, row: on_epoch(row) if on_epoch else None)
 
     def stop(self) -> None:

@@ -203,7 +203,7 @@ class CountedSlot:
     def shapes(self) -> set[str]:
         return set()
 
-    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None):
         from catsdogs.messages import TrialRecord
         from catsdogs.schema import Status
 

@@ -49,7 +49,7 @@ def test_the_article_protocol_is_every_protocol_option_at_its_default():
     # learning rate, unscaled, no warm-up, n // batch size updates per epoch, no accumulation,
     # float32 on one device
     stated = {"lr": None, "lr_scaling": "none", "warmup_epochs": 0.0, "budget": "epochs", "accumulate": 1,
-              "precision": "float32", "strategy": "none"}
+              "precision": "float32", "strategy": "none", "until": None}  # every trial its epochs
     # then the report's article protocol, derived from the schema, is exactly it
     assert ARTICLE_PROTOCOL == stated
     # and a trial is the article's exactly when no protocol option moves from its default
@@ -63,13 +63,14 @@ def test_the_article_protocol_is_every_protocol_option_at_its_default():
 def test_every_protocol_field_is_a_key_a_plans_grid_may_vary(tmp_path):
     # given a plan whose grid sets every protocol field to a value of its own
     values = {"lr": 0.002, "lr_scaling": "sqrt", "base_batch_size": 16, "warmup_epochs": 0.5, "budget": "steps",
-              "accumulate": 2, "precision": "mixed_float16", "strategy": "mirrored"}
+              "accumulate": 2, "precision": "mixed_float16", "strategy": "mirrored", "until": "val_loss=0.5"}
     assert set(values) == set(PROTOCOL_FIELDS)
     path = tmp_path / "p.toml"
-    path.write_text('[grids.g]\nopt = "adam"\nbatch_size = 8\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
+    path.write_text('eval_every = 64\n[grids.g]\nopt = "adam"\nbatch_size = 8\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
     # when its trials are made, then each trial carries them
     (trial,) = plans.configs(plans.load(str(path)), 1, image_size=32, fingerprints={"standard": "f"}, backend="jax")
     assert {k: getattr(trial, k) for k in values} == values
+    assert trial.eval_every == 64  # a target's evaluations are the trial's too
 
 
 def test_statuses_are_one_enum_of_strings_with_their_meanings():

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from catsdogs import config, schema
+from catsdogs import config, schema, targets
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.gradient_noise import NoiseSampling
 from catsdogs.manifest import load_manifest, require_intact, require_prepared
@@ -31,8 +31,8 @@ from catsdogs.schema import PROTOCOL_FIELDS, TrialConfig
 
 # The keys of each part of a plan, with what each may hold (docs/usage.md, "Plans"). A grid's keys
 # are `sweep`'s grid options by their names (`opt` is --opt), so the command line can replace them.
-TOP_KEYS = ("name", "description", "duration", "note", "seeds", "epochs", "target_ci", "max_seeds",
-            "noise_scale", "deterministic", "tf32", "data_dir", "prepare", "grids")
+TOP_KEYS = ("name", "description", "duration", "note", "seeds", "epochs", "max_epochs", "target_ci", "max_seeds",
+            "noise_scale", "eval_every", "deterministic", "tf32", "data_dir", "prepare", "grids")
 PREPARE_KEYS = ("source", "sha256", "verify", "per_class", "split", "size", "seed")
 GRID_KEYS = ("opt", "batch_size", "dataset", "epochs", *PROTOCOL_FIELDS)
 DEFAULT_PLAN = "article"  # what `catsdogs reproduce` runs: the article's case study, in full
@@ -148,6 +148,7 @@ def check(plan: dict, origin: str) -> None:
             check_grid(grid, required=True)
     with _located(origin):
         check_size(plan)
+        targets.check_plan(plan)
 
 
 def check_size(plan: dict) -> None:
@@ -207,9 +208,9 @@ def _is_number(v) -> bool:
 
 
 def _check_top_value(key: str, v) -> None:
-    if key in ("seeds", "epochs", "max_seeds") and not (_is_int(v) and v >= 1):
+    if key in ("seeds", "epochs", "max_seeds", "max_epochs", "eval_every") and not (_is_int(v) and v >= 1):
         raise SettingError(f"must be a whole number >= 1, got {v!r}", key)
-    if key in ("seeds", "epochs", "max_seeds"):
+    if key in ("seeds", "epochs", "max_seeds", "max_epochs", "eval_every"):
         schema.check_at_most(v, key)
     if key in ("name", "description", "duration", "note", "data_dir") and not isinstance(v, str):
         raise SettingError(f"must be a string, got {v!r}", key)
@@ -253,6 +254,8 @@ def _check_grid_value(key: str, v) -> None:
         if not (_is_int(v) and v >= 1):
             raise SettingError(f"batch sizes must be whole numbers >= 1, got {v!r}", key)
         schema.check_at_most(v, key)
+    elif key == "until":
+        targets.parse(v)
     elif key == "epochs":
         if not (_is_int(v) and v >= 1):
             raise SettingError(f"must be a whole number >= 1, got {v!r}", key)
@@ -280,6 +283,11 @@ def with_overrides(plan: Plan, top: dict, grid: dict) -> Plan:
     settings["grids"] = {g: {**values, **grid} for g, values in plan.settings["grids"].items()}
     if "epochs" in grid:
         settings["epochs"] = grid["epochs"]
+        settings.pop("max_epochs", None)  # the command line's cap wins over the plan's
+    if "max_epochs" in top:
+        settings.pop("epochs", None)
+        settings["grids"] = {g: {k: v for k, v in values.items() if k != "epochs"}
+                             for g, values in settings["grids"].items()}
     check(settings, plan.origin)
     return Plan(settings, plan.origin, plan.text, plan.ref)
 
@@ -318,6 +326,11 @@ def noise_sampling(plan: Plan) -> NoiseSampling | None:
     if not plan.settings.get("noise_scale"):
         return None
     return NoiseSampling()
+
+
+def eval_every(plan: Plan) -> int | None:
+    """Training images between validation evaluations (`eval_every`; --eval-every), None: no curve."""
+    return plan.settings.get("eval_every")
 
 
 def adaptive(plan: Plan) -> tuple[float | None, int | None]:
@@ -392,27 +405,31 @@ def configs(plan: Plan, seeds: int, **identity) -> list[TrialConfig]:
     fingerprints by data set, backend), each once."""
     out = []
     for grid in plan.settings["grids"].values():
+        epochs = grid.get("epochs", plan.settings.get("max_epochs", plan.settings.get("epochs", config.EPOCHS)))
         out += grid_configs(as_list(grid["opt"]), as_list(grid["batch_size"]),
-                            as_list(grid.get("dataset", "standard")), seeds,
-                            grid.get("epochs", plan.settings.get("epochs", config.EPOCHS)), **identity,
+                            as_list(grid.get("dataset", "standard")), seeds, epochs, **identity,
+                            eval_every=plan.settings.get("eval_every"),
                             **{k: as_list(grid[k]) for k in PROTOCOL_FIELDS if k in grid})
     return list(dict.fromkeys(out))
 
 
 def grid_configs(optimizers, batch_sizes, datasets, seeds: int | range, epochs: int, *, image_size: int,
                  fingerprints: dict, backend: str, deterministic: bool = True, tf32: bool | None = None,
-                 **protocol) -> list[TrialConfig]:
+                 eval_every: int | None = None, **protocol) -> list[TrialConfig]:
     """One grid's trials, seed-major: every cell gets its first seed before any gets its second,
     so a sweep stopped early still covers the whole figure. `seeds`: how many (0..N-1), or
     which. A protocol value given as a list (several learning rates) is crossed with the grid;
     a learning rate equal to the optimizer's default is that default (the same trial).
     `fingerprints`: each data set's (the manifest's), part of every trial's identity; `backend`:
-    the workers'."""
+    the workers'. `eval_every`: the evaluations a trial with a target (`until`) stops at, its
+    identity; a trial without one keeps None (its curve is the sweep's measurement)."""
     seeds = range(seeds) if isinstance(seeds, int) else seeds
     grid = []
     for seed, p, dataset, opt, bs in itertools.product(seeds, protocol_combinations(protocol), datasets,
                                                        optimizers, batch_sizes):
         p = {**p, "lr": schema.normalized_lr(opt, p["lr"])} if "lr" in p else p
+        if p.get("until") is not None:  # one spelling a target, and the evaluations it is checked at
+            p = {**p, "until": targets.canonical(p["until"]), "eval_every": eval_every}
         cfg = TrialConfig(optimizer=opt, batch_size=int(bs), dataset=dataset, seed=seed, epochs=epochs,
                           image_size=image_size, data=fingerprints[dataset], backend=backend,
                           deterministic=deterministic, tf32=tf32, **p)

@@ -15,6 +15,7 @@ so Keras is imported here at the top.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
@@ -24,13 +25,14 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from catsdogs import gradient_noise
+from catsdogs import config, gradient_noise, targets
 from catsdogs.errors import CatsdogsError
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 from catsdogs.host import environment
 from catsdogs.messages import PeakTask, ProbeTask, Task, TrialRecord, TrialTask
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.training import backends, steps
+from catsdogs.training.curve import Curve, TargetReached
 from catsdogs.training.probes import run_memory_plan, run_peak, run_probe
 
 
@@ -41,7 +43,7 @@ def run_task(task: Task, emit=lambda kind, payload: None):
         if isinstance(task, TrialTask):
             sampling = NoiseSampling(**task.noise_sampling) if task.noise_sampling else None
             return run_trial(task.config, Path(task.data_dir), on_epoch=lambda row: emit("progress", row),
-                             noise_sampling=sampling)
+                             noise_sampling=sampling, eval_every=task.eval_every)
         if isinstance(task, ProbeTask):
             return run_probe(task)
         if isinstance(task, PeakTask):
@@ -55,10 +57,12 @@ def run_task(task: Task, emit=lambda kind, payload: None):
 
 
 def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
-              noise_sampling: NoiseSampling | None = None) -> TrialRecord:
+              noise_sampling: NoiseSampling | None = None, eval_every: int | None = None) -> TrialRecord:
     """Train and test one configuration; return its record (status done). With `noise_sampling`,
     the gradient noise scale is measured at the start and at each epoch's end (`noise_estimate_at`),
-    outside the epochs' clocks and without touching what the trial trains with."""
+    outside the epochs' clocks and without touching what the trial trains with. With `eval_every`
+    (or the trial's own, with a target), the validation curve (catsdogs.training.curve), and a
+    trial with a target stops at the evaluation that reaches it."""
     cfg.check()
     started = time.time()
     backend = backends.current()
@@ -79,12 +83,12 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
 
     timer = EpochTimer(epochs, on_epoch, backend.wait_for_steps,
                        after_epoch=(lambda epoch: measure(epoch).to_record()) if noise_sampling else None)
+    curve = _curve(cfg, eval_every or cfg.eval_every, per_epoch, val, timer, backend)
     with step.strategy.scope():  # JAX's trainer reads its distribution when fit runs
         initial = diagnose(step, test_ds, prefix="initial_")  # the model as it starts (changes nothing)
         initial_noise = measure(0) if noise_sampling else None
         fit_started = time.time()
-        hist = model.fit(train_ds, validation_data=val_ds, epochs=epochs, steps_per_epoch=per_epoch,
-                         callbacks=[timer], shuffle=False, verbose=0)  # the dataset shuffles
+        hist = _fit(model, train_ds, val_ds, epochs, per_epoch, timer, curve)
         fit_seconds = time.time() - fit_started
         digest_started = time.perf_counter()
         digest = start_weights_digest(model)  # hashed while the trial evaluates and tests
@@ -93,7 +97,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
         final = diagnose(step, test_ds)
 
     updates = int(keras.ops.convert_to_numpy(model.optimizer.iterations))  # Keras counts updates, not batches
-    batches = per_epoch * len(hist.history["loss"])  # what fit ran: full batches only
+    batches = sum(e.get("batches", per_epoch) for e in timer.epochs)  # what fit ran: full batches only
     history = _history(hist, timer)
     memory = backend.peak_memory()
     waited = time.perf_counter()
@@ -101,8 +105,8 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
     digest_seconds += time.perf_counter() - waited
     return TrialRecord(
         status=Status.DONE, test_accuracy=float(test_acc), test_loss=float(test_loss),
-        val_accuracy=history[-1].get("val_accuracy") if history else None,
-        **final, **initial, history=history, **_noise_fields(initial_noise, history),
+        val_accuracy=history[-1].get("val_accuracy") if history else _last(curve, "val_accuracy"),
+        **final, **initial, history=history, **_noise_fields(initial_noise, history), **_curve_fields(curve, cfg),
         steps=updates, batches=batches, learning_rate=learning_rate(cfg),
         n_train=len(train), n_validation=len(val), n_test=len(test),
         **_timings(timer, cfg.batch_size, batches, fit_seconds, setup_seconds),
@@ -111,6 +115,53 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
         replicas=step.strategy.num_replicas_in_sync, weights_digest=digest_value,
         digest_seconds=round(digest_seconds, 4), wall_seconds=round(time.time() - started, 3),
         env=environment(backend))
+
+
+def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, val, timer: EpochTimer, backend) -> Curve | None:
+    """The trial's validation curve every `every` training images, stopping at its target if it has one."""
+    if not every:
+        return None
+    if not len(val):
+        raise CatsdogsError("--eval-every evaluates the validation split, and this data set has none: "
+                            "prepare it with a validation share (--split)")
+    target = targets.parse(cfg.until) if cfg.until else None
+    return Curve(every, cfg.batch_size, cfg.accumulate, per_epoch, backend.eval_batches(val, config.EVAL_BATCH_SIZE),
+                 timer, backend, target)
+
+
+def _fit(model, train_ds, val_ds, epochs: int, per_epoch: int, timer: EpochTimer, curve: Curve | None):
+    """Keras's fit, with the curve beside the timer; the history of its full epochs (None when a
+    target was met before the first step). A target met mid-epoch ends fit there (TargetReached):
+    the partial epoch joins the timer's epochs, with its running loss and accuracy, the last
+    point's validation figures, and the noise scale where it is measured."""
+    if curve is not None and curve.start(model):
+        return None
+    callbacks = [timer] if curve is None else [timer, curve]  # the timer closes an epoch first
+    try:
+        return model.fit(train_ds, validation_data=val_ds, epochs=epochs, steps_per_epoch=per_epoch,
+                         callbacks=callbacks, shuffle=False, verbose=0)  # the dataset shuffles
+    except TargetReached:
+        point = curve.points[-1]
+        timer.end_partial(point["train_seconds"], curve.stopped_at - len(timer.epochs) * per_epoch,
+                          {**_running_metrics(model), "val_loss": point["val_loss"],
+                           "val_accuracy": point["val_accuracy"]})
+        return model.history
+
+
+def _running_metrics(model) -> dict:
+    """The compiled metrics' values now: mid-epoch, the epoch's running loss and accuracy."""
+    return {k: float(v) for k, v in model.get_metrics_result().items()}
+
+
+def _last(curve: Curve | None, key: str):
+    return curve.points[-1][key] if curve and curve.points else None
+
+
+def _curve_fields(curve: Curve | None, cfg: TrialConfig) -> dict:
+    if curve is None:
+        return {}
+    return {"curve": curve.points, "eval_seconds": round(curve.seconds, 4),
+            **targets.record_fields(curve.points, cfg.until)}
 
 
 def _start(cfg: TrialConfig, data_dir: Path, backend) -> tuple[dict | None, tuple]:
@@ -134,11 +185,12 @@ def _start(cfg: TrialConfig, data_dir: Path, backend) -> tuple[dict | None, tupl
 
 def _history(hist, timer: EpochTimer) -> list[dict]:
     """Per epoch: what fit logged (loss, accuracy, val_loss, val_accuracy), the timer's clocks,
-    and the noise scale where it was measured."""
+    and the noise scale where it was measured; an epoch a target ended is the timer's alone."""
+    logged = hist.history if hist is not None else {}
     history = []
-    for i in range(len(hist.history["loss"])):
-        row = {k: float(v[i]) for k, v in hist.history.items()}
-        row.update(timer.epochs[i])
+    for i, clocks in enumerate(timer.epochs):
+        row = {k: float(v[i]) for k, v in logged.items() if i < len(v)}
+        row.update(clocks)
         history.append(row)
     return history
 
@@ -181,15 +233,18 @@ class EpochTimer(keras.callbacks.Callback):
     asynchronously (JAX) would otherwise have its training end when the last step was queued.
     `after_epoch(epoch)` (1-based) runs once the epoch's clock has stopped, so its time is in
     neither `train_seconds` nor `seconds`, and its fields join the epoch's row: at `on_epoch_end`
-    Keras's JAX trainer has put the weights back on the model, so they can be read."""
+    Keras's JAX trainer has put the weights back on the model, so they can be read. What runs
+    inside `outside_training()` (the curve's evaluations mid-epoch) is in neither clock either."""
 
     def __init__(self, n_epochs: int, on_epoch=None, wait_for_steps=lambda model: None, after_epoch=None):
         super().__init__()
         self.n_epochs, self.on_epoch, self.wait_for_steps, self.after_epoch = n_epochs, on_epoch, wait_for_steps, after_epoch
         self.epochs: list[dict] = []
+        self.t0: float | None = None  # the running epoch's start (None between epochs)
+        self.outside = 0.0  # the running epoch's seconds outside training
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.t0, self.t_train = time.perf_counter(), None
+        self.t0, self.t_train, self.outside = time.perf_counter(), None, 0.0
 
     def on_test_begin(self, logs=None):  # validation starts: training of the epoch is over
         if self.t_train is None:
@@ -200,9 +255,35 @@ class EpochTimer(keras.callbacks.Callback):
         if self.t_train is None:  # no validation: training ends with the epoch
             self.wait_for_steps(self.model)
         end = time.perf_counter()
-        row = {"epoch": epoch + 1, "train_seconds": (self.t_train or end) - self.t0, "seconds": end - self.t0}
+        self._close({"epoch": epoch + 1, "train_seconds": (self.t_train or end) - self.t0 - self.outside,
+                     "seconds": end - self.t0 - self.outside}, logs)
+
+    def train_seconds_so_far(self, now: float | None = None) -> float:
+        """Training seconds of the finished epochs, and of the running one up to `now`."""
+        running = (now or time.perf_counter()) - self.t0 - self.outside if self.t0 is not None else 0.0
+        return sum(e["train_seconds"] for e in self.epochs) + running
+
+    @contextlib.contextmanager
+    def outside_training(self):
+        """Stop the running epoch's clocks while the block runs, once the steps dispatched so far
+        have run (they are training); yields the training seconds so far."""
+        self.wait_for_steps(self.model)
+        paused = time.perf_counter()
+        try:
+            yield self.train_seconds_so_far(paused)
+        finally:
+            self.outside += time.perf_counter() - paused
+
+    def end_partial(self, train_seconds: float, batches: int, logs: dict) -> None:
+        """The epoch a target ended after `batches` batches, at `train_seconds` of training in all."""
+        seconds = train_seconds - sum(e["train_seconds"] for e in self.epochs)
+        self._close({"epoch": len(self.epochs) + 1, **logs, "train_seconds": seconds, "seconds": seconds,
+                     "batches": batches}, logs)  # no History row for it: its logs are the timer's
+
+    def _close(self, row: dict, logs) -> None:
+        self.t0 = None
         if self.after_epoch:
-            row.update(self.after_epoch(epoch + 1))
+            row.update(self.after_epoch(row["epoch"]))
         self.epochs.append(row)
         if self.on_epoch:
             self.on_epoch({**row, "epochs": self.n_epochs, **{k: float(v) for k, v in (logs or {}).items()}})

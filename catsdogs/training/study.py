@@ -50,6 +50,7 @@ def run_plan(plan: Plan, data_dir: Path, out: Path, *, runner: str = "local", wo
     target_ci, max_seeds = plans.adaptive(plan)
     sweep = dict(overwrite=overwrite, retry_failed=retry_failed, log=log, workers=workers or 1, isolate=isolate,
                  slots=slots, worker_env=worker_env, noise_sampling=plans.noise_sampling(plan),
+                 eval_every=plans.eval_every(plan),
                  sweep_config={"plan": plan.settings, "plan_origin": plan.origin})
     if target_ci is None:
         return {**run_sweep(plan.name, trials, data_dir, out, **sweep), "trials": len(trials)}
@@ -60,7 +61,7 @@ def run_adaptive_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: 
                        max_seeds: int = config.MAX_SEEDS, overwrite: bool = False, retry_failed: bool = False,
                        log=print, sweep_config: dict | None = None, workers: int = 1, isolate: bool = False,
                        slots: SlotFactory | None = None, worker_env: dict | None = None,
-                       noise_sampling: NoiseSampling | None = None) -> dict:
+                       noise_sampling: NoiseSampling | None = None, eval_every: int | None = None) -> dict:
     """Run `grid`, then keep adding one seed to every cell whose interval is still wider than
     ±target_ci points, round after round (seed-major, as every sweep), until each cell meets it or
     has max_seeds seeds. Resumable: the rounds are decided from the store, so the same command
@@ -79,7 +80,7 @@ def run_adaptive_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: 
         while True:
             counts = run_sweep(name, grid, data_dir, out, overwrite=overwrite and round_no == 1,
                                retry_failed=retry_failed, log=log, sweep_config=sweep_config, workers=workers,
-                               kept=kept, noise_sampling=noise_sampling)
+                               kept=kept, noise_sampling=noise_sampling, eval_every=eval_every)
             with Store(store_path(out)) as store:
                 rows = {c.key(): store.get(c.key()) or {} for c in grid}
             step = next_seeds(grid, rows, target_ci, max_seeds, n_test=n_test)

@@ -47,9 +47,9 @@ class Slot(Protocol):
         keeps: the slot claims those first."""
 
     def run(self, cfg: TrialConfig, data_dir: Path, on_epoch: Callable[[dict], None] | None = None,
-            noise_sampling: dict | None = None) -> TrialRecord:
+            noise_sampling: dict | None = None, eval_every: int | None = None) -> TrialRecord:
         """Run one trial (recording its noise scale as `noise_sampling`, NoiseSampling.as_dict(),
-        says), reporting each epoch's row to `on_epoch`; always its record: done, failed or oom,
+        says, and its validation curve every `eval_every` training images), reporting each epoch's row to `on_epoch`; always its record: done, failed or oom,
         or lost (its worker lost through no fault of the trial: the sweep gives it back)."""
 
     def stop(self) -> None:
@@ -111,11 +111,13 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
               overwrite: bool = False, retry_failed: bool = False, log=print,
               sweep_config: dict | None = None, worker_env: dict | None = None,
               workers: int = 1, isolate: bool = False, slots: SlotFactory | None = None,
-              kept: list[Slot] | None = None, noise_sampling: NoiseSampling | None = None) -> dict:
+              kept: list[Slot] | None = None, noise_sampling: NoiseSampling | None = None,
+              eval_every: int | None = None) -> dict:
     """Run every trial of `grid` not finished yet, up to `workers` at once; return status counts.
 
     `noise_sampling`: record each trial's gradient noise scale, sampled so (catsdogs.gradient_noise).
-    It is no part of a trial's identity: trials already finished are not run again for it.
+    `eval_every`: record each trial's validation curve every so many training images. Neither is
+    part of a trial's identity: trials already finished are not run again for them.
     `slots(index, workers, workdir)` makes slot `index` (a `Slot`); by default a LocalSlot, a
     worker process on this machine. `kept`: slots made by the caller (`make_slots`), used and
     left open, so their workers' decoded data and compiled steps serve the caller's next call too
@@ -127,7 +129,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
     manifest = require_prepared(Path(data_dir))
     resolved = {
         "name": name, **(sweep_config or {}), "data_dir": str(Path(data_dir).resolve()),
-        "noise_scale": noise_sampling.as_dict() if noise_sampling else None,
+        "noise_scale": noise_sampling.as_dict() if noise_sampling else None, "eval_every": eval_every,
         "data": {k: manifest[k] for k in ("params", "source", "fingerprint", "counts")},
         "trials": [asdict(c) for c in grid], "versions": versions(),
     }
@@ -150,7 +152,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
     runners = kept if kept is not None else make_slots(out, workers, isolate, worker_env, slots)
     work = dict(keys=keys, by_key={c.key(): c for c in grid}, data_dir=data_dir, out=out, name=name,
                 board=board, retry_failed=retry_failed,
-                noise_sampling=noise_sampling.as_dict() if noise_sampling else None)
+                noise_sampling=noise_sampling.as_dict() if noise_sampling else None, eval_every=eval_every)
     # Each slot's thread sets its event when it ends. Waiting on events rather than
     # Thread.join: a join cut short by Ctrl-C can leave the thread looking finished when it is not.
     ended = [threading.Event() for _ in runners]
@@ -236,7 +238,7 @@ def _slot_thread(runner: Slot, slot: int, ended: threading.Event, **work) -> Non
 
 
 def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: _Board, retry_failed,
-          noise_sampling) -> None:
+          noise_sampling, eval_every) -> None:
     """Claim, run, record; until nothing is left or the sweep is stopped."""
     tag = f"[w{slot}] " if board.workers > 1 else ""
     with Store(store_path(out)) as store:
@@ -254,7 +256,8 @@ def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: 
             board.log(f"{tag}[{min(position, board.total)}/{board.total}] {cfg.label()}{eta}")
             t0 = time.time()
             try:
-                record = runner.run(cfg, data_dir, on_epoch=_epoch_logger(board.log, tag), noise_sampling=noise_sampling)
+                record = runner.run(cfg, data_dir, on_epoch=_epoch_logger(board.log, tag),
+                                    noise_sampling=noise_sampling, eval_every=eval_every)
             except BaseException:  # no outcome of the trial's (a worker unfit for any trial): run it again later
                 store.release(row["key"])
                 raise
@@ -285,15 +288,25 @@ def _epoch_logger(log, tag: str = ""):
         estimate = NoiseEstimate.from_record(e)
         if estimate:
             measured = f", B_simple {estimate.describe()} in {estimate.seconds:.1f} s"
-        log(f"{tag}    epoch {e['epoch']}/{e['epochs']}: loss {e['loss']:.4f} acc {e['accuracy']:.3f}{val} "
-            f"({e['seconds']:.1f} s{measured})")
+        train = f"loss {e['loss']:.4f} acc {e['accuracy']:.3f}" if "loss" in e else "no full batch"
+        ended = f", target reached after {e['batches']} batches" if "batches" in e else ""
+        log(f"{tag}    epoch {e['epoch']}/{e['epochs']}: {train}{val} ({e['seconds']:.1f} s{measured}{ended})")
     return on_epoch
+
+
+def _target_words(record: TrialRecord) -> str:
+    """`, target reached at step 412` (interpolated), `, target not reached`, or nothing."""
+    if record.target_reached is None:
+        return ""
+    return f", target reached at step {record.steps_to_target:.0f}" if record.target_reached \
+        else ", target not reached"
 
 
 def _outcome_line(record: TrialRecord, seconds: float) -> str:
     if record.status == Status.DONE:
         reused = ", step reused" if record.step_reused else ""
-        return (f"    done: test accuracy {record.test_accuracy:.4f}, "
-                f"{record.images_per_second:.0f} images/s, {seconds:.1f} s{reused}")
+        speed = f"{record.images_per_second:.0f} images/s, " if record.images_per_second else ""
+        return (f"    done: test accuracy {record.test_accuracy:.4f}, {speed}{seconds:.1f} s{reused}"
+                f"{_target_words(record)}")
     first = record.error.splitlines()[0] if record.error else ""
     return f"    {record.status}: {first}"

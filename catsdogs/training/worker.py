@@ -380,8 +380,9 @@ class LocalSlot:
     def shapes(self) -> set[str]:
         return self.worker.shapes if self.worker.alive else set()
 
-    def run(self, cfg, data_dir: Path, on_epoch=None, noise_sampling: dict | None = None) -> TrialRecord:
-        task = TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling)
+    def run(self, cfg, data_dir: Path, on_epoch=None, noise_sampling: dict | None = None,
+            eval_every: int | None = None) -> TrialRecord:
+        task = TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling, eval_every)
         settings = backends.process_env_for(cfg.deterministic, cfg.tf32)
         if not (self.isolate or needs_fresh_worker(cfg)):
             if settings != self.settings:  # a process runs one setting: another gets its own worker

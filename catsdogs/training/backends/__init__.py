@@ -93,6 +93,10 @@ class Backend(Protocol):
     def wait_for_steps(self, model) -> None:
         """Return when every dispatched training step has run."""
 
+    def sync_weights(self, model) -> None:
+        """Mid-epoch, inside fit: put the state the running fit holds back on the model's
+        variables, so they can be read or evaluated (and fit takes them up again from there)."""
+
     def per_example_gram(self, model, images, labels, block: int, cache: dict | None = None):
         """Per-example gradient Gram matrices, block by block (catsdogs.training.per_example)."""
 

@@ -231,6 +231,14 @@ def wait_for_steps(model) -> None:
     jax.block_until_ready([v.value for v in model.trainable_variables])
 
 
+def sync_weights(model) -> None:
+    """Mid-epoch, inside fit: Keras's JAX trainer holds the state apart from the model while it
+    trains (the model's variables are emptied); `jax_state_sync` puts it back and marks it so,
+    and fit's next step takes the state up from the model again (the trainer's own protocol for
+    callbacks that read the model)."""
+    model.jax_state_sync()
+
+
 # --- the gradient noise scale ------------------------------------------------------------------
 
 def per_example_gram(model, images, labels, block: int, cache: dict | None = None):

@@ -245,6 +245,10 @@ def wait_for_steps(model) -> None:
     min(model.trainable_variables, key=lambda v: math.prod(v.shape)).value.numpy()
 
 
+def sync_weights(model) -> None:
+    """Nothing to do: TensorFlow's fit trains the model's own variables."""
+
+
 # --- the gradient noise scale ------------------------------------------------------------------
 
 def per_example_gram(model, images, labels, block: int, cache: dict | None = None):

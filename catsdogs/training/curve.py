@@ -1,0 +1,109 @@
+"""A trial's validation curve (`sweep --eval-every N`) and its stop at a target (`--until`).
+
+The curve is a Keras callback beside the engine's EpochTimer. It evaluates the validation split
+each time N more training images have been seen, at the first update boundary after (every
+batch size is looked at after the same number of images, so a small batch's noisy curve is not
+looked at more often per image, which would let it cross a target earlier by chance), and
+always at one evaluation batch size (config.EVAL_BATCH_SIZE), whatever the training batch.
+
+Where it runs, and why it changes nothing in training:
+- at a step boundary it runs in `on_train_batch_begin`, before the next step: a callback that
+  overrides a *batch-end* hook makes Keras turn every step's logs into Python floats, a device
+  sync per step that would slow the very training it times. At an epoch's end it runs in
+  `on_epoch_end`, after the timer has closed the epoch;
+- mid-epoch Keras's JAX trainer holds the weights apart from the model: the backend's
+  `sync_weights` puts them back (the trainer's own protocol for callbacks that read the model),
+  and fit takes them up again from there at its next step;
+- `model.evaluate` resets the compiled metrics, which fit is accumulating the epoch's loss and
+  accuracy in: they are saved before and put back after, so the epoch's logs are as without it;
+- its time is outside the epoch's clocks (EpochTimer.outside_training, after waiting for the
+  steps dispatched so far), as the noise scale's is.
+
+A target ends training at the evaluation that reaches it: at an epoch's end by Keras's own
+`stop_training`; mid-epoch by raising TargetReached from `on_train_batch_begin` (Keras checks
+stop_training only after a step, which would train one more), which the engine catches. The
+weights are then exactly those the last point evaluated.
+"""
+
+from __future__ import annotations
+
+import time
+
+import keras
+
+from catsdogs.targets import Target
+
+
+class TargetReached(Exception):
+    """Raised inside fit at the step boundary where the curve reached its target: training ends there."""
+
+
+class Curve(keras.callbacks.Callback):
+    """Evaluates `val_batches` every `every` training images (batch_size each batch, one update
+    per `accumulate` batches, `per_epoch` batches an epoch); `points` is the curve, `seconds` its
+    time, `stopped_at` the batches trained when a target stopped training (else None)."""
+
+    def __init__(self, every: int, batch_size: int, accumulate: int, per_epoch: int, val_batches, timer,
+                 backend, target: Target | None = None):
+        super().__init__()
+        self.every, self.batch_size, self.accumulate, self.per_epoch = every, batch_size, accumulate, per_epoch
+        self.val_batches, self.timer, self.backend, self.target = val_batches, timer, backend, target
+        self.points: list[dict] = []
+        self.seconds = 0.0
+        self.next_at = 0  # images seen at which the next evaluation is due
+        self.epoch = 0
+        self.stopped_at: int | None = None
+
+    @property
+    def reached(self) -> bool:
+        return bool(self.target and self.points and self.target.reached(self.points[-1]))
+
+    def start(self, model) -> bool:
+        """The first point, before fit: the model as it starts. True when it already meets the target."""
+        self.set_model(model)
+        self._evaluate(0, train_seconds=0.0)
+        if self.reached:
+            self.stopped_at = 0
+        return self.reached
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        done = self.epoch * self.per_epoch + batch  # batches trained before this one
+        if not self._due(done):
+            return
+        self.backend.sync_weights(self.model)
+        with self.timer.outside_training() as train_seconds:
+            self._evaluate(done, train_seconds)
+        if self.reached:
+            self.stopped_at = done
+            raise TargetReached()
+
+    def on_epoch_end(self, epoch, logs=None):
+        done = (epoch + 1) * self.per_epoch
+        if not self._due(done):
+            return
+        self._evaluate(done, self.timer.train_seconds_so_far())  # the timer has closed the epoch
+        if self.reached:
+            self.stopped_at = done
+            self.model.stop_training = True
+
+    def _due(self, done: int) -> bool:
+        return done % self.accumulate == 0 and done * self.batch_size >= self.next_at
+
+    def _evaluate(self, done: int, train_seconds: float) -> None:
+        started = time.perf_counter()
+        model = self.model
+        # fit's epoch so far (before the first evaluation the metrics may not be built: nothing to keep)
+        variables = list(model.metrics_variables)
+        running = [keras.ops.convert_to_numpy(v.value) for v in variables]
+        val_loss, val_accuracy = model.evaluate(self.val_batches, verbose=0)
+        for variable, value in zip(variables, running, strict=True):
+            variable.assign(value)
+        examples = done * self.batch_size
+        self.points.append({"step": done // self.accumulate, "examples": examples,
+                            "train_seconds": round(train_seconds, 4),
+                            "val_loss": float(val_loss), "val_accuracy": float(val_accuracy)})
+        self.next_at = (examples // self.every + 1) * self.every
+        self.seconds += time.perf_counter() - started

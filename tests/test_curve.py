@@ -1,0 +1,106 @@
+"""The validation curve (`--eval-every`) and training until a target (`--until`), run by real
+workers: the curve changes nothing the trial trains, on either backend; a target stops the trial
+at the evaluation that reaches it, exactly where the same trial's curve first reaches it; a target
+never reached is recorded so, and the trial is the whole trial."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from catsdogs.manifest import require_prepared
+from catsdogs.schema import Status, TrialConfig
+from catsdogs.training import backends
+from catsdogs.training.worker import LocalSlot
+
+pytestmark = pytest.mark.slow
+
+SIZE = 32
+BATCH = 8
+EVERY = 16  # images between evaluations: every 2 steps of batch 8; 48 training images, 6 steps an epoch
+
+
+@pytest.fixture(scope="module")
+def data_dir(prepared_data) -> Path:
+    """Given: a small prepared synthetic data set (32 px, 24/8/8 images per class)."""
+    return prepared_data(SIZE, (24, 8, 8))
+
+
+def trial(data_dir: Path, **kw) -> TrialConfig:
+    return TrialConfig(**{"optimizer": "adam", "batch_size": BATCH, "dataset": "standard", "seed": 3, "epochs": 3,
+                          "image_size": SIZE, "data": require_prepared(data_dir)["fingerprint"]["standard"],
+                          "backend": backends.name(), **kw})
+
+
+def run(cfgs_and_every: list[tuple[TrialConfig, int | None]], data_dir: Path, workdir: Path) -> list:
+    """Each trial in a fresh worker of its own, with the curve every so many images (or none)."""
+    records = []
+    for i, (cfg, every) in enumerate(cfgs_and_every):
+        slot = LocalSlot(0, 1, workdir / str(i), isolate=True)
+        try:
+            records.append(slot.run(cfg, data_dir, eval_every=every))
+        finally:
+            slot.close()
+    assert all(r.status == Status.DONE for r in records), [r.error for r in records]
+    return records
+
+
+def trained(record) -> tuple:
+    """What a trial trained to: its weights, test results, per-epoch losses and accuracies, updates."""
+    history = [{k: v for k, v in row.items() if "seconds" not in k} for row in record.history]
+    return record.weights_digest, record.test_accuracy, record.test_loss, history, record.steps
+
+
+def test_the_curve_changes_nothing_the_trial_trains_and_is_evaluated_every_n_images(keras_backend, data_dir,
+                                                                                   tmp_path):
+    # given one trial, run without a curve and with one every 16 training images
+    plain, curved = run([(trial(data_dir), None), (trial(data_dir), EVERY)], data_dir, tmp_path)
+    # then it trained exactly as without it: weights, test results, every epoch's logs, updates
+    assert trained(curved) == trained(plain)
+    assert plain.curve is None and plain.target_reached is None
+    # and the curve has a point at the start and every 16 images after, through the last step
+    assert [p["examples"] for p in curved.curve] == list(range(0, 3 * 48 + 1, EVERY))
+    assert [p["step"] for p in curved.curve] == [p["examples"] // BATCH for p in curved.curve]
+    clocks = [p["train_seconds"] for p in curved.curve]
+    assert clocks[0] == 0 and clocks == sorted(clocks)
+    # with the final weights' validation loss at its last point, the epoch-end validation's
+    # (evaluated at another batch size: equal up to rounding)
+    assert curved.curve[-1]["val_loss"] == pytest.approx(curved.history[-1]["val_loss"], rel=1e-4)
+    # and its time is counted apart, in no epoch's clock
+    assert curved.eval_seconds > 0
+    assert curved.fit_seconds >= sum(row["seconds"] for row in curved.history) + 0.5 * curved.eval_seconds
+
+
+def test_a_target_stops_the_trial_where_its_curve_first_reaches_it(keras_backend, data_dir, tmp_path):
+    # given a trial's curve, and a target on val_loss that the curve first reaches mid-epoch, at an
+    # evaluation whose loss is below every point before it
+    (free,) = run([(trial(data_dir), EVERY)], data_dir, tmp_path / "free")
+    losses = [p["val_loss"] for p in free.curve]
+    first = next(i for i in range(2, len(losses)) if losses[i] < min(losses[:i]) and (i * EVERY // BATCH) % 6)
+    value = (losses[first] + min(losses[:first])) / 2
+    # when the same trial trains until that target
+    (stopped,) = run([(trial(data_dir, until=f"val_loss={value!r}", eval_every=EVERY), None)], data_dir, tmp_path)
+    # then it stopped at that evaluation: the same curve up to there, and no step more
+    assert stopped.curve == [{**p, "train_seconds": q["train_seconds"]} for p, q in
+                             zip(free.curve[:first + 1], stopped.curve, strict=True)]
+    assert stopped.steps == free.curve[first]["step"] and stopped.batches == stopped.steps
+    # its steps to the target interpolated between the evaluations around the crossing
+    before, at = free.curve[first - 1], free.curve[first]
+    fraction = (before["val_loss"] - value) / (before["val_loss"] - at["val_loss"])
+    assert stopped.target_reached == 1
+    assert stopped.steps_to_target == pytest.approx(before["step"] + fraction * (at["step"] - before["step"]), abs=1e-3)
+    assert stopped.examples_to_target == pytest.approx(stopped.steps_to_target * BATCH, abs=0.1)
+    # the epoch it ended is in its history, with the batches it ran and its last validation
+    assert stopped.history[-1]["batches"] == stopped.steps % 6
+    assert stopped.history[-1]["val_loss"] == at["val_loss"] and stopped.val_accuracy == at["val_accuracy"]
+    assert stopped.weights_digest != free.weights_digest
+
+
+def test_a_target_never_reached_is_recorded_so_and_the_trial_runs_its_epochs(data_dir, tmp_path):
+    cfg = trial(data_dir, until="val_loss=0.001", eval_every=EVERY, epochs=2)
+    (plain, missed) = run([(replace(cfg, until=None, eval_every=None), None), (cfg, None)], data_dir, tmp_path)
+    assert missed.target_reached == 0
+    assert (missed.steps_to_target, missed.examples_to_target, missed.seconds_to_target) == (None, None, None)
+    assert trained(missed) == trained(plain)  # every epoch, as the trial without a target
