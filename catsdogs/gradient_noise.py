@@ -285,6 +285,24 @@ def pool(measurements: list[NoiseEstimate | None], level: float = LEVEL, epoch: 
     return NoiseEstimate(**{**asdict(pooled), "measurements": len(usable)})
 
 
+def pool_by_seed(by_seed: dict, level: float = LEVEL, epoch: int | None = None) -> NoiseEstimate | None:
+    """One estimate from measurements grouped by seed ({seed: [NoiseEstimate, ...]}), each seed
+    one cluster: the ratio of the seeds' mean |G|^2 and tr(Sigma) estimates over all their pairs,
+    with Fieller's interval over the seeds (seeds - 1 degrees of freedom). Pairs of one seed are
+    not independent draws of what the claim is about (they share the seed's weights and its
+    trajectory), so they are not counted as if they were. Its `pairs` counts the seeds (the units
+    its interval is over), `measurements` the measurements pooled. None with fewer than two seeds."""
+    clusters = {seed: [m for m in ms if m and m.pair_gradient_sq] for seed, ms in by_seed.items()}
+    clusters = {seed: ms for seed, ms in clusters.items() if ms}
+    if len(clusters) < 2:
+        return None
+    g2 = [float(np.mean([v for m in ms for v in m.pair_gradient_sq])) for ms in clusters.values()]
+    trace = [float(np.mean([v for m in ms for v in m.pair_trace])) for ms in clusters.values()]
+    floor = max(m.large or 2 for ms in clusters.values() for m in ms)
+    pooled = from_pairs(g2, trace, floor, level, keep_pairs=False, epoch=epoch)
+    return NoiseEstimate(**{**asdict(pooled), "measurements": sum(len(ms) for ms in clusters.values())})
+
+
 def from_pairs(g2, trace, floor: float, level: float = LEVEL, keep_pairs: bool = True, **about) -> NoiseEstimate:
     """B_simple from the pairs' estimates of |G|^2 and tr(Sigma). `floor`: the lower bound to
     report when even the interval's top for |G|^2 / tr(Sigma) is not positive (the large batch

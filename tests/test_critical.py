@@ -104,8 +104,9 @@ def test_the_noise_figure_has_a_panel_per_group_and_marks_the_sweeps_batch_sizes
 
 def test_the_limit_is_read_off_the_smallest_batch_size():
     r = critical.evaluate("Adam", {16: cell(16, [0.85, 0.86, 0.84]), 32: cell(32, [0.85, 0.84, 0.86])}, 3)
-    assert r["b0"] == 16 and r["e_star"] == 2 and r["b_noise"] == pytest.approx(70.0)
-    assert r["budget_ratio"] == pytest.approx(1.5 * (1 + 16 / 70)) and r["limit"] == pytest.approx(59.0)
+    # B_noise: batch 16's B_simple at e* = 2, where it first reaches the target (not pooled with later epochs)
+    assert r["b0"] == 16 and r["e_star"] == 2 and r["e_star_range"] == (2, 2) and r["b_noise"] == pytest.approx(60.0)
+    assert r["budget_ratio"] == pytest.approx(1.5 * (1 + 16 / 60)) and r["limit"] == pytest.approx(54.0)
 
 
 def test_held_below_and_lost_above_the_limit_is_supported():
@@ -157,18 +158,19 @@ def test_a_lower_bound_on_the_noise_scale_predicts_only_what_holds():
     assert r["verdict"] == "not run" and "well above: none, B_noise's interval is open above" in r["verdict_text"]
 
 
-def test_well_below_and_above_use_the_ends_of_b_noises_interval():
-    # given B_0's B_noise from epoch 2 on measured with a spread (an interval around 60)
-    spread = {"noise_pair_gradient_sq": [0.6, 1.4, 0.8, 1.2, 1.0, 0.7, 1.3, 1.0],
-              "noise_pair_trace": [60.0, 60.0, 55.0, 65.0, 60.0, 62.0, 58.0, 60.0]}
+def test_well_below_and_above_use_the_ends_of_b_noises_interval_clustered_by_seed():
+    # given B_0's B_simple at e* = 2 that differs from seed to seed (45, 60, 75), eight pairs each
     base = cell(16, [0.85, 0.86, 0.84])
-    for t in base:  # epochs 2 and 3: from e* to the end
-        t["history"][1].update(spread)
-        t["history"][2].update(spread)
+    for t, v in zip(base, (45.0, 60.0, 75.0), strict=True):
+        t["history"][1].update(measured(v).to_record())
     cells = {16: base, 24: cell(24, [0.85, 0.84, 0.86]), 128: cell(128, [0.6, 0.62, 0.58])}
     r = critical.evaluate("Adam", cells, 3)
-    pooled = gradient_noise.from_pairs(spread["noise_pair_gradient_sq"] * 6, spread["noise_pair_trace"] * 6, floor=16)
+    # then B_noise's interval is over the 3 seeds' means (2 degrees of freedom), not their 24 pairs
+    pooled = gradient_noise.from_pairs([1.0, 1.0, 1.0], [45.0, 60.0, 75.0], floor=16)
+    assert r["b_noise"] == pytest.approx(60.0)
     assert r["b_noise_low"] == pytest.approx(pooled.low) and r["b_noise_high"] == pytest.approx(pooled.high)
+    as_if_independent = gradient_noise.pool([measured(v) for v in (45.0, 60.0, 75.0)])
+    assert pooled.high - pooled.low > as_if_independent.high - as_if_independent.low
     # then "well below" is half the limit at the low end, "well above" twice the limit at the high end
     def limit_at(b):
         return 1.5 * (b + 16) - b
@@ -177,6 +179,22 @@ def test_well_below_and_above_use_the_ends_of_b_noises_interval():
     assert r["held_up_to"] < r["limit"] / 2 < r["limit"] * 2 < r["lost_from"]
     assert {t["batch_size"] for t in r["tests"]} == {b for b in (24, 128)
                                                      if b <= r["held_up_to"] or b >= r["lost_from"]}
+
+
+def test_e_star_moves_with_the_seed_and_each_bound_takes_the_side_that_widens_it():
+    # given B_0's seeds reaching the target (0.85 - 5 points) at epochs 1, 2 and 3
+    base = [row(bs=16, seed=s, acc=0.85, val=val) for s, val in
+            enumerate([(0.85, 0.85, 0.85), (0.7, 0.85, 0.85), (0.7, 0.75, 0.85)])]
+    cells = {16: base, 24: cell(24, [0.85, 0.84, 0.86]), 128: cell(128, [0.6, 0.62, 0.58])}
+    r = critical.evaluate("Adam", cells, 3)
+    assert r["e_star_range"] == (1, 3)
+
+    def limit_at(b, e):
+        return b * ((3 / e) * (1 + 16 / b) - 1)
+    # then "well below" takes the latest seed's e* (the smallest limit), "well above" the earliest's
+    assert r["limit"] == pytest.approx(limit_at(r["b_noise"], r["e_star"]))
+    assert r["held_up_to"] == pytest.approx(limit_at(r["b_noise_low"], 3) / 2)
+    assert r["lost_from"] is None or r["lost_from"] == pytest.approx(2 * limit_at(r["b_noise_high"], 1))
 
 
 def test_a_one_sided_test_names_the_cells_that_went_the_other_way():
@@ -199,7 +217,9 @@ def test_the_claim_joins_the_claims_table_for_the_article_and_the_tuned_series()
     assert series == ["Adam, default lr 0.001", "Adam, lr tuned per batch size"]
     text = markdown("s", summary)
     rows = [ln for ln in text.splitlines() if ln.startswith(f"| {critical.SAYS}")]
-    assert len(rows) == 2 and "**supported**" in rows[0]
+    # the article's series at one rate is shown, and not run: the model assumes each batch size's best rate
+    assert len(rows) == 2 and "not run: one learning rate at every batch size" in rows[0]
+    assert ctx["results"][0]["tests"] and ctx["results"][0]["verdict"] == "not run"
     # the tuned series: 3 epochs to reach 0.85 = 0.9 - 5 points, so E/E_min = 1.4 and the limit 16
     assert "limit 16 " in rows[1] or "limit 16 (" in rows[1]
 

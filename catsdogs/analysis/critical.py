@@ -10,34 +10,37 @@ measurement (run before it, or without `--noise-scale`) are listed, with how to 
 
 **The claim** (`claims`), as the paper's model predicts it (McCandlish et al. 2018, section 2):
 with S = S_min (1 + B_noise/B) steps and E = E_min (1 + B/B_noise) examples to reach a target,
-a fixed number of epochs (E fixed) reaches it for B <= B_noise (E/E_min - 1) and not beyond.
-How each piece is read off the sweep, per series (an optimizer and data set under the article's
-protocol; and, where the sweep has them, the series whose learning rate is tuned per batch size,
-which is the fair test: the paper assumes the best learning rate at every batch size, while the
-article keeps Keras's default):
+a fixed number of epochs (E fixed) reaches it for B <= B_noise (E/E_min - 1) and not beyond. The
+row tests exactly that limit, B_noise (E/E_min - 1), not the critical batch size itself (which
+catsdogs measures by steps to a target: catsdogs.analysis.to_target). The model assumes the best
+learning rate at every batch size, so only a series whose rate is tuned per batch size gets a
+verdict; a series at one rate (the article's protocol) shows its limit and comparisons and is
+*not run*, saying why. How each piece is read off the sweep, per series:
 
 - the target: the accuracy held, no more than SHARP (5) points of validation accuracy below what
   the smallest batch size B_0 reaches at the end (its mean over seeds);
-- E/E_min: B_0 first reaches the target after e* of the E epochs, so E(B_0) = e* epochs and
-  E_min = E(B_0) / (1 + B_0/B_noise), which gives E/E_min = (E/e*)(1 + B_0/B_noise);
-- B_noise: B_simple measured on B_0's trials from epoch e*, where the target is first met, to
-  the end, where training stays near it: the noise scale *at the target*, which is the one the
-  paper finds to predict the critical batch size for that target (B_simple grows several-fold
-  during training, so neither the start nor the trajectory as a whole would do). Every pair of
-  those measurements of all B_0's seeds is pooled: one measurement is 8 pairs, too few to bound
-  B_noise above. Where it was a lower bound only, the prediction is a lower bound too (the limit
-  grows with B_noise);
+- E/E_min: B_0's mean curve first reaches the target after e* of the E epochs, so E(B_0) = e*
+  epochs and E_min = E(B_0) / (1 + B_0/B_noise), which gives E/E_min = (E/e*)(1 + B_0/B_noise).
+  e* moves with the seed: the earliest and latest epoch at which a single seed's curve first
+  reaches the target bound it, and the bounds below take the side of it that widens them;
+- B_noise: B_simple measured on B_0's trials at epoch e*, where the target is first met: the
+  noise scale *at the target*, which is the one the paper finds to predict the critical batch
+  size for that target (B_simple grows several-fold during training). Each seed is one cluster
+  (gradient_noise.pool_by_seed: Fieller's interval over the seeds, not over their pairs as if
+  independent). Where it was a lower bound only, the prediction is a lower bound too;
 - the limit: L = B_noise (E/E_min - 1), the largest batch size the budget carries to the target.
 
 "Well below" is at most half the limit and "well above" at least twice it: one step of the
 sweep's power-of-two grid on either side, so no cell sits on the boundary, where the model says
-the target is just reached. Since B_noise is measured, with an interval, and the limit grows with
-it, "well below" is half the limit at B_noise's low end and "well above" twice the limit at its
-high end (none when the interval is open above, as where the noise dominated). Each such cell's mean test accuracy is compared with B_0's by Welch's interval, as
-the article's claims are (catsdogs.analysis.claims): held means less than SHARP points below B_0,
-lost more than SHARP points below. The verdict: **supported** when every compared cell comes out
-as predicted, **contradicted** when one clearly comes out the other way, **unsettled** otherwise;
-**not run** when there is no measurement, or no cell on one side of the limit (with which).
+the target is just reached. Since B_noise and e* are measured with an uncertainty, and the limit
+grows with B_noise and falls with e*, "well below" is half the limit at B_noise's low end and the
+latest seed's e*, and "well above" twice the limit at its high end and the earliest seed's e*
+(none when B_noise's interval is open above). Each such cell's mean test accuracy is compared
+with B_0's by Welch's interval, as the article's claims are (catsdogs.analysis.claims): held
+means less than SHARP points below B_0, lost more than SHARP points below. The verdict:
+**supported** when every compared cell comes out as predicted, **contradicted** when one clearly
+comes out the other way, **unsettled** otherwise; **not run** when the rate is not tuned, there
+is no measurement, or no cell on one side of the limit (with which).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from catsdogs.analysis.rows import (
     trial_order,
 )
 from catsdogs.analysis.rows import field as field_of
-from catsdogs.gradient_noise import NoiseEstimate, fixed_epochs_limit, pool
+from catsdogs.gradient_noise import NoiseEstimate, fixed_epochs_limit, pool, pool_by_seed
 from catsdogs.schema import DEFAULT_LR, Status
 from catsdogs.stats import welch
 
@@ -210,29 +213,45 @@ def critical_claims_by_context(trials: list[dict], tuned: dict, n_test: int | No
     the learning rate tuned per batch size (catsdogs.analysis.tuning), whose series are tested too.
     `n_test`: the test images each accuracy was measured on (the floor of Welch's interval)."""
     def results(context: tuple, members: list[dict]) -> list[dict]:
-        series = [*_article_series(members), *_tuned_series(tuned, members)]
-        return [r for r in (evaluate(label, cells, int(context[0]), n_test) for label, cells in series)
-                if r is not None]
+        series = [*((label, cells, False) for label, cells in _article_series(members)),
+                  *((label, cells, True) for label, cells in _tuned_series(tuned, members))]
+        return [r for r in (evaluate(label, cells, int(context[0]), n_test, tuned=is_tuned)
+                            for label, cells, is_tuned in series) if r is not None]
     return per_context(trials, results)
 
 
-def _val_curve(members: list[dict]) -> list[float] | None:
-    """The mean over seeds of each epoch's validation accuracy (training accuracy without a
-    validation split)."""
+def _curves(members: list[dict]) -> list[list[float]]:
+    """Each trial's validation accuracy per epoch (training accuracy without a validation split)."""
     curves = []
     for t in members:
         history = t.get("history") or []
         key = "val_accuracy" if history and "val_accuracy" in history[0] else "accuracy"
         curves.append([float(h[key]) for h in history if h.get(key) is not None])
+    return curves
+
+
+def _val_curve(members: list[dict]) -> list[float] | None:
+    """The mean over seeds of each epoch's validation accuracy."""
+    curves = _curves(members)
     length = min((len(c) for c in curves), default=0)
     if not length:
         return None
     return [sum(c[e] for c in curves) / len(curves) for e in range(length)]
 
 
-def evaluate(label: str, cells: dict[int, list[dict]], epochs: int, n_test: int | None = None) -> dict | None:
+def _e_star_range(members: list[dict], target: float, epochs: int) -> tuple[int, int]:
+    """The earliest and latest epoch at which a single seed first reaches `target` (a seed that
+    never does: the last epoch): how far e* moves with the seed."""
+    firsts = [next((e + 1 for e, v in enumerate(c) if v >= target), epochs) for c in _curves(members)]
+    return min(firsts), max(firsts)
+
+
+def evaluate(label: str, cells: dict[int, list[dict]], epochs: int, n_test: int | None = None,
+             tuned: bool = True) -> dict | None:
     """The claim for one series ({batch size: its trials}); None when the series has fewer than
-    two batch sizes with finished trials (nothing to compare)."""
+    two batch sizes with finished trials (nothing to compare). A series whose learning rate is not
+    tuned per batch size (`tuned` False) shows its limit and comparisons, and is not run: the
+    paper's model assumes each batch size's best rate."""
     cells = {bs: _done(ts) for bs, ts in cells.items()}
     cells = {bs: ts for bs, ts in sorted(cells.items()) if ts}
     if len(cells) < 2:
@@ -253,43 +272,34 @@ def evaluate(label: str, cells: dict[int, list[dict]], epochs: int, n_test: int 
         return out
     target = curve[-1] - SHARP / 100
     e_star = next(e + 1 for e, v in enumerate(curve) if v >= target)
-    at = pool([m for t in base for m in measurements(t) if m.epoch >= e_star])
+    e_early, e_late = _e_star_range(base, target, epochs)
+    # B_simple at e*, each seed one cluster (not every later epoch's pairs as if independent)
+    at = pool_by_seed({field_of(t, "seed"): [m for m in measurements(t) if m.epoch == e_star] for t in base},
+                      epoch=e_star)
     if at is None or at.low is None or (at.b_simple is None and not at.low):
-        out["verdict_text"] = f"not run: no noise scale at batch size {b0} from epoch {e_star} on"
+        out["verdict_text"] = (f"not run: no noise scale at batch size {b0} at epoch {e_star} from two seeds "
+                               "or more")
         return out
     bound_only = at.b_simple is None
     b_noise = at.low if bound_only else at.b_simple
     b_high = None if bound_only else at.high  # None: unbounded above
 
-    def limit_at(b: float) -> float:  # B_noise (E/E_min - 1), with E/E_min = (E/e*)(1 + B_0/B_noise)
-        return fixed_epochs_limit(b, (epochs / e_star) * (1 + b0 / b)) if b else (epochs / e_star) * b0
+    def limit_at(b: float, e: int = e_star) -> float:  # B_noise (E/E_min - 1), E/E_min = (E/e*)(1 + B_0/B_noise)
+        return fixed_epochs_limit(b, (epochs / e) * (1 + b0 / b)) if b else (epochs / e) * b0
 
-    held_up_to = limit_at(at.low) / WELL  # the limit grows with B_noise: its interval's low end
-    lost_from = WELL * limit_at(b_high) if b_high is not None else None  # ... and its high end
-    out.update(b_noise=b_noise, b_noise_low=at.low, b_noise_high=b_high, e_star=e_star,
+    # the limit grows with B_noise and falls with e*: "well below" takes B_noise's interval's low end
+    # and the latest seed's e*, "well above" its high end and the earliest seed's
+    held_up_to = limit_at(at.low, e_late) / WELL
+    lost_from = WELL * limit_at(b_high, e_early) if b_high is not None else None
+    out.update(b_noise=b_noise, b_noise_low=at.low, b_noise_high=b_high, e_star=e_star, e_star_range=(e_early, e_late),
                budget_ratio=(epochs / e_star) * (1 + b0 / b_noise), limit=limit_at(b_noise),
                limit_is_bound=bound_only, held_up_to=held_up_to, lost_from=lost_from, target=target)
-    base_acc = [accuracy(t) for t in base]
-    for bs, ts in cells.items():
-        if bs == b0:
-            continue
-        if bs <= held_up_to * (1 + 1e-9):  # the tolerance: a limit of exactly twice a batch size
-            predicted = "held"
-        elif lost_from is not None and bs >= lost_from * (1 - 1e-9):
-            predicted = "lost"
-        else:
-            continue
-        w = welch([accuracy(t) for t in ts], base_acc, n_test=n_test)
-        low, high = (None, None) if w["ci_low"] is None else (100 * w["ci_low"], 100 * w["ci_high"])
-        if low is None:
-            agrees = None
-        elif predicted == "held":
-            agrees = True if low > -SHARP else False if high < -SHARP else None
-        else:
-            agrees = True if high < -SHARP else False if low > -SHARP else None
-        out["tests"].append({"batch_size": bs, "predicted": predicted, "diff": 100 * w["diff"], "ci_low": low,
-                             "ci_high": high, "agrees": agrees, "n": len(ts)})
+    out["tests"] = _compare(cells, b0, held_up_to, lost_from, n_test)
     sides = {t["predicted"] for t in out["tests"]}
+    if not tuned:
+        out["verdict_text"] = ("not run: one learning rate at every batch size, and the paper's model assumes "
+                               "each batch size's best (the tuned plan's series is the test)")
+        return out
     if "held" not in sides or "lost" not in sides:
         side = "below" if "held" not in sides else "above"
         above = f"≥ {lost_from:.0f}" if lost_from is not None else "none, B_noise's interval is open above"
@@ -311,9 +321,37 @@ def evaluate(label: str, cells: dict[int, list[dict]], epochs: int, n_test: int 
     return out
 
 
+def _compare(cells: dict[int, list[dict]], b0: int, held_up_to: float, lost_from: float | None,
+             n_test: int | None) -> list[dict]:
+    """Each batch size well below the limit (predicted held) or well above it (predicted lost)
+    against B_0 by Welch's interval: whether it came out as predicted (None: unsettled)."""
+    tests = []
+    base_acc = [accuracy(t) for t in cells[b0]]
+    for bs, ts in cells.items():
+        if bs == b0:
+            continue
+        if bs <= held_up_to * (1 + 1e-9):  # the tolerance: a limit of exactly twice a batch size
+            predicted = "held"
+        elif lost_from is not None and bs >= lost_from * (1 - 1e-9):
+            predicted = "lost"
+        else:
+            continue
+        w = welch([accuracy(t) for t in ts], base_acc, n_test=n_test)
+        low, high = (None, None) if w["ci_low"] is None else (100 * w["ci_low"], 100 * w["ci_high"])
+        if low is None:
+            agrees = None
+        elif predicted == "held":
+            agrees = True if low > -SHARP else False if high < -SHARP else None
+        else:
+            agrees = True if high < -SHARP else False if low > -SHARP else None
+        tests.append({"batch_size": bs, "predicted": predicted, "diff": 100 * w["diff"], "ci_low": low,
+                      "ci_high": high, "agrees": agrees, "n": len(ts)})
+    return tests
+
+
 # --- as text --------------------------------------------------------------------------------------
 
-SAYS = "A fixed number of epochs holds accuracy well below the critical batch size and loses it well above"
+SAYS = "A fixed number of epochs holds accuracy well below B_noise (E/E_min − 1) and loses it well above"
 
 
 def _shown(r: dict) -> dict | None:
@@ -330,8 +368,10 @@ def test_text(r: dict) -> str:
     held = [t["batch_size"] for t in r["tests"] if t["predicted"] == "held"]
     lost = [t["batch_size"] for t in r["tests"] if t["predicted"] == "lost"]
     bound = "≥ " if r["limit_is_bound"] else ""
-    bits = [f"{r['series']}: limit {bound}{r['limit']:.0f} (B_noise {noise_text(r)} from epoch {r['e_star']} at "
-            f"batch size {r['b0']}, E/E_min {r['budget_ratio']:.2f})"]
+    early, late = r.get("e_star_range") or (r["e_star"], r["e_star"])
+    seeds = f", {early}-{late} by seed" if early != late else ""
+    bits = [f"{r['series']}: limit {bound}{r['limit']:.0f} (B_noise {noise_text(r)} at epoch {r['e_star']}{seeds} "
+            f"at batch size {r['b0']}, E/E_min {r['budget_ratio']:.2f})"]
     if held:
         bits.append(f"held at {', '.join(map(str, held))}")
     if lost:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import FuncFormatter, NullLocator
 
 from catsdogs.analysis.tables import BATCH_LABEL, incomplete_note, problems, status_counts
 from catsdogs.plotting import batch_axis
@@ -276,4 +276,86 @@ def make_noise_figure(table: dict, note: str | None = None) -> tuple[Figure, lis
     bits = [b for b in (note, f"McCandlish et al. (2018): B_simple = tr(Σ)/|G|², from {sampling}, drawn with "
                         "replacement") if b]
     fig.suptitle(table["title"] + "\n" + " · ".join(bits), x=0.01, ha="left", fontsize=10.5)
+    return fig, artists
+
+
+# --- the critical batch size, measured (catsdogs.analysis.to_target) ----------------------------------
+
+
+def plot_steps_examples(ax, table: dict, color: str = "C0") -> dict:
+    """The paper's form (McCandlish et al. 2018, figure 1): per batch size, the steps to the target
+    against the examples to it (S(B) and E(B) = B S(B)), log-log, each point labelled with its
+    batch size; the fitted curve (S/S_min - 1)(E/E_min - 1) = 1 and B_crit marked on it, where
+    S = 2 S_min and E = 2 E_min. Returns {"points", "curve", "b_crit"}."""
+    rows = [r for r in table["rows"] if np.isfinite(r["steps"])]
+    points = ax.scatter([r["examples"] for r in rows], [r["steps"] for r in rows], color=color, zorder=4,
+                        label=f"{table['label']}: median over seeds")
+    for r in rows:
+        ax.annotate(f"{r['batch_size']}", (r["examples"], r["steps"]), xytext=(4, 3), textcoords="offset points",
+                    fontsize=7.5, color=color)
+    fit, curve, mark = table["fit"], None, None
+    if fit is not None and fit.b_crit is not None:
+        sizes = np.geomspace(min(r["batch_size"] for r in rows) / 4, max(r["batch_size"] for r in rows) * 4, 200)
+        steps = fit.s_min + fit.e_min / sizes
+        (curve,) = ax.plot(steps * sizes, steps, "-", color=color, alpha=0.6, linewidth=1.3,
+                           label="fit: S = S_min (1 + B_crit/B)")
+        mark = ax.scatter([2 * fit.e_min], [2 * fit.s_min], marker="*", s=140, color=color, edgecolors="black",
+                          linewidths=0.6, zorder=5, label=f"B_crit {fit.describe()}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _plain_numbers(ax.xaxis, ax.yaxis)
+    ax.set_xlabel("training images to the target (log)")
+    ax.set_ylabel("optimizer steps to the target (log)")
+    ax.grid(True, which="major", alpha=0.25)
+    ax.legend(loc="upper right", fontsize=8, frameon=False)
+    return {"points": points, "curve": curve, "b_crit": mark}
+
+
+def plot_steps(ax, table: dict, color: str = "C0") -> dict:
+    """S(B) against batch size (log2), with the fitted S = S_min + E_min/B; a batch size whose best
+    median did not reach the target as an open marker at the top, labelled so; each chosen learning
+    rate written by its point (an edge choice marked *). Returns {"points", "fit", "missed"}."""
+    rows = table["rows"]
+    reached = [r for r in rows if np.isfinite(r["steps"])]
+    missed = [r for r in rows if not np.isfinite(r["steps"])]
+    points = ax.scatter([r["batch_size"] for r in reached], [r["steps"] for r in reached], color=color, zorder=4,
+                        label="S(B): best median steps over the learning rates")
+    for r in reached:
+        ax.annotate(f"lr {r['lr']:g}{'*' if r['edge'] else ''}", (r["batch_size"], r["steps"]), xytext=(0, 6),
+                    textcoords="offset points", ha="center", fontsize=7, color="0.3")
+    top = max([r["steps"] for r in reached], default=1.0) * 1.6
+    missed_art = ax.scatter([r["batch_size"] for r in missed], [top] * len(missed), marker="^", facecolors="none",
+                            edgecolors=color, s=50, zorder=4, label="not reached") if missed else None
+    fit, line = table["fit"], None
+    if fit is not None:
+        sizes = np.geomspace(min(r["batch_size"] for r in rows), max(r["batch_size"] for r in rows), 100)
+        (line,) = ax.plot(sizes, fit.s_min + fit.e_min / sizes, "-", color=color, alpha=0.6, linewidth=1.3,
+                          label="fit: S_min + E_min/B")
+    batch_axis(ax, [r["batch_size"] for r in rows])
+    ax.set_yscale("log")
+    _plain_numbers(ax.yaxis)
+    ax.set_ylabel("optimizer steps to the target (log)")
+    ax.grid(True, axis="y", alpha=0.25)
+    ax.legend(loc="upper right", fontsize=8, frameon=False)
+    return {"points": points, "fit": line, "missed": missed_art}
+
+
+def _plain_numbers(*axes) -> None:
+    """A log axis labelled 40, 100, 3000 rather than 4×10¹, 10², 3×10³."""
+    for axis in axes:
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "1235" else ""))
+
+
+def make_critical_figure(tables: list[dict], note: str | None = None) -> tuple[Figure, list[dict]]:
+    """Per series of a sweep run until a target: the paper's form (steps against examples) and S(B)."""
+    fig = Figure(figsize=(11, 0.9 + 3.8 * len(tables)), layout="constrained")
+    axes = fig.subplots(len(tables), 2, squeeze=False)
+    artists = []
+    for (left, right), table in zip(axes, tables, strict=True):
+        artists.append({"paper": plot_steps_examples(left, table), "steps": plot_steps(right, table)})
+        left.set_title(f"{table['label']} · {table['target'].describe()}", fontsize=10, loc="left")
+    bits = [b for b in (note, "* lr at the edge of its grid") if b]
+    fig.suptitle("The critical batch size, measured: steps to a target by batch size\n" + " · ".join(bits),
+                 x=0.01, ha="left", fontsize=10.5)
     return fig, artists

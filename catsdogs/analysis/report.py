@@ -17,7 +17,12 @@ from pathlib import Path
 
 from catsdogs import config
 from catsdogs.analysis.markdown import csv_text, markdown
-from catsdogs.analysis.plots import make_collapse_figure, make_figure, make_noise_figure
+from catsdogs.analysis.plots import (
+    make_collapse_figure,
+    make_critical_figure,
+    make_figure,
+    make_noise_figure,
+)
 from catsdogs.analysis.rows import data_source_kind, load_trials, sweep_config
 from catsdogs.analysis.summary import summarize
 from catsdogs.analysis.tables import status_counts
@@ -59,6 +64,13 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
             f"{paths['figures']['noise']['png']} (and .svg)")
     if noise_table["measured"] and noise_table["missing"]:
         log(f"noise: {len(noise_table['missing'])} cells lack the measurement (results.md says how to get it)")
+    if summary["to_target"]:
+        fig, _ = make_critical_figure(summary["to_target"], note)
+        paths["figures"]["critical_measured"] = save_figure(fig, folder / "figures" / "critical_measured")
+        for t in summary["to_target"]:
+            c = t["claim"]
+            log(f"critical batch size measured ({t['label']}, {t['target'].describe()}): B_crit "
+                f"{t['fit'].describe() if t['fit'] else 'not fitted'}; the noise scale's prediction {c['verdict']}")
     for ctx in summary["claims"]:
         verdicts = [r["verdict"] for r in ctx["results"]]
         log(f"claims ({ctx['context']}): " + ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts)))

@@ -11,7 +11,7 @@ table and the critical batch size's claim (catsdogs.analysis.critical), which re
 from __future__ import annotations
 
 from catsdogs import config, seeds
-from catsdogs.analysis import claims, critical
+from catsdogs.analysis import claims, critical, to_target
 from catsdogs.analysis.tables import (
     accumulation_table,
     augmentation_table,
@@ -29,13 +29,17 @@ def summarize(trials: list[dict], recorded: dict | None = None) -> dict:
     configuration as the store holds it (its adaptive seeds, its data's counts).
 
     {"figures": [table, ...], "unused": [trial, ...], "collapse": table, "claims": [...],
-    "adaptive": its state or None, "noise": the noise scale's table, "critical": [...]}. Figures
+    "adaptive": its state or None, "noise": the noise scale's table, "critical": [...], "to_target":
+    the critical batch size measured, per series of the trials run until a target}. Figures
     without trials are left out: optimizers (article protocol, standard data, by optimizer);
     augmentation (article protocol, Adam, by data set; only with augmented trials); protocols
     (accumulate 1, by protocol, for each optimizer and data set that has a variant); accumulation
     (by accumulation steps, x the effective batch size, where accumulated trials exist); tuned
     (where a cell has several learning rates)."""
-    trials = list(trials)
+    # trials trained until a target are measured by their steps to it, not their accuracy: their
+    # own section (catsdogs.analysis.to_target), and no accuracy figure or claim
+    targeted = [t for t in trials if to_target.has_target(t)]
+    trials = [t for t in trials if not to_target.has_target(t)]
     recorded = recorded or {}
     counts = (recorded.get("data") or {}).get("counts")
     # the test images every accuracy was measured on (each comparison's binomial floor); the
@@ -49,7 +53,8 @@ def summarize(trials: list[dict], recorded: dict | None = None) -> dict:
             "collapse": collapse_table(trials), "claims": claims.claims_by_context(trials, n_test),
             "adaptive": adaptive_state(trials, recorded.get("adaptive"), test_images(counts) if counts else None),
             "noise": critical.noise_table(trials, tuned),
-            "critical": critical.critical_claims_by_context(trials, tuned, n_test)}
+            "critical": critical.critical_claims_by_context(trials, tuned, n_test),
+            "to_target": to_target.tables(targeted)}
 
 
 def adaptive_state(trials: list[dict], adaptive: dict | None, n_test: int | None = None) -> dict | None:
