@@ -80,8 +80,14 @@ def test_a_target_stops_the_trial_where_its_curve_first_reaches_it(keras_backend
     losses = [p["val_loss"] for p in free.curve]
     first = next(i for i in range(2, len(losses)) if losses[i] < min(losses[:i]) and (i * EVERY // BATCH) % 6)
     value = (losses[first] + min(losses[:first])) / 2
-    # when the same trial trains until that target
-    (stopped,) = run([(trial(data_dir, until=f"val_loss={value!r}", eval_every=EVERY), None)], data_dir, tmp_path)
+    # when the same trial trains until that target, and then, in the same worker, the trial without one
+    slot = LocalSlot(0, 1, tmp_path / "kept")
+    try:
+        stopped = slot.run(trial(data_dir, until=f"val_loss={value!r}", eval_every=EVERY), data_dir)
+        again = slot.run(trial(data_dir), data_dir, eval_every=EVERY)
+    finally:
+        slot.close()
+    assert stopped.status == again.status == Status.DONE, (stopped.error, again.error)
     # then it stopped at that evaluation: the same curve up to there, and no step more
     assert stopped.curve == [{**p, "train_seconds": q["train_seconds"]} for p, q in
                              zip(free.curve[:first + 1], stopped.curve, strict=True)]
@@ -96,6 +102,10 @@ def test_a_target_stops_the_trial_where_its_curve_first_reaches_it(keras_backend
     assert stopped.history[-1]["batches"] == stopped.steps % 6
     assert stopped.history[-1]["val_loss"] == at["val_loss"] and stopped.val_accuracy == at["val_accuracy"]
     assert stopped.weights_digest != free.weights_digest
+    # and a fit that a target ended leaves nothing behind: the worker's next trial, reusing its step,
+    # trains as the trial alone in a fresh worker did
+    assert again.step_reused and trained(again) == trained(free)
+    assert [{**p, "train_seconds": 0} for p in again.curve] == [{**p, "train_seconds": 0} for p in free.curve]
 
 
 def test_a_target_never_reached_is_recorded_so_and_the_trial_runs_its_epochs(data_dir, tmp_path):

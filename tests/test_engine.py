@@ -194,14 +194,14 @@ class FaultySlot(LocalSlot):
 
     pids: dict[str, int] = {}
 
-    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None):
         def epoch(row):
             FaultySlot.pids.setdefault(cfg.key(), self.worker.proc.pid)
             if cfg.batch_size == 8:
                 os.kill(self.worker.proc.pid, signal.SIGKILL)
             elif on_epoch:
                 on_epoch(row)
-        return super().run(cfg, data_dir, epoch, noise_sampling)
+        return super().run(cfg, data_dir, epoch, noise_sampling, eval_every)
 
 
 @pytest.fixture(scope="module")

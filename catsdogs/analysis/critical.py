@@ -263,12 +263,12 @@ def evaluate(label: str, cells: dict[int, list[dict]], epochs: int, n_test: int 
            "e_star": None, "budget_ratio": None, "tests": [], "verdict": claims.NOT_RUN, "verdict_text": "",
            "n": {bs: len(ts) for bs, ts in cells.items()}}
     if not all(measurements(t) for t in base):
-        out["verdict_text"] = (f"not run: the noise scale was not measured at batch size {b0} "
-                               "(sweep --noise-scale)")
+        out["verdict_text"] = _one_rate(tuned, f"not run: the noise scale was not measured at batch size {b0} "
+                                               "(sweep --noise-scale)")
         return out
     curve = _val_curve(base)
     if not curve:
-        out["verdict_text"] = f"not run: batch size {b0} has no per-epoch accuracy"
+        out["verdict_text"] = _one_rate(tuned, f"not run: batch size {b0} has no per-epoch accuracy")
         return out
     target = curve[-1] - SHARP / 100
     e_star = next(e + 1 for e, v in enumerate(curve) if v >= target)
@@ -277,8 +277,8 @@ def evaluate(label: str, cells: dict[int, list[dict]], epochs: int, n_test: int 
     at = pool_by_seed({field_of(t, "seed"): [m for m in measurements(t) if m.epoch == e_star] for t in base},
                       epoch=e_star)
     if at is None or at.low is None or (at.b_simple is None and not at.low):
-        out["verdict_text"] = (f"not run: no noise scale at batch size {b0} at epoch {e_star} from two seeds "
-                               "or more")
+        why = "from two seeds or more" if at is None else "(undetermined: neither the gradient nor the noise clearly positive)"
+        out["verdict_text"] = _one_rate(tuned, f"not run: no noise scale at batch size {b0} at epoch {e_star} {why}")
         return out
     bound_only = at.b_simple is None
     b_noise = at.low if bound_only else at.b_simple
@@ -297,8 +297,7 @@ def evaluate(label: str, cells: dict[int, list[dict]], epochs: int, n_test: int 
     out["tests"] = _compare(cells, b0, held_up_to, lost_from, n_test)
     sides = {t["predicted"] for t in out["tests"]}
     if not tuned:
-        out["verdict_text"] = ("not run: one learning rate at every batch size, and the paper's model assumes "
-                               "each batch size's best (the tuned plan's series is the test)")
+        out["verdict_text"] = _one_rate(tuned)
         return out
     if "held" not in sides or "lost" not in sides:
         side = "below" if "held" not in sides else "above"
@@ -319,6 +318,17 @@ def evaluate(label: str, cells: dict[int, list[dict]], epochs: int, n_test: int 
         out["verdict"] = claims.UNSETTLED
         out["verdict_text"] = f"unsettled with {ns[0]}" + (f"-{ns[-1]}" if len(ns) > 1 else "") + " seeds"
     return out
+
+
+ONE_RATE = ("not run: one learning rate at every batch size, and the paper's model assumes each batch size's "
+            "best (the tuned plan's series is the test)")
+
+
+def _one_rate(tuned: bool, reason: str | None = None) -> str:
+    """Why a series gets no verdict: for one at a single learning rate that first (and `reason` beside it)."""
+    if tuned:
+        return reason or ""
+    return ONE_RATE + (f"; also {reason.removeprefix('not run: ')}" if reason else "")
 
 
 def _compare(cells: dict[int, list[dict]], b0: int, held_up_to: float, lost_from: float | None,

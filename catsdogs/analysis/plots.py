@@ -323,7 +323,7 @@ def plot_steps(ax, table: dict, color: str = "C0") -> dict:
     for r in reached:
         ax.annotate(f"lr {r['lr']:g}{'*' if r['edge'] else ''}", (r["batch_size"], r["steps"]), xytext=(0, 6),
                     textcoords="offset points", ha="center", fontsize=7, color="0.3")
-    top = max([r["steps"] for r in reached], default=1.0) * 1.6
+    top = max([r["steps"] for r in reached], default=1.0) * 1.35
     missed_art = ax.scatter([r["batch_size"] for r in missed], [top] * len(missed), marker="^", facecolors="none",
                             edgecolors=color, s=50, zorder=4, label="not reached") if missed else None
     fit, line = table["fit"], None
@@ -333,6 +333,7 @@ def plot_steps(ax, table: dict, color: str = "C0") -> dict:
                           label="fit: S_min + E_min/B")
     batch_axis(ax, [r["batch_size"] for r in rows])
     ax.set_yscale("log")
+    ax.set_ylim(top=top * (1.25 if missed else 1.0))  # room for the labels above the points
     _plain_numbers(ax.yaxis)
     ax.set_ylabel("optimizer steps to the target (log)")
     ax.grid(True, axis="y", alpha=0.25)
