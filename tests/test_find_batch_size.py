@@ -313,47 +313,50 @@ def measured(b_simple, low, high=None) -> NoiseRun:
     return NoiseRun(estimate, initial=None, batch_size=32, measure_seconds=12.0, seconds=20.0)
 
 
-@pytest.mark.parametrize("noise, binding, rule", [
-    (measured(100.0, 60.0, 180.0), "statistics", "paper"),  # below the fastest: it binds
-    (measured(None, 900.0), "memory", "linear"),  # a lower bound only: it binds nothing
+@pytest.mark.parametrize("optimizer, noise, binding, rule", [
+    ("sgd", measured(30.0, 20.0, 45.0), "statistics", "paper"),  # T(B) least near B_noise: statistics binds
+    ("adam", measured(30.0, 20.0, 45.0), "statistics", "sqrt"),  # Adam's rule, whatever the noise scale
+    ("sgd", measured(None, 900.0), "memory", "linear"),  # a lower bound only: unresolved, speed's choice
 ])
 def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_dir, tmp_path, monkeypatch,
-                                                                        noise, binding, rule):
+                                                                        optimizer, noise, binding, rule):
     from catsdogs.measure import prober
 
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
-    monkeypatch.setattr(prober, "Prober", SpeedProber)
+    monkeypatch.setattr(prober, "Prober", SqrtSpeedProber)
     monkeypatch.setattr(findbs, "measure_noise_scale", lambda *args, **kwargs: noise)
-    # given probes ever faster up to the memory limit (104 with the margin), and a measured noise scale
+    # given throughput growing as the square root of the batch size up to the memory limit (104 with
+    # the margin), where T(B) = (1 + B_noise/B) sqrt(B) is least at B = B_noise, and a noise scale
     lines: list[str] = []
-    s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20), data_dir, tmp_path,
-                               log=lines.append)
+    s = findbs.find_batch_size(FindSettings("fbs", optimizer=optimizer, memory_cap_bytes=1000 * 2**20), data_dir,
+                               tmp_path, log=lines.append)
     rec = s["recommendation"]
     text = "\n".join(lines)
     # then the recommendation names the limit that binds, and the learning rate follows its rule
     assert rec["binding"] == binding and rec["learning_rate_rule"] == rule
     assert s["noise_scale"] == noise.as_json()
-    if rule == "paper":
-        assert rec["batch_size"] <= noise.estimate.b_simple
-        assert rec["learning_rate"] == pytest.approx(0.001 * (1 + 100 / 32) / (1 + 100 / rec["batch_size"]))
-        assert "statistics binds" in text and "the paper's rule" in text
-        assert "Critical batch size (the gradient noise scale B_simple after one epoch at batch size 32): 100" in text
+    base = {"sgd": 0.01, "adam": 0.001}[optimizer]
+    b = rec["batch_size"]
+    expected = {"paper": base * (1 + 30 / 32) / (1 + 30 / b), "sqrt": base * (b / 32) ** 0.5, "linear": base * b / 32}
+    assert rec["learning_rate"] == pytest.approx(expected[rule])
+    if binding == "statistics":
+        assert b == 32 and "statistics binds" in text  # the probed size nearest B_noise = 30
+        assert "Critical batch size (the gradient noise scale B_simple after one epoch at batch size 32): 30" in text
     else:
-        assert rec["learning_rate"] == pytest.approx(0.001 * rec["batch_size"] / 32)
-        assert "above 900" in text and "only a lower bound" in text
+        assert b == 104 and "above 900" in text and "Statistics could not be resolved" in text
 
 
 def test_the_critical_batch_size_is_probed_and_recommended_when_statistics_binds(data_dir, tmp_path, monkeypatch):
     from catsdogs.measure import prober
 
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
-    monkeypatch.setattr(prober, "Prober", SpeedProber)
+    monkeypatch.setattr(prober, "Prober", SqrtSpeedProber)
     def noise_step(*args, **kwargs):
         args[-1]("Noise scale: measured")  # its log
         return measured(50.4, 30.0, 90.0)
 
     monkeypatch.setattr(findbs, "measure_noise_scale", noise_step)
-    # given a noise scale of 50 and probes ever faster up to the memory limit (104 with the margin)
+    # given a noise scale of 50 and throughput growing as sqrt(B) up to the memory limit (104 with the margin)
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20), data_dir, tmp_path,
                                log=lines.append)
@@ -366,12 +369,13 @@ def test_the_critical_batch_size_is_probed_and_recommended_when_statistics_binds
     assert lines.index("Noise scale: measured") < first_probe
 
 
-class SpeedProber(LinearProber):
-    """LinearProber whose throughput rises with the batch size: without statistics, memory binds."""
+class SqrtSpeedProber(LinearProber):
+    """LinearProber whose throughput grows as the square root of the batch size (the step time too):
+    T(B) = (1 + B_noise/B) sqrt(B) is least at B = B_noise."""
 
     def run(self, task):
         record = super().run(task)
-        record.images_per_second = 10.0 * task.batch_size
+        record.images_per_second = 100.0 * task.batch_size ** 0.5
         return record
 
 
@@ -451,14 +455,14 @@ def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_is_not_off_b
     assert all(p["worker"] != "reused" for p in probes if p["batch_size"] >= fresh_from)
     rec = s["recommendation"]
     assert by_size[rec["batch_size"]]["status"] == "done" and rec["batch_size"] <= largest
-    assert rec["learning_rate"] == pytest.approx(0.001 * rec["batch_size"] / 32)
+    assert rec["learning_rate"] == pytest.approx(0.001 * (rec["batch_size"] / 32) ** 0.5)  # Adam: the square-root rule
     text = "\n".join(lines)
     assert f"Largest batch size that fits under {cap_mb:.0f} MiB: {largest}" in text
     model = {"tensorflow": "The step replayed through TensorFlow's allocator predicts",
              "jax": "XLA's memory plan predicts"}
     assert model[keras_backend] in text and "Recommendation: batch size" in text
     assert {p["backend"] for p in probes} == {keras_backend}
-    assert "The linear scaling rule holds only below the critical batch size" in text
+    assert "the square-root rule for Adam" in text and "Predicted time to a target by batch size" in text
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -490,7 +494,8 @@ def test_find_batch_size_on_unprepared_data_is_exit_1_saying_how_to_prepare(tmp_
 OWN_LINES = ("Find batch size", "calibrate ", "search ", "confirm ", "critical ", "Predicted before the search",
              "Largest batch size", "No batch size fits", "The step replayed", "XLA's memory plan",
              "That limit is XLA's", "Fastest that fits", "With a ", "Recommendation:", "No recommendation",
-             "The linear scaling rule", "Noise scale", "Critical batch size", "Learning rate")
+             "Noise scale", "Critical batch size", "Learning rate", "Predicted time to a target", "  ",
+             "Within ", "Statistics could not be resolved", "The limit is noisy")
 
 
 @pytest.mark.slow

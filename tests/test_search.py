@@ -15,10 +15,8 @@ from catsdogs.measure.search import (
     apply_margin,
     effective_resolution,
     linear_scaled_lr,
-    recommend,
     search,
 )
-from catsdogs.messages import ProbeRecord
 
 
 def test_the_search_runs_without_a_framework():
@@ -162,21 +160,6 @@ def test_a_bad_mode_or_start_is_refused():
         search(FakeDevice(10), start=0)
 
 
-def speed_curve() -> list[ProbeRecord]:
-    return [ProbeRecord(batch_size=b, status=s, images_per_second=ips) for b, s, ips in [
-        (8, "done", 50.0), (16, "done", 90.0), (32, "done", 100.0), (64, "done", 98.0),
-        (128, "done", 120.0), (192, "done", 110.0), (256, "oom", None)]]
-
-
-def test_recommendation_is_the_fastest_at_or_below_the_margin_smaller_on_a_tie():
-    probes = speed_curve()
-    assert recommend(probes, safe=64) == (probes[2], "speed")  # 64 is within 5% of 32: the smaller
-    assert recommend(probes, safe=128) == (probes[4], "memory")  # the fastest is the largest allowed
-    assert recommend(probes, safe=192) == (probes[4], "speed")  # throughput peaked below the limit
-    assert recommend(probes, safe=16)[0].batch_size == 16
-    assert recommend(probes, safe=4) == (None, None)
-
-
 @pytest.mark.parametrize("value, expected", [(3.3, 2), (7.9, 4), (8.0, 8), (50.4, 48), (0.4, 1)])
 def test_a_critical_batch_size_is_rounded_down_as_the_margins_size_is(value, expected):
     assert search_module.round_batch(value) == expected
@@ -191,23 +174,3 @@ def test_the_critical_batch_size_is_probed_only_below_the_memory_limit():
     assert search_module.critical_probe(noise_scale(900.0, 600.0), safe=656) is None  # memory binds first
     assert search_module.critical_probe(noise_scale(None, 40.0), safe=656) is None  # a lower bound only
     assert search_module.critical_probe(None, safe=656) is None
-
-
-def test_the_critical_batch_size_caps_the_recommendation_and_is_named_when_it_binds():
-    probes = speed_curve()
-    # given a critical batch size of 100: 128 would be fastest, but is above it
-    assert recommend(probes, safe=192, critical=100.0) == (probes[2], "statistics")
-    # one above the fastest size binds nothing
-    assert recommend(probes, safe=192, critical=500.0) == (probes[4], "speed")
-    # one below every size that fits leaves the smallest
-    assert recommend(probes, safe=192, critical=4.0) == (probes[0], "statistics")
-
-
-
-
-def test_the_fresh_threshold_is_80_percent_of_the_prediction():
-    assert search_module.fresh_threshold(100) == 80
-    assert search_module.fresh_threshold(101) == 81  # rounded up: never below 80%
-    assert search_module.fresh_threshold(0) == 1  # nothing predicted to fit: every probe fresh
-
-

@@ -58,6 +58,7 @@ from catsdogs.measure.find_summary import METHODS, probe_line, summary_lines
 from catsdogs.measure.search import (
     FindSettings,
     apply_margin,
+    confirm,
     critical_probe,
     decide,
     fresh_threshold,
@@ -137,15 +138,16 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         result = search(lambda b: run.probe(b, "search").status, mode=settings.mode, start=settings.start,
                         max_batch=settings.max_batch, resolution=settings.resolution)
         safe = apply_margin(result.largest_fit, settings.margin) if result.largest_fit is not None else None
-        if safe is not None:
-            run.probe(safe, "confirm")  # the margin's size, unless it was probed already
+        margin_failed: list[int] = []
+        if safe is not None:  # the margin's size must pass itself: down the margin's grid until one does
+            safe, margin_failed = confirm(lambda b: run.probe(b, "confirm").status, safe)
         critical = critical_probe(noise_run.estimate if noise_run else None, safe)
         if critical is not None:
             run.probe(critical, "critical")  # the statistics' limit, so the recommendation can stand on it
     finally:
         run.close()
     summary = decide(result, run.probes, safe, settings.optimizer, noise_run.estimate if noise_run else None)
-    summary.update(noise_scale=noise_run.as_json() if noise_run else None, settings=settings.recorded(size, cpu_cap, data_dir),
+    summary.update(margin_failed=margin_failed, noise_scale=noise_run.as_json() if noise_run else None, settings=settings.recorded(size, cpu_cap, data_dir),
                    prediction=_prediction(pred, calib, run, result, size),
                    memory_fraction=calib.memory_fraction,
                    probes=[p.view("search") for p in run.probes], versions=versions())

@@ -7,6 +7,7 @@ lines are the same whether the search just ran or its JSON is read back.
 from __future__ import annotations
 
 from catsdogs.gradient_noise import NoiseEstimate, describe
+from catsdogs.measure.goodput import NEAR, RULES
 from catsdogs.messages import ProbeRecord
 from catsdogs.schema import Status
 
@@ -24,16 +25,6 @@ def probe_line(p: ProbeRecord) -> str:
     if p.status == Status.FAILED and p.error:
         parts.append(p.error.splitlines()[0][:200])
     return ", ".join(parts)
-
-
-def _linear_rule_note(rec: dict, b_noise: float) -> str:
-    """How the linear scaling rule compares with the paper's, and why."""
-    if rec["batch_size"] > b_noise:
-        return ", too large: above the critical batch size a larger batch no longer takes larger steps."
-    if abs(rec["learning_rate"] / rec["linear_learning_rate"] - 1) <= 0.2:
-        return ", close to it, as it should be well below the critical batch size."
-    return (f", which holds only when both batch sizes ({rec['batch_size']} and {rec['base_batch_size']}) are well "
-            "below the critical batch size, as they are not here.")
 
 
 def _noise_lines(measured: dict | None, settings: dict) -> list[str]:
@@ -93,32 +84,59 @@ def summary_lines(summary: dict) -> list[str]:
         f = summary["fastest"]
         lines.append(f"Fastest that fits: {f['batch_size']} at {f['images_per_second']:.1f} images/s "
                      f"(median of {s['steps']} steps per probe).")
-    if s["margin"]:
-        lines.append(f"With a {s['margin']:.0%} margin: {summary['margin_batch_size']}.")
+    failed = summary.get("margin_failed") or []
+    if s["margin"] or failed:
+        safe = summary["margin_batch_size"]
+        lines.append(f"With a {s['margin']:.0%} margin: {safe if safe is not None else 'none that passed'}."
+                     if s["margin"] else f"The largest that passed again: {safe}.")
+    if failed:
+        lines.append(f"The limit is noisy there: {', '.join(map(str, failed))} did not pass {'its' if len(failed) == 1 else 'their'} "
+                     "confirmation (peak memory is not monotonic in the batch size), so the answer moved down the "
+                     f"margin's grid to {summary['margin_batch_size']}, the first size that passed again.")
     measured = summary.get("noise_scale")
     lines += _noise_lines(measured, s)
     rec = summary.get("recommendation")
     if not rec:
         lines.append("No recommendation: no size at or below the margin's fit with a throughput measured.")
         return lines
-    why = {"memory": f"memory binds: it is the largest size the {s['margin']:.0%} margin allows, and the fastest",
-           "speed": "speed binds: throughput peaked below the memory limit"
-                    + (" and the critical batch size" if measured and measured.get("b_simple") else ""),
-           "statistics": "statistics binds: a larger batch would be faster but is above the critical batch "
-                         "size, where it buys few steps"}[rec["binding"]]
+    lines += time_table_lines(rec)
+    b_noise = rec.get("b_noise")
+    why = {"memory": f"memory binds: it is the largest size the {s['margin']:.0%} margin allows, and a larger "
+                     "one would reach a target sooner still",
+           "speed": "speed binds: throughput per image peaked here, below the memory limit",
+           "statistics": f"statistics binds: a larger batch is faster per image but needs more steps (B_noise "
+                         f"{b_noise or 0:.0f}), so it reaches a target later"}[rec["binding"]]
+    if rec.get("statistics") == "unresolved" and measured:
+        lines.append("Statistics could not be resolved (the noise scale is not a number with an interval bounded "
+                     "above): the choice is speed's within memory.")
     lines.append(f"Recommendation: batch size {rec['batch_size']}, {rec['images_per_second']:.1f} images/s ({why}).")
-    if rec["learning_rate_rule"] == "paper":
-        b_noise = measured["b_simple"]
-        lines.append(
-            f"Learning rate {rec['learning_rate']:.3g}: the paper's rule, {s['optimizer']}'s default "
-            f"{rec['base_learning_rate']:g} at batch size {rec['base_batch_size']} x (1 + {b_noise:.0f}/"
-            f"{rec['base_batch_size']}) / (1 + {b_noise:.0f}/{rec['batch_size']}); the linear scaling rule "
-            f"would give {rec['linear_learning_rate']:.3g}" + _linear_rule_note(rec, b_noise))
-    else:
-        lines.append(
-            f"Learning rate {rec['learning_rate']:.3g} ({s['optimizer']}'s default {rec['base_learning_rate']:g} "
-            f"x {rec['batch_size']}/{rec['base_batch_size']}, the linear scaling rule"
-            + ("; the noise scale is only a lower bound, so the paper's rule cannot be applied)." if measured else ")."))
-        lines.append("The linear scaling rule holds only below the critical batch size: check the accuracy, "
-                     "and consider a learning-rate warm-up at large batch sizes.")
+    near, wide = rec.get("near_best") or [], rec.get("near_best_interval") or []
+    if near:
+        lines.append(f"Within {NEAR:.0%} of the best predicted time: {_sizes(near)}"
+                     + (f"; over B_noise's interval: {_sizes(wide)}." if wide != near else "."))
+    lr, base = rec["learning_rate"], rec["base_learning_rate"]
+    lines.append(f"Learning rate {lr:.3g}: {RULES[rec['learning_rate_rule']]}, anchored at "
+                 f"{rec.get('learning_rate_anchor', 'Keras' + chr(39) + 's default')} {base:g} at batch size "
+                 f"{rec['base_batch_size']}." + ("" if rec["learning_rate_rule"] == "paper" else
+                                                  " Tune it where it matters: a rule is a starting point."))
+    return lines
+
+
+def _sizes(sizes: list[int]) -> str:
+    return ", ".join(map(str, sizes))
+
+
+def time_table_lines(rec: dict) -> list[str]:
+    """The table the recommendation was chosen from: per size that passed, its throughput, the
+    steps and the time to a target relative to the best."""
+    table = rec.get("table") or []
+    if not table:
+        return []
+    steps = "the paper's steps (1 + B_noise/B)" if rec.get("b_noise") else "speed alone (the noise scale unresolved)"
+    lines = [f"Predicted time to a target by batch size: {steps} times each probe's step time, relative to the best:",
+             f"  {'batch':>6} {'images/s':>10} {'steps':>7} {'time':>7}"]
+    for r in table:
+        mark = "  <- recommended" if r["batch_size"] == rec["batch_size"] else ""
+        lines.append(f"  {r['batch_size']:>6} {r['images_per_second']:>10.1f} {r['relative_steps']:>7.2f} "
+                     f"{r['relative_time']:>7.2f}{mark}")
     return lines

@@ -18,19 +18,12 @@ fits, then rounds down to a multiple of 8 (GPU kernels and tensor cores like mul
 to a power of two below 8. The critical batch size is rounded down the same way (`round_batch`)
 and probed when it lies below the margin's size (`critical_probe`).
 
-The recommendation (`recommend`, `decide`) joins the three limits: of the sizes that fit and are
-no larger than the margin's (memory) and, when the noise scale was measured as a number, no
-larger than it (statistics), the fastest (images/s of the probes' median step; speed); a smaller
-size within 5% of it wins, being as fast within the probes' noise and kinder to generalization.
-It names the limit that binds: statistics when the critical batch size rules out the size memory
-and speed alone would pick, memory when that size is the largest the margin allows (a larger
-batch might be faster still), else speed (throughput peaked below both). A noise scale that is
-only a lower bound rules nothing out. Its learning rate: with the noise scale measured, the
-paper's rule, eps(B) = eps(32) (1 + B_noise/32) / (1 + B_noise/B), from the optimizer's Keras
-default at the base batch size (32); linear in B well below B_noise, where it agrees with the
-linear scaling rule, and flat well above it, where the linear rule would overshoot. Without it,
-the linear scaling rule, as a trial's `--lr-scaling linear` does (schema.learning_rate): the
-Keras default (SGD 0.01, Adam 0.001) times batch size / 32.
+The recommendation (`decide`) is the size predicted to reach a target soonest among the sizes
+that passed, no larger than the margin's (catsdogs.measure.goodput: the paper's steps times each
+probe's step time), with the limit that binds (memory, speed or statistics) and a learning rate by
+the optimizer's rule: the paper's for SGD with a resolved noise scale, else linear; the square-root
+rule for Adam; anchored at Keras's default (SGD 0.01, Adam 0.001) at the base batch size (32).
+A confirmation that fails moves the margin's size down until one passes (`confirm`).
 """
 
 from __future__ import annotations
@@ -41,10 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from catsdogs.errors import SettingError
-from catsdogs.gradient_noise import NoiseEstimate, paper_learning_rate
+from catsdogs.gradient_noise import NoiseEstimate
+from catsdogs.measure import goodput
 from catsdogs.measure.common import check_settings
 from catsdogs.messages import ProbeRecord
-from catsdogs.schema import LIMITS, Status, TrialConfig, default, learning_rate
+from catsdogs.schema import DEFAULT_LR, LIMITS, Status, TrialConfig, default, learning_rate
 from catsdogs.training import backends
 
 MODES = ("power", "binsearch")
@@ -54,7 +48,8 @@ DEFAULT_WARMUP = 1
 DEFAULT_MARGIN = 0.1
 DEFAULT_RESOLUTION = 8  # the bisection's final gap, or an eighth of the answer when smaller
 MAX_FAILED_IN_A_ROW = 2
-TIE = 0.05  # throughputs within 5% are the same, for the recommendation
+TIE = 0.05  # throughputs within 5% are the same, for the fastest
+MAX_CONFIRMATIONS = 4  # sizes tried down from the margin's before giving up (each one probe)
 FRESH_SHARE = 0.8  # probes at or above this share of the predicted limit run in a fresh worker
 
 
@@ -227,54 +222,45 @@ def linear_scaled_lr(optimizer: str, batch_size: int) -> float:
     return learning_rate(TrialConfig(optimizer, batch_size, "standard", 0, lr_scaling="linear"))
 
 
-def fastest(probes: list[ProbeRecord]) -> ProbeRecord | None:
-    """The fastest of `probes`; a smaller one within TIE of it wins."""
-    if not probes:
-        return None
-    best = max(p.images_per_second for p in probes)
-    return min((p for p in probes if p.images_per_second >= (1 - TIE) * best), key=lambda p: p.batch_size)
-
-
-def recommend(probes: list[ProbeRecord], safe: int, critical: float | None = None) -> tuple[ProbeRecord | None, str | None]:
-    """(the recommended probe, the limit that binds: "memory", "speed" or "statistics").
-
-    Of the probes that fit with batch size <= safe (memory) and <= `critical` (statistics: the
-    critical batch size, when known as a number), the fastest (speed); a smaller one within TIE
-    of it wins. When the critical batch size is below every fitting size, the smallest fits."""
-    fits = [p for p in probes if p.status == Status.DONE and p.batch_size <= safe and p.images_per_second]
-    if not fits:
-        return None, None
-    by_speed = fastest(fits)
-    if critical is not None and by_speed.batch_size > critical:
-        within = [p for p in fits if p.batch_size <= critical]
-        return (fastest(within) if within else min(fits, key=lambda p: p.batch_size)), "statistics"
-    largest = max(p.batch_size for p in fits)
-    return by_speed, ("memory" if by_speed.batch_size == largest else "speed")
+def confirm(probe: Callable[[int], str], safe: int, most: int = MAX_CONFIRMATIONS) -> tuple[int | None, list[int]]:
+    """Probe the margin's size; while it does not pass, the next size down on the margin's grid (a
+    multiple of 8, a power of two below 8), at most `most` probes: peak memory is not monotonic in
+    the batch size (TensorFlow's CPU path), so a size below one that fitted can still fail. Returns
+    (the first size that passed, or None; the sizes that failed, in order)."""
+    failed: list[int] = []
+    size = safe
+    while len(failed) < most:
+        if probe(size) == Status.DONE:
+            return size, failed
+        failed.append(size)
+        if size <= 1:
+            break
+        size = round_batch(size - 1)
+    return None, failed
 
 
 def decide(result: SearchResult, probes: list[ProbeRecord], safe: int | None, optimizer: str,
            estimate: NoiseEstimate | None) -> dict:
     """The measured answer, the margin's size, the fastest and the recommendation with its
-    learning rate, as find_batch_size.json holds them."""
+    learning rate, as find_batch_size.json holds them: the size predicted to reach a target soonest
+    (catsdogs.measure.goodput), its table, and the learning rate by the optimizer's rule, anchored
+    at Keras's default at the base batch size."""
     summary: dict = {"largest_fitting": result.largest_fit, "first_not_fitting": result.first_failure,
                      "reached_max": result.reached_max, "noise_scale": None}  # the caller's, in this place
     if result.largest_fit is None:
         return summary
     summary["margin_batch_size"] = safe
-    fits = [p for p in probes if p.status == Status.DONE and p.images_per_second]
+    fits = list(goodput.passed(probes).values())
     top = max(fits, key=lambda p: p.images_per_second) if fits else None
     summary["fastest"] = {"batch_size": top.batch_size, "images_per_second": top.images_per_second} if top else None
-    critical = estimate.b_simple if estimate else None
-    rec, binding = recommend(probes, safe, critical)
-    if rec:
+    chosen = goodput.choose(probes, safe, estimate) if safe is not None else None
+    if chosen:
         base = default("base_batch_size")
-        base_lr = linear_scaled_lr(optimizer, base)
-        lr = (paper_learning_rate(base_lr, base, rec.batch_size, critical) if critical
-              else linear_scaled_lr(optimizer, rec.batch_size))
+        base_lr = DEFAULT_LR[optimizer]
+        lr, rule = goodput.learning_rate(optimizer, chosen["batch_size"], base_lr, base, chosen["b_noise"])
         summary["recommendation"] = {
-            "batch_size": rec.batch_size, "images_per_second": rec.images_per_second, "binding": binding,
-            "learning_rate": lr, "learning_rate_rule": "paper" if critical else "linear",
-            "linear_learning_rate": linear_scaled_lr(optimizer, rec.batch_size),
+            **chosen, "learning_rate": lr, "learning_rate_rule": rule, "learning_rate_anchor": "Keras's default",
+            "linear_learning_rate": linear_scaled_lr(optimizer, chosen["batch_size"]),
             "base_learning_rate": base_lr, "base_batch_size": base}
     return summary
 
