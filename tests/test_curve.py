@@ -114,3 +114,10 @@ def test_a_target_never_reached_is_recorded_so_and_the_trial_runs_its_epochs(dat
     assert missed.target_reached == 0
     assert (missed.steps_to_target, missed.examples_to_target, missed.seconds_to_target) == (None, None, None)
     assert trained(missed) == trained(plain)  # every epoch, as the trial without a target
+
+
+def test_the_final_weights_are_evaluated_even_off_an_update_boundary(data_dir, tmp_path):
+    # given 6 batches an epoch, accumulated 4 to an update: the last batch ends no update
+    (r,) = run([(trial(data_dir, accumulate=4, epochs=1), EVERY)], data_dir, tmp_path)
+    # then the curve's last point is the end of training all the same
+    assert r.curve[-1]["examples"] == 48 and r.curve[-1]["val_loss"] == pytest.approx(r.history[-1]["val_loss"], rel=1e-4)

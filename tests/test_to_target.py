@@ -131,3 +131,30 @@ def test_the_report_gives_trials_run_until_a_target_their_own_section_and_figure
     assert artists[0]["paper"]["b_crit"] is not None and artists[0]["steps"]["fit"] is not None
     # and a sweep without a target has no such section
     assert "measured" not in markdown("s", summarize([]))
+
+
+def test_steps_that_do_not_fall_with_the_batch_give_no_b_crit_and_no_crash():
+    # given steps that barely change from batch 4 to 32 (the fit's E_min comes out negative)
+    trials = [row(b, 0.1, s, steps) for b, steps in ((4, 100.0), (8, 105.0), (16, 112.0), (32, 118.0)) for s in range(3)]
+    trials = [{**t, "history": [{**t["history"][0], **noise_record(20.0)}]} for t in trials]
+    (table,) = to_target.tables(trials)
+    assert table["fit"].b_crit is None and table["fit"].describe().startswith("below 4")
+    assert table["claim"]["verdict"] == "not run" and "do not fall" in table["claim"]["why"]
+    markdown("s", summarize(trials))
+    make_critical_figure(summarize(trials)["to_target"])
+
+
+def test_a_target_met_before_the_first_update_is_out_of_the_fit_and_said_so():
+    trials = study()
+    trials = [t for t in trials if t["batch_size"] != 4] + [row(4, lr, s, 0.0) for lr in (0.05, 0.1) for s in range(3)]
+    (table,) = to_target.tables(trials)
+    assert 4 not in [b for b, _ in table["fit"].points] and "before its first update" in table["why_no_fit"]
+    make_critical_figure([table])
+
+
+def test_a_step_of_an_accumulated_trial_is_its_effective_batch():
+    # given batch 8 accumulated 4 times: each step an update of 32 images
+    trials = [{**t, "accumulate": 4, "config": {**t["config"], "accumulate": 4}} for t in study()]
+    (table,) = to_target.tables(trials)
+    assert [r["batch_size"] for r in table["rows"]] == [16, 32, 64, 128, 256, 512]
+    assert table["fit"].b_crit == pytest.approx(4 * B_CRIT, rel=0.05)  # the paper's curve at 4x the batch

@@ -42,7 +42,8 @@ class CriticalFit:
     """S = s_min + e_min / B fitted to `points` (batch size, steps to the target); b_crit =
     e_min / s_min with Fieller's interval [low, high] (both None: S_min is not clearly positive,
     and the interval is not bounded). b_crit is None when the fitted S_min is not positive: the
-    steps still fall as fast as the batch grows, and B_crit lies above every batch size measured."""
+    steps still fall as fast as the batch grows, and B_crit lies above every batch size measured;
+    and when the fitted E_min is not positive: the steps do not fall at all, B_crit lies below."""
 
     s_min: float
     e_min: float
@@ -53,6 +54,8 @@ class CriticalFit:
     points: tuple[tuple[int, float], ...]
 
     def describe(self) -> str:
+        if self.e_min <= 0:
+            return f"below {min(b for b, _ in self.points)} (the steps do not fall as the batch grows)"
         if self.b_crit is None:
             return f"above {max(b for b, _ in self.points)} (no saturation in the steps)"
         if self.low is None or self.high is None:
@@ -77,7 +80,7 @@ def fit_critical(batch_sizes, steps, level: float = LEVEL) -> CriticalFit:
         if min(fitted) <= 0:  # a line through zero or below: the weights would blow up; keep these
             break
     df = len(points) - 2
-    b_crit, low, high = _fieller(b, a, cov, df, level)
+    b_crit, low, high = _fieller(b, a, cov, df, level) if b > 0 else (None, None, None)  # no E_min: no B_crit
     return CriticalFit(a, b, b_crit, low, high, df, points)
 
 

@@ -287,14 +287,14 @@ def plot_steps_examples(ax, table: dict, color: str = "C0") -> dict:
     against the examples to it (S(B) and E(B) = B S(B)), log-log, each point labelled with its
     batch size; the fitted curve (S/S_min - 1)(E/E_min - 1) = 1 and B_crit marked on it, where
     S = 2 S_min and E = 2 E_min. Returns {"points", "curve", "b_crit"}."""
-    rows = [r for r in table["rows"] if np.isfinite(r["steps"])]
+    rows = [r for r in table["rows"] if np.isfinite(r["steps"]) and r["steps"] > 0]
     points = ax.scatter([r["examples"] for r in rows], [r["steps"] for r in rows], color=color, zorder=4,
                         label=f"{table['label']}: median over seeds")
     for r in rows:
         ax.annotate(f"{r['batch_size']}", (r["examples"], r["steps"]), xytext=(4, 3), textcoords="offset points",
                     fontsize=7.5, color=color)
     fit, curve, mark = table["fit"], None, None
-    if fit is not None and fit.b_crit is not None:
+    if fit is not None and fit.b_crit is not None and rows:
         sizes = np.geomspace(min(r["batch_size"] for r in rows) / 4, max(r["batch_size"] for r in rows) * 4, 200)
         steps = fit.s_min + fit.e_min / sizes
         (curve,) = ax.plot(steps * sizes, steps, "-", color=color, alpha=0.6, linewidth=1.3,
@@ -316,7 +316,7 @@ def plot_steps(ax, table: dict, color: str = "C0") -> dict:
     median did not reach the target as an open marker at the top, labelled so; each chosen learning
     rate written by its point (an edge choice marked *). Returns {"points", "fit", "missed"}."""
     rows = table["rows"]
-    reached = [r for r in rows if np.isfinite(r["steps"])]
+    reached = [r for r in rows if np.isfinite(r["steps"]) and r["steps"] > 0]
     missed = [r for r in rows if not np.isfinite(r["steps"])]
     points = ax.scatter([r["batch_size"] for r in reached], [r["steps"] for r in reached], color=color, zorder=4,
                         label="S(B): best median steps over the learning rates")

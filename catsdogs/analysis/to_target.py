@@ -60,7 +60,7 @@ def has_target(trial: dict) -> bool:
 def _series(trial: dict) -> tuple:
     p = {k: v for k, v in protocol_of(trial).items() if k not in ("lr", "until")}
     return (context_of(trial), field(trial, "optimizer"), field(trial, "dataset"), field(trial, "until"),
-            tuple(sorted(p.items())))
+            field(trial, "eval_every"), tuple(sorted(p.items())))
 
 
 def steps_of(trial: dict) -> float:
@@ -84,15 +84,20 @@ def series_table(members: list[dict], many: bool = False) -> dict:
     "noise": B_simple at the target or None, "claim": {...}}."""
     first = members[0]
     by_batch: dict[int, dict[float, list[dict]]] = {}
-    for t in members:
-        by_batch.setdefault(int(field(t, "batch_size")), {}).setdefault(learning_rate_of(t), []).append(t)
+    for t in members:  # a step is an update: of batch size x accumulation images
+        b = int(field(t, "batch_size")) * int(field(t, "accumulate", 1))
+        by_batch.setdefault(b, {}).setdefault(learning_rate_of(t), []).append(t)
     rows = [_batch_row(b, rates) for b, rates in sorted(by_batch.items())]
-    reached = [r for r in rows if math.isfinite(r["steps"])]
+    reached = [r for r in rows if math.isfinite(r["steps"]) and r["steps"] > 0]
     fit, why = None, None
+    at_start = [r["batch_size"] for r in rows if r["steps"] == 0]
     if len(reached) >= 3:
         fit = fit_critical([r["batch_size"] for r in reached], [r["steps"] for r in reached])
     else:
         why = f"{len(reached)} batch size{'s' if len(reached) != 1 else ''} reached the target: the fit needs 3"
+    if at_start:
+        why = (why + "; " if why else "") + (f"batch size {', '.join(map(str, at_start))} met it before its first "
+                                             "update (too easy a target), out of the fit")
     noise = noise_at_target([t for rate in rows[0]["rates"] for t in rate["trials"]]) if rows else None
     protocol = {k: v for k, v in protocol_of(first).items() if k not in ("lr", "until")}
     label = f"{OPTIMIZER_NAMES.get(field(first, 'optimizer'), field(first, 'optimizer'))}, {field(first, 'dataset')}"
@@ -123,8 +128,9 @@ def noise_at_target(trials: list[dict]) -> NoiseEstimate | None:
     None when fewer than two seeds measured it there."""
     by_seed: dict[int, list[NoiseEstimate]] = {}
     for t in trials:
-        if t.get("target_reached") and t.get("history"):
-            at = NoiseEstimate.from_record(t["history"][-1])  # measured where the trial stopped: at the target
+        if t.get("target_reached"):  # measured where the trial stopped: at the target (or at its start)
+            at = (NoiseEstimate.from_record(t["history"][-1]) if t.get("history")
+                  else NoiseEstimate.from_dict(t.get("initial_noise")))
             by_seed.setdefault(int(field(t, "seed")), []).append(at)
     return pool_by_seed(by_seed)
 
@@ -149,6 +155,8 @@ def ratio_interval(noise: NoiseEstimate, fit: CriticalFit) -> tuple[float, float
 def claim(fit: CriticalFit | None, noise: NoiseEstimate | None, why_no_fit: str | None = None) -> dict:
     """B_simple predicts B_crit: agrees, disagrees, unsettled, or not run (and why)."""
     if fit is None or fit.b_crit is None:
+        if fit is not None and fit.e_min <= 0:
+            why_no_fit = f"B_crit not resolved: {fit.describe()}"
         return {"verdict": "not run", "why": why_no_fit or "B_crit not resolved: the steps still fall as fast as "
                                                            "the batch grows, at every batch size measured"}
     if noise is None or noise.b_simple is None:

@@ -40,6 +40,25 @@ def _noise_lines(measured: dict | None, settings: dict) -> list[str]:
     return []
 
 
+def _margin_lines(summary: dict, s: dict) -> list[str]:
+    """The margin's size, and where its confirmation failed, how far the answer moved and why."""
+    lines: list[str] = []
+    failed = summary.get("margin_failed") or []
+    if s["margin"] or failed:
+        safe = summary["margin_batch_size"]
+        lines.append(f"With a {s['margin']:.0%} margin: {safe if safe is not None else 'none that passed'}."
+                     if s["margin"] else f"The largest that passed again: {safe}.")
+    if failed and summary["margin_batch_size"] is None:
+        lines.append(f"The limit is noisy there: {', '.join(map(str, failed))} did not pass their confirmation "
+                     "(peak memory is not monotonic in the batch size), and no size below them passed: no answer "
+                     "with the margin; try a larger --margin.")
+    elif failed:
+        lines.append(f"The limit is noisy there: {', '.join(map(str, failed))} did not pass {'its' if len(failed) == 1 else 'their'} "
+                     "confirmation (peak memory is not monotonic in the batch size), so the answer moved down the "
+                     f"margin's grid to {summary['margin_batch_size']}, the first size that passed again.")
+    return lines
+
+
 def summary_lines(summary: dict) -> list[str]:
     """The end of the command's output: measured, predicted, margin, fastest, recommendation."""
     s = summary["settings"]
@@ -84,15 +103,7 @@ def summary_lines(summary: dict) -> list[str]:
         f = summary["fastest"]
         lines.append(f"Fastest that fits: {f['batch_size']} at {f['images_per_second']:.1f} images/s "
                      f"(median of {s['steps']} steps per probe).")
-    failed = summary.get("margin_failed") or []
-    if s["margin"] or failed:
-        safe = summary["margin_batch_size"]
-        lines.append(f"With a {s['margin']:.0%} margin: {safe if safe is not None else 'none that passed'}."
-                     if s["margin"] else f"The largest that passed again: {safe}.")
-    if failed:
-        lines.append(f"The limit is noisy there: {', '.join(map(str, failed))} did not pass {'its' if len(failed) == 1 else 'their'} "
-                     "confirmation (peak memory is not monotonic in the batch size), so the answer moved down the "
-                     f"margin's grid to {summary['margin_batch_size']}, the first size that passed again.")
+    lines += _margin_lines(summary, s)
     measured = summary.get("noise_scale")
     lines += _noise_lines(measured, s)
     rec = summary.get("recommendation")
@@ -104,8 +115,9 @@ def summary_lines(summary: dict) -> list[str]:
     why = {"memory": f"memory binds: it is the largest size the {s['margin']:.0%} margin allows, and a larger "
                      "one would reach a target sooner still",
            "speed": "speed binds: throughput per image peaked here, below the memory limit",
-           "statistics": f"statistics binds: a larger batch is faster per image but needs more steps (B_noise "
-                         f"{b_noise or 0:.0f}), so it reaches a target later"}[rec["binding"]]
+           "statistics": (f"statistics binds: with B_noise {b_noise or 0:.0f}, the steps a batch size saves or costs "
+                          f"outweigh its speed per image (the fastest per image is {rec.get('fastest_per_image')})")
+           }[rec["binding"]]
     if rec.get("statistics") == "unresolved" and measured:
         lines.append("Statistics could not be resolved (the noise scale is not a number with an interval bounded "
                      "above): the choice is speed's within memory.")

@@ -21,8 +21,8 @@ the prediction at a batch size the search did not probe.
 
 **Unresolved statistics**: a noise scale that is not a number, or whose interval is open above,
 could be anything large, and then T(B) is speed's. So the recommendation falls back to speed
-within memory, and says "statistics could not be resolved" (never a size below the base batch
-size on an interval open above).
+within memory, and says "statistics could not be resolved": an interval open above never moves
+the answer below speed's.
 
 **The near-best set**: every candidate within NEAR (10%) of the best predicted time, at B_noise's
 value and at each end of its interval (the union): how far the answer may move within what the
@@ -94,10 +94,14 @@ def choose(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None)
     per_image = relative_times(step_seconds, None)
     speed = min(per_image, key=lambda b: (per_image[b], b))  # the fastest per image
     largest = max(candidates)
-    binding = "memory" if best == largest else "statistics" if best < speed else "speed"
+    # what decides: the memory limit, the fastest per image, or else the steps (statistics), which
+    # moved the answer off the fastest per image, below it (a larger batch saves too few steps) or
+    # above it (a larger batch saves enough steps to be worth its slower images)
+    binding = "memory" if best == largest else "speed" if best == speed else "statistics"
     scenarios = [b_noise] + ([estimate.low, estimate.high] if ok else [])
     near_interval = sorted({b for s in scenarios for b, t in relative_times(step_seconds, s).items() if t <= 1 + NEAR})
     return {"batch_size": best, "images_per_second": candidates[best].images_per_second, "binding": binding,
+            "fastest_per_image": speed,
             "statistics": "resolved" if ok else "unresolved", "b_noise": b_noise,
             "table": [{"batch_size": b, "images_per_second": candidates[b].images_per_second,
                        "step_seconds": step_seconds[b], "relative_steps": 1 + b_noise / b if b_noise else 1.0,

@@ -44,10 +44,11 @@ class Curve(keras.callbacks.Callback):
     time, `stopped_at` the batches trained when a target stopped training (else None)."""
 
     def __init__(self, every: int, batch_size: int, accumulate: int, per_epoch: int, val_batches, timer,
-                 backend, target: Target | None = None):
+                 backend, target: Target | None = None, epochs: int | None = None):
         super().__init__()
         self.every, self.batch_size, self.accumulate, self.per_epoch = every, batch_size, accumulate, per_epoch
         self.val_batches, self.timer, self.backend, self.target = val_batches, timer, backend, target
+        self.epochs = epochs  # the last epoch's end is always evaluated: the final weights
         self.points: list[dict] = []
         self.seconds = 0.0
         self.next_at = 0  # images seen at which the next evaluation is due
@@ -82,7 +83,8 @@ class Curve(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         done = (epoch + 1) * self.per_epoch
-        if not self._due(done):
+        final = epoch + 1 == self.epochs and self.points[-1]["examples"] != done * self.batch_size
+        if not (self._due(done) or final):
             return
         self._evaluate(done, self.timer.train_seconds_so_far())  # the timer has closed the epoch
         if self.reached:

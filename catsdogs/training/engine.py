@@ -83,7 +83,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
 
     timer = EpochTimer(epochs, on_epoch, backend.wait_for_steps,
                        after_epoch=(lambda epoch: measure(epoch).to_record()) if noise_sampling else None)
-    curve = _curve(cfg, eval_every or cfg.eval_every, per_epoch, val, timer, backend)
+    curve = _curve(cfg, cfg.eval_every if cfg.until else eval_every, per_epoch, epochs, val, timer, backend)
     with step.strategy.scope():  # JAX's trainer reads its distribution when fit runs
         initial = diagnose(step, test_ds, prefix="initial_")  # the model as it starts (changes nothing)
         initial_noise = measure(0) if noise_sampling else None
@@ -117,7 +117,8 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
         env=environment(backend))
 
 
-def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, val, timer: EpochTimer, backend) -> Curve | None:
+def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, epochs: int, val, timer: EpochTimer,
+           backend) -> Curve | None:
     """The trial's validation curve every `every` training images, stopping at its target if it has one."""
     if not every:
         return None
@@ -126,7 +127,7 @@ def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, val, timer: Epoc
                             "prepare it with a validation share (--split)")
     target = targets.parse(cfg.until) if cfg.until else None
     return Curve(every, cfg.batch_size, cfg.accumulate, per_epoch, backend.eval_batches(val, config.EVAL_BATCH_SIZE),
-                 timer, backend, target)
+                 timer, backend, target, epochs=epochs)
 
 
 def _fit(model, train_ds, val_ds, epochs: int, per_epoch: int, timer: EpochTimer, curve: Curve | None):
