@@ -499,27 +499,31 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
               help="Stop bisecting when the gap is this small [default: 8, or an eighth of the "
                    "largest size that fits when smaller].")
 @click.option("--noise-scale/--no-noise-scale", "measure_noise", default=FIND.measure_noise, show_default=True,
-              help="Before the search, measure the gradient noise scale (the critical batch size, beyond "
-                   "which a larger batch buys few steps) on the data's first epoch at batch size 32, in "
-                   "well under a minute at 64 px on a CPU; the recommendation then stays at or below it "
-                   "and scales the learning rate by the paper's rule. --no-noise-scale skips it.")
+              help="Before the search, measure the gradient noise scale (beyond which a larger batch buys "
+                   "few steps) over epochs 2-3 of two short runs at batch size 32, in well under a minute at "
+                   "64 px on a CPU; the recommendation then weighs each size's steps to a target against its "
+                   "speed, and SGD's learning rate follows the paper's rule. --no-noise-scale skips it.")
+@click.option("--seed", type=click.IntRange(min=0), default=FIND.seed, show_default=True,
+              callback=_checked(lambda v: schema.check_number(v, "seed", least=0)),
+              help="The noise scale's short runs train at this seed and the next (recorded in the JSON).")
 @name_option(FIND.name, "Name of the run: OUT/NAME/find_batch_size.json and .csv.")
 @MEASUREMENT_OPTIONS
-def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, name, opt, dataset, precision,
-                    memory_limit, deterministic, tf32, data_dir, out, isolate, compile_cache):
+def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, seed, name, opt, dataset,
+                    precision, memory_limit, deterministic, tf32, data_dir, out, isolate, compile_cache):
     """The largest batch size that fits, the fastest, the critical one, and which to train with.
 
     Every probe is a few steps of the sweep's own training step at one batch size; one that
     runs out of memory ends its worker process, so it cannot poison the next. Prints the
-    measured answer beside the memory model's, the critical batch size from the gradient noise
-    scale, and a recommendation that joins the three limits (memory, speed, statistics) and
-    names the one that binds, with its learning rate. Without --memory-limit a GPU's own memory
+    measured answer beside the memory model's, the gradient noise scale, and the batch size
+    predicted to reach a target soonest (its steps by the noise scale times its step time),
+    naming the limit that binds (memory, speed, statistics), with a learning rate by the
+    optimizer's rule. Without --memory-limit a GPU's own memory
     is the cap, and on the CPU 90% of the memory available when the search starts."""
     from catsdogs.measure.find_batch_size import find_batch_size as run
 
     settings = FindSettings(name=name, mode=mode, start=start, max_batch=max_batch, margin=margin, optimizer=opt,
                             dataset=dataset, precision=precision, steps=steps, memory_cap_bytes=memory_limit,
-                            resolution=resolution, isolate=isolate, measure_noise=measure_noise,
+                            resolution=resolution, isolate=isolate, measure_noise=measure_noise, seed=seed,
                             deterministic=deterministic is not False, tf32=tf32, worker_env=worker_env(compile_cache))
     run(settings, data_dir or config.default_data_dir(), out, log=click.echo)
     return 0

@@ -523,3 +523,36 @@ def test_a_cap_below_the_runtime_is_an_error_with_the_records_written(data_dir, 
     assert "no batch size fits" in result.output
     saved = json.loads((tmp_path / "tiny" / "find_batch_size.json").read_text())
     assert [p["status"] for p in saved["probes"]] == ["oom"]
+
+
+def test_the_noise_scale_pools_epochs_2_and_3_of_two_seeds_and_records_them(tmp_path, monkeypatch):
+    from catsdogs import gradient_noise
+    from catsdogs.messages import TrialRecord
+
+    # given short runs whose B_simple is 400 after their first epoch (the transient) and 20 or 40 after
+    # the second and third, depending on the seed
+    runs = []
+
+    def fake_run(task, log_path, env):
+        runs.append((task.config.seed, task.config.epochs, task.config.batch_size))
+        value = {7: 20.0, 8: 40.0}[task.config.seed]
+        rows = [{"epoch": e, **gradient_noise.from_pairs([0.9, 1.1] * 16, [0.9 * v, 1.1 * v] * 16, floor=10,
+                                                         epoch=e).to_record()}
+                for e, v in ((1, 400.0), (2, value), (3, value))]
+        start = gradient_noise.from_pairs([0.9, 1.1] * 16, [4.5, 5.5] * 16, floor=10, small=1, large=10, epoch=0)
+        return TrialRecord(status="done", history=rows, initial_noise=start.as_dict(), noise_seconds=1.0)
+
+    monkeypatch.setattr(findbs, "run_isolated", fake_run)
+    manifest = {"params": {"size": 32}, "fingerprint": {"standard": "f"}}
+    lines: list[str] = []
+    run = findbs.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
+    # then two runs of 3 epochs at batch 32, seeds 7 and 8, and the estimate is their epochs 2-3 pooled
+    assert runs == [(7, 3, 32), (8, 3, 32)]
+    assert run.estimate.b_simple == pytest.approx(30.0) and run.estimate.measurements == 4
+    saved = run.as_json()
+    assert saved["seeds"] == [7, 8] and saved["from_epoch"] == 2 and saved["epochs"] == 3
+    assert FindSettings(seed=7).recorded(32, None, tmp_path)["seed"] == 7
+    from catsdogs.errors import SettingError
+
+    with pytest.raises(SettingError):
+        FindSettings(seed=-1).check()

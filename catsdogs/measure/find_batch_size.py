@@ -44,7 +44,7 @@ from pathlib import Path
 from catsdogs import config
 from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
-from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
+from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling, pool
 from catsdogs.host import host_memory_available, versions
 from catsdogs.manifest import require_intact
 from catsdogs.measure import prober as probers
@@ -82,15 +82,19 @@ CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline come
 HOST_CAP_FRACTION = 0.9
 # find-batch-size's noise measurement: eight times a sweep's pairs, for a narrow interval: it is
 # the one measurement the recommendation rests on.
-NOISE_PAIRS = 8 * config.NOISE_PAIRS
+NOISE_PAIRS = 4 * config.NOISE_PAIRS  # pairs a measurement: 32, so 128 pooled (2 epochs x 2 seeds)
+NOISE_EPOCHS = 3  # each short run's epochs: measured after the 2nd and 3rd, past the first's transient
+NOISE_FROM = 2  # the first epoch whose measurement counts
+NOISE_SEEDS = 2  # short runs, each its own seed: one seed's trajectory is one draw
 
 PROBE_COLUMNS = columns(ProbeRecord, "search")  # find_batch_size.csv, and each probe in the .json
 
 
 @dataclass(frozen=True)
 class NoiseRun:
-    """The noise scale measured before the search: B_simple after the data's first epoch at the
-    base batch size (`estimate`), and before its first update (`initial`)."""
+    """The noise scale measured before the search: B_simple at the base batch size over epochs
+    `from_epoch` to `epochs` of runs at `seeds`, pooled (`estimate`), and before the first
+    update of the first (`initial`)."""
 
     estimate: NoiseEstimate
     initial: NoiseEstimate | None
@@ -98,6 +102,8 @@ class NoiseRun:
     epochs: int = 1
     measure_seconds: float | None = None  # the measurements alone
     seconds: float | None = None  # the whole short run, its worker's start included
+    seeds: list[int] | None = None
+    from_epoch: int | None = None
 
     def as_json(self) -> dict:
         """As find_batch_size.json's "noise_scale" holds it."""
@@ -105,7 +111,8 @@ class NoiseRun:
         return {"b_simple": e.b_simple, "low": e.low, "high": e.high, "gradient_sq": e.gradient_sq,
                 "trace": e.trace, "epochs": self.epochs, "batch_size": self.batch_size,
                 "initial": self.initial.as_dict() if self.initial else None, "pairs": e.pairs, "small": e.small,
-                "large": e.large, "measure_seconds": self.measure_seconds, "seconds": self.seconds}
+                "large": e.large, "measure_seconds": self.measure_seconds, "seconds": self.seconds,
+                "seeds": self.seeds, "from_epoch": self.from_epoch, "measurements": e.measurements}
 
 
 def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(config.DEFAULT_OUT),
@@ -212,29 +219,42 @@ def noise_sampling() -> NoiseSampling:
 
 def measure_noise_scale(data_dir: Path, manifest: dict, settings: FindSettings, work: Path, env: dict | None,
                         log: Callable[[str], None]) -> NoiseRun | None:
-    """B_simple after the data's first epoch at the base batch size, trained as a sweep's trial is
-    (seed 0), in a worker of its own; with the measurement's wall time (worker start included).
-    None, said in the log, when the short run failed."""
+    """B_simple past the first epoch's transient: NOISE_SEEDS short runs at the base batch size
+    (seeds `settings.seed` and on), each trained NOISE_EPOCHS epochs as a sweep's trial is, in a
+    worker of its own, measured after every epoch; the measurements from epoch NOISE_FROM on, of
+    every seed, pooled into one estimate (gradient_noise.pool: the ratio of means over all their
+    pairs). One epoch at one seed moved it from 3 to 296 with the seed and the backend; later
+    epochs of two seeds steady it. With the wall time (workers' starts included). None, said in
+    the log, when a run failed."""
     base = default("base_batch_size")
-    cfg = TrialConfig(settings.optimizer, base, settings.dataset, 0, epochs=1, image_size=manifest["params"]["size"],
-                      data=manifest["fingerprint"][settings.dataset], precision=settings.precision,
-                      backend=backends.name(), **backends.process_settings(env or {}))
     sampling = noise_sampling()
-    log(f"Noise scale: one epoch at batch size {base}, then B_simple from {sampling.pairs} pairs of "
-        f"{sampling.micro} and {sampling.large} images ...")
+    seeds = list(range(settings.seed, settings.seed + NOISE_SEEDS))
+    log(f"Noise scale: {NOISE_EPOCHS} epochs at batch size {base}, seeds {', '.join(map(str, seeds))}; B_simple "
+        f"from {sampling.pairs} pairs of {sampling.micro} and {sampling.large} images after each epoch, epochs "
+        f"{NOISE_FROM}-{NOISE_EPOCHS} pooled ...")
     started = time.perf_counter()
-    log_path = work / "noise-scale.log"
-    record: TrialRecord = run_isolated(TrialTask(cfg, str(Path(data_dir).resolve()), sampling.as_dict()),
-                                       log_path, env)
-    seconds = time.perf_counter() - started
-    initial = NoiseEstimate.from_dict(record.initial_noise)
-    estimate = NoiseEstimate.from_record(record.history[-1], initial) if record.history else None
-    if record.status != Status.DONE or estimate is None:
-        log(f"Noise scale not measured: the short run {record.status}: {_first_line(record.error)} "
-            f"(log: {log_path})")
-        return None
-    log_path.unlink(missing_ok=True)
-    return NoiseRun(estimate, initial, base, 1, record.noise_seconds, round(seconds, 2))
+    measured, initial, measure_seconds = [], None, 0.0
+    for seed in seeds:
+        cfg = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
+                          image_size=manifest["params"]["size"], data=manifest["fingerprint"][settings.dataset],
+                          precision=settings.precision, backend=backends.name(), **backends.process_settings(env or {}))
+        log_path = work / f"noise-scale-{seed}.log"
+        record: TrialRecord = run_isolated(TrialTask(cfg, str(Path(data_dir).resolve()), sampling.as_dict()),
+                                           log_path, env)
+        start = NoiseEstimate.from_dict(record.initial_noise)
+        later = [NoiseEstimate.from_record(row, start) for row in record.history or []]
+        later = [m for m in later if m is not None and m.epoch >= NOISE_FROM]
+        if record.status != Status.DONE or not later:
+            log(f"Noise scale not measured: the short run at seed {seed} {record.status}: "
+                f"{_first_line(record.error)} (log: {log_path})")
+            return None
+        log_path.unlink(missing_ok=True)
+        measured += later
+        initial = initial or start
+        measure_seconds += record.noise_seconds or 0.0
+    estimate = pool(measured)
+    return NoiseRun(estimate, initial, base, NOISE_EPOCHS, round(measure_seconds, 2),
+                    round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=NOISE_FROM)
 
 
 def _first_line(text) -> str:

@@ -30,11 +30,14 @@ def probe_line(p: ProbeRecord) -> str:
 def _noise_lines(measured: dict | None, settings: dict) -> list[str]:
     if measured:
         shown = describe(NoiseEstimate.from_dict(measured))
-        return [f"Critical batch size (the gradient noise scale B_simple after one epoch at batch size "
-                f"{measured['batch_size']}): {shown}; measured in {measured['seconds']:.0f} s. It grows as "
-                "training goes on, so this early value is a cautious one. It assumes batches drawn with "
-                "replacement; training draws without, whose noise is smaller by (n − B)/(n − 1) for n "
-                "training images."]
+        seeds, first = measured.get("seeds"), measured.get("from_epoch")
+        when = (f"over epochs {first}-{measured['epochs']} at batch size {measured['batch_size']}, seeds "
+                f"{' and '.join(map(str, seeds))} pooled" if seeds and first else
+                f"after one epoch at batch size {measured['batch_size']}")
+        return [f"Critical batch size (the gradient noise scale B_simple {when}): {shown}; measured in "
+                f"{measured['seconds']:.0f} s. It grows as training goes on, so this early value is a cautious "
+                "one. It assumes batches drawn with replacement; training draws without, whose noise is smaller "
+                "by (n − B)/(n − 1) for n training images."]
     if settings.get("noise_scale"):
         return ["Critical batch size: not measured (the short run failed; see above)."]
     return []

@@ -38,7 +38,15 @@ from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.measure import goodput
 from catsdogs.measure.common import check_settings
 from catsdogs.messages import ProbeRecord
-from catsdogs.schema import DEFAULT_LR, LIMITS, Status, TrialConfig, default, learning_rate
+from catsdogs.schema import (
+    DEFAULT_LR,
+    LIMITS,
+    Status,
+    TrialConfig,
+    check_number,
+    default,
+    learning_rate,
+)
 from catsdogs.training import backends
 
 MODES = ("power", "binsearch")
@@ -71,6 +79,7 @@ class FindSettings:
     resolution: int | None = None  # the bisection's last gap (None: search.effective_resolution's)
     isolate: bool = False  # a fresh worker process for every probe
     measure_noise: bool = True  # the gradient noise scale first (--no-noise-scale: not)
+    seed: int = 0  # the noise scale's short runs: this seed and the next (--seed)
     deterministic: bool = True  # every worker's process settings
     tf32: bool | None = None
     worker_env: dict | None = None  # more of the workers' environment (the compile cache)
@@ -92,6 +101,7 @@ class FindSettings:
                 raise SettingError(f"must be at most {LIMITS['batch_size'][0]:,}, the largest batch size, got {value:,}",
                                    key)
         apply_margin(1, self.margin)  # validates the margin
+        check_number(self.seed, "seed", least=0)
 
     def environment(self) -> dict:
         """Every worker's environment: its process settings, and what `worker_env` adds."""
@@ -103,7 +113,8 @@ class FindSettings:
                 "margin": self.margin, "optimizer": self.optimizer, "dataset": self.dataset,
                 "precision": self.precision, "steps": self.steps, "warmup": self.warmup,
                 "resolution": self.resolution, "memory_cap_bytes": self.memory_cap_bytes,
-                "noise_scale": self.measure_noise, "deterministic": self.deterministic, "tf32": self.tf32,
+                "noise_scale": self.measure_noise, "seed": self.seed, "deterministic": self.deterministic,
+                "tf32": self.tf32,
                 "cpu_cap_bytes_default": cpu_cap, "image_size": image_size, "data_dir": str(Path(data_dir).resolve())}
 
 
