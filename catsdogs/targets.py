@@ -38,8 +38,8 @@ EVAL_EVERY_HELP = (
     "boundary after), at one evaluation batch size whatever the training batch, and record the curve: "
     "step, images, training seconds, val_loss, val_accuracy. Outside the training clock; trains exactly "
     "as without it, so no part of a trial's identity unless --until stops on it.")
-# A curve point's fields, in order
-CURVE_FIELDS = ("step", "examples", "train_seconds", "val_loss", "val_accuracy")
+# What a crossing places between two evaluations (a curve point also holds val_loss, val_accuracy)
+CROSSED = ("step", "examples", "train_seconds")
 
 
 @dataclass(frozen=True)
@@ -126,11 +126,11 @@ def crossing(curve: list[dict], target: Target) -> dict | None:
         if not target.reached(point):
             continue
         if i == 0:
-            return {k: float(point[k]) for k in ("step", "examples", "train_seconds")}
+            return {k: float(point[k]) for k in CROSSED}
         before = curve[i - 1]
         m0, m1 = before[target.metric], point[target.metric]
         f = 1.0 if m0 == m1 else min(1.0, max(0.0, (m0 - target.value) / (m0 - m1)))
-        return {k: before[k] + f * (point[k] - before[k]) for k in ("step", "examples", "train_seconds")}
+        return {k: before[k] + f * (point[k] - before[k]) for k in CROSSED}
     return None
 
 

@@ -80,8 +80,8 @@ from catsdogs.training.worker import run_isolated
 
 CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline comes from
 HOST_CAP_FRACTION = 0.9
-# find-batch-size's noise measurement: eight times a sweep's pairs, for a narrow interval: it is
-# the one measurement the recommendation rests on.
+# find-batch-size's noise measurement, the one the recommendation rests on: more pairs than a
+# sweep's, over two short runs, past their first epoch (measure_noise_scale).
 NOISE_PAIRS = 4 * config.NOISE_PAIRS  # pairs a measurement: 32, so 128 pooled (2 epochs x 2 seeds)
 NOISE_EPOCHS = 3  # each short run's epochs: measured after the 2nd and 3rd, past the first's transient
 NOISE_FROM = 2  # the first epoch whose measurement counts
@@ -154,7 +154,8 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     finally:
         run.close()
     summary = decide(result, run.probes, safe, settings.optimizer, noise_run.estimate if noise_run else None)
-    summary.update(margin_failed=margin_failed, noise_scale=noise_run.as_json() if noise_run else None, settings=settings.recorded(size, cpu_cap, data_dir),
+    summary.update(margin_failed=margin_failed, noise_scale=noise_run.as_json() if noise_run else None,
+                   settings=settings.recorded(size, cpu_cap, data_dir),
                    prediction=_prediction(pred, calib, run, result, size),
                    memory_fraction=calib.memory_fraction,
                    probes=[p.view("search") for p in run.probes], versions=versions())

@@ -51,14 +51,13 @@ def _margin_lines(summary: dict, s: dict) -> list[str]:
         safe = summary["margin_batch_size"]
         lines.append(f"With a {s['margin']:.0%} margin: {safe if safe is not None else 'none that passed'}."
                      if s["margin"] else f"The largest that passed again: {safe}.")
-    if failed and summary["margin_batch_size"] is None:
-        lines.append(f"The limit is noisy there: {', '.join(map(str, failed))} did not pass their confirmation "
-                     "(peak memory is not monotonic in the batch size), and no size below them passed: no answer "
-                     "with the margin; try a larger --margin.")
-    elif failed:
-        lines.append(f"The limit is noisy there: {', '.join(map(str, failed))} did not pass {'its' if len(failed) == 1 else 'their'} "
-                     "confirmation (peak memory is not monotonic in the batch size), so the answer moved down the "
-                     f"margin's grid to {summary['margin_batch_size']}, the first size that passed again.")
+    if failed:
+        safe = summary["margin_batch_size"]
+        outcome = ("and no size below them passed: no answer with the margin; try a larger --margin" if safe is None
+                   else f"so the answer moved down the margin's grid to {safe}, the first size that passed again")
+        lines.append(f"The limit is noisy there: {', '.join(map(str, failed))} did not pass "
+                     f"{'its' if len(failed) == 1 else 'their'} confirmation (peak memory is not monotonic in the "
+                     f"batch size), {outcome}.")
     return lines
 
 
@@ -130,9 +129,9 @@ def summary_lines(summary: dict) -> list[str]:
         lines.append(f"Within {NEAR:.0%} of the best predicted time: {_sizes(near)}"
                      + (f"; over B_noise's interval: {_sizes(wide)}." if wide != near else "."))
     lr, base = rec["learning_rate"], rec["base_learning_rate"]
-    lines.append(f"Learning rate {lr:.3g}: {RULES[rec['learning_rate_rule']]}, anchored at "
-                 f"{rec.get('learning_rate_anchor', 'Keras' + chr(39) + 's default')} {base:g} at batch size "
-                 f"{rec['base_batch_size']}." + ("" if rec["learning_rate_rule"] == "paper" else
+    anchor = rec.get("learning_rate_anchor", "Keras's default")  # a JSON of 0.11.0 read back has none
+    lines.append(f"Learning rate {lr:.3g}: {RULES[rec['learning_rate_rule']]}, anchored at {anchor} {base:g} at "
+                 f"batch size {rec['base_batch_size']}." + ("" if rec["learning_rate_rule"] == "paper" else
                                                   " Tune it where it matters: a rule is a starting point."))
     return lines
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from catsdogs.gradient_noise import NoiseEstimate
+from catsdogs.gradient_noise import NoiseEstimate, paper_learning_rate
 from catsdogs.messages import ProbeRecord
 from catsdogs.schema import Status
 
@@ -128,5 +128,5 @@ def learning_rate(optimizer: str, batch_size: int, base_lr: float, base_batch: i
     if optimizer == "adam":
         return base_lr * math.sqrt(ratio), "sqrt"
     if b_noise:
-        return base_lr * (1 + b_noise / base_batch) / (1 + b_noise / batch_size), "paper"
+        return paper_learning_rate(base_lr, base_batch, batch_size, b_noise), "paper"
     return base_lr * ratio, "linear"

@@ -56,7 +56,6 @@ DEFAULT_WARMUP = 1
 DEFAULT_MARGIN = 0.1
 DEFAULT_RESOLUTION = 8  # the bisection's final gap, or an eighth of the answer when smaller
 MAX_FAILED_IN_A_ROW = 2
-TIE = 0.05  # throughputs within 5% are the same, for the fastest
 MAX_CONFIRMATIONS = 4  # sizes tried down from the margin's before giving up (each one probe)
 FRESH_SHARE = 0.8  # probes at or above this share of the predicted limit run in a fresh worker
 

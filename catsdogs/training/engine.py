@@ -213,7 +213,7 @@ RECORD_COLUMNS = ("noise_scale", "noise_scale_low", "noise_scale_high")
 
 
 def _timings(timer: EpochTimer, batch_size: int, batches: int, fit_seconds: float, setup_seconds: float) -> dict:
-    train_seconds = sum(e["train_seconds"] for e in timer.epochs)
+    train_seconds = timer.finished_train_seconds
     return {"train_seconds": round(train_seconds, 4), "fit_seconds": round(fit_seconds, 4),
             "setup_seconds": round(setup_seconds, 4),
             "images_per_second": batches * batch_size / train_seconds if train_seconds else None}
@@ -259,10 +259,15 @@ class EpochTimer(keras.callbacks.Callback):
         self._close({"epoch": epoch + 1, "train_seconds": (self.t_train or end) - self.t0 - self.outside,
                      "seconds": end - self.t0 - self.outside}, logs)
 
+    @property
+    def finished_train_seconds(self) -> float:
+        """Training seconds of the finished epochs."""
+        return sum(e["train_seconds"] for e in self.epochs)
+
     def train_seconds_so_far(self, now: float | None = None) -> float:
         """Training seconds of the finished epochs, and of the running one up to `now`."""
         running = (now or time.perf_counter()) - self.t0 - self.outside if self.t0 is not None else 0.0
-        return sum(e["train_seconds"] for e in self.epochs) + running
+        return self.finished_train_seconds + running
 
     @contextlib.contextmanager
     def outside_training(self):
@@ -277,7 +282,7 @@ class EpochTimer(keras.callbacks.Callback):
 
     def end_partial(self, train_seconds: float, batches: int, logs: dict) -> None:
         """The epoch a target ended after `batches` batches, at `train_seconds` of training in all."""
-        seconds = train_seconds - sum(e["train_seconds"] for e in self.epochs)
+        seconds = train_seconds - self.finished_train_seconds
         self._close({"epoch": len(self.epochs) + 1, **logs, "train_seconds": seconds, "seconds": seconds,
                      "batches": batches}, logs)  # no History row for it: its logs are the timer's
 

@@ -49,8 +49,9 @@ class Slot(Protocol):
     def run(self, cfg: TrialConfig, data_dir: Path, on_epoch: Callable[[dict], None] | None = None,
             noise_sampling: dict | None = None, eval_every: int | None = None) -> TrialRecord:
         """Run one trial (recording its noise scale as `noise_sampling`, NoiseSampling.as_dict(),
-        says, and its validation curve every `eval_every` training images), reporting each epoch's row to `on_epoch`; always its record: done, failed or oom,
-        or lost (its worker lost through no fault of the trial: the sweep gives it back)."""
+        says, and its validation curve every `eval_every` training images), reporting each epoch's
+        row to `on_epoch`; always its record: done, failed or oom, or lost (its worker lost through
+        no fault of the trial: the sweep gives it back)."""
 
     def stop(self) -> None:
         """From another thread (Ctrl-C): end the running trial now; `run` returns it lost."""
@@ -288,7 +289,7 @@ def _epoch_logger(log, tag: str = ""):
         estimate = NoiseEstimate.from_record(e)
         if estimate:
             measured = f", B_simple {estimate.describe()} in {estimate.seconds:.1f} s"
-        train = f"loss {e['loss']:.4f} acc {e['accuracy']:.3f}" if "loss" in e else "no full batch"
+        train = f"loss {e['loss']:.4f} acc {e['accuracy']:.3f}" if "loss" in e else "no training logs"
         ended = f", target reached after {e['batches']} batches" if "batches" in e else ""
         log(f"{tag}    epoch {e['epoch']}/{e['epochs']}: {train}{val} ({e['seconds']:.1f} s{measured}{ended})")
     return on_epoch
