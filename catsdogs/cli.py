@@ -494,7 +494,8 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
               help="Safety fraction taken off the largest size that fits, then rounded down to a "
                    "multiple of 8 (a power of two below 8); 0 keeps the largest as is.")
 @click.option("--steps", type=click.IntRange(min=1), default=FIND.steps, show_default=True,
-              help="Timed training steps per probe, after one warm-up step.")
+              help="Timed training steps per probe, after one warm-up step; more where they take under "
+                   f"{FIND.min_seconds:g} s, so a small batch's step time is steady enough to rank sizes by.")
 @click.option("--resolution", type=click.IntRange(min=1), default=FIND.resolution,
               help="Stop bisecting when the gap is this small [default: 8, or an eighth of the "
                    "largest size that fits when smaller].")
@@ -506,10 +507,16 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
 @click.option("--seed", type=click.IntRange(min=0), default=FIND.seed, show_default=True,
               callback=_checked(lambda v: schema.check_number(v, "seed", least=0)),
               help="The noise scale's short runs train at this seed and the next (recorded in the JSON).")
+@click.option("--from-store", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="OUT",
+              help="Scale the printed learning rate from a rate tuned on this model and data: the results store "
+                   "under OUT (a sweep's --out) of the critical plan (the rate that reached the target in fewest "
+                   "steps) or the tuned plan (best validation accuracy), at the tuned batch size nearest the "
+                   "recommendation, same optimizer, data set and image size. Default: Keras's default rate at "
+                   "batch size 32.")
 @name_option(FIND.name, "Name of the run: OUT/NAME/find_batch_size.json and .csv.")
 @MEASUREMENT_OPTIONS
-def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, seed, name, opt, dataset,
-                    precision, memory_limit, deterministic, tf32, data_dir, out, isolate, compile_cache):
+def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, seed, from_store, name, opt,
+                    dataset, precision, memory_limit, deterministic, tf32, data_dir, out, isolate, compile_cache):
     """The largest batch size that fits, the fastest, the critical one, and which to train with.
 
     Every probe is a few steps of the sweep's own training step at one batch size; one that
@@ -519,13 +526,17 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
     naming the limit that binds (memory, speed, statistics), with a learning rate by the
     optimizer's rule. Without --memory-limit a GPU's own memory
     is the cap, and on the CPU 90% of the memory available when the search starts."""
+    from catsdogs.analysis.anchor import anchor_for
     from catsdogs.measure.find_batch_size import find_batch_size as run
 
+    data_dir = data_dir or config.default_data_dir()
+    anchor = anchor_for(from_store, opt, dataset, data_dir) if from_store is not None else None
     settings = FindSettings(name=name, mode=mode, start=start, max_batch=max_batch, margin=margin, optimizer=opt,
                             dataset=dataset, precision=precision, steps=steps, memory_cap_bytes=memory_limit,
                             resolution=resolution, isolate=isolate, measure_noise=measure_noise, seed=seed,
-                            deterministic=deterministic is not False, tf32=tf32, worker_env=worker_env(compile_cache))
-    run(settings, data_dir or config.default_data_dir(), out, log=click.echo)
+                            anchor=anchor, deterministic=deterministic is not False, tf32=tf32,
+                            worker_env=worker_env(compile_cache))
+    run(settings, data_dir, out, log=click.echo)
     return 0
 
 
@@ -540,7 +551,13 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
 @click.option("--export-store", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Also write the whole results store to FILE as one self-contained SQLite file, with "
                    "what its write-ahead log (results.sqlite-wal) holds: the way to copy or archive a store.")
-def report(name, out, title_note, export_store):
+@click.option("--find-batch-size", "find_results", multiple=True, metavar="FILE",
+              type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="find-batch-size's result (its find_batch_size.json; repeat for several) to hold against "
+                   "the sweep's trials run until a target: measured time to the target beside the predicted, "
+                   "and the recommendation's cost. Default: every OUT/*/find_batch_size.json; each is matched to "
+                   "the series of its optimizer, data, image size and backend.")
+def report(name, out, title_note, export_store, find_results):
     """Figures and tables of a sweep, read from OUT/results.sqlite alone (no TensorFlow).
 
     Writes OUT/NAME/figures/optimizers and augmentation (the article's two figures: every
@@ -555,7 +572,7 @@ def report(name, out, title_note, export_store):
 
     if export_store is not None:
         export(out, export_store, log=click.echo)
-    run(name, out, note=title_note, log=click.echo)
+    run(name, out, note=title_note, log=click.echo, find_results=list(find_results) or None)
 
 
 # --- reproduce ------------------------------------------------------------------------------

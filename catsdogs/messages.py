@@ -142,6 +142,7 @@ class ProbeRecord(Record):
 
     order: int | None = _field(views=("search",))  # the search's n-th probe
     phase: str | None = _field(views=("search",))  # calibrate, search, confirm or critical
+    wall_seconds: float | None = _field(views=("search",))  # the probe in the parent, a worker's start included
     batch_size: int | None = _field(views=("profile", "search"))
     status: Status = field(default=Status.FAILED, metadata={"views": ("profile", "search")})
     step_time_median_s: float | None = _field(views=("profile", "search"))

@@ -18,6 +18,8 @@
 #   profile-fp32   profile and the PyTorch reference with TF32 forbidden
 #   profile-det    profile with determinism on, TF32 on
 #   profile-bf16   profile at mixed_bfloat16 and PyTorch under bfloat16 autocast
+#   time-to-target the critical plan (64 px, until val_loss 0.49) and find-batch-size on its data,
+#                  Adam and SGD, then the report: measured time to the target against the predicted
 #
 # `all` runs the stages in that order while each one's estimated time still fits in --budget
 # (default 540 s: one call), skips the rest and prints the exact commands for them, grouped into
@@ -27,13 +29,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ORDER=(prepare reproduce profile-tf32 find reproduce-det profile-fp32 profile-det profile-bf16)
+ORDER=(prepare reproduce profile-tf32 find reproduce-det profile-fp32 profile-det profile-bf16 time-to-target)
 declare -A ESTIMATE=(  # seconds on the H100, for --budget: compilation included (18-53 s a large probe)
     [prepare]=60 [reproduce]=240 [profile-tf32]=300 [find]=240 [reproduce-det]=360
-    [profile-fp32]=300 [profile-det]=300 [profile-bf16]=240)
+    [profile-fp32]=300 [profile-det]=300 [profile-bf16]=240 [time-to-target]=480)
 GPU_BATCHES="16 64 256 1024 2048"
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
 
 DRY=0 SMOKE=0 BUDGET=540 STAGES=()
 while [ $# -gt 0 ]; do
@@ -73,6 +75,10 @@ if [ $SMOKE = 1 ]; then
     PROFILE_ARGS=(--batch-size 4 8 --steps 2 --warmup 1)
     FIND_ARGS=(--start 8 --max 32 --steps 1)
     TORCH_ARGS=(--size 40 --batch-size 4 8 --steps 2 --warmup 1)
+    # the critical plan's kind on the quick data: two batch sizes, two rates, one epoch at most
+    CRITICAL_RUN="sweep --data-dir $(printf %q "$DATA") --name critical --opt adam sgd --batch-size 4 8 --lr 0.001 0.01 \
+--seeds 1 --until val_loss=0.9 --eval-every 32 --max-epochs 1 --noise-scale"
+    CRITICAL_DATA=$DATA CRITICAL_FIND=(--start 4 --max 16 --steps 1)
     PY=${PYTHON:-python3}
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} KERAS_BACKEND=jax PYTHONUNBUFFERED=1
     export CATSDOGS_COMPILE_CACHE=$OUT/smoke-work/jax-cache  # not the user's: a smoke leaves nothing behind
@@ -84,6 +90,9 @@ else
     PROFILE_ARGS=(--batch-size "${BATCHES[@]}" --steps 20)
     FIND_ARGS=(--start 2048)
     TORCH_ARGS=(--batch-size "${BATCHES[@]}")
+    CRITICAL_DATA=$WORK/critical-data
+    CRITICAL_RUN="reproduce --config critical --data-dir $(printf %q "$CRITICAL_DATA") --quiet"
+    CRITICAL_FIND=(--max 4096)  # 64 px on 80 GB: the memory limit lies far above any size worth training
     PY=python3
     export PYTHONPATH=/tmp/site:$PWD KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 fi
@@ -106,6 +115,11 @@ stage_commands() {
     profile-bf16) echo "$c profile --data-dir $data --out $runs --name h100-profile-bf16 ${PROFILE_ARGS[*]} --precision mixed_bfloat16 ${FAST[*]}"
         echo "$PY scripts/torch_reference.py ${TORCH_ARGS[*]} --tf32 --bf16 --json $out/torch-bf16.json" ;;
     find) echo "$c find-batch-size --data-dir $data --out $runs --name h100-find ${FIND_ARGS[*]} ${FAST[*]}" ;;
+    time-to-target) echo "$c $CRITICAL_RUN --out $runs ${FAST[*]}"
+        for opt in adam sgd; do
+            echo "$c find-batch-size --data-dir $(printf %q "$CRITICAL_DATA") --out $runs --name h100-find-critical-$opt --opt $opt ${CRITICAL_FIND[*]} ${FAST[*]}"
+        done
+        echo "$c report --name critical --out $runs" ;;
     esac
 }
 
@@ -119,6 +133,7 @@ label() {
     profile-det) echo "profile, determinism on, TF32 allowed" ;;
     profile-bf16) echo "profile at mixed_bfloat16, determinism off; PyTorch under bfloat16 autocast" ;;
     find) echo "find-batch-size, determinism off, TF32 on" ;;
+    time-to-target) echo "time to the target: the critical plan measured, find-batch-size's prediction beside it" ;;
     esac
 }
 
@@ -174,7 +189,9 @@ run_logged() {  # run_logged STAGE COMMAND: append its output to $OUT/STAGE.log;
 
 run_stage() {
     local stage=$1 start end seconds rc=0 cmd first=1 torch_json=""
-    if [ "$stage" != prepare ] && [ ! -f "$DATA/manifest.json" ]; then run_stage prepare; fi
+    # every stage trains on the prepared data but the critical plan's, which prepares its own (64 px)
+    if [ "$stage" != prepare ] && { [ "$stage" != time-to-target ] || [ $SMOKE = 1 ]; } &&
+        [ ! -f "$DATA/manifest.json" ]; then run_stage prepare; fi
     start=$(date +%s%N)
     while IFS= read -r cmd; do
         if [ $first = 0 ] && [ $HAVE_TORCH = 0 ]; then  # the PyTorch reference
@@ -205,6 +222,10 @@ run_stage() {
     find)
         $PY scripts/h100_summary.py find --json "$RUNS/h100-find/find_batch_size.json" --label "$label" >>"$SUMMARY" || rc=$?
         cp "$RUNS/h100-find/find_batch_size.json" "$OUT/find_batch_size.json" 2>/dev/null || true ;;
+    time-to-target)  # the report's own section, as it stands
+        { echo "## $label"; echo; awk '/^## Time to the target/{on=1; next} /^## /{on=0} on' "$RUNS/critical/results.md"
+        } >>"$SUMMARY" 2>/dev/null || rc=1
+        cp "$RUNS/critical/results.md" "$OUT/critical-results.md" 2>/dev/null || true ;;
     esac
     [ $rc = 0 ] || echo "$stage: exit $rc (see $OUT/$stage.log)" >&2
     return $rc

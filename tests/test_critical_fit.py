@@ -94,3 +94,11 @@ def test_given_steps_that_keep_halving_with_the_batch_then_no_critical_batch_siz
 def test_given_points_the_fit_cannot_use_then_it_says_so(sizes, values):
     with pytest.raises(ValueError):
         fit_critical(sizes, values)
+
+
+def test_given_steps_that_hardly_fall_then_the_interval_starts_at_zero_never_below():
+    # given steps that barely fall with the batch: E_min is not clearly positive
+    fit = fit_critical([4, 8, 16, 32], [30.0, 22.0, 26.0, 20.0])
+    # then Fieller's lower end, negative on its own, is 0: a batch size is never below it
+    assert fit.b_crit is not None and fit.low == 0.0 and fit.high > fit.b_crit
+    assert fit.describe().endswith("(95% interval 0–14)")

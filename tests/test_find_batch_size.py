@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -161,10 +162,14 @@ class FakeWorker:
 
     def __init__(self, log_path, env=None):
         self.log_path, self.tasks, self.largest_batch, self.device, self.alive = Path(log_path), 0, 0, "cpu", False
+        self.ready = False
         FakeWorker.started.append(self)
 
+    def launch(self):
+        self.alive, self.ready = True, False
+
     def start_or_record(self):
-        self.alive = True
+        self.alive = self.ready = True
 
     def run(self, task, memory_cap_bytes=None):
         if not self.alive:
@@ -204,7 +209,29 @@ def test_probes_below_the_fresh_threshold_share_a_worker_and_those_above_get_the
         records = [prober.run(probe_task(b)) for b in (8, 16, 32, 64, 80)]
     # then the small ones ran in one worker, each large one in a worker of its own
     assert [r.worker for r in records] == ["fresh", "reused", "reused", "fresh", "fresh"]
-    assert len(fake_workers.started) == 3
+    assert [w.tasks for w in fake_workers.started if w.tasks] == [3, 1, 1]
+
+
+def test_on_the_cpu_fresh_workers_start_two_at_a_time_and_the_spare_serves_the_next(fake_workers, tmp_path,
+                                                                                      monkeypatch):
+    from catsdogs.measure import prober as prober_module
+
+    # given a prober on the CPU that needs a fresh worker for every probe
+    with prober_module.Prober(tmp_path, isolate=True) as prober:
+        for b in (8, 16, 32):
+            prober.run(probe_task(b))
+        # then the first fresh worker started with a spare beside it, which ran the next probe; the
+        # third started with a spare of its own, which ended unused with the prober
+        assert [w.tasks for w in fake_workers.started] == [1, 1, 1, 0]
+        spare = prober.spare
+    assert spare is fake_workers.started[3] and not spare.alive
+    # while on a GPU, where a started framework may hold the device's memory, no spare is started
+    fake_workers.started = []
+    monkeypatch.setattr(prober_module, "visible_gpus", lambda: ["0"])
+    with prober_module.Prober(tmp_path, isolate=True) as prober:
+        for b in (8, 16):
+            prober.run(probe_task(b))
+    assert [w.tasks for w in fake_workers.started] == [1, 1]
 
 
 def test_out_of_memory_in_a_reused_worker_is_asked_again_of_a_fresh_one(fake_workers, tmp_path):
@@ -225,7 +252,7 @@ def test_out_of_memory_in_a_reused_worker_is_asked_again_of_a_fresh_one(fake_wor
     fake_workers.started = []
     with Prober(tmp_path) as prober:
         final = prober.run(probe_task(95))
-    assert final.status == "oom" and final.worker == "fresh" and len(fake_workers.started) == 1
+    assert final.status == "oom" and final.worker == "fresh" and [w.tasks for w in fake_workers.started] == [1, 0]
 
 
 class LinearProber:
@@ -246,6 +273,9 @@ class LinearProber:
                            peak_memory_mb=peak, memory_kind="cpu-rss", memory_cap_mb=self.cap_mb,
                            images_per_second=100.0, worker="fresh" if fresh else "reused",
                            **LinearProber.record_extra)
+
+    def prestart(self):
+        pass
 
     def close(self):
         pass
@@ -269,8 +299,20 @@ def test_the_prediction_comes_before_the_search_from_the_calibration_probe_alone
     # and every search probe ran with the fresh threshold at 80% of it; the calibration without
     assert LinearProber.calls[0] == (1, None)
     assert {f for _, f in LinearProber.calls[1:]} == {fresh_threshold(predicted)}
-    # and on a device that is what the model says, the prediction is the measured answer
-    assert s["largest_fitting"] == predicted and s["prediction"]["percent_apart"] == 0
+    # and on a device that is what the model says, the search's first probe past the doubling is the
+    # prediction, and it fits (the replay's peak is not monotonic in the batch size, as BFC's is not:
+    # 5% above it fits too here, so the search goes on from there)
+    sizes = [p["batch_size"] for p in s["probes"]]
+    first_near = next(p for p in s["probes"] if p["batch_size"] >= fresh_threshold(predicted))
+    assert first_near["batch_size"] == predicted and first_near["status"] == "done"
+    assert sizes[sizes.index(predicted) + 1] == math.ceil(predicted * 1.05)
+    assert s["largest_fitting"] >= predicted
+    # and the summary names what the report matches it by (backend, the data's fingerprint) and says
+    # where its time went, in the JSON and in its last line
+    assert s["backend"] == "tensorflow" and s["settings"]["data_fingerprint"]
+    assert set(s["seconds"]) == {"noise_scale", "prediction", "probes", "total"} and s["seconds"]["noise_scale"] is None
+    assert all(p["wall_seconds"] is not None for p in s["probes"])
+    assert lines[-1].startswith(f"Answered in {s['seconds']['total']:.0f} s: the memory model ")
     assert s["memory_fraction"] is None and not any("XLA's" in ln for ln in lines)
 
 
@@ -325,8 +367,8 @@ def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_di
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
     monkeypatch.setattr(prober, "Prober", SqrtSpeedProber)
     monkeypatch.setattr(findbs, "measure_noise_scale", lambda *args, **kwargs: noise)
-    # given throughput growing as the square root of the batch size up to the memory limit (104 with
-    # the margin), where T(B) = (1 + B_noise/B) sqrt(B) is least at B = B_noise, and a noise scale
+    # given throughput growing as the square root of the batch size up to the memory limit (less its
+    # margin), where T(B) = (1 + B_noise/B) sqrt(B) is least at B = B_noise, and a noise scale
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", optimizer=optimizer, memory_cap_bytes=1000 * 2**20), data_dir,
                                tmp_path, log=lines.append)
@@ -343,7 +385,28 @@ def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_di
         assert b == 32 and "statistics binds" in text  # the probed size nearest B_noise = 30
         assert "Critical batch size (the gradient noise scale B_simple after one epoch at batch size 32): 30" in text
     else:
-        assert b == 104 and "above 900" in text and "Statistics could not be resolved" in text
+        assert b == s["margin_batch_size"] and "above 900" in text and "Statistics could not be resolved" in text
+
+
+def test_with_a_store_s_tuned_rates_the_learning_rate_is_scaled_from_the_nearest_and_says_so(data_dir, tmp_path,
+                                                                                              monkeypatch):
+    from catsdogs.measure import prober
+
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setattr(prober, "Prober", SqrtSpeedProber)
+    monkeypatch.setattr(findbs, "measure_noise_scale", lambda *args, **kwargs: measured(30.0, 20.0, 45.0))
+    # given tuned rates at 8 and 64 (as --from-store hands them over) and a recommendation of 32
+    anchor = {"store": "s", "sweep": "crit", "kind": "critical", "rates": {8: 0.05, 64: 0.2}, "edges": []}
+    lines: list[str] = []
+    s = findbs.find_batch_size(FindSettings("fbs", optimizer="sgd", memory_cap_bytes=1000 * 2**20, anchor=anchor),
+                               data_dir, tmp_path, log=lines.append)
+    rec = s["recommendation"]
+    # then 64, a factor 2 from 32 where 8 is a factor 4, gives the rate, carried to 32 by SGD's rule
+    assert rec["batch_size"] == 32 and rec["base_batch_size"] == 64 and rec["base_learning_rate"] == 0.2
+    assert rec["learning_rate"] == pytest.approx(0.2 * (1 + 30 / 64) / (1 + 30 / 32))
+    assert "anchored at the tuned rate of the critical sweep 'crit': 0.2 at batch size 64" in "\n".join(lines)
+    assert s["settings"]["anchor"]["sweep"] == "crit"
+    assert lines[1].startswith("Learning rate scaled from s: the critical sweep 'crit', tuned at batch sizes 8, 64")
 
 
 def test_the_critical_batch_size_is_probed_and_recommended_when_statistics_binds(data_dir, tmp_path, monkeypatch):
@@ -356,13 +419,15 @@ def test_the_critical_batch_size_is_probed_and_recommended_when_statistics_binds
         return measured(50.4, 30.0, 90.0)
 
     monkeypatch.setattr(findbs, "measure_noise_scale", noise_step)
-    # given a noise scale of 50 and throughput growing as sqrt(B) up to the memory limit (104 with the margin)
+    # given a noise scale of 50 and throughput growing as sqrt(B) up to the memory limit (its margin)
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20), data_dir, tmp_path,
                                log=lines.append)
-    # then 48, the critical batch size rounded down, is probed after the search, and recommended
+    # then 48, the critical batch size rounded down, is probed on the search's way up, between 32 and
+    # 64 (so in the worker of the way up, not a fresh one), and recommended
     critical = [p for p in s["probes"] if p["phase"] == "critical"]
-    assert [p["batch_size"] for p in critical] == [48] and critical[0]["order"] == len(s["probes"])
+    assert [p["batch_size"] for p in critical] == [48]
+    assert [p["batch_size"] for p in s["probes"]][:6] == [1, 8, 16, 32, 48, 64]
     assert s["recommendation"]["batch_size"] == 48 and s["recommendation"]["binding"] == "statistics"
     # and the statistics were measured before the first probe
     first_probe = next(i for i, ln in enumerate(lines) if ln.startswith("calibrate"))
@@ -436,9 +501,9 @@ def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_is_not_off_b
     for p in probes:  # it fits (done) means exactly: peak resident memory under the cap
         assert p["status"] in ("done", "oom"), p.get("error")
         assert (p["peak_memory_mb"] <= cap_mb) == (p["status"] == "done"), p
-    # a probe ran out of memory, was recorded, and the search went on
+    # a probe ran out of memory and was recorded so, saying why (whether the search went on after it
+    # depends on where the prediction put it: with one within 5%, the bracket may close right there)
     first_oom = next(i for i, p in enumerate(probes) if p["status"] == "oom")
-    assert first_oom < len(probes) - 1
     assert "over the" in probes[first_oom]["error"]
     # the records on disk
     saved = json.loads((tmp_path / "fbs" / "find_batch_size.json").read_text())
@@ -495,7 +560,7 @@ OWN_LINES = ("Find batch size", "calibrate ", "search ", "confirm ", "critical "
              "Largest batch size", "No batch size fits", "The step replayed", "XLA's memory plan",
              "That limit is XLA's", "Fastest that fits", "With a ", "Recommendation:", "No recommendation",
              "Noise scale", "Critical batch size", "Learning rate", "Predicted time to a target", "  ",
-             "Within ", "Statistics could not be resolved", "The limit is noisy")
+             "Within ", "Statistics could not be resolved", "The limit is noisy", "Answered in ")
 
 
 @pytest.mark.slow
@@ -531,9 +596,19 @@ def test_the_noise_scale_pools_epochs_2_and_3_of_two_seeds_and_records_them(tmp_
 
     # given short runs whose B_simple is 400 after their first epoch (the transient) and 20 or 40 after
     # the second and third, depending on the seed
-    runs = []
+    runs, workers = [], []
 
-    def fake_run(task, log_path, env):
+    class OneWorker:  # every short run in one worker, as a sweep's trials share one
+        def __init__(self, log_path, env=None):
+            workers.append(self)
+
+        def run(self, task):
+            return fake_run(task)
+
+        def close(self):
+            pass
+
+    def fake_run(task):
         runs.append((task.config.seed, task.config.epochs, task.config.batch_size))
         value = {7: 20.0, 8: 40.0}[task.config.seed]
         rows = [{"epoch": e, **gradient_noise.from_pairs([0.9, 1.1] * 16, [0.9 * v, 1.1 * v] * 16, floor=10,
@@ -542,12 +617,12 @@ def test_the_noise_scale_pools_epochs_2_and_3_of_two_seeds_and_records_them(tmp_
         start = gradient_noise.from_pairs([0.9, 1.1] * 16, [4.5, 5.5] * 16, floor=10, small=1, large=10, epoch=0)
         return TrialRecord(status="done", history=rows, initial_noise=start.as_dict(), noise_seconds=1.0)
 
-    monkeypatch.setattr(findbs, "run_isolated", fake_run)
+    monkeypatch.setattr(findbs, "Worker", OneWorker)
     manifest = {"params": {"size": 32}, "fingerprint": {"standard": "f"}}
     lines: list[str] = []
     run = findbs.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
     # then two runs of 3 epochs at batch 32, seeds 7 and 8, and the estimate is their epochs 2-3 pooled
-    assert runs == [(7, 3, 32), (8, 3, 32)]
+    assert runs == [(7, 3, 32), (8, 3, 32)] and len(workers) == 1
     assert run.estimate.b_simple == pytest.approx(30.0) and run.estimate.measurements == 4
     saved = run.as_json()
     assert saved["seeds"] == [7, 8] and saved["from_epoch"] == 2 and saved["epochs"] == 3

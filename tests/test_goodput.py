@@ -1,4 +1,4 @@
-"""Which batch size reaches a target soonest (catsdogs.measure.goodput): the predicted time to a
+"""Which batch size reaches a target soonest (catsdogs.goodput): the predicted time to a
 target from the probes' step times and the noise scale, its fallback when the statistics are not
 resolved, the near-best set, the learning-rate rules, and a margin's size that must pass itself
 (catsdogs.measure.search.confirm). Pure functions with made-up probes: nothing trains here."""
@@ -9,8 +9,8 @@ import math
 
 import pytest
 
+from catsdogs import goodput
 from catsdogs.gradient_noise import NoiseEstimate
-from catsdogs.measure import goodput
 from catsdogs.measure.search import confirm
 from catsdogs.messages import ProbeRecord
 

@@ -46,6 +46,14 @@ def random_store(tmp: Path) -> Path:
     return out
 
 
+def empty_store(tmp: Path) -> Path:
+    """An --out whose results store holds no sweep."""
+    out = tmp / "empty"
+    out.mkdir()
+    Store(out / "results.sqlite").close()
+    return out
+
+
 def truncated_store(tmp: Path) -> Path:
     """An --out whose store of 200 trials lost the second half of its file."""
     out = tmp / "out"
@@ -168,6 +176,14 @@ CASES = [
     ("profile-manifest-fingerprint", lambda t, d: ["profile", "--out", t, "--data-dir",
                                                    damaged_manifest(t, d, with_fingerprint(d, 12345))], 1,
      "holds no finished prepared data set"),
+    # a learning rate to scale from that is not there (exit 2), a find-batch-size result that is not one (exit 1)
+    ("find-from-store-none", lambda t, d: ["find-batch-size", "--data-dir", d, "--out", t, "--from-store", t / "no"],
+     2, "Invalid value for '--from-store': no results store at"),
+    ("find-from-store-untuned", lambda t, d: ["find-batch-size", "--data-dir", d, "--out", t, "--from-store",
+                                              empty_store(t)], 2,
+     "Invalid value for '--from-store': no sweep in"),
+    ("report-find-result-a-folder", lambda t, d: ["report", "--out", t, "--find-batch-size", t], 2,
+     "Invalid value for '--find-batch-size'"),
     # a batch size no step can train on: refused before the sweep starts (exit 2)
     ("sweep-batch-above-split", lambda t, d: ["sweep", "--data-dir", d, "--out", t, "--opt", "adam",
                                               "--batch-size", "64", "--seeds", "1"], 2,

@@ -106,6 +106,36 @@ def test_binsearch_with_resolution_1_finds_the_exact_limit_for_any_limit_and_sta
         assert len(dev.calls) == len(set(dev.calls)), "a batch size was probed twice"
 
 
+def test_a_guess_within_5_percent_brackets_the_limit_and_saves_the_probes_above_the_doubling():
+    # given a device that fits up to 616 and a prediction of 640 (4% high)
+    dev = FakeDevice(616)
+    r = search(dev, start=8, guess=640)
+    # then the doubling stops at 256 (512 would pass 80% of 640), the guess is probed, then 5% below it
+    # and it bisects the 32 between them: 624, then 616
+    assert dev.calls == [8, 16, 32, 64, 128, 256, 640, 608, 624, 616]
+    assert (r.largest_fit, r.first_failure) == (616, 624)
+    # so 4 probes past the doubling, where doubling on to 1,024 and bisecting back takes 8
+    unguided = FakeDevice(616)
+    search(unguided, start=8)
+    assert unguided.calls[6:] == [512, 1024, 768, 640, 576, 608, 624, 616]
+
+
+@pytest.mark.parametrize("limit, guess", [(616, 731), (616, 500), (616, 300), (40, 900), (5000, 64), (100, 100)])
+def test_any_guess_finds_the_same_limit_as_no_guess(limit, guess):
+    # a prediction far off, low or high, costs probes, never the answer
+    for resolution in (1, None):
+        dev = FakeDevice(limit)
+        r = search(dev, start=8, guess=guess, resolution=resolution)
+        plain = search(FakeDevice(limit), start=8, resolution=resolution)
+        assert r.largest_fit <= limit < r.first_failure and r.first_failure - r.largest_fit <= (resolution or 8)
+        assert (resolution != 1) or (r.largest_fit, plain.largest_fit) == (limit, limit)
+        assert len(dev.calls) == len(set(dev.calls))
+    # and a --max below the guess is respected: the guess is capped at it
+    capped = FakeDevice(limit)
+    r = search(capped, start=8, guess=guess, max_batch=min(limit, 64))
+    assert max(capped.calls) <= min(limit, 64) and r.largest_fit == min(limit, 64) and r.reached_max
+
+
 def test_default_resolution_is_8_or_an_eighth_of_the_answer():
     assert effective_resolution(None, 1000) == 8
     assert effective_resolution(None, 32) == 4

@@ -113,4 +113,5 @@ def _fieller(num: float, den: float, cov: tuple, df: int, level: float):
     qb = num * den - t2 * v_cross
     qc = num * num - t2 * v_num
     root = math.sqrt(max(0.0, qb * qb - qa * qc))
-    return num / den, (qb - root) / qa, (qb + root) / qa
+    # a lower end below zero says the data do not rule out E_min <= 0: B_crit, a batch size, is at least 0
+    return num / den, max(0.0, (qb - root) / qa), (qb + root) / qa

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 
-from catsdogs.analysis import claims, critical, to_target
+from catsdogs.analysis import claims, critical, time_to_target, to_target
 from catsdogs.analysis.rows import field, protocol_label, protocol_of
 from catsdogs.analysis.tables import CELL_CSV_COLUMNS, incomplete_note
 from catsdogs.schema import UNFINISHED
@@ -68,6 +68,7 @@ def markdown(name: str, summary: dict, note: str | None = None) -> str:
     lines += adaptive_markdown(summary.get("adaptive"))
     lines += noise_markdown(name, summary.get("noise"), summary.get("critical") or [])
     lines += to_target.markdown(summary.get("to_target") or [])
+    lines += time_to_target.markdown(summary.get("time_to_target"))
     unused = summary["unused"]
     if unused:
         kinds: dict[str, int] = {}

@@ -360,3 +360,50 @@ def make_critical_figure(tables: list[dict], note: str | None = None) -> tuple[F
     fig.suptitle("The critical batch size, measured: steps to a target by batch size\n" + " · ".join(bits),
                  x=0.01, ha="left", fontsize=10.5)
     return fig, artists
+
+
+# --- time to the target: measured, and find-batch-size's prediction (catsdogs.analysis.time_to_target) ---
+
+
+def plot_time_to_target(ax, comparison: dict, color: str = "C0") -> dict:
+    """Measured T(B) / T(best) against batch size (log2) and the predicted one beside it, the
+    measured best starred and the recommended ringed. Returns {"measured", "predicted", "best",
+    "recommended"}."""
+    rows = comparison["rows"]
+    measured = [r for r in rows if r["relative"] is not None and np.isfinite(r["relative"])]
+    predicted = [r for r in rows if r["predicted_relative"] is not None]
+    (m_line,) = ax.plot([r["batch_size"] for r in measured], [r["relative"] for r in measured], "o-", color=color,
+                        label="measured: S(B) × seconds per step")
+    (p_line,) = ax.plot([r["batch_size"] for r in predicted], [r["predicted_relative"] for r in predicted], "s--",
+                        color="0.4", markersize=4, label="predicted: (1 + B_noise/B) × probe's step time")
+    by = {r["batch_size"]: r for r in measured}
+    best = rec = None
+    if comparison["best"] in by:
+        r = by[comparison["best"]]
+        best = ax.scatter([r["batch_size"]], [r["relative"]], marker="*", s=180, color=color, edgecolors="black",
+                          linewidths=0.6, zorder=5, label=f"measured best: {r['batch_size']}")
+    if comparison["recommended"] in by:
+        r = by[comparison["recommended"]]
+        rec = ax.scatter([r["batch_size"]], [r["relative"]], marker="o", s=220, facecolors="none", edgecolors="C3",
+                         linewidths=1.6, zorder=6, label=f"recommended: {r['batch_size']}")
+    batch_axis(ax, [r["batch_size"] for r in rows])
+    ax.set_yscale("log")
+    _plain_numbers(ax.yaxis)
+    ax.set_ylabel("time to the target / the best's (log)")
+    ax.grid(True, axis="y", alpha=0.25)
+    ax.legend(loc="upper center", fontsize=8, frameon=False)
+    return {"measured": m_line, "predicted": p_line, "best": best, "recommended": rec}
+
+
+def make_time_figure(comparisons: list[dict], note: str | None = None) -> tuple[Figure, list[dict]]:
+    """One panel per comparison of measured and predicted time to the target."""
+    fig = Figure(figsize=(5.5 * len(comparisons), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(comparisons), squeeze=False)[0]
+    artists = []
+    for ax, c in zip(axes, comparisons, strict=True):
+        artists.append(plot_time_to_target(ax, c))
+        ratio = "" if c["ratio"] is None else f": T(rec)/T(best) {c['ratio']:.2f}, {c['verdict']}"
+        ax.set_title(f"{c['label']} · {c['context']}{ratio}", fontsize=9.5, loc="left")
+    fig.suptitle("Time to the target by batch size, measured and predicted" + (f" · {note}" if note else ""),
+                 x=0.01, ha="left", fontsize=10.5)
+    return fig, artists

@@ -16,16 +16,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from catsdogs import config
+from catsdogs.analysis import to_target
 from catsdogs.analysis.markdown import csv_text, markdown
 from catsdogs.analysis.plots import (
     make_collapse_figure,
     make_critical_figure,
     make_figure,
     make_noise_figure,
+    make_time_figure,
 )
 from catsdogs.analysis.rows import data_source_kind, load_trials, sweep_config
 from catsdogs.analysis.summary import summarize
 from catsdogs.analysis.tables import status_counts
+from catsdogs.analysis.time_to_target import load_find_results
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.files import write_text_atomic
 from catsdogs.plotting import save_figure
@@ -34,15 +37,18 @@ from catsdogs.store import Store, store_path
 
 
 def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = None,
-           log: Callable[[str], None] = print) -> dict:
+           log: Callable[[str], None] = print, find_results: list[Path] | None = None) -> dict:
     """Write the figures and tables of sweep `name` from OUT/results.sqlite; return the paths:
-    {"figures": {figure: {"png": path, "svg": path}}, "results_md": path, "summary_csv": path}."""
+    {"figures": {figure: {"png": path, "svg": path}}, "results_md": path, "summary_csv": path}.
+    Trials run until a target are held against find-batch-size's results: `find_results`, else
+    every OUT/*/find_batch_size.json (catsdogs.analysis.time_to_target)."""
     out = Path(out)
     trials = load_trials(store_path(out), name)
     recorded = sweep_config(store_path(out), name)
     if note is None and data_source_kind(recorded) == "synthetic":
         note = "synthetic data"  # a figure from the stand-in data set always says so
-    summary = summarize(trials, recorded)
+    found = load_find_results(out, find_results) if any(to_target.has_target(t) for t in trials) else []
+    summary = summarize(trials, recorded, found)
     folder = out / name
     paths: dict = {"figures": {}}
     for table in summary["figures"]:
@@ -71,6 +77,15 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
             c = t["claim"]
             log(f"critical batch size measured ({t['label']}, {t['target'].describe()}): B_crit "
                 f"{t['fit'].describe() if t['fit'] else 'not fitted'}; the noise scale's prediction {c['verdict']}")
+    timed = summary["time_to_target"]
+    if timed["rows"]:
+        fig, _ = make_time_figure(timed["rows"], note)
+        paths["figures"]["time_to_target"] = save_figure(fig, folder / "figures" / "time_to_target")
+        for c in timed["rows"]:
+            ratio = f"T(recommended {c['recommended']})/T(best {c['best']}) {c['ratio']:.2f}" if c["ratio"] else c["why"]
+            log(f"time to the target ({c['label']}, {c['context']}) against {c['path']}: {ratio}, {c['verdict']}")
+    for path in timed["unmatched"]:
+        log(f"time to the target: {path} matches no series of {name!r} (another optimizer, data, size or backend)")
     for ctx in summary["claims"]:
         verdicts = [r["verdict"] for r in ctx["results"]]
         log(f"claims ({ctx['context']}): " + ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts)))

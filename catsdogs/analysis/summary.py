@@ -11,7 +11,7 @@ table and the critical batch size's claim (catsdogs.analysis.critical), which re
 from __future__ import annotations
 
 from catsdogs import config, seeds
-from catsdogs.analysis import claims, critical, to_target
+from catsdogs.analysis import claims, critical, time_to_target, to_target
 from catsdogs.analysis.tables import (
     accumulation_table,
     augmentation_table,
@@ -24,13 +24,15 @@ from catsdogs.manifest import test_images
 from catsdogs.schema import TrialConfig
 
 
-def summarize(trials: list[dict], recorded: dict | None = None) -> dict:
-    """Every table of a sweep's report, from its trials and (`recorded`) the sweep's resolved
-    configuration as the store holds it (its adaptive seeds, its data's counts).
+def summarize(trials: list[dict], recorded: dict | None = None, found: list[dict] | None = None) -> dict:
+    """Every table of a sweep's report, from its trials, (`recorded`) the sweep's resolved
+    configuration as the store holds it (its adaptive seeds, its data's counts) and (`found`)
+    find-batch-size's results to hold against the trials run until a target.
 
     {"figures": [table, ...], "unused": [trial, ...], "collapse": table, "claims": [...],
     "adaptive": its state or None, "noise": the noise scale's table, "critical": [...], "to_target":
-    the critical batch size measured, per series of the trials run until a target}. Figures
+    the critical batch size measured, per series of the trials run until a target, "time_to_target":
+    those series' measured time to the target against find-batch-size's prediction}. Figures
     without trials are left out: optimizers (article protocol, standard data, by optimizer);
     augmentation (article protocol, Adam, by data set; only with augmented trials); protocols
     (accumulate 1, by protocol, for each optimizer and data set that has a variant); accumulation
@@ -46,6 +48,7 @@ def summarize(trials: list[dict], recorded: dict | None = None) -> dict:
     # article's test split where the store does not record the data's counts
     n_test = test_images(counts) if counts else len(config.CLASSES) * config.SPLIT[2]
     tuned = tune_learning_rates(trials, n_test)
+    target_tables = to_target.tables(targeted)
     figures = [table for table in (optimizers_table(trials), augmentation_table(trials), protocols_table(trials),
                                    accumulation_table(trials), tuned if tuned["rows"] else None) if table]
     used = set().union(*(table["keys"] for table in figures)) if figures else set()
@@ -54,7 +57,7 @@ def summarize(trials: list[dict], recorded: dict | None = None) -> dict:
             "adaptive": adaptive_state(trials, recorded.get("adaptive"), test_images(counts) if counts else None),
             "noise": critical.noise_table(trials, tuned),
             "critical": critical.critical_claims_by_context(trials, tuned, n_test),
-            "to_target": to_target.tables(targeted)}
+            "to_target": target_tables, "time_to_target": time_to_target.comparisons(target_tables, found or [])}
 
 
 def adaptive_state(trials: list[dict], adaptive: dict | None, n_test: int | None = None) -> dict | None:

@@ -25,17 +25,23 @@ says why a reused worker cannot answer near the limit), and any that ran out of 
 reused one. After the search, the margin's size is probed too if it was not already ("confirm").
 
 The statistics: before the search, the gradient noise scale B_simple (catsdogs.gradient_noise) is
-measured on a short run, the data's first epoch at the base batch size (32), in a worker of its
-own that ends before any probe starts: the critical batch size, beyond which a larger batch buys
-few steps (McCandlish et al. 2018). One epoch in is early, and B_simple grows as training goes on
-(several-fold, in the paper; on this model's chaotic first epoch it varies from seed to seed), so
-this is a cautious estimate. When it lies below the margin's size, the search also probes it,
-rounded down as the margin's size is ("critical"), so the recommendation (catsdogs.measure.search)
-has a probe at the statistics' limit. `measure_noise=False` (--no-noise-scale) skips it.
+measured past the first epoch's transient: two short runs at the base batch size (32), seeds
+--seed and the next, trained 3 epochs each in one worker that ends before any probe runs, B_simple
+measured after epochs 2 and 3 and pooled (`measure_noise_scale`). Its rounded-down value is probed
+on the search's way up ("critical"), in the worker of the small sizes, so the recommendation
+(catsdogs.goodput: the least predicted time to a target) has a probe at the statistics' limit.
+`measure_noise=False` (--no-noise-scale) skips it.
+
+Time: a probe in a reused worker takes a fraction of a second, one in a fresh worker seconds (on
+TensorFlow most of it importing the framework). So the first probe's worker imports while the
+noise scale's short runs train, the search probes the prediction rather than doubling past it
+(catsdogs.measure.search.around_guess), and on the CPU fresh workers start two at a time
+(catsdogs.measure.prober). The summary says where the time went ("seconds").
 """
 
 from __future__ import annotations
 
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +60,7 @@ from catsdogs.measure.common import (
     settings_note,
     write_csv,
 )
-from catsdogs.measure.find_summary import METHODS, probe_line, summary_lines
+from catsdogs.measure.find_summary import METHODS, probe_line, summary_lines, time_lines
 from catsdogs.measure.search import (
     FindSettings,
     apply_margin,
@@ -76,13 +82,17 @@ from catsdogs.messages import (
 from catsdogs.schema import Status, TrialConfig, default
 from catsdogs.training import backends
 from catsdogs.training.costs import predict_max_batch_size, predicted_peak_bytes
-from catsdogs.training.worker import run_isolated
+from catsdogs.training.worker import Worker, run_isolated
 
 CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline comes from
 HOST_CAP_FRACTION = 0.9
-# find-batch-size's noise measurement, the one the recommendation rests on: more pairs than a
-# sweep's, over two short runs, past their first epoch (measure_noise_scale).
-NOISE_PAIRS = 4 * config.NOISE_PAIRS  # pairs a measurement: 32, so 128 pooled (2 epochs x 2 seeds)
+# find-batch-size's noise measurement, the one the recommendation rests on: larger pairs than a
+# sweep's, over two short runs, past their first epoch (measure_noise_scale). A pair of 25 images
+# gives |G|^2 from 600 products of two examples' gradients where a pair of 10 gives 90: for about
+# the same images, intervals a third as wide (docs/results.md, "The noise scale find-batch-size
+# decides with"; scripts/noise_spread.py).
+NOISE_PAIRS = 2 * config.NOISE_PAIRS  # pairs a measurement: 16, so 64 pooled (2 epochs x 2 seeds)
+NOISE_LARGE = 25  # images a pair (each its own micro-batch: B_s 1, B_b 25)
 NOISE_EPOCHS = 3  # each short run's epochs: measured after the 2nd and 3rd, past the first's transient
 NOISE_FROM = 2  # the first epoch whose measurement counts
 NOISE_SEEDS = 2  # short runs, each its own seed: one seed's trajectory is one draw
@@ -133,17 +143,30 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     if settings.memory_cap_bytes is None:
         avail = host_memory_available()
         cpu_cap = int(HOST_CAP_FRACTION * avail) if avail else None
+    started = time.perf_counter()
     log(_opening_line(settings, size, cpu_cap))
+    if settings.anchor:
+        a = settings.anchor
+        log(f"Learning rate scaled from {a['store']}: the {a['kind']} sweep {a['sweep']!r}, tuned at batch sizes "
+            f"{', '.join(map(str, sorted(int(b) for b in a['rates'])))}.")
     env = settings.environment()
-    # The statistics first, in a worker of its own that ends before any probe starts: the probes'
-    # memory is not touched, and the search can then probe the critical batch size itself.
-    noise_run = measure_noise_scale(data_dir, manifest, settings, work, env, log) if settings.measure_noise else None
     run = ProbeRun(settings, data_dir, work, cpu_cap, env, log)
     try:
+        # The statistics first, in a worker of its own that ends before any probe runs (the first
+        # probe's worker imports its framework meanwhile, on the CPU): the probes' memory is not
+        # touched, and the search can then probe the critical batch size on its way up.
+        noise_run = None
+        if settings.measure_noise:
+            run.prober.prestart()
+            noise_run = measure_noise_scale(data_dir, manifest, settings, work, env, log)
         calib = run.probe(CALIBRATION_BATCH, "calibrate")
+        predicting = time.perf_counter()
         pred = _predict_first(run, calib, manifest, data_dir, work, env, log)
-        result = search(lambda b: run.probe(b, "search").status, mode=settings.mode, start=settings.start,
-                        max_batch=settings.max_batch, resolution=settings.resolution)
+        predict_seconds = time.perf_counter() - predicting
+        early = critical_probe(noise_run.estimate if noise_run else None, safe=None)
+        result = search(lambda b: run.probe_on_the_way(b, early), mode=settings.mode, start=settings.start,
+                        max_batch=settings.max_batch, resolution=settings.resolution,
+                        guess=pred["max_batch_size"] if pred else None)
         safe = apply_margin(result.largest_fit, settings.margin) if result.largest_fit is not None else None
         margin_failed: list[int] = []
         if safe is not None:  # the margin's size must pass itself: down the margin's grid until one does
@@ -153,15 +176,18 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
             run.probe(critical, "critical")  # the statistics' limit, so the recommendation can stand on it
     finally:
         run.close()
-    summary = decide(result, run.probes, safe, settings.optimizer, noise_run.estimate if noise_run else None)
+    summary = decide(result, run.probes, safe, settings.optimizer, noise_run.estimate if noise_run else None,
+                     settings.anchor)
     summary.update(margin_failed=margin_failed, noise_scale=noise_run.as_json() if noise_run else None,
-                   settings=settings.recorded(size, cpu_cap, data_dir),
+                   settings=settings.recorded(size, cpu_cap, data_dir, manifest["fingerprint"][settings.dataset]),
+                   backend=backends.name(), host=platform.node(),
                    prediction=_prediction(pred, calib, run, result, size),
                    memory_fraction=calib.memory_fraction,
-                   probes=[p.view("search") for p in run.probes], versions=versions())
+                   probes=[p.view("search") for p in run.probes], versions=versions(),
+                   seconds=_seconds(started, noise_run, predict_seconds, run.probes))
     write_json_atomic(folder / "find_batch_size.json", summary, indent=2)
     write_csv(summary["probes"], folder / "find_batch_size.csv", PROBE_COLUMNS)
-    for line in summary_lines(summary):
+    for line in summary_lines(summary) + time_lines(summary):
         log(line)
     if result.largest_fit is None:
         first = run.probes[0]
@@ -170,6 +196,14 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
             f"{': ' + first.error.splitlines()[0] if first.error else ''} "
             f"(records in {folder / 'find_batch_size.json'})")
     return summary
+
+
+def _seconds(started: float, noise_run: NoiseRun | None, predict_seconds: float, probes: list[ProbeRecord]) -> dict:
+    """Where the command's time went: the noise scale's short runs, the memory model's prediction,
+    the probes (each with its worker's start), and the whole answer."""
+    return {"noise_scale": noise_run.seconds if noise_run else None, "prediction": round(predict_seconds, 2),
+            "probes": round(sum(p.wall_seconds or 0.0 for p in probes), 2),
+            "total": round(time.perf_counter() - started, 2)}
 
 
 def _opening_line(s: FindSettings, size: int, cpu_cap: int | None) -> str:
@@ -199,12 +233,22 @@ class ProbeRun:
         s = self.settings
         task = ProbeTask(batch_size, str(self.data_dir.resolve()), optimizer=s.optimizer, dataset=s.dataset,
                          precision=s.precision, steps=s.steps, warmup=s.warmup, deterministic=s.deterministic,
-                         tf32=s.tf32)
+                         tf32=s.tf32, min_seconds=s.min_seconds)
+        started = time.perf_counter()
         p = self.prober.run(task)
-        p.order, p.phase = len(self.probes) + 1, phase
+        p.order, p.phase, p.wall_seconds = len(self.probes) + 1, phase, round(time.perf_counter() - started, 2)
         self.probes.append(p)
         self.log(probe_line(p))
         return p
+
+    def probe_on_the_way(self, batch_size: int, critical: int | None) -> str:
+        """The search's probe of `batch_size`, and before it the critical batch size's, when that
+        lies between the largest probed so far and `batch_size`: so it runs in the worker of the
+        search's way up, where a probe costs a fraction of a second, not in a fresh one."""
+        done = max((p.batch_size for p in self.probes), default=0)
+        if critical is not None and done < critical < batch_size:
+            self.probe(critical, "critical")
+        return self.probe(batch_size, "search").status
 
     def close(self) -> None:
         self.prober.close()
@@ -214,12 +258,12 @@ class ProbeRun:
 
 
 def noise_sampling() -> NoiseSampling:
-    """find-batch-size's measurement: NOISE_PAIRS pairs, a sweep's sizes otherwise."""
-    return NoiseSampling(pairs=NOISE_PAIRS)
+    """find-batch-size's measurement: NOISE_PAIRS pairs of NOISE_LARGE images, each its own micro-batch."""
+    return NoiseSampling(micro=1, micros=NOISE_LARGE, pairs=NOISE_PAIRS)
 
 
 def measure_noise_scale(data_dir: Path, manifest: dict, settings: FindSettings, work: Path, env: dict | None,
-                        log: Callable[[str], None]) -> NoiseRun | None:
+                        log: Callable[[str], None], sampling: NoiseSampling | None = None) -> NoiseRun | None:
     """B_simple past the first epoch's transient: NOISE_SEEDS short runs at the base batch size
     (seeds `settings.seed` and on), each trained NOISE_EPOCHS epochs as a sweep's trial is, in a
     worker of its own, measured after every epoch; the measurements from epoch NOISE_FROM on, of
@@ -228,31 +272,35 @@ def measure_noise_scale(data_dir: Path, manifest: dict, settings: FindSettings, 
     epochs of two seeds steady it. With the wall time (workers' starts included). None, said in
     the log, when a run failed."""
     base = default("base_batch_size")
-    sampling = noise_sampling()
+    sampling = sampling or noise_sampling()
     seeds = list(range(settings.seed, settings.seed + NOISE_SEEDS))
     log(f"Noise scale: {NOISE_EPOCHS} epochs at batch size {base}, seeds {', '.join(map(str, seeds))}; B_simple "
         f"from {sampling.pairs} pairs of {sampling.micro} and {sampling.large} images after each epoch, epochs "
         f"{NOISE_FROM}-{NOISE_EPOCHS} pooled ...")
     started = time.perf_counter()
     measured, initial, measure_seconds = [], None, 0.0
-    for seed in seeds:
-        cfg = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
-                          image_size=manifest["params"]["size"], data=manifest["fingerprint"][settings.dataset],
-                          precision=settings.precision, backend=backends.name(), **backends.process_settings(env or {}))
-        log_path = work / f"noise-scale-{seed}.log"
-        record: TrialRecord = run_isolated(TrialTask(cfg, str(Path(data_dir).resolve()), sampling.as_dict()),
-                                           log_path, env)
-        start = NoiseEstimate.from_dict(record.initial_noise)
-        later = [NoiseEstimate.from_record(row, start) for row in record.history or []]
-        later = [m for m in later if m is not None and m.epoch >= NOISE_FROM]
-        if record.status != Status.DONE or not later:
-            log(f"Noise scale not measured: the short run at seed {seed} {record.status}: "
-                f"{_first_line(record.error)} (log: {log_path})")
-            return None
-        log_path.unlink(missing_ok=True)
-        measured += later
-        initial = initial or start
-        measure_seconds += record.noise_seconds or 0.0
+    log_path = work / "noise-scale.log"
+    worker = Worker(log_path, env)  # one for every seed: a trial trains alike in a fresh worker or a used one
+    try:
+        for seed in seeds:
+            cfg = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
+                              image_size=manifest["params"]["size"], data=manifest["fingerprint"][settings.dataset],
+                              precision=settings.precision, backend=backends.name(),
+                              **backends.process_settings(env or {}))
+            record: TrialRecord = worker.run(TrialTask(cfg, str(Path(data_dir).resolve()), sampling.as_dict()))
+            start = NoiseEstimate.from_dict(record.initial_noise)
+            later = [NoiseEstimate.from_record(row, start) for row in record.history or []]
+            later = [m for m in later if m is not None and m.epoch >= NOISE_FROM]
+            if record.status != Status.DONE or not later:
+                log(f"Noise scale not measured: the short run at seed {seed} {record.status}: "
+                    f"{_first_line(record.error)} (log: {log_path})")
+                return None
+            measured += later
+            initial = initial or start
+            measure_seconds += record.noise_seconds or 0.0
+    finally:
+        worker.close()
+    log_path.unlink(missing_ok=True)
     estimate = pool(measured)
     return NoiseRun(estimate, initial, base, NOISE_EPOCHS, round(measure_seconds, 2),
                     round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=NOISE_FROM)

@@ -6,8 +6,8 @@ lines are the same whether the search just ran or its JSON is read back.
 
 from __future__ import annotations
 
+from catsdogs.goodput import NEAR, RULES
 from catsdogs.gradient_noise import NoiseEstimate, describe
-from catsdogs.measure.goodput import NEAR, RULES
 from catsdogs.messages import ProbeRecord
 from catsdogs.schema import Status
 
@@ -104,7 +104,8 @@ def summary_lines(summary: dict) -> list[str]:
     if summary.get("fastest"):
         f = summary["fastest"]
         lines.append(f"Fastest that fits: {f['batch_size']} at {f['images_per_second']:.1f} images/s "
-                     f"(median of {s['steps']} steps per probe).")
+                     f"(the median step of each probe's {s['steps']} or more, timed for at least "
+                     f"{s.get('min_seconds') or 0:g} s).")
     lines += _margin_lines(summary, s)
     measured = summary.get("noise_scale")
     lines += _noise_lines(measured, s)
@@ -130,7 +131,7 @@ def summary_lines(summary: dict) -> list[str]:
                      + (f"; over B_noise's interval: {_sizes(wide)}." if wide != near else "."))
     lr, base = rec["learning_rate"], rec["base_learning_rate"]
     anchor = rec.get("learning_rate_anchor", "Keras's default")  # a JSON of 0.11.0 read back has none
-    lines.append(f"Learning rate {lr:.3g}: {RULES[rec['learning_rate_rule']]}, anchored at {anchor} {base:g} at "
+    lines.append(f"Learning rate {lr:.3g}: {RULES[rec['learning_rate_rule']]}, anchored at {anchor}: {base:g} at "
                  f"batch size {rec['base_batch_size']}." + ("" if rec["learning_rate_rule"] == "paper" else
                                                   " Tune it where it matters: a rule is a starting point."))
     return lines
@@ -154,3 +155,13 @@ def time_table_lines(rec: dict) -> list[str]:
         lines.append(f"  {r['batch_size']:>6} {r['images_per_second']:>10.1f} {r['relative_steps']:>7.2f} "
                      f"{r['relative_time']:>7.2f}{mark}")
     return lines
+
+
+def time_lines(summary: dict) -> list[str]:
+    """Where the answer's time went (none for a JSON from before 0.13.0)."""
+    t = summary.get("seconds")
+    if not t:
+        return []
+    noise = f"the noise scale {t['noise_scale']:.0f} s, " if t.get("noise_scale") is not None else ""
+    return [f"Answered in {t['total']:.0f} s: {noise}the memory model {t['prediction']:.0f} s, "
+            f"{len(summary['probes'])} probes {t['probes']:.0f} s (their workers' starts included)."]

@@ -51,13 +51,39 @@ class Prober:
         self._started = 0
         self.worker: Worker | None = None
         self._clean = True  # every task of the current worker ended done: its log can go
+        # On the CPU, fresh workers start two at a time (`_fresh`): a spare that has imported its
+        # framework and run nothing is a fresh worker. Not on a GPU, where a started framework may
+        # hold device memory that the probe beside it would then lack.
+        self.spares = not visible_gpus()
+        self.spare: Worker | None = None
+
+    def _new_worker(self) -> Worker:
+        self._started += 1
+        worker = Worker(self.workdir / f"probe-worker-{os.getpid()}-{self._started}.log", self._env)
+        worker.launch()
+        return worker
+
+    def prestart(self) -> None:
+        """Launch the next fresh worker now, to import its framework while this process waits on
+        other work (find-batch-size's noise scale)."""
+        if self.spares and self.spare is None:
+            self.spare = self._new_worker()
 
     def _fresh(self) -> Worker:
+        """A worker that has run nothing: the spare, or a new one. A new one on the CPU starts
+        with a spare beside it, the two importing their framework at once on two cores: the spare
+        waits idle, so it takes no core from the probe's timed steps, and the next fresh probe
+        skips its import. A spare that died waiting is replaced."""
         self._retire()
-        self._started += 1
-        self.worker = Worker(self.workdir / f"probe-worker-{os.getpid()}-{self._started}.log", self._env)
-        self._clean = True
-        return self.worker
+        worker, self.spare = self.spare, None
+        if worker is None or not worker.alive:
+            if worker is not None:
+                worker.close()
+            worker = self._new_worker()
+            if self.spares:
+                self.spare = self._new_worker()
+        self.worker, self._clean = worker, True
+        return worker
 
     def _retire(self) -> None:
         if self.worker is not None:
@@ -89,8 +115,10 @@ class Prober:
     def _run_once(self, task: Task, fresh: bool = False):
         worker = self._fresh() if fresh or self.wants_fresh(task) else self.worker
         reused = worker.tasks > 0
-        if not worker.alive:
+        if not worker.alive or not worker.ready:
             worker.start_or_record()
+        if self.spare is not None and self.spare.alive and not self.spare.ready:
+            self.spare.start_or_record()  # its import done before the probe's timed steps begin
         cap = self.memory_cap_bytes or (self.cpu_cap_bytes if worker.device == "cpu" else None)
         record = worker.run(task, memory_cap_bytes=cap)
         if record.status != Status.DONE:
@@ -122,6 +150,10 @@ class Prober:
 
     def close(self) -> None:
         self._retire()
+        if self.spare is not None:
+            self.spare.close()
+            self.spare.log_path.unlink(missing_ok=True)
+            self.spare = None
         with contextlib.suppress(OSError):
             self.workdir.rmdir()  # empty unless a probe that did not end done left its log
 

@@ -9,6 +9,11 @@ The search (`search`) takes any probe function, so it is tested with a fake devi
   fits when that is smaller (so 4 still bisects towards 7): memory varies by a few MiB from
   run to run, so a finer answer would be noise, and the answer with a margin is rounded to a
   multiple of 8 anyway.
+- With a prediction (`guess`, the memory model's), the doubling stops where the next size would
+  pass FRESH_SHARE of it: the probes from there on each start a worker of their own (seconds
+  each, against a fraction of a second for a reused one), so the search probes the prediction,
+  then 5% to its other side (`around_guess`), and bisects what is left. Doubling on from 512 to
+  1,024 and bisecting back would cost a probe or two more.
 - A probe that fails for another reason than memory does not stop the search: while doubling
   the search steps over it (two failed sizes in a row end the doubling), and while bisecting
   it counts as an upper bound, so the answer is always a size that actually ran.
@@ -19,10 +24,11 @@ to a power of two below 8. The critical batch size is rounded down the same way 
 and probed when it lies below the margin's size (`critical_probe`).
 
 The recommendation (`decide`) is the size predicted to reach a target soonest among the sizes
-that passed, no larger than the margin's (catsdogs.measure.goodput: the paper's steps times each
+that passed, no larger than the margin's (catsdogs.goodput: the paper's steps times each
 probe's step time), with the limit that binds (memory, speed or statistics) and a learning rate by
 the optimizer's rule: the paper's for SGD with a resolved noise scale, else linear; the square-root
-rule for Adam; anchored at Keras's default (SGD 0.01, Adam 0.001) at the base batch size (32).
+rule for Adam; anchored at a tuned rate from a store (--from-store) at the tuned batch size nearest the
+recommendation, else at Keras's default (SGD 0.01, Adam 0.001) at the base batch size (32).
 A confirmation that fails moves the margin's size down until one passes (`confirm`).
 """
 
@@ -33,9 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from catsdogs import goodput
 from catsdogs.errors import SettingError
 from catsdogs.gradient_noise import NoiseEstimate
-from catsdogs.measure import goodput
 from catsdogs.measure.common import check_settings
 from catsdogs.messages import ProbeRecord
 from catsdogs.schema import (
@@ -53,11 +59,16 @@ MODES = ("power", "binsearch")
 DEFAULT_START = 8
 DEFAULT_STEPS = 3  # timed steps per probe, after one warm-up step: the peak comes in the first
 DEFAULT_WARMUP = 1
+# A probe's steps timed for at least this long: 3 steps of a small batch last tens of milliseconds on
+# a CPU, and their median moved by 15% from run to run, enough to reorder the predicted times to a
+# target of neighbouring sizes. A large batch's 3 steps last longer than this anyway.
+DEFAULT_MIN_SECONDS = 0.3
 DEFAULT_MARGIN = 0.1
 DEFAULT_RESOLUTION = 8  # the bisection's final gap, or an eighth of the answer when smaller
 MAX_FAILED_IN_A_ROW = 2
 MAX_CONFIRMATIONS = 4  # sizes tried down from the margin's before giving up (each one probe)
 FRESH_SHARE = 0.8  # probes at or above this share of the predicted limit run in a fresh worker
+GUESS_STEP = 0.05  # after the predicted limit, the search probes this far to its other side
 
 
 @dataclass(frozen=True)
@@ -74,11 +85,13 @@ class FindSettings:
     precision: str = "float32"
     steps: int = DEFAULT_STEPS  # timed steps per probe
     warmup: int = DEFAULT_WARMUP  # untimed steps before them
+    min_seconds: float = DEFAULT_MIN_SECONDS  # and timed for at least this long, its batches repeated
     memory_cap_bytes: int | None = None  # None: a GPU's memory, or HOST_CAP_FRACTION of the host's available
     resolution: int | None = None  # the bisection's last gap (None: search.effective_resolution's)
     isolate: bool = False  # a fresh worker process for every probe
     measure_noise: bool = True  # the gradient noise scale first (--no-noise-scale: not)
     seed: int = 0  # the noise scale's short runs: this seed and the next (--seed)
+    anchor: dict | None = None  # tuned learning rates to scale from (--from-store: catsdogs.analysis.anchor)
     deterministic: bool = True  # every worker's process settings
     tf32: bool | None = None
     worker_env: dict | None = None  # more of the workers' environment (the compile cache)
@@ -106,15 +119,16 @@ class FindSettings:
         """Every worker's environment: its process settings, and what `worker_env` adds."""
         return {**(self.worker_env or {}), **backends.process_env_for(self.deterministic, self.tf32)}
 
-    def recorded(self, image_size: int, cpu_cap: int | None, data_dir: Path) -> dict:
+    def recorded(self, image_size: int, cpu_cap: int | None, data_dir: Path, data_fingerprint: str | None = None) -> dict:
         """The settings as find_batch_size.json records them."""
         return {"name": self.name, "mode": self.mode, "start": self.start, "max": self.max_batch,
                 "margin": self.margin, "optimizer": self.optimizer, "dataset": self.dataset,
-                "precision": self.precision, "steps": self.steps, "warmup": self.warmup,
+                "precision": self.precision, "steps": self.steps, "warmup": self.warmup, "min_seconds": self.min_seconds,
                 "resolution": self.resolution, "memory_cap_bytes": self.memory_cap_bytes,
-                "noise_scale": self.measure_noise, "seed": self.seed, "deterministic": self.deterministic,
+                "noise_scale": self.measure_noise, "seed": self.seed, "anchor": self.anchor, "deterministic": self.deterministic,
                 "tf32": self.tf32,
-                "cpu_cap_bytes_default": cpu_cap, "image_size": image_size, "data_dir": str(Path(data_dir).resolve())}
+                "cpu_cap_bytes_default": cpu_cap, "image_size": image_size, "data_dir": str(Path(data_dir).resolve()),
+                "data_fingerprint": data_fingerprint}
 
 
 @dataclass
@@ -135,10 +149,12 @@ def effective_resolution(resolution: int | None, largest_fit: int) -> int:
 
 
 def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DEFAULT_START,
-           max_batch: int | None = None, resolution: int | None = None) -> SearchResult:
+           max_batch: int | None = None, resolution: int | None = None, guess: int | None = None) -> SearchResult:
     """Find the largest batch size for which `probe(batch_size)` says done (it fits).
 
-    `probe` returns a status, done (fits), oom or failed, and is called at most once per batch size."""
+    `probe` returns a status, done (fits), oom or failed, and is called at most once per batch size.
+    `guess` (the memory model's prediction) ends the doubling where the next size would pass
+    FRESH_SHARE of it: the guess is probed, then GUESS_STEP to its other side (`around_guess`)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     if start < 1 or (max_batch is not None and max_batch < 1) or (resolution is not None and resolution < 1):
@@ -167,7 +183,15 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
         return res
     if hi is None:  # double until out of memory, `max`, or failures in a row
         b, failed_run = lo, []
+        guided = guess is None  # the guess tried (or none given)
         while max_batch is None or b < max_batch:
+            if not guided and b * 2 >= FRESH_SHARE * guess:
+                guided = True
+                lo, hi = around_guess(ask, lo, guess, max_batch)
+                if hi is not None:
+                    break
+                b = lo  # both fitted: the prediction was low, so double on from there
+                continue
             b = b * 2 if max_batch is None else min(b * 2, max_batch)
             status = ask(b)
             if status == Status.DONE:
@@ -195,6 +219,27 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
     return res
 
 
+def around_guess(ask: Callable[[int], str], lo: int, guess: int, max_batch: int | None) -> tuple[int, int | None]:
+    """Probe the guess, then GUESS_STEP above it if it fitted, below it if not: (the largest size
+    that fitted, the smallest above it that did not, or None when all fitted). A prediction
+    within GUESS_STEP leaves a bracket of GUESS_STEP of it to bisect; one further off a bracket
+    from the last size that fitted, as doubling would have."""
+    g = min(guess, max_batch) if max_batch is not None else guess
+    if g <= lo:
+        return lo, None
+    if ask(g) != Status.DONE:
+        down = math.floor(g * (1 - GUESS_STEP))
+        if down <= lo:
+            return lo, g
+        return (down, g) if ask(down) == Status.DONE else (lo, down)
+    up = math.ceil(g * (1 + GUESS_STEP))
+    if max_batch is not None:
+        up = min(up, max_batch)
+    if up <= g:
+        return g, None
+    return (up, None) if ask(up) == Status.DONE else (g, up)
+
+
 def apply_margin(largest: int, margin: float) -> int:
     """`largest` less the fraction `margin`, rounded down to a multiple of 8 (a power of two
     below 8). margin 0 returns `largest` itself, unrounded; never less than 1."""
@@ -219,11 +264,12 @@ def round_batch(value: float) -> int:
 
 def critical_probe(estimate: NoiseEstimate | None, safe: int | None) -> int | None:
     """The batch size to probe at the critical batch size (rounded down), when the noise scale is
-    a number below the memory limit's size; None otherwise."""
-    if estimate is None or estimate.b_simple is None or safe is None:
+    resolved (goodput.resolved: unresolved, the recommendation is speed's and has no use for it)
+    and below the memory limit's size (`safe`; None: not known yet, any size); None otherwise."""
+    if not goodput.resolved(estimate):
         return None
     size = round_batch(estimate.b_simple)
-    return size if size < safe else None
+    return size if safe is None or size < safe else None
 
 
 def linear_scaled_lr(optimizer: str, batch_size: int) -> float:
@@ -250,11 +296,11 @@ def confirm(probe: Callable[[int], str], safe: int, most: int = MAX_CONFIRMATION
 
 
 def decide(result: SearchResult, probes: list[ProbeRecord], safe: int | None, optimizer: str,
-           estimate: NoiseEstimate | None) -> dict:
+           estimate: NoiseEstimate | None, anchor: dict | None = None) -> dict:
     """The measured answer, the margin's size, the fastest and the recommendation with its
     learning rate, as find_batch_size.json holds them: the size predicted to reach a target soonest
-    (catsdogs.measure.goodput), its table, and the learning rate by the optimizer's rule, anchored
-    at Keras's default at the base batch size."""
+    (catsdogs.goodput), its table, and the learning rate by the optimizer's rule, anchored
+    at a tuned rate (`anchor`) or Keras's default (`anchor_at`)."""
     summary: dict = {"largest_fitting": result.largest_fit, "first_not_fitting": result.first_failure,
                      "reached_max": result.reached_max, "noise_scale": None}  # the caller's, in this place
     if result.largest_fit is None:
@@ -265,14 +311,26 @@ def decide(result: SearchResult, probes: list[ProbeRecord], safe: int | None, op
     summary["fastest"] = {"batch_size": top.batch_size, "images_per_second": top.images_per_second} if top else None
     chosen = goodput.choose(probes, safe, estimate) if safe is not None else None
     if chosen:
-        base = default("base_batch_size")
-        base_lr = DEFAULT_LR[optimizer]
+        base, base_lr, said = anchor_at(chosen["batch_size"], optimizer, anchor)
         lr, rule = goodput.learning_rate(optimizer, chosen["batch_size"], base_lr, base, chosen["b_noise"])
         summary["recommendation"] = {
-            **chosen, "learning_rate": lr, "learning_rate_rule": rule, "learning_rate_anchor": "Keras's default",
+            **chosen, "learning_rate": lr, "learning_rate_rule": rule, "learning_rate_anchor": said,
             "linear_learning_rate": linear_scaled_lr(optimizer, chosen["batch_size"]),
             "base_learning_rate": base_lr, "base_batch_size": base}
     return summary
+
+
+def anchor_at(batch_size: int, optimizer: str, anchor: dict | None) -> tuple[int, float, str]:
+    """(the batch size, its rate, what the rate is) the learning rate at `batch_size` is scaled
+    from: a tuned rate from a store (--from-store: catsdogs.analysis.anchor), at the tuned batch
+    size nearest `batch_size` on a log scale (the rule then carries it the shortest way); else
+    Keras's default at the base batch size."""
+    if not anchor:
+        return default("base_batch_size"), DEFAULT_LR[optimizer], "Keras's default"
+    rates = {int(b): float(lr) for b, lr in anchor["rates"].items()}
+    base = min(rates, key=lambda b: (abs(math.log(b / batch_size)), b))
+    edge = " (at its grid's edge: the best may lie beyond)" if base in {int(b) for b in anchor.get("edges", [])} else ""
+    return base, rates[base], f"the tuned rate of the {anchor['kind']} sweep {anchor['sweep']!r}{edge}"
 
 
 def fresh_threshold(predicted_max: int) -> int:

@@ -147,6 +147,7 @@ class Worker:
         self.shapes: set[str] = set()  # the compiled steps it keeps (engine.StepCache)
         self.device: str | None = None  # 'cpu' or 'gpu', as the worker found it
         self._stopped = False  # we ended it (Ctrl-C, a cap): its death is ours, not a crash
+        self.ready = False  # its `ready` came: launched and started
 
     @property
     def alive(self) -> bool:
@@ -155,6 +156,12 @@ class Worker:
     def start(self) -> None:
         """Start the process and wait for its `ready`. WorkerDied if it ends first, WorkerUnfit if
         it cannot run what it was started for; a Ctrl-C while it starts ends it at once."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it: it imports its framework while this one goes
+        on (`wait_ready`, or the first `run`, waits for it)."""
         self._stopped = False
         with open(self.log_path, "a") as log:  # the child has its own copy of the descriptor
             self.proc = SPAWNER.popen(
@@ -164,7 +171,10 @@ class Worker:
                 preexec_fn=die_with_parent)
         if self._stopped:  # stopped (Ctrl-C) while the process was being made
             self.kill()
-        self.tasks, self.largest_batch, self.shapes = 0, 0, set()
+        self.tasks, self.largest_batch, self.shapes, self.ready = 0, 0, set(), False
+
+    def wait_ready(self) -> None:
+        """Wait for a launched process's `ready` (see `start`)."""
         try:
             msg = self._expect("ready", "unfit")
         except WorkerDied:
@@ -177,7 +187,7 @@ class Worker:
         if msg["type"] == "unfit":
             self.close()
             raise WorkerUnfit(msg["error"])
-        self.device = msg.get("device")
+        self.device, self.ready = msg.get("device"), True
 
     def _expect(self, *kinds: str, on_message=None) -> dict:
         """Read messages until one of `kinds`; WorkerDied when the channel closes first."""
@@ -197,7 +207,7 @@ class Worker:
         """Run `task` in this worker (started if needed); always its record, with a status.
 
         A worker that died, or whose task did not end done, is gone afterwards."""
-        if not self.alive:
+        if not self.alive or not self.ready:
             self.start_or_record()
             if not self.alive:
                 return self._death_record(task, kills_before=None, cap=None, hwm=None)
@@ -231,8 +241,12 @@ class Worker:
         return record
 
     def start_or_record(self) -> None:
+        """Start it (or, launched, wait for it); a death is left for the caller to record."""
         try:
-            self.start()
+            if self.alive and not self.ready:
+                self.wait_ready()
+            else:
+                self.start()
         except WorkerDied:
             pass
 
