@@ -558,7 +558,8 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
                    "and the recommendation's cost. Default: every OUT/*/find_batch_size.json; each is matched to "
                    "the series of its optimizer, data, image size and backend.")
 def report(name, out, title_note, export_store, find_results):
-    """Figures and tables of a sweep, read from OUT/results.sqlite alone (no TensorFlow).
+    """Figures and tables of a sweep, read from OUT/results.sqlite (no TensorFlow), and for trials run
+    until a target find-batch-size's answer held against them (its find_batch_size.json).
 
     Writes OUT/NAME/figures/optimizers and augmentation (the article's two figures: every
     seed, the mean and a 95% confidence interval, the article's own values as stars), and

@@ -1,16 +1,18 @@
 """Benchmark find-batch-size's whole answer: noise scale, prediction, memory search, speed and the
 recommendation, end to end, as a user runs it.
 
-Runs `catsdogs find-batch-size --memory-limit CAP` on prepared data `--runs` times per backend,
-the backends alternating (TensorFlow, JAX, TensorFlow, ...) so that a busy machine weighs on
-both alike, each run a fresh command in a fresh --out. Prints each run's wall time with where it
-went (the JSON's "seconds": the noise scale's short runs, the memory model, the probes with their
-workers' starts), its probes and how many ran in a fresh worker, and its answer; then the median
-per backend against the target (the issue's: at most 60 s at 64 px under 2 GiB on this CPU, the
-machine otherwise idle).
+Runs `catsdogs find-batch-size --memory-limit CAP` on prepared data once per `--seeds` value
+per backend, the backends alternating (TensorFlow, JAX, TensorFlow, ...) so that a busy machine
+weighs on both alike, each run a fresh command in a fresh --out. Prints each run's wall time with
+where it went (the JSON's "seconds": the noise scale's short runs, the memory model, the probes
+with their workers' starts), its probes and how many ran in a fresh worker, and its answer: the
+largest that fits, the noise scale and whether it was resolved, the recommendation. Then per
+backend the median time against the target (at most 60 s at 64 px under 2 GiB on this CPU, the
+machine otherwise idle) and how far apart the recommendations of the runs whose noise scale was
+resolved lie (the target: within a factor of 2).
 
     python scripts/bench_find.py --data-dir data/beyond
-    python scripts/bench_find.py --data-dir data/beyond --backends tensorflow --runs 1
+    python scripts/bench_find.py --data-dir data/beyond --backends tensorflow --seeds 0
 """
 
 from __future__ import annotations
@@ -39,36 +41,52 @@ def run_once(backend: str, data_dir: Path, cap: str, seed: int, out: Path) -> di
         raise SystemExit(f"find-batch-size failed on {backend} (exit {proc.returncode}): {proc.stdout[-2000:]}"
                          f"{proc.stderr[-2000:]}")
     summary = json.loads((out / "bench" / "find_batch_size.json").read_text())
-    return {"backend": backend, "wall": wall, **summary["seconds"], "probes_n": len(summary["probes"]),
+    rec, noise = summary.get("recommendation") or {}, summary.get("noise_scale") or {}
+    return {"backend": backend, "seed": seed, "wall": wall, **summary["seconds"], "probes_n": len(summary["probes"]),
             "fresh": sum(p.get("worker") in ("fresh", "retried") for p in summary["probes"]),
-            "largest": summary["largest_fitting"], "recommended": (summary.get("recommendation") or {}).get("batch_size")}
+            "largest": summary["largest_fitting"], "recommended": rec.get("batch_size"),
+            "resolved": rec.get("statistics") == "resolved", "b_simple": noise.get("b_simple"),
+            "low": noise.get("low"), "high": noise.get("high")}
+
+
+def noise_text(r: dict) -> str:
+    """B_simple and its interval as the command prints it: "25 (13-425)", "158 (28-inf)", "above 40"."""
+    if r["b_simple"] is None:
+        return f"above {r['low'] or 0:.0f}"
+    high = "inf" if r["high"] is None else f"{r['high']:.0f}"
+    return f"{r['b_simple']:.0f} ({r['low'] or 0:.0f}-{high})"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", type=Path, default=Path("data/beyond"), help="prepared data [data/beyond]")
     ap.add_argument("--memory-limit", default="2GiB", help="[2GiB]")
-    ap.add_argument("--runs", type=int, default=3, help="runs per backend [3]")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 2, 4],
+                    help="find-batch-size's --seed, one run each per backend [0 2 4]")
     ap.add_argument("--backends", nargs="+", default=["tensorflow", "jax"], help="[tensorflow jax]")
-    ap.add_argument("--seed", type=int, default=0, help="find-batch-size's --seed [0]")
     args = ap.parse_args()
     rows = []
-    print(f"{'backend':>10} {'wall':>6} {'noise':>6} {'model':>6} {'probes':>7} {'n':>3} {'fresh':>5} "
-          f"{'largest':>7} {'rec':>5}")
-    for _ in range(args.runs):
+    print(f"{'backend':>10} {'seed':>4} {'wall':>6} {'noise':>6} {'model':>6} {'probes':>7} {'n':>3} {'fresh':>5} "
+          f"{'largest':>7}  {'B_simple (95%)':<18} {'rec':>5}")
+    for seed in args.seeds:
         for backend in args.backends:
             with tempfile.TemporaryDirectory() as out:
-                r = run_once(backend, args.data_dir, args.memory_limit, args.seed, Path(out))
+                r = run_once(backend, args.data_dir, args.memory_limit, seed, Path(out))
             rows.append(r)
-            print(f"{backend:>10} {r['wall']:>6.1f} {r['noise_scale'] or 0:>6.1f} {r['prediction']:>6.1f} "
-                  f"{r['probes']:>7.1f} {r['probes_n']:>3} {r['fresh']:>5} {r['largest']:>7} {r['recommended']!s:>5}",
-                  flush=True)
+            noise = noise_text(r)
+            print(f"{backend:>10} {seed:>4} {r['wall']:>6.1f} {r['noise_scale'] or 0:>6.1f} {r['prediction']:>6.1f} "
+                  f"{r['probes']:>7.1f} {r['probes_n']:>3} {r['fresh']:>5} {r['largest']:>7}  {noise:<18} "
+                  f"{r['recommended']!s:>5}{'' if r['resolved'] else ' (unresolved)'}", flush=True)
     print()
     for backend in args.backends:
-        walls = [r["wall"] for r in rows if r["backend"] == backend]
-        median = statistics.median(walls)
-        print(f"{backend}: median {median:.1f} s over {len(walls)} runs (target <= {TARGET:.0f} s): "
-              f"{'met' if median <= TARGET else 'missed'}")
+        mine = [r for r in rows if r["backend"] == backend]
+        median = statistics.median(r["wall"] for r in mine)
+        resolved = [r["recommended"] for r in mine if r["resolved"] and r["recommended"]]
+        apart = max(resolved) / min(resolved) if len(resolved) > 1 else None
+        print(f"{backend}: median {median:.1f} s over {len(mine)} runs (target <= {TARGET:.0f} s): "
+              f"{'met' if median <= TARGET else 'missed'}; recommendations of the {len(resolved)} resolved runs "
+              f"{resolved}: " + ("fewer than two, not judged" if apart is None else
+                                 f"a factor {apart:.1f} apart ({'met' if apart <= 2 else 'missed'}, at most 2)"))
     return 0
 
 

@@ -192,6 +192,7 @@ def fake_workers(monkeypatch):
     from catsdogs.measure import prober
 
     monkeypatch.setattr(prober, "Worker", FakeWorker)
+    monkeypatch.setattr(prober, "visible_gpus", lambda: [])  # the CPU's prober, on any machine
     FakeWorker.started = []
     return FakeWorker
 

@@ -176,7 +176,7 @@ CASES = [
     ("profile-manifest-fingerprint", lambda t, d: ["profile", "--out", t, "--data-dir",
                                                    damaged_manifest(t, d, with_fingerprint(d, 12345))], 1,
      "holds no finished prepared data set"),
-    # a learning rate to scale from that is not there (exit 2), a find-batch-size result that is not one (exit 1)
+    # a learning rate to scale from that is not there, a find-batch-size result that is a folder (exit 2)
     ("find-from-store-none", lambda t, d: ["find-batch-size", "--data-dir", d, "--out", t, "--from-store", t / "no"],
      2, "Invalid value for '--from-store': no results store at"),
     ("find-from-store-untuned", lambda t, d: ["find-batch-size", "--data-dir", d, "--out", t, "--from-store",

@@ -136,6 +136,21 @@ def test_any_guess_finds_the_same_limit_as_no_guess(limit, guess):
     assert max(capped.calls) <= min(limit, 64) and r.largest_fit == min(limit, 64) and r.reached_max
 
 
+def test_a_size_that_failed_below_the_guess_is_stepped_over_as_when_doubling():
+    # given a device that fits up to 400 but fails (not memory) at 128, and a guess of 300
+    dev = FakeDevice(400, failing={128})
+    r = search(dev, start=8, guess=300)
+    # then 300 and 315 fit above the failed 128: the search doubles on and bisects to the true limit
+    assert r.largest_fit <= 400 < r.first_failure and r.first_failure - r.largest_fit <= 8
+    # and with --max at 315, everything up to it fitted but 128: it reached --max
+    capped = search(FakeDevice(400, failing={128}), start=8, guess=300, max_batch=315)
+    assert (capped.largest_fit, capped.first_failure, capped.reached_max) == (315, None, True)
+    # while a failure just below a guess that does not fit bounds the bisection, as when doubling
+    low = search(FakeDevice(400, failing={256}), start=8, guess=600)
+    assert low.order[:8] == [8, 16, 32, 64, 128, 256, 600, 570]
+    assert 128 <= low.largest_fit < low.first_failure <= 256
+
+
 def test_default_resolution_is_8_or_an_eighth_of_the_answer():
     assert effective_resolution(None, 1000) == 8
     assert effective_resolution(None, 32) == 4
@@ -201,6 +216,8 @@ def noise_scale(b_simple, low, high=None) -> NoiseEstimate:
 
 def test_the_critical_batch_size_is_probed_only_below_the_memory_limit():
     assert search_module.critical_probe(noise_scale(50.4, 30.0, 90.0), safe=656) == 48
-    assert search_module.critical_probe(noise_scale(900.0, 600.0), safe=656) is None  # memory binds first
+    assert search_module.critical_probe(noise_scale(900.0, 600.0, 1200.0), safe=656) is None  # memory binds first
+    assert search_module.critical_probe(noise_scale(900.0, 600.0, 1200.0), safe=None) == 896  # not known yet: any
+    assert search_module.critical_probe(noise_scale(50.4, 30.0), safe=656) is None  # open above: unresolved
     assert search_module.critical_probe(noise_scale(None, 40.0), safe=656) is None  # a lower bound only
     assert search_module.critical_probe(None, safe=656) is None

@@ -62,7 +62,8 @@ def found(b_noise: float | None, step=device_step, probed=(1, 8, 16, 32, 64, 128
     """find-batch-size's result as its JSON holds it: its table of probes' step times and B_noise."""
     table = [{"batch_size": b, "step_seconds": step(b), "images_per_second": b / step(b)} for b in probed]
     return {"path": path, "backend": backend,
-            "settings": {"optimizer": opt, "dataset": "standard", "image_size": 64, "data_fingerprint": data},
+            "settings": {"optimizer": opt, "dataset": "standard", "image_size": 64, "precision": "float32",
+                         "data_fingerprint": data},
             "recommendation": {"batch_size": 48, "b_noise": b_noise, "statistics": "resolved" if b_noise else
                                "unresolved", "table": table}}
 
@@ -115,6 +116,24 @@ def test_a_result_of_another_optimizer_backend_or_data_matches_no_series_and_is_
               {**found(16.0, path="old"), "backend": None}]  # a result from before 0.13.0 records no backend
     compared = time_to_target.comparisons([table], others)
     assert compared["rows"] == [] and compared["unmatched"] == ["a", "b", "c", "old"]
+
+
+def test_a_target_met_before_the_first_update_has_no_time_and_is_never_the_best(tmp_path):
+    # given batch 128 whose trials met the target at once (0 steps) and found a flat device
+    trials = [t for t in critical_study() if t[0]["batch_size"] != 128]
+    trials += [trial(128, lr, s, 0.0) for lr in (0.05, 0.1) for s in range(3)]
+    (table,) = tables(build_store(tmp_path, "crit", trials))
+    (c,) = time_to_target.comparisons([table], [found(16.0, step=lambda b: 0.01)])["rows"]
+    # then it has no measured time (not 0 s), the best is 32, and the prediction's 128 is a miss said so
+    assert math.isinf(c["rows"][-1]["seconds"]) and c["best"] == 32 and c["recommended"] == 128
+    assert c["verdict"] == "missed" and c["cause"] == "batch size 128 has no measured time to the target " \
+                                                       "(no steps, or no step time)"
+
+
+def test_an_unmatched_result_alone_is_listed_without_a_figure(tmp_path):
+    (table,) = tables(build_store(tmp_path, "crit", critical_study()))
+    text = "\n".join(time_to_target.markdown(time_to_target.comparisons([table], [found(16.0, opt="adam")])))
+    assert "match no series" in text and "figures/time_to_target.png" not in text
 
 
 def test_probes_that_cover_none_of_the_sweeps_sizes_leave_it_not_judged(tmp_path):

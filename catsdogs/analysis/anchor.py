@@ -25,7 +25,7 @@ from catsdogs.analysis import to_target
 from catsdogs.analysis.rows import ARTICLE_PROTOCOL, field, protocol_of
 from catsdogs.analysis.tuning import tune_learning_rates
 from catsdogs.errors import SettingError
-from catsdogs.manifest import require_intact
+from catsdogs.manifest import require_prepared
 from catsdogs.schema import Status
 from catsdogs.store import Store, store_path
 
@@ -41,15 +41,19 @@ def rates_of(trials: list[dict]) -> dict[str, dict]:
     """{kind: {"rates": {batch size: tuned rate}, "edges": [batch sizes whose rate is at its grid's
     edge]}} for the kinds these trials tune (one optimizer, data set and size)."""
     out: dict[str, dict] = {}
+    # one series each (a context: epochs, backend, ...), the one that tuned the most batch sizes
     targeted = [t for t in trials if to_target.has_target(t)]
-    for table in to_target.tables(targeted):
-        rows = [r for r in table["rows"] if math.isfinite(r["steps"]) and len(r["rates"]) > 1]
-        if rows:
-            out["critical"] = {"rates": {r["batch_size"]: r["lr"] for r in rows},
-                               "edges": [r["batch_size"] for r in rows if r["edge"]]}
-            break
-    choices = [c for c in tune_learning_rates([t for t in trials if not to_target.has_target(t)])["choices"]
-               if c["chosen"]]
+    series = [[r for r in table["rows"] if math.isfinite(r["steps"]) and len(r["rates"]) > 1]
+              for table in to_target.tables(targeted)]
+    rows = max(series, key=len, default=[])
+    if rows:
+        out["critical"] = {"rates": {r["batch_size"]: r["lr"] for r in rows},
+                           "edges": [r["batch_size"] for r in rows if r["edge"]]}
+    by_series: dict[str, list[dict]] = {}
+    for c in tune_learning_rates([t for t in trials if not to_target.has_target(t)])["choices"]:
+        if c["chosen"]:
+            by_series.setdefault(c["series"], []).append(c)
+    choices = max(by_series.values(), key=len, default=[])
     if choices:
         out["tuned"] = {"rates": {c["batch_size"]: c["lr"] for c in choices},
                         "edges": [c["batch_size"] for c in choices if c["edge"]]}
@@ -82,4 +86,4 @@ def tuned_anchor(out: Path | str, optimizer: str, dataset: str, image_size: int)
 
 def anchor_for(out: Path | str, optimizer: str, dataset: str, data_dir: Path | str) -> dict:
     """`tuned_anchor` at the image size of the prepared data in `data_dir`."""
-    return tuned_anchor(out, optimizer, dataset, require_intact(Path(data_dir))["params"]["size"])
+    return tuned_anchor(out, optimizer, dataset, require_prepared(Path(data_dir))["params"]["size"])

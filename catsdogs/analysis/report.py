@@ -82,7 +82,7 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
         fig, _ = make_time_figure(timed["rows"], note)
         paths["figures"]["time_to_target"] = save_figure(fig, folder / "figures" / "time_to_target")
         for c in timed["rows"]:
-            ratio = f"T(recommended {c['recommended']})/T(best {c['best']}) {c['ratio']:.2f}" if c["ratio"] else c["why"]
+            ratio = f"T(recommended {c['recommended']})/T(best {c['best']}) {c['ratio']:.2f}" if c["ratio"] is not None else c["why"]
             log(f"time to the target ({c['label']}, {c['context']}) against {c['path']}: {ratio}, {c['verdict']}")
     for path in timed["unmatched"]:
         log(f"time to the target: {path} matches no series of {name!r} (another optimizer, data, size or backend)")

@@ -60,13 +60,13 @@ def identity_of_series(table: dict) -> dict:
     """What a find-batch-size result must share with a series to be held against it."""
     t = table["rows"][0]["chosen"][0] if table["rows"] and table["rows"][0]["chosen"] else {}
     return {"optimizer": field(t, "optimizer"), "dataset": field(t, "dataset"), "image_size": field(t, "image_size"),
-            "backend": setting_of(t, "backend"), "data": field(t, "data")}
+            "precision": field(t, "precision", "float32"), "backend": setting_of(t, "backend"), "data": field(t, "data")}
 
 
 def identity_of_result(found: dict) -> dict:
     s = found.get("settings") or {}
     return {"optimizer": s.get("optimizer"), "dataset": s.get("dataset"), "image_size": s.get("image_size"),
-            "backend": found.get("backend"), "data": s.get("data_fingerprint")}
+            "precision": s.get("precision"), "backend": found.get("backend"), "data": s.get("data_fingerprint")}
 
 
 def comparisons(tables: list[dict], found: list[dict]) -> dict:
@@ -96,7 +96,10 @@ def compare(table: dict, found: dict) -> dict:
     rows = []
     for r in table["rows"]:
         t_step = measured_step_seconds(r["chosen"])
-        seconds = r["steps"] * t_step if t_step is not None and math.isfinite(r["steps"]) else math.inf
+        # measured: steps to the target and their seconds; a target met before the first update
+        # (0 steps) says nothing of time, as it says nothing of B_crit (to_target leaves it out)
+        timed = t_step is not None and math.isfinite(r["steps"]) and r["steps"] > 0
+        seconds = r["steps"] * t_step if timed else math.inf
         predicted_step = goodput.step_seconds_at(r["batch_size"], probed) if probed else None
         rows.append({"batch_size": r["batch_size"], "steps": r["steps"], "step_seconds": t_step, "seconds": seconds,
                      "predicted_step_seconds": predicted_step})
@@ -111,7 +114,7 @@ def compare(table: dict, found: dict) -> dict:
            "b_noise": b_noise, "statistics": rec.get("statistics"), "own_recommendation": rec.get("batch_size"),
            "rows": rows, "recommended": None, "best": None, "ratio": None}
     if not measured:
-        return {**out, "verdict": "not judged", "why": "no batch size reached the target"}
+        return {**out, "verdict": "not judged", "why": "no batch size has a measured time to the target"}
     if not predicted:
         return {**out, "verdict": "not judged",
                 "why": "find-batch-size's probes cover none of the sweep's batch sizes within its margin"}
@@ -128,9 +131,10 @@ def cause(rows: list[dict], chosen: int, best: int, b_noise: float | None) -> st
     predicted and as measured."""
     by = {r["batch_size"]: r for r in rows}
     c, b = by[chosen], by[best]
-    if not math.isfinite(c["steps"]):
-        return f"batch size {chosen} did not reach the target (its median seed missed)"
-    steps_predicted = ((1 + b_noise / chosen) / (1 + b_noise / best)) if b_noise else best / chosen
+    if not math.isfinite(c["seconds"]):
+        return (f"batch size {chosen} did not reach the target (its median seed missed)" if not math.isfinite(c["steps"])
+                else f"batch size {chosen} has no measured time to the target (no steps, or no step time)")
+    steps_predicted = ((1 + b_noise / chosen) / (1 + b_noise / best)) if b_noise is not None else best / chosen
     step_predicted = c["predicted_step_seconds"] / b["predicted_step_seconds"] if b["predicted_step_seconds"] else math.nan
     return (f"steps S({chosen})/S({best}): predicted {steps_predicted:.2f}, measured {c['steps'] / b['steps']:.2f}; "
             f"step time t({chosen})/t({best}): predicted {step_predicted:.2f}, measured "
@@ -141,16 +145,17 @@ def markdown(compared: dict | None) -> list[str]:
     """The report's section: per comparison, the table of measured and predicted T(B) and the verdict."""
     if not compared or not (compared["rows"] or compared["unmatched"]):
         return []
-    lines = ["## Time to the target: measured, and find-batch-size's prediction", "",
-             "Measured T(B) = S(B) × t_step(B): the steps to the target (the chosen rate's median over seeds) "
-             "times those trials' own training seconds per update; no prediction in it. Predicted: "
-             "(1 + B_noise/B) × t_step(B) from find-batch-size's noise scale and its probes' step times "
-             "(interpolated on log-log axes between probed sizes, never extrapolated), relative to the best. "
-             "The recommendation is chosen again among the sweep's batch sizes (least predicted time); "
-             f"**met** when its measured time is at most {TARGET_RATIO:g}× the measured best's.", "",
-             "![time_to_target](figures/time_to_target.png)", ""]
+    lines = ["## Time to the target: measured, and find-batch-size's prediction", ""]
+    if compared["rows"]:
+        lines += ["Measured T(B) = S(B) × t_step(B): the steps to the target (the chosen rate's median over seeds) "
+                  "times those trials' own training seconds per update; no prediction in it. Predicted: "
+                  "(1 + B_noise/B) × t_step(B) from find-batch-size's noise scale and its probes' step times "
+                  "(interpolated on log-log axes between probed sizes, never extrapolated), relative to the best. "
+                  "The recommendation is chosen again among the sweep's batch sizes (least predicted time); "
+                  f"**met** when its measured time is at most {TARGET_RATIO:g}× the measured best's.", "",
+                  "![time_to_target](figures/time_to_target.png)", ""]
     for c in compared["rows"]:
-        noise = f"B_noise {c['b_noise']:.0f}" if c["b_noise"] else "the noise scale unresolved (speed alone)"
+        noise = f"B_noise {c['b_noise']:.0f}" if c["b_noise"] is not None else "the noise scale unresolved (speed alone)"
         lines += [f"### {c['label']} · {c['target'].describe()} · {c['context']}", "",
                   f"find-batch-size: `{c['path']}` ({noise}; its own recommendation {c['own_recommendation']}).", "",
                   "| batch size | steps | s per step | measured T (s) | measured, relative | predicted, relative |",

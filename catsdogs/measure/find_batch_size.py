@@ -166,7 +166,7 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         early = critical_probe(noise_run.estimate if noise_run else None, safe=None)
         result = search(lambda b: run.probe_on_the_way(b, early), mode=settings.mode, start=settings.start,
                         max_batch=settings.max_batch, resolution=settings.resolution,
-                        guess=pred["max_batch_size"] if pred else None)
+                        guess=pred["max_batch_size"] if pred and settings.mode == "binsearch" else None)
         safe = apply_margin(result.largest_fit, settings.margin) if result.largest_fit is not None else None
         margin_failed: list[int] = []
         if safe is not None:  # the margin's size must pass itself: down the margin's grid until one does

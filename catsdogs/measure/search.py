@@ -9,7 +9,7 @@ The search (`search`) takes any probe function, so it is tested with a fake devi
   fits when that is smaller (so 4 still bisects towards 7): memory varies by a few MiB from
   run to run, so a finer answer would be noise, and the answer with a margin is rounded to a
   multiple of 8 anyway.
-- With a prediction (`guess`, the memory model's), the doubling stops where the next size would
+- `binsearch` with a prediction (`guess`, the memory model's): the doubling stops where the next size would
   pass FRESH_SHARE of it: the probes from there on each start a worker of their own (seconds
   each, against a fraction of a second for a reused one), so the search probes the prediction,
   then 5% to its other side (`around_guess`), and bisects what is left. Doubling on from 512 to
@@ -188,6 +188,10 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
             if not guided and b * 2 >= FRESH_SHARE * guess:
                 guided = True
                 lo, hi = around_guess(ask, lo, guess, max_batch)
+                if failed_run and failed_run[0] < lo:  # a size failed below one that fitted: stepped over
+                    failed_run = []
+                elif failed_run and hi is not None:  # as when doubling: the first failed size bounds it
+                    hi = min(hi, failed_run[0])
                 if hi is not None:
                     break
                 b = lo  # both fitted: the prediction was low, so double on from there
