@@ -188,19 +188,20 @@ run_logged() {  # run_logged STAGE COMMAND: append its output to $OUT/STAGE.log;
 }
 
 run_stage() {
-    local stage=$1 start end seconds rc=0 cmd first=1 torch_json=""
+    local stage=$1 start end seconds rc=0 cmd torch_json=""
     # every stage trains on the prepared data but the critical plan's, which prepares its own (64 px)
     if [ "$stage" != prepare ] && { [ "$stage" != time-to-target ] || [ $SMOKE = 1 ]; } &&
         [ ! -f "$DATA/manifest.json" ]; then run_stage prepare; fi
     start=$(date +%s%N)
     while IFS= read -r cmd; do
-        if [ $first = 0 ] && [ $HAVE_TORCH = 0 ]; then  # the PyTorch reference
-            echo "$stage: PyTorch is not installed here: its reference is skipped" | tee -a "$OUT/$stage.log"
-            continue
+        if [[ $cmd == *scripts/torch_reference.py* ]]; then  # the PyTorch reference
+            if [ $HAVE_TORCH = 0 ]; then
+                echo "$stage: PyTorch is not installed here: its reference is skipped" | tee -a "$OUT/$stage.log"
+                continue
+            fi
+            torch_json="$OUT/torch-${stage#profile-}.json"
         fi
-        [ $first = 1 ] || torch_json="$OUT/torch-${stage#profile-}.json"
         run_logged "$stage" "$cmd" || rc=$?
-        first=0
     done < <(stage_commands "$stage")
     end=$(date +%s%N)
     seconds=$(((end - start) / 1000000000))

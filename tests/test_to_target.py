@@ -152,6 +152,17 @@ def test_a_target_met_before_the_first_update_is_out_of_the_fit_and_said_so():
     make_critical_figure([table])
 
 
+def test_a_sweep_where_every_target_was_met_at_the_start_still_draws_its_figure_saying_so(tmp_path):
+    # given trials that all met the target before their first update (0 steps: nothing to put on a log axis)
+    (table,) = to_target.tables([row(b, 0.1, s, 0.0) for b in (4, 8) for s in range(2)])
+    fig, (art,) = make_critical_figure([table])
+    # then the figure is drawn (it used to fail on its log axes) and says why it is empty
+    fig.savefig(tmp_path / "f.png")
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any("no batch size reached the target after an update" in t for t in texts)
+    assert art["paper"]["curve"] is None and art["steps"]["fit"] is None
+
+
 def test_a_step_of_an_accumulated_trial_is_its_effective_batch():
     # given batch 8 accumulated 4 times: each step an update of 32 images
     trials = [{**t, "accumulate": 4, "config": {**t["config"], "accumulate": 4}} for t in study()]

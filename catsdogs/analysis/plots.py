@@ -8,6 +8,8 @@ artists they drew; `make_figure`, `make_collapse_figure` and `make_noise_figure`
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -301,9 +303,12 @@ def plot_steps_examples(ax, table: dict, color: str = "C0") -> dict:
                            label="fit: S = S_min (1 + B_crit/B)")
         mark = ax.scatter([2 * fit.e_min], [2 * fit.s_min], marker="*", s=140, color=color, edgecolors="black",
                           linewidths=0.6, zorder=5, label=f"B_crit {fit.describe()}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    _plain_numbers(ax.xaxis, ax.yaxis)
+    if rows:  # a log axis needs a positive value: none when no batch size reached the target after an update
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _plain_numbers(ax.xaxis, ax.yaxis)
+    else:
+        _say_nothing_reached(ax)
     ax.set_xlabel("training images to the target (log)")
     ax.set_ylabel("optimizer steps to the target (log)")
     ax.grid(True, which="major", alpha=0.25)
@@ -332,13 +337,21 @@ def plot_steps(ax, table: dict, color: str = "C0") -> dict:
         (line,) = ax.plot(sizes, fit.s_min + fit.e_min / sizes, "-", color=color, alpha=0.6, linewidth=1.3,
                           label="fit: S_min + E_min/B")
     batch_axis(ax, [r["batch_size"] for r in rows])
-    ax.set_yscale("log")
-    ax.set_ylim(top=top * (1.25 if missed else 1.0))  # room for the labels above the points
-    _plain_numbers(ax.yaxis)
+    if reached or missed:
+        ax.set_yscale("log")
+        ax.set_ylim(top=top * (1.25 if missed else 1.0))  # room for the labels above the points
+        _plain_numbers(ax.yaxis)
+    else:
+        _say_nothing_reached(ax)
     ax.set_ylabel("optimizer steps to the target (log)")
     ax.grid(True, axis="y", alpha=0.25)
     ax.legend(loc="upper right", fontsize=8, frameon=False)
     return {"points": points, "fit": line, "missed": missed_art}
+
+
+def _say_nothing_reached(ax) -> None:
+    ax.text(0.5, 0.5, "no batch size reached the target after an update\n(met at the start, or never)",
+            transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.4")
 
 
 def _plain_numbers(*axes) -> None:
@@ -387,8 +400,11 @@ def plot_time_to_target(ax, comparison: dict, color: str = "C0") -> dict:
         rec = ax.scatter([r["batch_size"]], [r["relative"]], marker="o", s=220, facecolors="none", edgecolors="C3",
                          linewidths=1.6, zorder=6, label=f"recommended: {r['batch_size']}")
     batch_axis(ax, [r["batch_size"] for r in rows])
-    ax.set_yscale("log")
-    _plain_numbers(ax.yaxis)
+    if measured or predicted:
+        ax.set_yscale("log")
+        _plain_numbers(ax.yaxis)
+    else:
+        _say_nothing_reached(ax)
     ax.set_ylabel("time to the target / the best's (log)")
     ax.grid(True, axis="y", alpha=0.25)
     ax.legend(loc="upper center", fontsize=8, frameon=False)
@@ -397,13 +413,18 @@ def plot_time_to_target(ax, comparison: dict, color: str = "C0") -> dict:
 
 def make_time_figure(comparisons: list[dict], note: str | None = None) -> tuple[Figure, list[dict]]:
     """One panel per comparison of measured and predicted time to the target."""
-    fig = Figure(figsize=(5.5 * len(comparisons), 4.2), layout="constrained")
-    axes = fig.subplots(1, len(comparisons), squeeze=False)[0]
+    cols = min(2, len(comparisons))
+    rows = -(-len(comparisons) // cols)
+    fig = Figure(figsize=(6.2 * cols, 0.6 + 4.0 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
     artists = []
-    for ax, c in zip(axes, comparisons, strict=True):
+    for ax, c in zip(axes[:len(comparisons)], comparisons, strict=True):
         artists.append(plot_time_to_target(ax, c))
-        ratio = "" if c["ratio"] is None else f": T(rec)/T(best) {c['ratio']:.2f}, {c['verdict']}"
-        ax.set_title(f"{c['label']} · {c['context']}{ratio}", fontsize=9.5, loc="left")
+        ratio = "" if c["ratio"] is None else f"T(rec)/T(best) {c['ratio']:.2f}, {c['verdict']}"
+        result = Path(c["path"]).parent.name  # find-batch-size's --name: which result this panel holds
+        ax.set_title(f"{c['label']} · {c['context']}\nagainst {result}: {ratio}", fontsize=9, loc="left")
+    for ax in axes[len(comparisons):]:
+        ax.set_visible(False)
     fig.suptitle("Time to the target by batch size, measured and predicted" + (f" · {note}" if note else ""),
                  x=0.01, ha="left", fontsize=10.5)
     return fig, artists
