@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 
 from catsdogs.analysis import to_target
-from catsdogs.analysis.rows import ARTICLE_PROTOCOL, field, protocol_of
+from catsdogs.analysis.rows import field, is_article_protocol
 from catsdogs.analysis.tuning import tune_learning_rates
 from catsdogs.errors import SettingError
 from catsdogs.manifest import require_prepared
@@ -30,11 +30,6 @@ from catsdogs.schema import Status
 from catsdogs.store import Store, store_path
 
 KINDS = ("critical", "tuned")  # in order of preference
-
-
-def _article_protocol(trial: dict) -> bool:
-    p = protocol_of(trial)
-    return all(p[k] == v for k, v in ARTICLE_PROTOCOL.items() if k not in ("lr", "until"))
 
 
 def rates_of(trials: list[dict]) -> dict[str, dict]:
@@ -74,7 +69,7 @@ def tuned_anchor(out: Path | str, optimizer: str, dataset: str, image_size: int)
             trials = [t for t in store.trials(sweep)
                       if t.get("status") == Status.DONE and field(t, "optimizer") == optimizer
                       and field(t, "dataset") == dataset and field(t, "image_size") == image_size
-                      and _article_protocol(t)]
+                      and is_article_protocol(t, ignoring=("lr", "until"))]
             for kind, found in rates_of(trials).items():
                 candidates.append({"store": str(path), "sweep": sweep, "kind": kind, **found})
     if not candidates:

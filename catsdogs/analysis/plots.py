@@ -303,12 +303,7 @@ def plot_steps_examples(ax, table: dict, color: str = "C0") -> dict:
                            label="fit: S = S_min (1 + B_crit/B)")
         mark = ax.scatter([2 * fit.e_min], [2 * fit.s_min], marker="*", s=140, color=color, edgecolors="black",
                           linewidths=0.6, zorder=5, label=f"B_crit {fit.describe()}")
-    if rows:  # a log axis needs a positive value: none when no batch size reached the target after an update
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        _plain_numbers(ax.xaxis, ax.yaxis)
-    else:
-        _say_nothing_reached(ax)
+    _log_axes_or_say_why(ax, bool(rows), x=True)
     ax.set_xlabel("training images to the target (log)")
     ax.set_ylabel("optimizer steps to the target (log)")
     ax.grid(True, which="major", alpha=0.25)
@@ -337,21 +332,27 @@ def plot_steps(ax, table: dict, color: str = "C0") -> dict:
         (line,) = ax.plot(sizes, fit.s_min + fit.e_min / sizes, "-", color=color, alpha=0.6, linewidth=1.3,
                           label="fit: S_min + E_min/B")
     batch_axis(ax, [r["batch_size"] for r in rows])
-    if reached or missed:
-        ax.set_yscale("log")
+    if _log_axes_or_say_why(ax, bool(reached or missed)):
         ax.set_ylim(top=top * (1.25 if missed else 1.0))  # room for the labels above the points
-        _plain_numbers(ax.yaxis)
-    else:
-        _say_nothing_reached(ax)
     ax.set_ylabel("optimizer steps to the target (log)")
     ax.grid(True, axis="y", alpha=0.25)
     ax.legend(loc="upper right", fontsize=8, frameon=False)
     return {"points": points, "fit": line, "missed": missed_art}
 
 
-def _say_nothing_reached(ax) -> None:
-    ax.text(0.5, 0.5, "no batch size reached the target after an update\n(met at the start, or never)",
-            transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.4")
+def _log_axes_or_say_why(ax, drawn: bool, x: bool = False) -> bool:
+    """A log y axis (and x, with `x`) labelled in plain numbers when something positive was drawn;
+    else a log axis would have nothing to scale (every target met at the start, or never), so the
+    panel says so. Returns `drawn`."""
+    if not drawn:
+        ax.text(0.5, 0.5, "no batch size reached the target after an update\n(met at the start, or never)",
+                transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.4")
+        return False
+    ax.set_yscale("log")
+    if x:
+        ax.set_xscale("log")
+    _plain_numbers(*((ax.xaxis,) if x else ()), ax.yaxis)
+    return True
 
 
 def _plain_numbers(*axes) -> None:
@@ -400,11 +401,7 @@ def plot_time_to_target(ax, comparison: dict, color: str = "C0") -> dict:
         rec = ax.scatter([r["batch_size"]], [r["relative"]], marker="o", s=220, facecolors="none", edgecolors="C3",
                          linewidths=1.6, zorder=6, label=f"recommended: {r['batch_size']}")
     batch_axis(ax, [r["batch_size"] for r in rows])
-    if measured or predicted:
-        ax.set_yscale("log")
-        _plain_numbers(ax.yaxis)
-    else:
-        _say_nothing_reached(ax)
+    _log_axes_or_say_why(ax, bool(measured or predicted))
     ax.set_ylabel("time to the target / the best's (log)")
     ax.grid(True, axis="y", alpha=0.25)
     ax.legend(loc="upper center", fontsize=8, frameon=False)

@@ -122,10 +122,11 @@ def per_context(trials: list[dict], results_of) -> list[dict]:
     return out
 
 
-def is_article_protocol(trial: dict) -> bool:
-    """True for the article's protocol (ARTICLE_PROTOCOL): the trials of its two figures."""
+def is_article_protocol(trial: dict, ignoring: tuple[str, ...] = ()) -> bool:
+    """True for the article's protocol (ARTICLE_PROTOCOL): the trials of its two figures; with
+    `ignoring`, whatever those settings are (a tuned sweep's learning rate, a target)."""
     p = protocol_of(trial)
-    return all(p[k] == v for k, v in ARTICLE_PROTOCOL.items())
+    return all(p[k] == v for k, v in ARTICLE_PROTOCOL.items() if k not in ignoring)
 
 
 def without_accumulate(p: dict) -> dict:

@@ -125,9 +125,8 @@ class FindSettings:
                 "margin": self.margin, "optimizer": self.optimizer, "dataset": self.dataset,
                 "precision": self.precision, "steps": self.steps, "warmup": self.warmup, "min_seconds": self.min_seconds,
                 "resolution": self.resolution, "memory_cap_bytes": self.memory_cap_bytes,
-                "noise_scale": self.measure_noise, "seed": self.seed, "anchor": self.anchor, "deterministic": self.deterministic,
-                "tf32": self.tf32,
-                "cpu_cap_bytes_default": cpu_cap, "image_size": image_size, "data_dir": str(Path(data_dir).resolve()),
+                "noise_scale": self.measure_noise, "seed": self.seed, "anchor": self.anchor,
+                "deterministic": self.deterministic, "tf32": self.tf32, "cpu_cap_bytes_default": cpu_cap, "image_size": image_size, "data_dir": str(Path(data_dir).resolve()),
                 "data_fingerprint": data_fingerprint}
 
 
