@@ -84,6 +84,10 @@ class NoiseSampling:
     micro: int = config.NOISE_MICRO  # B_s: examples per micro-batch (1: each example on its own)
     micros: int = config.NOISE_MICROS  # k: micro-batches per large batch, so B_b = k * B_s
     pairs: int = config.NOISE_PAIRS  # large batches (pairs) per measurement
+    # The first epoch measured after (0: before the first update too, as a sweep measures).
+    # find-batch-size starts past the first epoch's transient, so it spends nothing measuring
+    # what it would discard.
+    from_epoch: int = 0
 
     @property
     def large(self) -> int:
@@ -100,9 +104,20 @@ class NoiseSampling:
             raise SettingError(f"a large batch needs at least 2 micro-batches, got {self.micros}", "noise_micros")
         if self.pairs < 2:
             raise SettingError(f"an interval needs at least 2 pairs, got {self.pairs}", "noise_pairs")
+        if self.from_epoch < 0:
+            raise SettingError(f"the first epoch measured cannot be negative, got {self.from_epoch}", "noise_from")
+
+    def measures(self, epoch: int) -> bool:
+        """Whether a trial measures after `epoch` epochs (0: before its first update)."""
+        return epoch >= self.from_epoch
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Its fields; `from_epoch` only where it is not 0, so a sweep's record of its sampling
+        reads as it did before find-batch-size could start later."""
+        out = asdict(self)
+        if not self.from_epoch:
+            del out["from_epoch"]
+        return out
 
 
 # The names a measurement has in a trial's record (each history row, and the trial's own columns

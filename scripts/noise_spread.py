@@ -23,12 +23,12 @@ from pathlib import Path
 
 from catsdogs.gradient_noise import NoiseSampling, describe
 from catsdogs.manifest import require_intact
-from catsdogs.measure.find_batch_size import FindSettings, measure_noise_scale
+from catsdogs.measure.find_batch_size import NOISE_FROM, FindSettings, measure_noise_scale
 
 
 def sampling_of(text: str) -> NoiseSampling:
     pairs, large = (int(x) for x in text.lower().split("x"))
-    return NoiseSampling(micro=1, micros=large, pairs=pairs)
+    return NoiseSampling(micro=1, micros=large, pairs=pairs, from_epoch=NOISE_FROM)  # as find-batch-size's
 
 
 def main() -> int:

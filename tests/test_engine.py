@@ -168,6 +168,25 @@ def test_recording_the_noise_scale_changes_nothing_the_trial_trains(keras_backen
 
 
 @pytest.mark.slow
+def test_a_sampling_from_epoch_2_measures_nothing_before_it(keras_backend, data_dir, tmp_path):
+    from catsdogs.gradient_noise import NoiseSampling
+
+    # given a two-epoch trial whose noise scale is sampled from epoch 2 on (find-batch-size's way)
+    target = trial(data_dir, seed=2)  # two epochs
+    slot = LocalSlot(0, 1, tmp_path / "noise", isolate=True)
+    try:
+        record = slot.run(target, data_dir, noise_sampling=NoiseSampling(pairs=4, from_epoch=2).as_dict())
+    finally:
+        slot.close()
+    assert record.status == Status.DONE, record.error
+    # then nothing was measured at the start or after epoch 1, and epoch 2's measurement is the row's
+    assert record.initial_noise is None
+    assert ["noise_trace" in row for row in record.history] == [False, True]
+    assert record.noise_seconds == pytest.approx(record.history[1]["noise_seconds"], abs=1e-3)
+    assert record.noise_scale == record.history[1]["noise_scale"]
+
+
+@pytest.mark.slow
 @pytest.mark.xdist_group("engine-alone")
 def test_results_are_the_same_with_the_systems_allocator(data_dir, tmp_path, monkeypatch):
     from catsdogs.training import engine, steps

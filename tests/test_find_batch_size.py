@@ -353,7 +353,7 @@ def test_a_max_that_everything_fit_is_no_limit_to_measure_the_prediction_against
 
 def measured(b_simple, low, high=None) -> NoiseRun:
     estimate = NoiseEstimate(b_simple, low, high, gradient_sq=1.0, trace=b_simple or low, pairs=64, small=1, large=10)
-    return NoiseRun(estimate, initial=None, batch_size=32, measure_seconds=12.0, seconds=20.0)
+    return NoiseRun(estimate, batch_size=32, measure_seconds=12.0, seconds=20.0)
 
 
 @pytest.mark.parametrize("optimizer, noise, binding, rule", [
@@ -609,14 +609,14 @@ def test_the_noise_scale_pools_epochs_2_and_3_of_two_seeds_and_records_them(tmp_
         def close(self):
             pass
 
-    def fake_run(task):
+    def fake_run(task):  # a trial measures only the epochs its sampling asks for
         runs.append((task.config.seed, task.config.epochs, task.config.batch_size))
+        sampling = gradient_noise.NoiseSampling(**task.noise_sampling)
         value = {7: 20.0, 8: 40.0}[task.config.seed]
-        rows = [{"epoch": e, **gradient_noise.from_pairs([0.9, 1.1] * 16, [0.9 * v, 1.1 * v] * 16, floor=10,
-                                                         epoch=e).to_record()}
+        rows = [{"epoch": e, **(gradient_noise.from_pairs([0.9, 1.1] * 16, [0.9 * v, 1.1 * v] * 16, floor=10,
+                                                          epoch=e).to_record() if sampling.measures(e) else {})}
                 for e, v in ((1, 400.0), (2, value), (3, value))]
-        start = gradient_noise.from_pairs([0.9, 1.1] * 16, [4.5, 5.5] * 16, floor=10, small=1, large=10, epoch=0)
-        return TrialRecord(status="done", history=rows, initial_noise=start.as_dict(), noise_seconds=1.0)
+        return TrialRecord(status="done", history=rows, initial_noise=None, noise_seconds=1.0)
 
     monkeypatch.setattr(findbs, "Worker", OneWorker)
     manifest = {"params": {"size": 32}, "fingerprint": {"standard": "f"}}
@@ -625,6 +625,8 @@ def test_the_noise_scale_pools_epochs_2_and_3_of_two_seeds_and_records_them(tmp_
     # then two runs of 3 epochs at batch 32, seeds 7 and 8, and the estimate is their epochs 2-3 pooled
     assert runs == [(7, 3, 32), (8, 3, 32)] and len(workers) == 1
     assert run.estimate.b_simple == pytest.approx(30.0) and run.estimate.measurements == 4
+    # and nothing was measured before epoch 2; the estimate knows its pairs' sizes (1 and 25 images)
+    assert (run.estimate.small, run.estimate.large) == (1, findbs.NOISE_LARGE)
     saved = run.as_json()
     assert saved["seeds"] == [7, 8] and saved["from_epoch"] == 2 and saved["epochs"] == 3
     assert FindSettings(seed=7).recorded(32, None, tmp_path)["seed"] == 7

@@ -44,7 +44,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from catsdogs import config
@@ -103,11 +103,9 @@ PROBE_COLUMNS = columns(ProbeRecord, "search")  # find_batch_size.csv, and each 
 @dataclass(frozen=True)
 class NoiseRun:
     """The noise scale measured before the search: B_simple at the base batch size over epochs
-    `from_epoch` to `epochs` of runs at `seeds`, pooled (`estimate`), and before the first
-    update of the first (`initial`)."""
+    `from_epoch` to `epochs` of runs at `seeds`, pooled (`estimate`)."""
 
     estimate: NoiseEstimate
-    initial: NoiseEstimate | None
     batch_size: int
     epochs: int = 1
     measure_seconds: float | None = None  # the measurements alone
@@ -119,8 +117,7 @@ class NoiseRun:
         """As find_batch_size.json's "noise_scale" holds it."""
         e = self.estimate
         return {"b_simple": e.b_simple, "low": e.low, "high": e.high, "gradient_sq": e.gradient_sq,
-                "trace": e.trace, "epochs": self.epochs, "batch_size": self.batch_size,
-                "initial": self.initial.as_dict() if self.initial else None, "pairs": e.pairs, "small": e.small,
+                "trace": e.trace, "epochs": self.epochs, "batch_size": self.batch_size, "pairs": e.pairs, "small": e.small,
                 "large": e.large, "measure_seconds": self.measure_seconds, "seconds": self.seconds,
                 "seeds": self.seeds, "from_epoch": self.from_epoch, "measurements": e.measurements}
 
@@ -258,16 +255,17 @@ class ProbeRun:
 
 
 def noise_sampling() -> NoiseSampling:
-    """find-batch-size's measurement: NOISE_PAIRS pairs of NOISE_LARGE images, each its own micro-batch."""
-    return NoiseSampling(micro=1, micros=NOISE_LARGE, pairs=NOISE_PAIRS)
+    """find-batch-size's measurement: NOISE_PAIRS pairs of NOISE_LARGE images, each its own
+    micro-batch, after epochs NOISE_FROM on (none before: they would be discarded)."""
+    return NoiseSampling(micro=1, micros=NOISE_LARGE, pairs=NOISE_PAIRS, from_epoch=NOISE_FROM)
 
 
 def measure_noise_scale(data_dir: Path, manifest: dict, settings: FindSettings, work: Path, env: dict | None,
                         log: Callable[[str], None], sampling: NoiseSampling | None = None) -> NoiseRun | None:
     """B_simple past the first epoch's transient: NOISE_SEEDS short runs at the base batch size
     (seeds `settings.seed` and on), each trained NOISE_EPOCHS epochs as a sweep's trial is, in a
-    worker of its own, measured after every epoch; the measurements from epoch NOISE_FROM on, of
-    every seed, pooled into one estimate (gradient_noise.pool: the ratio of means over all their
+    worker of its own, measured after each epoch from NOISE_FROM on (before it, nothing is
+    measured); those measurements, of every seed, pooled into one estimate (gradient_noise.pool: the ratio of means over all their
     pairs). One epoch at one seed moved it from 3 to 296 with the seed and the backend; later
     epochs of two seeds steady it. With the wall time (workers' starts included). None, said in
     the log, when a run failed."""
@@ -275,10 +273,10 @@ def measure_noise_scale(data_dir: Path, manifest: dict, settings: FindSettings, 
     sampling = sampling or noise_sampling()
     seeds = list(range(settings.seed, settings.seed + NOISE_SEEDS))
     log(f"Noise scale: {NOISE_EPOCHS} epochs at batch size {base}, seeds {', '.join(map(str, seeds))}; B_simple "
-        f"from {sampling.pairs} pairs of {sampling.micro} and {sampling.large} images after each epoch, epochs "
-        f"{NOISE_FROM}-{NOISE_EPOCHS} pooled ...")
+        f"from {sampling.pairs} pairs of {sampling.micro} and {sampling.large} images after epochs "
+        f"{sampling.from_epoch}-{NOISE_EPOCHS}, pooled ...")
     started = time.perf_counter()
-    measured, initial, measure_seconds = [], None, 0.0
+    measured, measure_seconds = [], 0.0
     log_path = work / "noise-scale.log"
     worker = Worker(log_path, env)  # one for every seed: a trial trains alike in a fresh worker or a used one
     try:
@@ -288,22 +286,21 @@ def measure_noise_scale(data_dir: Path, manifest: dict, settings: FindSettings, 
                               precision=settings.precision, backend=backends.name(),
                               **backends.process_settings(env or {}))
             record: TrialRecord = worker.run(TrialTask(cfg, str(Path(data_dir).resolve()), sampling.as_dict()))
-            start = NoiseEstimate.from_dict(record.initial_noise)
-            later = [NoiseEstimate.from_record(row, start) for row in record.history or []]
-            later = [m for m in later if m is not None and m.epoch >= NOISE_FROM]
+            later = [NoiseEstimate.from_record(row) for row in record.history or []]
+            later = [replace(m, small=sampling.micro, large=sampling.large) for m in later
+                     if m is not None and m.epoch >= sampling.from_epoch]
             if record.status != Status.DONE or not later:
                 log(f"Noise scale not measured: the short run at seed {seed} {record.status}: "
                     f"{_first_line(record.error)} (log: {log_path})")
                 return None
             measured += later
-            initial = initial or start
             measure_seconds += record.noise_seconds or 0.0
     finally:
         worker.close()
     log_path.unlink(missing_ok=True)
     estimate = pool(measured)
-    return NoiseRun(estimate, initial, base, NOISE_EPOCHS, round(measure_seconds, 2),
-                    round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=NOISE_FROM)
+    return NoiseRun(estimate, base, NOISE_EPOCHS, round(measure_seconds, 2),
+                    round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch)
 
 
 def _first_line(text) -> str:

@@ -81,12 +81,14 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
     def measure(epoch: int) -> NoiseEstimate:
         return noise_estimate_at(step, train, noise_sampling, cfg.seed, epoch, backend)
 
-    timer = EpochTimer(epochs, on_epoch, backend.wait_for_steps,
-                       after_epoch=(lambda epoch: measure(epoch).to_record()) if noise_sampling else None)
+    def measure_after(epoch: int) -> dict:
+        return measure(epoch).to_record() if noise_sampling.measures(epoch) else {}
+
+    timer = EpochTimer(epochs, on_epoch, backend.wait_for_steps, after_epoch=measure_after if noise_sampling else None)
     curve = _curve(cfg, cfg.eval_every if cfg.until else eval_every, per_epoch, epochs, val, timer, backend)
     with step.strategy.scope():  # JAX's trainer reads its distribution when fit runs
         initial = diagnose(step, test_ds, prefix="initial_")  # the model as it starts (changes nothing)
-        initial_noise = measure(0) if noise_sampling else None
+        initial_noise = measure(0) if noise_sampling and noise_sampling.measures(0) else None
         fit_started = time.time()
         hist = _fit(model, train_ds, val_ds, epochs, per_epoch, timer, curve)
         fit_seconds = time.time() - fit_started
@@ -106,7 +108,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
     return TrialRecord(
         status=Status.DONE, test_accuracy=float(test_acc), test_loss=float(test_loss),
         val_accuracy=history[-1].get("val_accuracy") if history else _last(curve, "val_accuracy"),
-        **final, **initial, history=history, **_noise_fields(initial_noise, history), **_curve_fields(curve, cfg),
+        **final, **initial, history=history, **_noise_fields(noise_sampling, initial_noise, history), **_curve_fields(curve, cfg),
         steps=updates, batches=batches, learning_rate=learning_rate(cfg),
         n_train=len(train), n_validation=len(val), n_test=len(test),
         **_timings(timer, cfg.batch_size, batches, fit_seconds, setup_seconds),
@@ -196,15 +198,16 @@ def _history(hist, timer: EpochTimer) -> list[dict]:
     return history
 
 
-def _noise_fields(initial: NoiseEstimate | None, history: list[dict]) -> dict:
-    """The record's noise scale: the start's estimate in full, the last epoch's in the store's
-    columns (NoiseEstimate.to_record's names), and the time every measurement took."""
-    if initial is None:
+def _noise_fields(sampling: NoiseSampling | None, initial: NoiseEstimate | None, history: list[dict]) -> dict:
+    """The record's noise scale: the start's estimate in full (None when the sampling starts
+    later), the last epoch's in the store's columns (NoiseEstimate.to_record's names), and the
+    time every measurement took."""
+    if sampling is None:
         return {}
     last = NoiseEstimate.from_record(history[-1], initial) if history else None
     columns = {k: v for k, v in last.to_record().items() if k in RECORD_COLUMNS} if last else {}
-    seconds = initial.seconds + sum(h.get("noise_seconds") or 0 for h in history)
-    return {"initial_noise": initial.as_dict(), **dict.fromkeys(RECORD_COLUMNS), **columns,
+    seconds = (initial.seconds if initial else 0.0) + sum(h.get("noise_seconds") or 0 for h in history)
+    return {"initial_noise": initial.as_dict() if initial else None, **dict.fromkeys(RECORD_COLUMNS), **columns,
             "noise_seconds": round(seconds, 4)}
 
 
