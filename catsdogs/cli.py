@@ -497,8 +497,8 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
               help="Timed training steps per probe, after one warm-up step; more where they take under "
                    f"{FIND.min_seconds:g} s, so a small batch's step time is steady enough to rank sizes by.")
 @click.option("--resolution", type=click.IntRange(min=1), default=FIND.resolution,
-              help="Stop bisecting when the gap is this small [default: 8, or an eighth of the "
-                   "largest size that fits when smaller].")
+              help="Stop bisecting when the gap is this small [default: 3% of the largest size "
+                   "that fits, at least 8, at most an eighth of it].")
 @click.option("--noise-scale/--no-noise-scale", "measure_noise", default=FIND.measure_noise, show_default=True,
               help="Before the search, measure the gradient noise scale (beyond which a larger batch buys "
                    "few steps) over epochs 2-3 of two short runs at batch size 32, in well under a minute at "

@@ -3,6 +3,7 @@ with a fake device and made-up probes, in a process that never imports a framewo
 
 from __future__ import annotations
 
+import math
 import random
 import subprocess
 import sys
@@ -111,13 +112,31 @@ def test_a_guess_within_5_percent_brackets_the_limit_and_saves_the_probes_above_
     dev = FakeDevice(616)
     r = search(dev, start=8, guess=640)
     # then the doubling stops at 256 (512 would pass 80% of 640), the guess is probed, then 5% below it
-    # and it bisects the 32 between them: 624, then 616
-    assert dev.calls == [8, 16, 32, 64, 128, 256, 640, 608, 624, 616]
-    assert (r.largest_fit, r.first_failure) == (616, 624)
-    # so 4 probes past the doubling, where doubling on to 1,024 and bisecting back takes 8
+    # and it bisects the 32 between them once: 624 does not fit, and 16 is within 3% of 608
+    assert dev.calls == [8, 16, 32, 64, 128, 256, 640, 608, 624]
+    assert (r.largest_fit, r.first_failure) == (608, 624)
+    # so 3 probes past the doubling, where doubling on to 1,024 and bisecting back takes 7
     unguided = FakeDevice(616)
     search(unguided, start=8)
-    assert unguided.calls[6:] == [512, 1024, 768, 640, 576, 608, 624, 616]
+    assert unguided.calls[6:] == [512, 1024, 768, 640, 576, 608, 624]
+
+
+def test_a_guess_9_percent_low_gallops_past_it_instead_of_doubling():
+    # given TensorFlow's limit at 64 px under 2 GiB (804) and its prediction (731, 9% low)
+    dev = FakeDevice(804)
+    r = search(dev, start=8, guess=731)
+    # then the search gallops from the guess by 5%, then 10% of it, and bisects the bracket once
+    assert dev.calls[7:] == [731, 768, 805, 786]
+    assert (r.largest_fit, r.first_failure) == (786, 805)
+    # so 2 probes past 768 (+5%), where doubling on from it probes 1,536 and bisects back: 6
+    doubled = FakeDevice(804)
+    search(doubled, start=768, resolution=24)
+    assert doubled.calls[1:] == [1536, 1152, 960, 864, 816, 792]
+    # and a guess far above the limit gallops down from it, then bisects above the doubling's last fit
+    high = FakeDevice(616)
+    r = search(high, start=8, guess=731)
+    assert high.calls[7:11] == [731, 694, 657, 584]
+    assert r.largest_fit <= 616 < r.first_failure <= 657
 
 
 @pytest.mark.parametrize("limit, guess", [(616, 731), (616, 500), (616, 300), (40, 900), (5000, 64), (100, 100)])
@@ -127,7 +146,8 @@ def test_any_guess_finds_the_same_limit_as_no_guess(limit, guess):
         dev = FakeDevice(limit)
         r = search(dev, start=8, guess=guess, resolution=resolution)
         plain = search(FakeDevice(limit), start=8, resolution=resolution)
-        assert r.largest_fit <= limit < r.first_failure and r.first_failure - r.largest_fit <= (resolution or 8)
+        assert r.largest_fit <= limit < r.first_failure
+        assert r.first_failure - r.largest_fit <= effective_resolution(resolution, r.largest_fit)
         assert (resolution != 1) or (r.largest_fit, plain.largest_fit) == (limit, limit)
         assert len(dev.calls) == len(set(dev.calls))
     # and a --max below the guess is respected: the guess is capped at it
@@ -145,21 +165,29 @@ def test_a_size_that_failed_below_the_guess_is_stepped_over_as_when_doubling():
     # and with --max at 315, everything up to it fitted but 128: it reached --max
     capped = search(FakeDevice(400, failing={128}), start=8, guess=300, max_batch=315)
     assert (capped.largest_fit, capped.first_failure, capped.reached_max) == (315, None, True)
-    # while a failure just below a guess that does not fit bounds the bisection, as when doubling
+    # and a failure below a guess that does not fit is stepped over when the gallop down finds a
+    # size above it that fits (360, above the failed 256)
     low = search(FakeDevice(400, failing={256}), start=8, guess=600)
-    assert low.order[:8] == [8, 16, 32, 64, 128, 256, 600, 570]
-    assert 128 <= low.largest_fit < low.first_failure <= 256
+    assert low.order[:11] == [8, 16, 32, 64, 128, 256, 600, 570, 540, 480, 360]
+    assert low.largest_fit <= 400 < low.first_failure
+    # while it bounds the bisection, as when doubling, when nothing down to the doubling's last fit did
+    bounded = search(FakeDevice(100, failing={128}), start=8, guess=300)
+    assert bounded.order[:10] == [8, 16, 32, 64, 128, 300, 285, 270, 240, 180]
+    assert bounded.largest_fit <= 100 < bounded.first_failure <= 128
 
 
-def test_default_resolution_is_8_or_an_eighth_of_the_answer():
-    assert effective_resolution(None, 1000) == 8
+def test_default_resolution_is_3_percent_at_least_8_and_at_most_an_eighth_of_the_answer():
+    assert effective_resolution(None, 1000) == 30
+    assert effective_resolution(None, 800) == 24
+    assert effective_resolution(None, 200) == 8
     assert effective_resolution(None, 32) == 4
     assert effective_resolution(None, 4) == 1
     assert effective_resolution(16, 4) == 16
-    for limit in (5, 7, 13, 37, 100, 1000):
+    for limit in (5, 7, 13, 37, 100, 1000, 4000):
         r = search(FakeDevice(limit), start=1)
         assert r.largest_fit <= limit < r.first_failure
-        assert r.first_failure - r.largest_fit <= max(1, min(8, r.largest_fit // 8))
+        gap = max(1, min(max(8, math.ceil(0.03 * r.largest_fit)), r.largest_fit // 8))
+        assert r.first_failure - r.largest_fit <= gap
 
 
 def test_a_start_that_does_not_fit_is_halved():

@@ -5,15 +5,15 @@ The search (`search`) takes any probe function, so it is tested with a fake devi
 - `power`: double from `start` until a probe does not fit (or `max` is reached; `max` itself is
   probed when the doubling would pass it). If `start` does not fit, halve instead, down to 1.
 - `binsearch`: `power`, then bisect between the last size that fit and the first that did
-  not, until the gap is at most `resolution`; by default 8, or an eighth of the size that
-  fits when that is smaller (so 4 still bisects towards 7): memory varies by a few MiB from
+  not, until the gap is at most `resolution`; by default 3% of the size that fits, at least 8,
+  and at most an eighth of it (so 4 still bisects towards 7): memory varies by a few MiB from
   run to run, so a finer answer would be noise, and the answer with a margin is rounded to a
   multiple of 8 anyway.
 - `binsearch` with a prediction (`guess`, the memory model's): the doubling stops where the next size would
   pass FRESH_SHARE of it: the probes from there on each start a worker of their own (seconds
   each, against a fraction of a second for a reused one), so the search probes the prediction,
-  then 5% to its other side (`around_guess`), and bisects what is left. Doubling on from 512 to
-  1,024 and bisecting back would cost a probe or two more.
+  then gallops to its other side in steps of 5%, 10%, 20% ... of it (`around_guess`), and bisects
+  what is left. Doubling on from 512 to 1,024 and bisecting back would cost a probe or two more.
 - A probe that fails for another reason than memory does not stop the search: while doubling
   the search steps over it (two failed sizes in a row end the doubling), and while bisecting
   it counts as an upper bound, so the answer is always a size that actually ran.
@@ -64,11 +64,16 @@ DEFAULT_WARMUP = 1
 # target of neighbouring sizes. A large batch's 3 steps last longer than this anyway.
 DEFAULT_MIN_SECONDS = 0.3
 DEFAULT_MARGIN = 0.1
-DEFAULT_RESOLUTION = 8  # the bisection's final gap, or an eighth of the answer when smaller
+DEFAULT_RESOLUTION = 8  # the bisection's final gap at least (an eighth of the answer when smaller)
+# ... and at most this share of the answer: each probe near the limit costs a fresh worker
+# (seconds), and peak memory moves by a few MiB from run to run, so bisecting 800 down to 8
+# rather than 24 spends two probes on noise; the margin's 10% and rounding to 8 come after.
+RESOLUTION_SHARE = 0.03
 MAX_FAILED_IN_A_ROW = 2
 MAX_CONFIRMATIONS = 4  # sizes tried down from the margin's before giving up (each one probe)
 FRESH_SHARE = 0.8  # probes at or above this share of the predicted limit run in a fresh worker
-GUESS_STEP = 0.05  # after the predicted limit, the search probes this far to its other side
+GALLOP_MOST = 0.8  # the largest gallop step above the guess; a prediction further off: doubling
+GUESS_STEP = 0.05  # after the predicted limit, the gallop's first step to its other side (then 10%, 20% ...)
 
 
 @dataclass(frozen=True)
@@ -140,11 +145,12 @@ class SearchResult:
 
 
 def effective_resolution(resolution: int | None, largest_fit: int) -> int:
-    """The gap the bisection stops at: `resolution` when given; by default DEFAULT_RESOLUTION
-    or an eighth of the size that fits, whichever is smaller, and at least 1."""
+    """The gap the bisection stops at: `resolution` when given; by default RESOLUTION_SHARE of
+    the size that fits, at least DEFAULT_RESOLUTION, and at most an eighth of it (at least 1)."""
     if resolution is not None:
         return int(resolution)
-    return max(1, min(DEFAULT_RESOLUTION, largest_fit // 8))
+    relative = max(DEFAULT_RESOLUTION, math.ceil(RESOLUTION_SHARE * largest_fit))
+    return max(1, min(relative, largest_fit // 8))
 
 
 def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DEFAULT_START,
@@ -223,24 +229,37 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
 
 
 def around_guess(ask: Callable[[int], str], lo: int, guess: int, max_batch: int | None) -> tuple[int, int | None]:
-    """Probe the guess, then GUESS_STEP above it if it fitted, below it if not: (the largest size
-    that fitted, the smallest above it that did not, or None when all fitted). A prediction
-    within GUESS_STEP leaves a bracket of GUESS_STEP of it to bisect; one further off a bracket
-    from the last size that fitted, as doubling would have."""
+    """Probe the guess, then gallop from it, above it while sizes fit, below it while they do
+    not, in steps from the guess of GUESS_STEP, then twice, four times ... as much (5%, 10%,
+    20%, 40%, 80%; further above it doubles, below it stops at `lo`, the last size the
+    doubling saw fit): (the largest size that fitted, the smallest above it that did not, or
+    None when all fitted up to `max_batch`). A prediction within GUESS_STEP leaves a bracket of
+    GUESS_STEP of it to bisect; one 9% low a bracket of 5%, between +5% and +10%, where doubling
+    on from the guess and bisecting back took five fresh probes more. A prediction off by half
+    or more costs a few probes more than none would."""
     g = min(guess, max_batch) if max_batch is not None else guess
     if g <= lo:
         return lo, None
+    step = GUESS_STEP
     if ask(g) != Status.DONE:
-        down = math.floor(g * (1 - GUESS_STEP))
-        if down <= lo:
-            return lo, g
-        return (down, g) if ask(down) == Status.DONE else (lo, down)
-    up = math.ceil(g * (1 + GUESS_STEP))
-    if max_batch is not None:
-        up = min(up, max_batch)
-    if up <= g:
-        return g, None
-    return (up, None) if ask(up) == Status.DONE else (g, up)
+        hi = g
+        while True:
+            down = math.floor(g * (1 - step))
+            if down <= lo:
+                return lo, hi
+            if ask(down) == Status.DONE:
+                return down, hi
+            hi, step = down, step * 2
+    fit = g
+    while max_batch is None or fit < max_batch:
+        # past GALLOP_MOST above the guess it was far off: double, as without one
+        up = max(fit + 1, math.ceil(g * (1 + step)) if step <= GALLOP_MOST else 2 * fit)
+        if max_batch is not None:
+            up = min(up, max_batch)
+        if ask(up) != Status.DONE:
+            return fit, up
+        fit, step = up, step * 2
+    return fit, None
 
 
 def apply_margin(largest: int, margin: float) -> int:
