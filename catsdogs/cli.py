@@ -367,7 +367,8 @@ def _renamed_backend(ctx, param, value):
     out_option("Where the results store and each sweep's folder go."),
     click.option("--overwrite", is_flag=True, help="Run finished trials again (resuming is the default)."),
     click.option("--retry-failed", is_flag=True, help="Run failed and out-of-memory trials again."),
-    click.option("--dry-run", is_flag=True, help="List the planned trials and their status; run nothing."),
+    click.option("--dry-run", is_flag=True, help="List the planned trials and their status, and whether a run "
+                 "would refuse them (a batch larger than the training split); run nothing."),
     click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, callback=WORKERS_LIMIT,
                  help="Worker processes running trials at once: one per GPU where there are "
                       "GPUs, else each pinned to its share of the CPU cores. A worker runs trial "

@@ -326,6 +326,21 @@ def test_the_default_sweep_is_the_articles_first_figure(data_dir, tmp_path):
     assert all("standard" in p and "epochs" not in p for p in planned)
 
 
+def test_a_dry_run_says_when_a_run_would_refuse_a_batch_larger_than_the_training_split(data_dir, tmp_path):
+    # given data with 48 training images and a batch size of 64 in the grid
+    base = ["sweep", "--opt", "adam", "--batch-size", "16", "64", "--data-dir", str(data_dir), "--out", str(tmp_path)]
+    # when it is listed with --dry-run
+    listed = CliRunner().invoke(cli, [*base, "--dry-run"])
+    # then every trial is listed (2 sizes x 3 seeds), and the run's refusal is said, in one line
+    assert listed.exit_code == 0 and "6 trials" in listed.output
+    refusal = [line for line in listed.output.splitlines() if line.startswith("A run would stop")]
+    assert len(refusal) == 1 and "batch size 64 is larger than the 48 training images" in refusal[0]
+    # and a dry run of a grid that fits says nothing of the kind
+    fits = CliRunner().invoke(cli, ["sweep", "--opt", "adam", "--batch-size", "16", "--data-dir", str(data_dir),
+                                    "--out", str(tmp_path), "--dry-run"])
+    assert fits.exit_code == 0 and "A run would stop" not in fits.output
+
+
 def test_a_plan_is_read_and_the_command_line_wins(data_dir, tmp_path):
     # given a plan with one grid
     cfg = tmp_path / "c.toml"
@@ -346,7 +361,7 @@ def test_a_plan_runs_the_same_trials_with_sweep_as_with_reproduce(data_dir, tmp_
                                       "--out", str(tmp_path), "--dry-run"])
     # then sweep plans every trial of both its grids, each once, under the plan's name
     assert result.exit_code == 0, result.output
-    keys = [line.split()[0] for line in result.output.splitlines()[:-1]]
+    keys = [line.split()[0] for line in result.output.splitlines() if " bs=" in line]
     assert keys == [t.key() for t in trials(load("quick"), data_dir, "tensorflow")] and len(keys) == 24
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from catsdogs import config, plans
-from catsdogs.errors import CatsdogsError
+from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.gradient_noise import NoiseSampling
 from catsdogs.manifest import require_prepared, test_images
 from catsdogs.plans import Plan
@@ -41,6 +41,10 @@ def run_plan(plan: Plan, data_dir: Path, out: Path, *, runner: str = "local", wo
     if dry_run:
         for line in describe(trials, out):
             log(line)
+        try:  # listed all the same, so a plan can be read on data too small to run it
+            plans.check_fit(trials, data_dir)
+        except SettingError as e:
+            log(f"A run would stop before its first trial: {e}")
         return {"trials": len(trials), "dry_run": True}
     plans.check_fit(trials, data_dir)
     if runner == "ray":
