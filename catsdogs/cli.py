@@ -20,6 +20,7 @@ from catsdogs import __version__, config, plans, schema, targets
 from catsdogs.errors import CatsdogsError, Interrupted, SettingError, os_error_line
 from catsdogs.measure.search import MODES as SEARCH_MODES
 from catsdogs.measure.search import FindSettings
+from catsdogs.model_ref import LOSSES
 from catsdogs.schema import PROTOCOL_FIELDS
 
 
@@ -458,11 +459,20 @@ MEASUREMENT_OPTIONS = options(
               help="Time each batch size for at least this long, repeating its batches past --steps as "
                    "needed: NVML's utilization averages over up to a second, so a shorter probe reads a "
                    "number that means little [default: 2 on a GPU, 0 on the CPU].")
+@click.option("--model", default=None, metavar="MODEL",
+              help="Your model instead of the article's: a saved Keras model (PATH.keras) or a function "
+                   "returning one (package.module:function, imported from the current directory). It runs "
+                   "on the prepared data where it takes their images, else on random images of its input "
+                   "shape (memory and speed do not depend on what the images show).")
+@click.option("--loss", type=click.Choice(LOSSES), default="auto", show_default=True,
+              help="With --model: its loss. auto: binary cross-entropy for a last layer of width 1, "
+                   "sparse categorical for width k > 1, from probabilities after a sigmoid or softmax, "
+                   "else from logits.")
 @name_option("profile", "Name of the run: OUT/NAME/profile.csv and OUT/NAME/figures/.")
 @MEASUREMENT_OPTIONS
-def profile(batch_size, steps, warmup, min_seconds, name, opt, dataset, precision, memory_limit, deterministic,
-            tf32, data_dir, out, isolate, compile_cache):
-    """Throughput, memory and utilization of the article's model at each batch size.
+def profile(batch_size, steps, warmup, min_seconds, model, loss, name, opt, dataset, precision, memory_limit,
+            deterministic, tf32, data_dir, out, isolate, compile_cache):
+    """Throughput, memory and utilization of the article's model (or yours, --model) at each batch size.
 
     Each batch size is a probe of the sweep's own training step: warm-up, then --steps timed
     steps on the prepared train split. A worker process is reused while the batch sizes grow
@@ -476,7 +486,7 @@ def profile(batch_size, steps, warmup, min_seconds, name, opt, dataset, precisio
     rows = run(name, batch_size, data_dir or config.default_data_dir(), out, optimizer=opt, dataset=dataset,
                precision=precision, steps=steps, warmup=warmup, memory_cap_bytes=memory_limit,
                min_seconds=min_seconds, isolate=isolate, deterministic=deterministic is not False, tf32=tf32,
-               worker_env=worker_env(compile_cache), log=click.echo)
+               worker_env=worker_env(compile_cache), model=model, loss=loss, log=click.echo)
     return 1 if any(r["status"] == schema.Status.FAILED for r in rows) else 0
 
 

@@ -2,12 +2,13 @@
 
 A worker (catsdogs.training.worker, or a Ray actor) reads one task, runs it with the engine and
 answers with one record; every record has a `status` (schema.Status) and, when it did not end
-`done`, an `error`. Four kinds of task, each with its record type:
+`done`, an `error`. Five kinds of task, each with its record type:
 
     TrialTask       -> TrialRecord    train and test one configuration (a sweep's trial)
     ProbeTask       -> ProbeRecord    time a few training steps at one batch size, measure memory
     PeakTask        -> PeakRecord     the device's matrix-multiply peak (for MFU)
     MemoryPlanTask  -> MemoryPlan     the largest batch by the compiler's memory plan (JAX)
+    ModelCheckTask  -> ModelInfo      build a user's model (--model) and say what it is
 
 On the wire a task is one JSON line (`encode`, `decode_task`) and a record a JSON object of its
 fields (`asdict`, `Record.from_dict`). The results store's columns and every CSV's columns are
@@ -214,6 +215,24 @@ class MemoryPlan(Record):
     traceback: str | None = None
 
 
+@dataclass
+class ModelInfo(Record):
+    """A user's model as its worker built it (catsdogs.training.user_model.describe)."""
+
+    status: Status = Status.FAILED
+    name: str | None = None
+    input_shape: list | None = None  # (height, width, channels)
+    input_dtype: str | None = None
+    classes: int | None = None
+    parameters: int | None = None
+    layers: int | None = None
+    loss: str | None = None  # binary or sparse-categorical
+    from_logits: bool | None = None
+    loss_description: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+
+
 # --- tasks ---------------------------------------------------------------------------------------
 
 
@@ -251,6 +270,11 @@ class ProbeTask:
     min_seconds: float | None = None
     deterministic: bool = True  # the worker's settings (schema.PROCESS_FIELDS), which it checks
     tf32: bool | None = None
+    model: str | None = None  # a user's model (catsdogs.model_ref; None: the article's)
+    loss: str = "auto"  # its loss (catsdogs.training.user_model.choose_loss)
+    # [height, width, channels, classes, dtype]: random images and labels of a user's model's
+    # shape (training.probes.random_split), not the prepared data (None: the prepared data)
+    random_images: list | None = None
 
 
 @dataclass(frozen=True)
@@ -282,8 +306,18 @@ class MemoryPlanTask:
     tf32: bool | None = None
 
 
-TASKS = {t.KIND: t for t in (TrialTask, ProbeTask, PeakTask, MemoryPlanTask)}
-Task = TrialTask | ProbeTask | PeakTask | MemoryPlanTask
+@dataclass(frozen=True)
+class ModelCheckTask:
+    """Build the user's model `model` (catsdogs.model_ref) and say what it is, with `loss`."""
+
+    KIND: ClassVar[str] = "model"
+    RECORD: ClassVar[type] = ModelInfo
+    model: str
+    loss: str = "auto"
+
+
+TASKS = {t.KIND: t for t in (TrialTask, ProbeTask, PeakTask, MemoryPlanTask, ModelCheckTask)}
+Task = TrialTask | ProbeTask | PeakTask | MemoryPlanTask | ModelCheckTask
 
 
 def encode(task: Task) -> str:

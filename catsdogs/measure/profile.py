@@ -1,4 +1,4 @@
-"""Throughput, memory and utilization of the article's model as functions of batch size.
+"""Throughput, memory and utilization of the article's model (or a user's, --model) as functions of batch size.
 
 `profile(name, batch_sizes, data_dir, out, ...)` runs one probe per batch size (the sweep's own
 training step, warmed up, then `steps` steps timed on batches of the prepared train split:
@@ -30,10 +30,11 @@ import csv
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from catsdogs import config
+from catsdogs import config, model_ref
 from catsdogs.files import write_json_atomic
 from catsdogs.host import versions
 from catsdogs.manifest import require_intact
+from catsdogs.measure import model_check
 from catsdogs.measure import prober as probers
 from catsdogs.measure.common import check_memory_floor, check_settings, settings_note, write_csv
 from catsdogs.measure.figures import save_profile_figures
@@ -104,8 +105,9 @@ def progress_line(row: dict) -> str:
     nvml = (f", NVML util {row['nvml_gpu_util_mean_percent']:.0f}% (mean of {row.get('nvml_samples')} samples "
             f"over {row.get('timed_seconds') or 0:.1f} s)"
             if row.get("nvml_gpu_util_mean_percent") is not None else "")
+    flops = f", {row['flops_per_second'] / 1e9:.2f} GFLOP/s" if row.get("flops_per_second") is not None else ""
     return (f"{bs}: {row['step_time_median_s'] * 1000:.1f} ms/step (median), "
-            f"{row['images_per_second']:.1f} images/s, {row['flops_per_second'] / 1e9:.2f} GFLOP/s{mfu}{nvml}, {mem}")
+            f"{row['images_per_second']:.1f} images/s{flops}{mfu}{nvml}, {mem}")
 
 
 def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = Path(config.DEFAULT_OUT), *,
@@ -113,30 +115,46 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
             steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP, memory_cap_bytes: int | None = None,
             min_seconds: float | None = None, measure_peak: bool = True, peak_seconds: float = PEAK_SECONDS,
             isolate: bool = False, deterministic: bool = True, tf32: bool | None = None,
-            worker_env: dict | None = None, log: Callable[[str], None] = print) -> list[dict]:
+            worker_env: dict | None = None, model: str | None = None, loss: str = "auto",
+            log: Callable[[str], None] = print) -> list[dict]:
     """Profile each batch size (in workers: measure.prober.Prober); write OUT/NAME/profile.csv|json
     and figures. `isolate`: a fresh worker process for each probe; `deterministic`, `tf32`: the
     workers' process settings (the matmul peak too runs under them: TF32 changes it most);
-    `worker_env`: more of the workers' environment (the compile cache).
+    `worker_env`: more of the workers' environment (the compile cache). `model`: a user's model
+    (catsdogs.model_ref; None: the article's), checked in a worker first, with `loss`
+    (catsdogs.measure.model_check), on the prepared data where they fit it, else random images.
 
     Returns the rows (one per batch size, in the order given). Raises CatsdogsError when the
-    data is not prepared, SettingError for impossible settings."""
+    data is not prepared, SettingError for impossible settings (a model that cannot be used too)."""
     check_settings(batch_sizes, optimizer, dataset, precision, steps, warmup)
-    manifest = require_intact(Path(data_dir))
-    check_memory_floor(memory_cap_bytes, manifest["params"]["size"], optimizer, precision)
     folder = Path(out) / name
-    folder.mkdir(parents=True, exist_ok=True)
     work = folder / ".work"
+    env = {**(worker_env or {}), **process_env_for(deterministic, tf32)}
+    user = random_images = None
+    if model:
+        model, user = model_check.check_user_model(model, loss, work / "model-check.log", env)
+        manifest, random_images, data_said = model_check.data_for(user, data_dir)
+        size = user.input_shape[0]
+    else:
+        manifest = require_intact(Path(data_dir))
+        size = manifest["params"]["size"]
+        check_memory_floor(memory_cap_bytes, size, optimizer, precision)
+    folder.mkdir(parents=True, exist_ok=True)
     settings = {"name": name, "batch_sizes": [int(b) for b in batch_sizes], "optimizer": optimizer,
                 "dataset": dataset, "precision": precision, "steps": steps, "warmup": warmup,
-                "image_size": manifest["params"]["size"], "data_dir": str(Path(data_dir).resolve()),
+                "image_size": size, "data_dir": str(Path(data_dir).resolve()),
                 "memory_cap_bytes": memory_cap_bytes, "min_seconds": min_seconds, "peak_seconds": peak_seconds,
                 "deterministic": deterministic, "tf32": tf32}
-    log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {optimizer}, {dataset} data "
-        f"({settings['image_size']} px), {precision}; {warmup} warm-up + {steps} timed steps each"
-        + settings_note(deterministic, tf32))
-    prober = probers.Prober(work, memory_cap_bytes, isolate=isolate,
-                            env={**(worker_env or {}), **process_env_for(deterministic, tf32)})
+    if user:
+        settings.update(model=model, loss=loss, random_images=random_images)
+        log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {model_check.describe(user)}; "
+            f"{optimizer}, {precision}, on {data_said}; {warmup} warm-up + {steps} timed steps each"
+            + settings_note(deterministic, tf32))
+    else:
+        log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {optimizer}, {dataset} data "
+            f"({size} px), {precision}; {warmup} warm-up + {steps} timed steps each"
+            + settings_note(deterministic, tf32))
+    prober = probers.Prober(work, memory_cap_bytes, isolate=isolate, env=env)
     try:
         peak, rows = _probe_all(prober, batch_sizes, data_dir, settings, folder / "profile.csv",
                                 measure_peak, log)
@@ -144,7 +162,9 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
         prober.close()
     figures = save_profile_figures(rows, folder / "figures")
     doc = {"settings": settings, "peak": peak and peak.as_dict(), "rows": rows, "versions": versions(),
-           "data": {k: manifest[k] for k in ("params", "source", "fingerprint")}}
+           "data": {k: manifest[k] for k in ("params", "source", "fingerprint")} if manifest else None}
+    if user:
+        doc["model"] = {**model_ref.source(model), **user.as_dict()}
     write_json_atomic(folder / "profile.json", doc, indent=2)
     counts = {s: sum(r["status"] == s for r in rows) for s in FINISHED}
     log(f"Profile {name}: {counts[Status.DONE]} done, {counts[Status.OOM]} out of memory, {counts[Status.FAILED]} failed -> "
@@ -169,7 +189,9 @@ def _probe_all(prober, batch_sizes, data_dir, settings: dict, csv_path: Path, me
         task = ProbeTask(int(bs), str(Path(data_dir).resolve()), optimizer=settings["optimizer"],
                          dataset=settings["dataset"], precision=settings["precision"], steps=settings["steps"],
                          warmup=settings["warmup"], min_seconds=settings.get("min_seconds"),
-                         deterministic=settings["deterministic"], tf32=settings["tf32"])
+                         deterministic=settings["deterministic"], tf32=settings["tf32"],
+                         model=settings.get("model"), loss=settings.get("loss", "auto"),
+                         random_images=settings.get("random_images"))
         row = profile_row(prober.run(task), peak, settings["image_size"])
         rows.append(row)
         write_csv(rows, csv_path, PROFILE_COLUMNS)

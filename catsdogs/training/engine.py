@@ -29,11 +29,11 @@ from catsdogs import config, gradient_noise, targets
 from catsdogs.errors import CatsdogsError
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 from catsdogs.host import environment
-from catsdogs.messages import PeakTask, ProbeTask, Task, TrialRecord, TrialTask
+from catsdogs.messages import ModelCheckTask, PeakTask, ProbeTask, Task, TrialRecord, TrialTask
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.training import backends, steps
 from catsdogs.training.curve import Curve, TargetReached
-from catsdogs.training.probes import run_memory_plan, run_peak, run_probe
+from catsdogs.training.probes import run_memory_plan, run_model_check, run_peak, run_probe
 
 
 def run_task(task: Task, emit=lambda kind, payload: None):
@@ -48,6 +48,8 @@ def run_task(task: Task, emit=lambda kind, payload: None):
             return run_probe(task)
         if isinstance(task, PeakTask):
             return run_peak(task)
+        if isinstance(task, ModelCheckTask):
+            return run_model_check(task)
         return run_memory_plan(task)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded status
         return task.RECORD(**backends.failure_fields(exc))

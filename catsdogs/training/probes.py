@@ -17,20 +17,24 @@ import time
 from pathlib import Path
 
 import keras
+import numpy as np
 
+from catsdogs.data import loading
 from catsdogs.errors import CatsdogsError
 from catsdogs.host import NvmlSampler, rss_mb
 from catsdogs.manifest import require_prepared
 from catsdogs.messages import (
     MemoryPlan,
     MemoryPlanTask,
+    ModelCheckTask,
+    ModelInfo,
     PeakRecord,
     PeakTask,
     ProbeRecord,
     ProbeTask,
 )
 from catsdogs.schema import Status, TrialConfig
-from catsdogs.training import backends, steps
+from catsdogs.training import backends, steps, user_model
 from catsdogs.training.costs import predict_max_batch_size_planned, train_flops_per_image
 
 # NVML's utilization is the share of the last sample period (up to a second) in which a kernel
@@ -52,10 +56,14 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
                          dataset=task.dataset, steps=task.steps, warmup=task.warmup)
     sampler = NvmlSampler() if kind == "gpu" else None
     try:
-        manifest, splits = steps.DATA.load(Path(task.data_dir), task.dataset)
-        size = manifest["params"]["size"]
+        if task.random_images:  # a user's model of another shape than the prepared data's
+            splits, fingerprint = {"train": random_split(*task.random_images, seed=task.seed)}, ""
+            size = int(task.random_images[0])
+        else:
+            manifest, splits = steps.DATA.load(Path(task.data_dir), task.dataset)
+            size, fingerprint = manifest["params"]["size"], manifest["fingerprint"][task.dataset]
         cfg = TrialConfig(task.optimizer, int(task.batch_size), task.dataset, task.seed, epochs=1,
-                          image_size=size, data=manifest["fingerprint"][task.dataset],
+                          image_size=size, data=fingerprint,
                           precision=task.precision, deterministic=task.deterministic, tf32=task.tf32,
                           backend=backend.NAME)
         cfg.check()
@@ -64,7 +72,8 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
         n = task.warmup + task.steps
         record.image_size, record.device, record.backend = size, backend.device_description(), backend.NAME
         record.baseline_rss_mb = rss_mb()  # before the model: runtime + data
-        step, _ = steps.STEPS.get(cfg, n, backend, keep_others=False)
+        user = (task.model, task.loss) if task.model else None
+        step, _ = steps.STEPS.get(cfg, n, backend, keep_others=False, user=user)
         batches = backend.train_batches(splits["train"], cfg.batch_size, cfg.seed, n, cross_epochs=True)
         min_seconds = task.min_seconds
         if min_seconds is None:
@@ -78,8 +87,8 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
         median, mean = statistics.median(times), statistics.fmean(times)
         _fill(record, status=Status.DONE, step_time_median_s=median, step_time_mean_s=mean,
               step_times_s=times, timed_steps=len(times), timed_seconds=sum(times),
-              images_per_second=cfg.batch_size / median,
-              flops_per_second=train_flops_per_image(size) * cfg.batch_size / median, **nvml)
+              images_per_second=cfg.batch_size / median,  # the article's FLOPs only: a user's model has none counted yet
+              flops_per_second=None if user else train_flops_per_image(size) * cfg.batch_size / median, **nvml)
     except Exception as exc:  # noqa: BLE001 - out of memory and failures are recorded outcomes
         if sampler:
             _fill(record, **sampler.stop())
@@ -87,6 +96,31 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
         steps.STEPS.clear()  # whatever the failed step allocated goes back before the next task
     _fill(record, **backend.peak_memory())
     return record
+
+
+RANDOM_IMAGES = 64  # a random split's images: a larger batch repeats them (as a probe repeats the train split)
+
+
+def random_split(height: int, width: int, channels: int, classes: int, dtype: str, seed: int = 0) -> loading.Split:
+    """Random images of a user's model's input shape and dtype (uint8 in 0-255, floats in [0, 1))
+    and labels of its classes: what memory and speed need, which no real image changes."""
+    rng = np.random.default_rng(seed)
+    shape = (RANDOM_IMAGES, int(height), int(width), int(channels))
+    if "int" in dtype:
+        images = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    else:
+        images = rng.random(shape, dtype=np.float32)
+    labels = rng.integers(0, int(classes), size=RANDOM_IMAGES).astype(np.float32)
+    return loading.Split(images, labels, [f"random-{i}" for i in range(RANDOM_IMAGES)])
+
+
+def run_model_check(task: ModelCheckTask) -> ModelInfo:
+    """Build the user's model, check it, choose its loss, and say what it is."""
+    backends.current().start()
+    model = user_model.build(task.model)
+    info = user_model.describe(model, user_model.choose_loss(model, task.loss))
+    del model
+    return ModelInfo(status=Status.DONE, **info)
 
 
 def _fill(record, **values):

@@ -30,6 +30,7 @@ from catsdogs.data import loading
 from catsdogs.errors import CatsdogsError
 from catsdogs.manifest import require_prepared
 from catsdogs.schema import TrialConfig, learning_rate
+from catsdogs.training import user_model
 from catsdogs.training.costs import OPTIMIZER_SLOTS, parameter_count
 from catsdogs.training.model import build_model, loss_and_metrics
 
@@ -66,34 +67,45 @@ class DataCache:
 
 
 class TrainingStep:
-    """A compiled model of one shape, and how to give it a new trial's starting state."""
+    """A compiled model of one shape, and how to give it a new trial's starting state. `user`:
+    a user's model and its loss ((catsdogs.model_ref reference, --loss); None: the article's)."""
 
-    def __init__(self, cfg: TrialConfig, steps_per_epoch: int, backend):
-        self.shape = shape_of(cfg, steps_per_epoch)
+    def __init__(self, cfg: TrialConfig, steps_per_epoch: int, backend, user: tuple[str, str] | None = None):
+        self.shape = shape_of(cfg, steps_per_epoch, user)
         self.trial_shape = repr(cfg.shape())  # what a sweep knows of it (Worker.shapes)
         self.strategy = backend.distribution(cfg.strategy)
+        self.user = user
         keras.mixed_precision.set_dtype_policy(cfg.precision)
         keras.utils.set_random_seed(cfg.seed)
         with self.strategy.scope():
-            self.model = build_model(cfg.image_size)
-            loss, metrics = loss_and_metrics()
+            self.model = self._build(cfg)
+            if user:
+                self.loss_choice = user_model.choose_loss(self.model, user[1])
+                loss, metrics = user_model.loss_and_metrics(self.loss_choice)
+            else:
+                self.loss_choice = None
+                loss, metrics = loss_and_metrics()
             self.model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, backend), loss=loss, metrics=metrics)
             self.model.optimizer.build(self.model.trainable_variables)
-            self.inspect = inspection_model(self.model)
+            # the engine's collapse diagnosis reads the article's hidden layer; a user's model has none of its own
+            self.inspect = None if user else inspection_model(self.model)
         self.gram_functions: dict = {}  # the noise measurement's compiled functions (backends.*.per_example_gram)
         # The optimizer's starting state: zeros (slots, iterations) but for a few scalars.
         self._opt_start = []
         for v in self.model.optimizer.variables:
             value = keras.ops.convert_to_numpy(v)
             self._opt_start.append(value if value.any() else None)
-        self.nbytes = step_bytes(cfg)
+        self.nbytes = step_bytes(cfg, self.model.count_params() if user else None)
+
+    def _build(self, cfg: TrialConfig):
+        return user_model.build(self.user[0]) if self.user else build_model(cfg.image_size)
 
     def reset(self, cfg: TrialConfig) -> None:
         """The state a freshly built model of `cfg.seed` starts from: its weights (drawn as a
-        new process draws them), the optimizer's variables as built."""
+        new process draws them; a saved model's as saved), the optimizer's variables as built."""
         keras.mixed_precision.set_dtype_policy(cfg.precision)
         keras.utils.set_random_seed(cfg.seed)
-        fresh = build_model(cfg.image_size)
+        fresh = self._build(cfg)
         for target, source in zip(self.model.weights, fresh.weights, strict=True):
             target.assign(source.value)
         del fresh
@@ -108,14 +120,18 @@ def inspection_model(model):
     return keras.Model(model.inputs, [hidden.output, model.outputs[0]], name="inspect")
 
 
-def shape_of(cfg: TrialConfig, steps_per_epoch: int) -> tuple:
-    """The compiled step's identity; a warm-up schedule's length is compiled into it."""
-    return (*cfg.shape(), ("steps_per_epoch", steps_per_epoch if cfg.warmup_epochs else None))
+def shape_of(cfg: TrialConfig, steps_per_epoch: int, user: tuple[str, str] | None = None) -> tuple:
+    """The compiled step's identity; a warm-up schedule's length is compiled into it, and a
+    user's model (with its loss) is another model than the article's."""
+    shape = (*cfg.shape(), ("steps_per_epoch", steps_per_epoch if cfg.warmup_epochs else None))
+    return (*shape, ("model", user)) if user else shape
 
 
-def step_bytes(cfg: TrialConfig) -> int:
-    """Memory a kept step holds: weights, gradients and the optimizer's slots, float32."""
-    return 4 * parameter_count(cfg.image_size) * (2 + OPTIMIZER_SLOTS[cfg.optimizer])
+def step_bytes(cfg: TrialConfig, parameters: int | None = None) -> int:
+    """Memory a kept step holds: weights, gradients and the optimizer's slots, float32
+    (`parameters`: a user's model's count; None: the article's at the trial's size)."""
+    count = parameter_count(cfg.image_size) if parameters is None else parameters
+    return 4 * count * (2 + OPTIMIZER_SLOTS[cfg.optimizer])
 
 
 def make_optimizer(cfg: TrialConfig, steps_per_epoch: int, backend):
@@ -141,9 +157,11 @@ class StepCache:
         """The trial shapes (`repr(TrialConfig.shape())`) whose steps are kept."""
         return [step.trial_shape for step in self._steps.values()]
 
-    def get(self, cfg: TrialConfig, steps_per_epoch: int, backend, keep_others: bool = True) -> tuple[TrainingStep, bool]:
-        """(step, reused): the shape's kept step reset to `cfg`'s start, or a new one."""
-        shape = shape_of(cfg, steps_per_epoch)
+    def get(self, cfg: TrialConfig, steps_per_epoch: int, backend, keep_others: bool = True,
+            user: tuple[str, str] | None = None) -> tuple[TrainingStep, bool]:
+        """(step, reused): the shape's kept step reset to `cfg`'s start, or a new one (`user`: a
+        user's model, TrainingStep's)."""
+        shape = shape_of(cfg, steps_per_epoch, user)
         step = self._steps.get(shape)
         if step is not None:
             self._steps.move_to_end(shape)
@@ -154,7 +172,7 @@ class StepCache:
         budget = self._budget(backend)
         while self._steps and sum(s.nbytes for s in self._steps.values()) + step_bytes(cfg) > budget:
             self._steps.popitem(last=False)
-        step = TrainingStep(cfg, steps_per_epoch, backend)
+        step = TrainingStep(cfg, steps_per_epoch, backend, user)
         if step.nbytes <= budget:
             self._steps[shape] = step
         return step, False

@@ -1,0 +1,130 @@
+"""A user's model, built and checked in a worker (the reference itself: catsdogs.model_ref).
+
+`build(ref)` loads a saved `.keras` model (uncompiled: catsdogs compiles it with its own
+optimizer) or imports `package.module:function` and calls it; every way that can fail is a
+CatsdogsError of one line, which the parent shows as a usage error. `check` accepts a model of
+images: one input of shape (height, width, channels), one output of shape (classes,) or (1,).
+`loss_and_metrics` picks the loss from the last layer: width 1 is binary cross-entropy, width k > 1
+sparse categorical cross-entropy over k classes, from probabilities where the last activation is
+a sigmoid (softmax) and from logits otherwise; `--loss` names it instead. `describe` is what the
+parent prints and records.
+
+Runs inside a worker, after its backend has started, so Keras is imported at the top.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import keras
+
+from catsdogs.errors import CatsdogsError
+from catsdogs.model_ref import is_file
+
+
+def build(ref: str) -> keras.Model:
+    """The model `ref` names, checked (`check`)."""
+    if is_file(ref):
+        try:
+            model = keras.saving.load_model(ref, compile=False)
+        except Exception as exc:  # noqa: BLE001 - any failure to load is the user's file
+            raise CatsdogsError(f"--model {ref}: not a Keras model Keras can load: {_one_line(exc)}") from None
+    else:
+        module_name, function_name = ref.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # noqa: BLE001 - an import that fails, however, is the user's module
+            raise CatsdogsError(f"--model {ref}: cannot import {module_name}: {_one_line(exc)}") from None
+        function = getattr(module, function_name, None)
+        if not callable(function):
+            raise CatsdogsError(f"--model {ref}: {module_name} has no function {function_name}")
+        try:
+            model = function()
+        except Exception as exc:  # noqa: BLE001
+            raise CatsdogsError(f"--model {ref}: {function_name}() raised {_one_line(exc)}") from None
+    check(model, ref)
+    return model
+
+
+def check(model, ref: str) -> None:
+    """A CatsdogsError unless `model` is a Keras model of images: one input (height, width,
+    channels), one output (classes,)."""
+    if not isinstance(model, keras.Model):
+        raise CatsdogsError(f"--model {ref}: returned {type(model).__name__}, not a Keras model")
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        raise CatsdogsError(f"--model {ref}: has {len(model.inputs)} inputs and {len(model.outputs)} outputs; "
+                            "an image classifier has one of each")
+    shape = tuple(model.inputs[0].shape)[1:]
+    if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
+        raise CatsdogsError(f"--model {ref}: its input has shape {shape}; an image model takes "
+                            "(height, width, channels), each known")
+    out = tuple(model.outputs[0].shape)[1:]
+    if len(out) != 1 or not isinstance(out[0], int) or out[0] < 1:
+        raise CatsdogsError(f"--model {ref}: its output has shape {out}; a classifier's is (classes,) or (1,)")
+
+
+@dataclass(frozen=True)
+class LossChoice:
+    """The loss a user's model trains with, and why."""
+
+    kind: str  # binary or sparse-categorical
+    from_logits: bool
+    classes: int  # 2 for a binary model
+    reason: str
+
+    def describe(self) -> str:
+        name = "binary cross-entropy" if self.kind == "binary" else f"sparse categorical cross-entropy over {self.classes} classes"
+        return f"{name} from {'logits' if self.from_logits else 'probabilities'} ({self.reason})"
+
+
+def choose_loss(model: keras.Model, loss: str = "auto") -> LossChoice:
+    """The loss by the last layer's width and activation, or as `loss` names it (checked against it)."""
+    width = int(model.outputs[0].shape[-1])
+    last = _last_activation(model)
+    if loss == "auto":
+        kind = "binary" if width == 1 else "sparse-categorical"
+        said = f"the last layer's width is {width}"
+    else:
+        kind = loss
+        said = f"--loss {loss}"
+        if (kind == "binary") != (width == 1):
+            need = "1" if kind == "binary" else "at least 2"
+            raise CatsdogsError(f"--loss {loss}: needs a last layer of width {need}; this model's is {width}")
+    probability = "sigmoid" if kind == "binary" else "softmax"
+    from_logits = last != probability
+    why = f"{said}, {'a ' + probability if not from_logits else 'no ' + probability} at its end"
+    return LossChoice(kind, from_logits, 2 if kind == "binary" else width, why)
+
+
+def loss_and_metrics(choice: LossChoice):
+    """Keras's loss and accuracy metric for `choice`, named as the article's ("accuracy")."""
+    if choice.kind == "binary":
+        return (keras.losses.BinaryCrossentropy(from_logits=choice.from_logits),
+                [keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0 if choice.from_logits else 0.5)])
+    return (keras.losses.SparseCategoricalCrossentropy(from_logits=choice.from_logits),
+            [keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+
+
+def describe(model: keras.Model, choice: LossChoice) -> dict:
+    """What the parent prints and records of a user's model."""
+    return {"name": model.name, "input_shape": list(model.inputs[0].shape[1:]),
+            "input_dtype": str(model.inputs[0].dtype), "classes": choice.classes,
+            "parameters": int(model.count_params()), "layers": len(model.layers),
+            "loss": choice.kind, "from_logits": choice.from_logits, "loss_description": choice.describe()}
+
+
+def _last_activation(model: keras.Model) -> str:
+    """The name of the activation the model ends with ('' when none can be told)."""
+    for layer in reversed(model.layers):
+        activation = getattr(layer, "activation", None)
+        if activation is not None:
+            return getattr(activation, "__name__", "")
+        if layer.weights:  # a layer with weights and no activation: the output is its, a logit
+            return ""
+    return ""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

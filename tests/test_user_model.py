@@ -1,0 +1,191 @@
+"""A user's model (--model): the reference read without a framework, the model built and checked
+in a worker, its loss chosen from its last layer, and profile run on it (issue 35's first part)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import textwrap
+from pathlib import Path
+
+import keras
+import pytest
+from click.testing import CliRunner
+from keras import layers
+
+from catsdogs import model_ref
+from catsdogs.cli import cli
+from catsdogs.errors import CatsdogsError, SettingError
+from catsdogs.training import user_model
+
+SIZE = 32
+
+MODELS = textwrap.dedent("""
+    import keras
+    from keras import layers
+
+
+    def three_classes():  # the prepared data's shape, three classes, logits
+        return keras.Sequential([keras.Input((32, 32, 3)), layers.Conv2D(4, 3, activation="relu"),
+                                 layers.GlobalAveragePooling2D(), layers.Dense(3)], name="three")
+
+
+    def grey():  # another shape than the prepared data's: random images
+        return keras.Sequential([keras.Input((20, 24, 1)), layers.Flatten(),
+                                 layers.Dense(1, activation="sigmoid")], name="grey")
+
+
+    def not_a_model():
+        return [1, 2]
+
+
+    def flat():
+        return keras.Sequential([keras.Input((10,)), layers.Dense(1)])
+""")
+
+
+@pytest.fixture
+def in_a_project(tmp_path, monkeypatch) -> Path:
+    """Given: the current directory holds a module of model functions, as a user's project would."""
+    (tmp_path / "my_models.py").write_text(MODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def data_dir(prepared_data) -> Path:
+    return prepared_data(SIZE, (24, 8, 8))
+
+
+# --- the reference, without a framework ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["a b", "module", "module:", ":function", "pkg.mod:fn:x", "1pkg:fn", ""])
+def test_a_reference_of_neither_form_is_a_setting_error_naming_model(text):
+    with pytest.raises(SettingError) as e:
+        model_ref.parse(text)
+    assert e.value.key == "model"
+
+
+def test_a_file_reference_must_exist_and_becomes_absolute_with_its_digest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SettingError, match="no such file: gone.keras"):
+        model_ref.parse("gone.keras")
+    (tmp_path / "m.keras").write_bytes(b"zip bytes")
+    ref = model_ref.parse("m.keras")
+    assert ref == str(tmp_path / "m.keras")
+    assert model_ref.source(ref) == {"model": ref, "kind": "file", "sha256": hashlib.sha256(b"zip bytes").hexdigest()}
+    assert model_ref.parse("pkg.mod:make") == "pkg.mod:make"
+    assert model_ref.source("pkg.mod:make") == {"model": "pkg.mod:make", "kind": "function"}
+
+
+def test_an_unknown_loss_is_a_setting_error_naming_loss():
+    with pytest.raises(SettingError) as e:
+        model_ref.check_loss("hinge")
+    assert e.value.key == "loss" and model_ref.check_loss(None) == "auto"
+
+
+# --- the model, built and checked (in this process: what a worker runs) -----------------------------------
+
+
+def head(*end) -> keras.Model:
+    return keras.Sequential([keras.Input((8, 8, 3)), layers.Flatten(), *end])
+
+
+@pytest.mark.parametrize("end, kind, logits, classes", [
+    ((layers.Dense(1),), "binary", True, 2),
+    ((layers.Dense(1, activation="sigmoid"),), "binary", False, 2),
+    ((layers.Dense(5),), "sparse-categorical", True, 5),
+    ((layers.Dense(5, activation="softmax"),), "sparse-categorical", False, 5),
+    ((layers.Dense(5), layers.Activation("softmax")), "sparse-categorical", False, 5),
+    ((layers.Dense(5, activation="softmax"), layers.Dropout(0.1)), "sparse-categorical", False, 5),
+])
+def test_the_loss_is_read_from_the_last_layers_width_and_activation(end, kind, logits, classes):
+    choice = user_model.choose_loss(head(*end))
+    assert (choice.kind, choice.from_logits, choice.classes) == (kind, logits, classes)
+    loss, metrics = user_model.loss_and_metrics(choice)
+    assert loss.get_config()["from_logits"] is logits and metrics[0].name == "accuracy"
+
+
+def test_a_loss_named_against_the_last_layers_width_is_refused():
+    with pytest.raises(CatsdogsError, match="--loss binary: needs a last layer of width 1; this model's is 5"):
+        user_model.choose_loss(head(layers.Dense(5)), "binary")
+    with pytest.raises(CatsdogsError, match="width at least 2"):
+        user_model.choose_loss(head(layers.Dense(1)), "sparse-categorical")
+
+
+def test_what_is_not_a_model_of_images_is_refused_in_one_line(in_a_project):
+    with pytest.raises(CatsdogsError, match="returned list, not a Keras model"):
+        user_model.build("my_models:not_a_model")
+    with pytest.raises(CatsdogsError, match=r"its input has shape \(10,\)"):
+        user_model.build("my_models:flat")
+    with pytest.raises(CatsdogsError, match="cannot import no_such_module: ModuleNotFoundError"):
+        user_model.build("no_such_module:f")
+    with pytest.raises(CatsdogsError, match="my_models has no function nothing"):
+        user_model.build("my_models:nothing")
+    (in_a_project / "bad.keras").write_text("not a zip")
+    with pytest.raises(CatsdogsError, match="not a Keras model Keras can load"):
+        user_model.build(str(in_a_project / "bad.keras"))
+    a, b = keras.Input((4, 4, 3)), keras.Input((4, 4, 3))
+    with pytest.raises(CatsdogsError, match="has 2 inputs and 1 outputs"):
+        user_model.check(keras.Model([a, b], layers.Flatten()(layers.Add()([a, b]))), "m:two")
+    built = user_model.build("my_models:three_classes")
+    info = user_model.describe(built, user_model.choose_loss(built))
+    assert info["input_shape"] == [32, 32, 3] and info["classes"] == 3 and info["parameters"] == built.count_params()
+
+
+def test_a_saved_model_is_loaded_with_its_weights(tmp_path):
+    model = head(layers.Dense(1))
+    model.save(tmp_path / "saved.keras")
+    loaded = user_model.build(str(tmp_path / "saved.keras"))
+    assert [w.tolist() for w in loaded.get_weights()] == [w.tolist() for w in model.get_weights()]
+
+
+# --- profile on it (workers) ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_profile_runs_a_users_model_on_the_prepared_data_or_random_images(in_a_project, data_dir, tmp_path):
+    out = tmp_path / "out"
+    base = ["profile", "--data-dir", str(data_dir), "--out", str(out), "--batch-size", "2", "4", "--steps", "2",
+            "--warmup", "1"]
+    # when a model of the prepared data's shape is profiled
+    same = CliRunner().invoke(cli, [*base, "--model", "my_models:three_classes", "--name", "same"])
+    # then it runs on them, says its loss, and every batch size is done
+    assert same.exit_code == 0, same.output
+    assert "model three: " in same.output and "sparse categorical cross-entropy over 3 classes from logits" in same.output
+    assert f"on the prepared data in {data_dir}" in same.output
+    saved = json.loads((out / "same" / "profile.json").read_text())
+    assert saved["model"]["model"] == "my_models:three_classes" and saved["model"]["classes"] == 3
+    assert [r["status"] for r in saved["rows"]] == ["done", "done"] and saved["data"] is not None
+    # when a model of another shape is: random images of its shape, said so
+    other = CliRunner().invoke(cli, [*base, "--model", "my_models:grey", "--name", "other"])
+    assert other.exit_code == 0, other.output
+    assert "random images 20 x 24 x 1 (float32) and labels of 2 classes" in other.output
+    assert "binary cross-entropy from probabilities" in other.output
+    saved = json.loads((out / "other" / "profile.json").read_text())
+    assert [r["status"] for r in saved["rows"]] == ["done", "done"] and saved["data"] is None
+    assert saved["settings"]["random_images"] == [20, 24, 1, 2, "float32"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, words", [
+    ("my_models:not_a_model", "my_models:not_a_model: returned list, not a Keras model"),
+    ("no_such_module:make", "cannot import no_such_module: ModuleNotFoundError"),
+    ("my_models:flat", "its input has shape (10,)"),
+])
+def test_a_model_that_cannot_be_used_is_a_usage_error_in_one_line(in_a_project, data_dir, tmp_path, model, words):
+    result = CliRunner().invoke(cli, ["profile", "--data-dir", str(data_dir), "--out", str(tmp_path / "out"),
+                                      "--model", model, "--batch-size", "2"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Invalid value for '--model'" in lines[0] and words in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_a_model_of_neither_form_is_refused_before_any_worker_or_folder(data_dir, tmp_path):
+    result = CliRunner().invoke(cli, ["profile", "--data-dir", str(data_dir), "--out", str(tmp_path / "out"),
+                                      "--model", "not a model", "--batch-size", "2"])
+    assert result.exit_code == 2 and "is neither a saved model (PATH.keras) nor a function" in result.output
+    assert not (tmp_path / "out").exists()
