@@ -16,11 +16,10 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from catsdogs import __version__, config, plans, schema, targets
+from catsdogs import __version__, config, model_ref, plans, schema, targets
 from catsdogs.errors import CatsdogsError, Interrupted, SettingError, os_error_line
 from catsdogs.measure.search import MODES as SEARCH_MODES
 from catsdogs.measure.search import FindSettings
-from catsdogs.model_ref import LOSSES
 from catsdogs.schema import PROTOCOL_FIELDS
 
 
@@ -448,6 +447,19 @@ MEASUREMENT_OPTIONS = options(
 )
 
 
+MODEL_OPTIONS = options(
+    click.option("--model", default=None, metavar="MODEL",
+                 help="Your model instead of the article's: a saved Keras model (PATH.keras) or a function "
+                      "returning one (package.module:function, imported from the current directory). It runs "
+                      "on the prepared data where it takes their images, else on random images of its input "
+                      "shape (memory and speed do not depend on what the images show)."),
+    click.option("--loss", type=click.Choice(model_ref.LOSSES), default="auto", show_default=True,
+                 help="With --model: its loss. auto: binary cross-entropy for a last layer of width 1, "
+                      "sparse categorical for width k > 1, from probabilities after a sigmoid or softmax, "
+                      "else from logits."),
+)
+
+
 @cli.command(cls=TrainingCommand)
 @click.option("--batch-size", type=int, multiple=True, default=(4, 8, 16, 32, 64, 128, 256, 512, 1024),
               show_default=True, help="Batch sizes: `--batch-size 4 8 16 32`.")
@@ -459,15 +471,7 @@ MEASUREMENT_OPTIONS = options(
               help="Time each batch size for at least this long, repeating its batches past --steps as "
                    "needed: NVML's utilization averages over up to a second, so a shorter probe reads a "
                    "number that means little [default: 2 on a GPU, 0 on the CPU].")
-@click.option("--model", default=None, metavar="MODEL",
-              help="Your model instead of the article's: a saved Keras model (PATH.keras) or a function "
-                   "returning one (package.module:function, imported from the current directory). It runs "
-                   "on the prepared data where it takes their images, else on random images of its input "
-                   "shape (memory and speed do not depend on what the images show).")
-@click.option("--loss", type=click.Choice(LOSSES), default="auto", show_default=True,
-              help="With --model: its loss. auto: binary cross-entropy for a last layer of width 1, "
-                   "sparse categorical for width k > 1, from probabilities after a sigmoid or softmax, "
-                   "else from logits.")
+@MODEL_OPTIONS
 @name_option("profile", "Name of the run: OUT/NAME/profile.csv and OUT/NAME/figures/.")
 @MEASUREMENT_OPTIONS
 def profile(batch_size, steps, warmup, min_seconds, model, loss, name, opt, dataset, precision, memory_limit,
@@ -524,10 +528,11 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
                    "steps) or the tuned plan (best validation accuracy), at the tuned batch size nearest the "
                    "recommendation, same optimizer, data set and image size. Default: Keras's default rate at "
                    "batch size 32.")
+@MODEL_OPTIONS
 @name_option(FIND.name, "Name of the run: OUT/NAME/find_batch_size.json and .csv.")
 @MEASUREMENT_OPTIONS
-def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, seed, from_store, name, opt,
-                    dataset, precision, memory_limit, deterministic, tf32, data_dir, out, isolate, compile_cache):
+def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, seed, from_store, model, loss,
+                    name, opt, dataset, precision, memory_limit, deterministic, tf32, data_dir, out, isolate, compile_cache):
     """The largest batch size that fits, the fastest, the critical one, and which to train with.
 
     Every probe is a few steps of the sweep's own training step at one batch size; one that
@@ -546,7 +551,7 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
                             dataset=dataset, precision=precision, steps=steps, memory_cap_bytes=memory_limit,
                             resolution=resolution, isolate=isolate, measure_noise=measure_noise, seed=seed,
                             anchor=anchor, deterministic=deterministic is not False, tf32=tf32,
-                            worker_env=worker_env(compile_cache))
+                            worker_env=worker_env(compile_cache), model=model, loss=loss)
     run(settings, data_dir, out, log=click.echo)
     return 0
 

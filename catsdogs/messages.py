@@ -304,6 +304,9 @@ class MemoryPlanTask:
     calibration_peak_bytes: float
     deterministic: bool = True
     tf32: bool | None = None
+    model: str | None = None  # a user's model, its loss and its random images: as ProbeTask's
+    loss: str = "auto"
+    random_images: list | None = None
 
 
 @dataclass(frozen=True)

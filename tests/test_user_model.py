@@ -189,3 +189,36 @@ def test_a_model_of_neither_form_is_refused_before_any_worker_or_folder(data_dir
                                       "--model", "not a model", "--batch-size", "2"])
     assert result.exit_code == 2 and "is neither a saved model (PATH.keras) nor a function" in result.output
     assert not (tmp_path / "out").exists()
+
+
+# --- find-batch-size on it (workers) -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_find_batch_size_searches_a_users_model_for_memory_and_speed(keras_backend, in_a_project, data_dir, tmp_path):
+    # given a model of another shape than the prepared data's, and --max 64 to keep the search short
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["find-batch-size", "--data-dir", str(data_dir), "--out", str(out),
+                                      "--model", "my_models:grey", "--memory-limit", "1GiB", "--max", "64"])
+    # then it searches on random images of its shape, says the noise scale is not measured for it,
+    # and recommends a size that passed
+    assert result.exit_code == 0, result.output
+    assert "Your model grey: " in result.output and "random images 20 x 24 x 1" in result.output
+    assert "Noise scale: not measured for a model other than the article's" in result.output
+    assert "Critical batch size: not measured for a model other than the article's yet." in result.output
+    # on TensorFlow without a prediction (its replay is the article's), on JAX with XLA's plan of this model
+    said = "No prediction before the search" if keras_backend == "tensorflow" else "(XLA's memory plan)"
+    assert said in result.output
+    saved = json.loads((out / "find-batch-size" / "find_batch_size.json").read_text())
+    assert saved["model"]["model"] == "my_models:grey" and saved["model"]["random_images"] == [20, 24, 1, 2, "float32"]
+    assert saved["settings"]["model"] == "my_models:grey" and saved["largest_fitting"] == 64
+    passed = {p["batch_size"] for p in saved["probes"] if p["status"] == "done"}
+    assert saved["recommendation"]["batch_size"] in passed
+
+
+def test_the_stores_tuned_rates_are_refused_for_a_users_model():
+    from catsdogs.measure.search import FindSettings
+
+    with pytest.raises(SettingError) as e:
+        FindSettings(model="my_models:grey", anchor={"rates": {"32": 0.001}}).check()
+    assert e.value.key == "from_store"

@@ -47,12 +47,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from catsdogs import config
+from catsdogs import config, model_ref
 from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling, pool
 from catsdogs.host import host_memory_available, versions
 from catsdogs.manifest import require_intact
+from catsdogs.measure import model_check
 from catsdogs.measure import prober as probers
 from catsdogs.measure.common import (
     check_memory_floor,
@@ -130,35 +131,36 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     Raises SettingError for impossible settings, CatsdogsError when the data is not prepared or
     when not even batch size 1 fits (after writing the records)."""
     settings.check()
-    manifest = require_intact(Path(data_dir))
-    size = manifest["params"]["size"]
-    check_memory_floor(settings.memory_cap_bytes, size, settings.optimizer, settings.precision)
     folder = Path(out) / settings.name
-    folder.mkdir(parents=True, exist_ok=True)
     work = folder / ".work"
+    env = settings.environment()
+    settings, manifest, size, user, random_images = _model_and_data(settings, data_dir, work, env, log)
+    folder.mkdir(parents=True, exist_ok=True)
     cpu_cap = None
     if settings.memory_cap_bytes is None:
         avail = host_memory_available()
         cpu_cap = int(HOST_CAP_FRACTION * avail) if avail else None
     started = time.perf_counter()
-    log(_opening_line(settings, size, cpu_cap))
+    log(_opening_line(settings, size, cpu_cap, user))
     if settings.anchor:
         a = settings.anchor
         log(f"Learning rate scaled from {a['store']}: the {a['kind']} sweep {a['sweep']!r}, tuned at batch sizes "
             f"{', '.join(map(str, sorted(int(b) for b in a['rates'])))}.")
-    env = settings.environment()
-    run = ProbeRun(settings, data_dir, work, cpu_cap, env, log)
+    run = ProbeRun(settings, data_dir, work, cpu_cap, env, log, random_images)
     try:
         # The statistics first, in a worker of its own that ends before any probe runs (the first
         # probe's worker imports its framework meanwhile, on the CPU): the probes' memory is not
         # touched, and the search can then probe the critical batch size on its way up.
         noise_run = None
-        if settings.measure_noise:
+        if settings.measure_noise and user:
+            log("Noise scale: not measured for a model other than the article's yet (its per-example gradients "
+                "cover the article's layers); the recommendation is speed's within memory.")
+        elif settings.measure_noise:
             run.prober.prestart()
             noise_run = measure_noise_scale(data_dir, manifest, settings, work, env, log)
         calib = run.probe(CALIBRATION_BATCH, "calibrate")
         predicting = time.perf_counter()
-        pred = _predict_first(run, calib, manifest, data_dir, work, env, log)
+        pred = _predict_first(run, calib, manifest, size, data_dir, work, env, log)
         predict_seconds = time.perf_counter() - predicting
         early = critical_probe(noise_run.estimate if noise_run else None, safe=None)
         result = search(lambda b: run.probe_on_the_way(b, early), mode=settings.mode, start=settings.start,
@@ -176,12 +178,15 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     summary = decide(result, run.probes, safe, settings.optimizer, noise_run.estimate if noise_run else None,
                      settings.anchor)
     summary.update(margin_failed=margin_failed, noise_scale=noise_run.as_json() if noise_run else None,
-                   settings=settings.recorded(size, cpu_cap, data_dir, manifest["fingerprint"][settings.dataset]),
+                   settings=settings.recorded(size, cpu_cap, data_dir,
+                                              manifest["fingerprint"][settings.dataset] if manifest else None),
                    backend=backends.name(), host=platform.node(),
                    prediction=_prediction(pred, calib, run, result, size),
                    memory_fraction=calib.memory_fraction,
                    probes=[p.view("search") for p in run.probes], versions=versions(),
                    seconds=_seconds(started, noise_run, predict_seconds, run.probes))
+    if user:
+        summary["model"] = {**model_ref.source(settings.model), **user.as_dict(), "random_images": random_images}
     write_json_atomic(folder / "find_batch_size.json", summary, indent=2)
     write_csv(summary["probes"], folder / "find_batch_size.csv", PROBE_COLUMNS)
     for line in summary_lines(summary) + time_lines(summary):
@@ -203,12 +208,28 @@ def _seconds(started: float, noise_run: NoiseRun | None, predict_seconds: float,
             "total": round(time.perf_counter() - started, 2)}
 
 
-def _opening_line(s: FindSettings, size: int, cpu_cap: int | None) -> str:
+def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dict, log):
+    """(the settings with the model's canonical reference, the prepared data's manifest or None,
+    the image size, the user's model's ModelInfo or None, the probes' random images or None):
+    a user's model is built and checked in a worker first (catsdogs.measure.model_check)."""
+    if not settings.model:
+        manifest = require_intact(Path(data_dir))
+        size = manifest["params"]["size"]
+        check_memory_floor(settings.memory_cap_bytes, size, settings.optimizer, settings.precision)
+        return settings, manifest, size, None, None
+    ref, user = model_check.check_user_model(settings.model, settings.loss, work / "model-check.log", env)
+    manifest, random_images, said = model_check.data_for(user, data_dir)
+    log(f"Your {model_check.describe(user)}; on {said}.")
+    return replace(settings, model=ref), manifest, user.input_shape[0], user, random_images
+
+
+def _opening_line(s: FindSettings, size: int, cpu_cap: int | None, user=None) -> str:
     cap_text = (f"each probe capped at {format_bytes(s.memory_cap_bytes)}" if s.memory_cap_bytes else
                 "on a GPU its memory is the cap; on the CPU "
                 + (f"{format_bytes(cpu_cap)} (90% of the memory available now)" if cpu_cap else "no cap"))
+    what = f"model {user.name}" if user else f"{s.dataset} data ({size} px)"
     return (f"Find batch size {s.name}: {s.mode} from {s.start}{f' up to {s.max_batch}' if s.max_batch else ''}, "
-            f"{s.optimizer}, {s.dataset} data ({size} px), {s.precision}; {cap_text}"
+            f"{s.optimizer}, {what}, {s.precision}; {cap_text}"
             + settings_note(s.deterministic, s.tf32))
 
 
@@ -216,8 +237,10 @@ class ProbeRun:
     """The search's probes, in the order run: each run once by the prober (catsdogs.measure.prober),
     numbered, named by its phase (calibrate, search, confirm, critical) and logged."""
 
-    def __init__(self, settings: FindSettings, data_dir: Path, work: Path, cpu_cap: int | None, env: dict, log):
+    def __init__(self, settings: FindSettings, data_dir: Path, work: Path, cpu_cap: int | None, env: dict, log,
+                 random_images: list | None = None):
         self.settings, self.data_dir, self.log = settings, Path(data_dir), log
+        self.random_images = random_images  # a user's model's probes on random images (model_check.data_for)
         self.probes: list[ProbeRecord] = []
         self.prober = probers.Prober(work, settings.memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=settings.isolate,
                                      env=env)
@@ -230,7 +253,8 @@ class ProbeRun:
         s = self.settings
         task = ProbeTask(batch_size, str(self.data_dir.resolve()), optimizer=s.optimizer, dataset=s.dataset,
                          precision=s.precision, steps=s.steps, warmup=s.warmup, deterministic=s.deterministic,
-                         tf32=s.tf32, min_seconds=s.min_seconds)
+                         tf32=s.tf32, min_seconds=s.min_seconds, model=s.model, loss=s.loss,
+                         random_images=self.random_images)
         started = time.perf_counter()
         p = self.prober.run(task)
         p.order, p.phase, p.wall_seconds = len(self.probes) + 1, phase, round(time.perf_counter() - started, 2)
@@ -310,16 +334,20 @@ def _first_line(text) -> str:
 # --- the memory model's prediction ---------------------------------------------------------------
 
 
-def _predict_first(run: ProbeRun, calib: ProbeRecord, manifest: dict, data_dir: Path, work: Path, env: dict,
-                   log) -> dict | None:
+def _predict_first(run: ProbeRun, calib: ProbeRecord, manifest: dict | None, size: int, data_dir: Path, work: Path,
+                   env: dict, log) -> dict | None:
     """The prediction from the calibration probe alone, before any search probe; the probes it
     puts near the limit get a fresh worker. None when there is no cap or the plan failed."""
     s = run.settings
     cap_mb = calib.memory_cap_mb or calib.device_memory_limit_mb
     if not (calib.status == Status.DONE and calib.peak_memory_mb and cap_mb):
         return None
-    train_images = sum(manifest["counts"][s.dataset]["train"].values())
-    pred = _predict(calib, cap_mb, data_dir, work, manifest["params"]["size"], train_images, s, log, env)
+    if s.model and backends.current().compiled_step_bytes is None:
+        log("No prediction before the search: TensorFlow's replay knows the article's layers only, and a "
+            "model other than it is searched without one.")
+        return None
+    train_images = sum(manifest["counts"][s.dataset]["train"].values()) if manifest else None
+    pred = _predict(calib, cap_mb, data_dir, work, size, train_images, s, log, env, run.random_images)
     if pred:
         run.prober.fresh_from = fresh_threshold(pred["max_batch_size"])
         log(f"Predicted before the search: {pred['max_batch_size']} ({METHODS[pred['method']]}); "
@@ -327,11 +355,12 @@ def _predict_first(run: ProbeRun, calib: ProbeRecord, manifest: dict, data_dir: 
     return pred
 
 
-def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size: int, train_images: int,
-             s: FindSettings, log, env: dict) -> dict | None:
+def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size: int, train_images: int | None,
+             s: FindSettings, log, env: dict, random_images: list | None = None) -> dict | None:
     """The backend's memory model's answer, calibrated on the batch-1 probe: XLA's plan where the
-    backend's compiler states one (JAX), compiled in a worker of its own; else TensorFlow's step
-    replayed through BFC. None when the plan could not be made (said in the log)."""
+    backend's compiler states one (JAX; any model), compiled in a worker of its own; else
+    TensorFlow's step replayed through BFC (the article's model). None when the plan could not be
+    made (said in the log)."""
     cap_bytes, peak_bytes = cap_mb * 2**20, calib.peak_memory_mb * 2**20
     steps = s.warmup + s.steps
     if backends.current().compiled_step_bytes is None:
@@ -341,7 +370,7 @@ def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size
                 "train_images": train_images, "device": device, "steps": steps}
     log_path = work / "memory-plan.log"
     task = MemoryPlanTask(str(data_dir), s.optimizer, s.dataset, s.precision, cap_bytes, CALIBRATION_BATCH, peak_bytes,
-                          **backends.process_settings(env))
+                          **backends.process_settings(env), model=s.model, loss=s.loss, random_images=random_images)
     plan = run_isolated(task, log_path, env)
     if plan.status != Status.DONE:
         log(f"XLA's memory plan failed: {_first_line(plan.error)} (log: {log_path})")

@@ -38,6 +38,8 @@ def _noise_lines(measured: dict | None, settings: dict) -> list[str]:
                 f"{measured['seconds']:.0f} s. It grows as training goes on, so this early value is a cautious "
                 "one. It assumes batches drawn with replacement; training draws without, whose noise is smaller "
                 "by (n − B)/(n − 1) for n training images."]
+    if settings.get("noise_scale") and settings.get("model"):
+        return ["Critical batch size: not measured for a model other than the article's yet."]
     if settings.get("noise_scale"):
         return ["Critical batch size: not measured (the short run failed; see above)."]
     return []

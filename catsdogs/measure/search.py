@@ -44,6 +44,7 @@ from catsdogs.errors import SettingError
 from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.measure.common import check_settings
 from catsdogs.messages import ProbeRecord
+from catsdogs.model_ref import check_loss
 from catsdogs.schema import (
     DEFAULT_LR,
     LIMITS,
@@ -100,6 +101,8 @@ class FindSettings:
     deterministic: bool = True  # every worker's process settings
     tf32: bool | None = None
     worker_env: dict | None = None  # more of the workers' environment (the compile cache)
+    model: str | None = None  # a user's model (catsdogs.model_ref; --model), None: the article's
+    loss: str = "auto"  # its loss (--loss)
 
     def check(self) -> None:
         """A SettingError naming the setting, for one no search can run with."""
@@ -119,6 +122,9 @@ class FindSettings:
                                    key)
         apply_margin(1, self.margin)  # validates the margin
         check_number(self.seed, "seed", least=0)
+        check_loss(self.loss)
+        if self.model and self.anchor:
+            raise SettingError("the stores' tuned rates are the article's model's, not this one's", "from_store")
 
     def environment(self) -> dict:
         """Every worker's environment: its process settings, and what `worker_env` adds."""
@@ -131,8 +137,9 @@ class FindSettings:
                 "precision": self.precision, "steps": self.steps, "warmup": self.warmup, "min_seconds": self.min_seconds,
                 "resolution": self.resolution, "memory_cap_bytes": self.memory_cap_bytes,
                 "noise_scale": self.measure_noise, "seed": self.seed, "anchor": self.anchor,
-                "deterministic": self.deterministic, "tf32": self.tf32, "cpu_cap_bytes_default": cpu_cap, "image_size": image_size, "data_dir": str(Path(data_dir).resolve()),
-                "data_fingerprint": data_fingerprint}
+                "deterministic": self.deterministic, "tf32": self.tf32, "cpu_cap_bytes_default": cpu_cap,
+                "image_size": image_size, "data_dir": str(Path(data_dir).resolve()),
+                "data_fingerprint": data_fingerprint, "model": self.model, "loss": self.loss}
 
 
 @dataclass

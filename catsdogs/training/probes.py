@@ -175,16 +175,20 @@ def run_memory_plan(task: MemoryPlanTask) -> MemoryPlan:
     backend.start()
     if backend.compiled_step_bytes is None:
         raise CatsdogsError(f"{backend.NAME} states no memory plan: use catsdogs.training.costs' analytic model")
-    manifest = require_prepared(Path(task.data_dir))
-    size = manifest["params"]["size"]
+    if task.random_images:
+        size, fingerprint = int(task.random_images[0]), ""
+    else:
+        manifest = require_prepared(Path(task.data_dir))
+        size, fingerprint = manifest["params"]["size"], manifest["fingerprint"][task.dataset]
     cfg = TrialConfig(task.optimizer, int(task.calibration_batch), task.dataset, 0, epochs=1,
-                      image_size=size, data=manifest["fingerprint"][task.dataset],
+                      image_size=size, data=fingerprint,
                       precision=task.precision, deterministic=task.deterministic, tf32=task.tf32,
                       backend=backend.NAME)
     backends.check_settings(cfg, backend.running_settings())
-    step, _ = steps.STEPS.get(cfg, 1, backend, keep_others=False)
+    user = (task.model, task.loss) if task.model else None
+    step, _ = steps.STEPS.get(cfg, 1, backend, keep_others=False, user=user)
     with step.strategy.scope():
         prediction = predict_max_batch_size_planned(
-            lambda b: backend.compiled_step_bytes(step.model, b, size), task.cap_bytes,
+            lambda b: backend.compiled_step_bytes(step.model, b), task.cap_bytes,
             cfg.batch_size, task.calibration_peak_bytes)
     return MemoryPlan(status=Status.DONE, **prediction)

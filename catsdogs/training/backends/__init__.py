@@ -49,7 +49,7 @@ class Backend(Protocol):
     OOM_MARKERS: tuple[str, ...]  # texts of its out-of-memory errors, in a dead worker's log too
     # XLA's planned bytes of a training step (model, batch size, image size), without running it;
     # None where the compiler states no plan (TensorFlow: catsdogs.training.costs models it)
-    compiled_step_bytes: Callable[[Any, int, int], int] | None
+    compiled_step_bytes: Callable[[Any, int], int] | None
 
     # --- a worker process, before and as the framework starts
     def process_env(self, threads: int | None = None) -> dict[str, str]:

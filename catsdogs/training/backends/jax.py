@@ -337,7 +337,7 @@ def memory_budget_bytes() -> int | None:
     return host_memory_bytes()
 
 
-def compiled_step_bytes(model, batch_size: int, image_size: int) -> int:
+def compiled_step_bytes(model, batch_size: int) -> int:
     """The memory XLA plans for one training step of `model` at this batch size, from its buffer
     assignment: the step's arguments (weights, optimizer state, the batch), its outputs that do
     not reuse a donated argument, and its temporaries. Compiled, never run (on a GPU compiling
@@ -346,11 +346,12 @@ def compiled_step_bytes(model, batch_size: int, image_size: int) -> int:
     The memory model of this backend: XLA fuses ops and assigns buffers itself, so which
     tensors live at the peak is the compiler's choice, not the layers' (catsdogs.training.model's
     per-tensor accounting is TensorFlow's). Uses two Keras internals, the ones `fit` uses to
-    build the model's metrics and to gather its state."""
+    build the model's metrics and to gather its state. The batch is of the model's own input."""
     import jax
     import jax.numpy as jnp
 
-    batch = (jax.ShapeDtypeStruct((batch_size, image_size, image_size, 3), jnp.uint8),
+    images = model.inputs[0]  # the article's model: (size, size, 3) uint8; a user's, its own
+    batch = (jax.ShapeDtypeStruct((batch_size, *images.shape[1:]), images.dtype),
              jax.ShapeDtypeStruct((batch_size,), jnp.float32))
     model._symbolic_build(data_batch=batch)
     state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,
