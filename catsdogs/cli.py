@@ -453,6 +453,10 @@ MODEL_OPTIONS = options(
                       "returning one (package.module:function, imported from the current directory). It runs "
                       "on the prepared data where it takes their images, else on random images of its input "
                       "shape (memory and speed do not depend on what the images show)."),
+    click.option("--data", "images", type=click.Path(path_type=Path), default=None, metavar="DIR",
+                 help="With --model: your images, one subfolder per class (as "
+                      "keras.utils.image_dataset_from_directory reads them), decoded and resized to the "
+                      "model's input once. Default: the prepared data where they are its input, else random images."),
     click.option("--loss", type=click.Choice(model_ref.LOSSES), default="auto", show_default=True,
                  help="With --model: its loss. auto: binary cross-entropy for a last layer of width 1, "
                       "sparse categorical for width k > 1, from probabilities after a sigmoid or softmax, "
@@ -474,7 +478,7 @@ MODEL_OPTIONS = options(
 @MODEL_OPTIONS
 @name_option("profile", "Name of the run: OUT/NAME/profile.csv and OUT/NAME/figures/.")
 @MEASUREMENT_OPTIONS
-def profile(batch_size, steps, warmup, min_seconds, model, loss, name, opt, dataset, precision, memory_limit,
+def profile(batch_size, steps, warmup, min_seconds, model, images, loss, name, opt, dataset, precision, memory_limit,
             deterministic, tf32, data_dir, out, isolate, compile_cache):
     """Throughput, memory and utilization of the article's model (or yours, --model) at each batch size.
 
@@ -490,7 +494,7 @@ def profile(batch_size, steps, warmup, min_seconds, model, loss, name, opt, data
     rows = run(name, batch_size, data_dir or config.default_data_dir(), out, optimizer=opt, dataset=dataset,
                precision=precision, steps=steps, warmup=warmup, memory_cap_bytes=memory_limit,
                min_seconds=min_seconds, isolate=isolate, deterministic=deterministic is not False, tf32=tf32,
-               worker_env=worker_env(compile_cache), model=model, loss=loss, log=click.echo)
+               worker_env=worker_env(compile_cache), model=model, loss=loss, images=images, log=click.echo)
     return 1 if any(r["status"] == schema.Status.FAILED for r in rows) else 0
 
 
@@ -531,17 +535,17 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
 @MODEL_OPTIONS
 @name_option(FIND.name, "Name of the run: OUT/NAME/find_batch_size.json and .csv.")
 @MEASUREMENT_OPTIONS
-def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, seed, from_store, model, loss,
-                    name, opt, dataset, precision, memory_limit, deterministic, tf32, data_dir, out, isolate, compile_cache):
+def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, seed, from_store, model, images,
+                    loss, name, opt, dataset, precision, memory_limit, deterministic, tf32, data_dir, out, isolate,
+                    compile_cache):
     """The largest batch size that fits, the fastest, the critical one, and which to train with.
 
     Every probe is a few steps of the sweep's own training step at one batch size; one that
     runs out of memory ends its worker process, so it cannot poison the next. Prints the
     measured answer beside the memory model's, the gradient noise scale, and the batch size
     predicted to reach a target soonest (its steps by the noise scale times its step time),
-    naming the limit that binds (memory, speed, statistics), with a learning rate by the
-    optimizer's rule. Without --memory-limit a GPU's own memory
-    is the cap, and on the CPU 90% of the memory available when the search starts."""
+    naming the limit that binds (memory, speed, statistics), with a learning rate by the optimizer's
+    rule. Without --memory-limit a GPU's own memory is the cap, on the CPU 90% of what is available."""
     from catsdogs.analysis.anchor import anchor_for
     from catsdogs.measure.find_batch_size import find_batch_size as run
 
@@ -551,7 +555,7 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
                             dataset=dataset, precision=precision, steps=steps, memory_cap_bytes=memory_limit,
                             resolution=resolution, isolate=isolate, measure_noise=measure_noise, seed=seed,
                             anchor=anchor, deterministic=deterministic is not False, tf32=tf32,
-                            worker_env=worker_env(compile_cache), model=model, loss=loss)
+                            worker_env=worker_env(compile_cache), model=model, loss=loss, images=images)
     run(settings, data_dir, out, log=click.echo)
     return 0
 

@@ -272,9 +272,10 @@ class ProbeTask:
     tf32: bool | None = None
     model: str | None = None  # a user's model (catsdogs.model_ref; None: the article's)
     loss: str = "auto"  # its loss (catsdogs.training.user_model.choose_loss)
-    # [height, width, channels, classes, dtype]: random images and labels of a user's model's
-    # shape (training.probes.random_split), not the prepared data (None: the prepared data)
-    random_images: list | None = None
+    # [height, width, channels, classes, dtype] of a user's model's input (None: the prepared
+    # data): its images from `data_folder` (--data), else random ones (training.probes.random_split)
+    input_spec: list | None = None
+    data_folder: str | None = None
 
 
 @dataclass(frozen=True)
@@ -304,9 +305,9 @@ class MemoryPlanTask:
     calibration_peak_bytes: float
     deterministic: bool = True
     tf32: bool | None = None
-    model: str | None = None  # a user's model, its loss and its random images: as ProbeTask's
+    model: str | None = None  # a user's model, its loss and its input: as ProbeTask's (the plan reads no data)
     loss: str = "auto"
-    random_images: list | None = None
+    input_spec: list | None = None
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def test_profile_runs_a_users_model_on_the_prepared_data_or_random_images(in_a_p
     assert "binary cross-entropy from probabilities" in other.output
     saved = json.loads((out / "other" / "profile.json").read_text())
     assert [r["status"] for r in saved["rows"]] == ["done", "done"] and saved["data"] is None
-    assert saved["settings"]["random_images"] == [20, 24, 1, 2, "float32"]
+    assert saved["settings"]["random_images"] is True and saved["settings"]["input_spec"] == [20, 24, 1, 2, "float32"]
 
 
 @pytest.mark.slow
@@ -210,7 +210,7 @@ def test_find_batch_size_searches_a_users_model_for_memory_and_speed(keras_backe
     said = "No prediction before the search" if keras_backend == "tensorflow" else "(XLA's memory plan)"
     assert said in result.output
     saved = json.loads((out / "find-batch-size" / "find_batch_size.json").read_text())
-    assert saved["model"]["model"] == "my_models:grey" and saved["model"]["random_images"] == [20, 24, 1, 2, "float32"]
+    assert saved["model"]["model"] == "my_models:grey" and saved["model"]["input_spec"] == [20, 24, 1, 2, "float32"]
     assert saved["settings"]["model"] == "my_models:grey" and saved["largest_fitting"] == 64
     passed = {p["batch_size"] for p in saved["probes"] if p["status"] == "done"}
     assert saved["recommendation"]["batch_size"] in passed

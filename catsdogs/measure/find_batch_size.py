@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from catsdogs import config, model_ref
-from catsdogs.errors import CatsdogsError
+from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.files import write_json_atomic
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling, pool
 from catsdogs.host import host_memory_available, versions
@@ -134,7 +134,7 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     folder = Path(out) / settings.name
     work = folder / ".work"
     env = settings.environment()
-    settings, manifest, size, user, random_images = _model_and_data(settings, data_dir, work, env, log)
+    settings, manifest, size, user, probe_data = _model_and_data(settings, data_dir, work, env, log)
     folder.mkdir(parents=True, exist_ok=True)
     cpu_cap = None
     if settings.memory_cap_bytes is None:
@@ -146,7 +146,7 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         a = settings.anchor
         log(f"Learning rate scaled from {a['store']}: the {a['kind']} sweep {a['sweep']!r}, tuned at batch sizes "
             f"{', '.join(map(str, sorted(int(b) for b in a['rates'])))}.")
-    run = ProbeRun(settings, data_dir, work, cpu_cap, env, log, random_images)
+    run = ProbeRun(settings, data_dir, work, cpu_cap, env, log, probe_data)
     try:
         # The statistics first, in a worker of its own that ends before any probe runs (the first
         # probe's worker imports its framework meanwhile, on the CPU): the probes' memory is not
@@ -186,7 +186,7 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
                    probes=[p.view("search") for p in run.probes], versions=versions(),
                    seconds=_seconds(started, noise_run, predict_seconds, run.probes))
     if user:
-        summary["model"] = {**model_ref.source(settings.model), **user.as_dict(), "random_images": random_images}
+        summary["model"] = {**model_ref.source(settings.model), **user.as_dict(), **probe_data.record()}
     write_json_atomic(folder / "find_batch_size.json", summary, indent=2)
     write_csv(summary["probes"], folder / "find_batch_size.csv", PROBE_COLUMNS)
     for line in summary_lines(summary) + time_lines(summary):
@@ -210,17 +210,20 @@ def _seconds(started: float, noise_run: NoiseRun | None, predict_seconds: float,
 
 def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dict, log):
     """(the settings with the model's canonical reference, the prepared data's manifest or None,
-    the image size, the user's model's ModelInfo or None, the probes' random images or None):
-    a user's model is built and checked in a worker first (catsdogs.measure.model_check)."""
+    the image size, the user's model's ModelInfo or None, what its probes run on or None): a
+    user's model is built and checked in a worker first (catsdogs.measure.model_check)."""
+    if settings.images and not settings.model:
+        raise SettingError("a folder of images for your own model: give --model too "
+                           "(the article's model trains on the prepared data)", "data")
     if not settings.model:
         manifest = require_intact(Path(data_dir))
         size = manifest["params"]["size"]
         check_memory_floor(settings.memory_cap_bytes, size, settings.optimizer, settings.precision)
         return settings, manifest, size, None, None
     ref, user = model_check.check_user_model(settings.model, settings.loss, work / "model-check.log", env)
-    manifest, random_images, said = model_check.data_for(user, data_dir)
-    log(f"Your {model_check.describe(user)}; on {said}.")
-    return replace(settings, model=ref), manifest, user.input_shape[0], user, random_images
+    probe_data = model_check.data_for(user, data_dir, Path(settings.images) if settings.images else None)
+    log(f"Your {model_check.describe(user)}; on {probe_data.said}.")
+    return replace(settings, model=ref), probe_data.manifest, user.input_shape[0], user, probe_data
 
 
 def _opening_line(s: FindSettings, size: int, cpu_cap: int | None, user=None) -> str:
@@ -238,9 +241,9 @@ class ProbeRun:
     numbered, named by its phase (calibrate, search, confirm, critical) and logged."""
 
     def __init__(self, settings: FindSettings, data_dir: Path, work: Path, cpu_cap: int | None, env: dict, log,
-                 random_images: list | None = None):
+                 probe_data: model_check.ProbeData | None = None):
         self.settings, self.data_dir, self.log = settings, Path(data_dir), log
-        self.random_images = random_images  # a user's model's probes on random images (model_check.data_for)
+        self.probe_data = probe_data  # a user's model's: its images, or random ones (model_check.data_for)
         self.probes: list[ProbeRecord] = []
         self.prober = probers.Prober(work, settings.memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=settings.isolate,
                                      env=env)
@@ -254,7 +257,7 @@ class ProbeRun:
         task = ProbeTask(batch_size, str(self.data_dir.resolve()), optimizer=s.optimizer, dataset=s.dataset,
                          precision=s.precision, steps=s.steps, warmup=s.warmup, deterministic=s.deterministic,
                          tf32=s.tf32, min_seconds=s.min_seconds, model=s.model, loss=s.loss,
-                         random_images=self.random_images)
+                         **(self.probe_data.task_fields() if self.probe_data else {}))
         started = time.perf_counter()
         p = self.prober.run(task)
         p.order, p.phase, p.wall_seconds = len(self.probes) + 1, phase, round(time.perf_counter() - started, 2)
@@ -347,7 +350,8 @@ def _predict_first(run: ProbeRun, calib: ProbeRecord, manifest: dict | None, siz
             "model other than it is searched without one.")
         return None
     train_images = sum(manifest["counts"][s.dataset]["train"].values()) if manifest else None
-    pred = _predict(calib, cap_mb, data_dir, work, size, train_images, s, log, env, run.random_images)
+    spec = run.probe_data.input_spec if run.probe_data else None
+    pred = _predict(calib, cap_mb, data_dir, work, size, train_images, s, log, env, spec)
     if pred:
         run.prober.fresh_from = fresh_threshold(pred["max_batch_size"])
         log(f"Predicted before the search: {pred['max_batch_size']} ({METHODS[pred['method']]}); "
@@ -356,7 +360,7 @@ def _predict_first(run: ProbeRun, calib: ProbeRecord, manifest: dict | None, siz
 
 
 def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size: int, train_images: int | None,
-             s: FindSettings, log, env: dict, random_images: list | None = None) -> dict | None:
+             s: FindSettings, log, env: dict, input_spec: list | None = None) -> dict | None:
     """The backend's memory model's answer, calibrated on the batch-1 probe: XLA's plan where the
     backend's compiler states one (JAX; any model), compiled in a worker of its own; else
     TensorFlow's step replayed through BFC (the article's model). None when the plan could not be
@@ -370,7 +374,7 @@ def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size
                 "train_images": train_images, "device": device, "steps": steps}
     log_path = work / "memory-plan.log"
     task = MemoryPlanTask(str(data_dir), s.optimizer, s.dataset, s.precision, cap_bytes, CALIBRATION_BATCH, peak_bytes,
-                          **backends.process_settings(env), model=s.model, loss=s.loss, random_images=random_images)
+                          **backends.process_settings(env), model=s.model, loss=s.loss, input_spec=input_spec)
     plan = run_isolated(task, log_path, env)
     if plan.status != Status.DONE:
         log(f"XLA's memory plan failed: {_first_line(plan.error)} (log: {log_path})")

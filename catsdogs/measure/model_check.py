@@ -6,17 +6,21 @@ building the model allocated never counts in a probe's peak) and returns what it
 shape, classes, parameters and the loss it will train with. A model that cannot be imported,
 built or used is a SettingError naming the option (`--model`, or `--loss`): a usage error, exit 2.
 
-`data_for` decides what the probes train on: the prepared data where the model takes its images
-(size x size x 3), else random images of the model's input shape and labels of its classes.
-Memory and speed do not depend on what the pixels show, so they need no real data; the output
-says which it used.
+`data_for` decides what the probes train on: the user's images (--data DIR, one subfolder per
+class: catsdogs.data.folder), else the prepared data where the model takes their images (size x
+size x 3), else random images of the model's input shape and labels of its classes. Memory and
+speed do not depend on what the pixels show, so they need no real data; the output says which it
+used. A folder is decoded here to check it (every file, its classes against the model's) and
+again in each probe's worker, which keeps it: twice in all.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
+from catsdogs.data import folder as folder_data
 from catsdogs.errors import SettingError
 from catsdogs.manifest import load_manifest, require_intact
 from catsdogs.messages import ModelCheckTask, ModelInfo
@@ -41,19 +45,53 @@ def check_user_model(model: str, loss: str, log_path: Path, env: dict | None) ->
     raise SettingError(f"{model}: {line} (log: {log_path})", "model")
 
 
-def data_for(info: ModelInfo, data_dir: Path) -> tuple[dict | None, list | None, str]:
-    """(the prepared data's manifest or None, the probes' `random_images` or None, a sentence
-    saying which): the prepared data when they are the model's input, else random images."""
+@dataclass(frozen=True)
+class ProbeData:
+    """What a user's model's probes run on, and the sentence that says so."""
+
+    manifest: dict | None  # the prepared data's, when the probes run on them
+    input_spec: list | None  # [height, width, channels, classes, dtype] of the model (None: the prepared data)
+    folder: str | None  # --data: the user's images (None, with an input_spec: random images)
+    said: str
+    count: int | None = None  # the folder's images that decode
+    undecodable: int | None = None
+
+    def task_fields(self) -> dict:
+        """The probes' (ProbeTask) fields."""
+        return {"input_spec": self.input_spec, "data_folder": self.folder}
+
+    def record(self) -> dict:
+        return {"input_spec": self.input_spec, "data_folder": self.folder, "images": self.count,
+                "undecodable": self.undecodable,
+                "random_images": bool(self.input_spec and not self.folder)}
+
+
+def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None) -> ProbeData:
+    """The folder's images (--data), checked and decoded once here: its classes against the
+    model's, and every file, so a folder the probes cannot use is one line before any probe;
+    else the prepared data when they are the model's input; else random images."""
     height, width, channels = info.input_shape
+    spec = [height, width, channels, info.classes, info.input_dtype]
+    if folder is not None:
+        found = folder_data.scan(folder)
+        if len(found.classes) > info.classes:
+            raise SettingError(f"{folder} holds {len(found.classes)} classes, more than the model's "
+                               f"{info.classes} ({info.loss_description})", "data")
+        loaded = folder_data.load(found, height, width, channels, info.input_dtype)
+        n = len(loaded.undecodable)
+        left = f"; {n} file{'s' if n != 1 else ''} that did not decode left out" if n else ""
+        return ProbeData(None, spec, str(found.root), f"{len(loaded.split):,} images of {len(found.classes)} classes "
+                         f"({', '.join(found.classes)}) in {found.root}, resized to {height} x {width}{left}",
+                         len(loaded.split), len(loaded.undecodable))
     manifest = load_manifest(Path(data_dir))
     size = manifest["params"]["size"] if manifest else None
     if manifest and (height, width, channels) == (size, size, 3):
         require_intact(Path(data_dir))
-        return manifest, None, f"the prepared data in {data_dir} ({size} px)"
+        return ProbeData(manifest, None, None, f"the prepared data in {data_dir} ({size} px)")
     why = (f"the prepared data are {size} x {size} x 3" if manifest else f"no prepared data in {data_dir}")
-    return None, [height, width, channels, info.classes, info.input_dtype], (
-        f"random images {height} x {width} x {channels} ({info.input_dtype}) and labels of {info.classes} classes "
-        f"({why}; memory and speed do not depend on what the images show)")
+    return ProbeData(None, spec, None, f"random images {height} x {width} x {channels} ({info.input_dtype}) and "
+                     f"labels of {info.classes} classes ({why}; memory and speed do not depend on what the "
+                     "images show)")
 
 
 def describe(info: ModelInfo) -> str:

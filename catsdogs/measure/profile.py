@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from catsdogs import config, model_ref
+from catsdogs.errors import SettingError
 from catsdogs.files import write_json_atomic
 from catsdogs.host import versions
 from catsdogs.manifest import require_intact
@@ -116,13 +117,14 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
             min_seconds: float | None = None, measure_peak: bool = True, peak_seconds: float = PEAK_SECONDS,
             isolate: bool = False, deterministic: bool = True, tf32: bool | None = None,
             worker_env: dict | None = None, model: str | None = None, loss: str = "auto",
-            log: Callable[[str], None] = print) -> list[dict]:
+            images: Path | None = None, log: Callable[[str], None] = print) -> list[dict]:
     """Profile each batch size (in workers: measure.prober.Prober); write OUT/NAME/profile.csv|json
     and figures. `isolate`: a fresh worker process for each probe; `deterministic`, `tf32`: the
     workers' process settings (the matmul peak too runs under them: TF32 changes it most);
     `worker_env`: more of the workers' environment (the compile cache). `model`: a user's model
     (catsdogs.model_ref; None: the article's), checked in a worker first, with `loss`
-    (catsdogs.measure.model_check), on the prepared data where they fit it, else random images.
+    (catsdogs.measure.model_check), on `images` (a folder of class subfolders, --data), else the
+    prepared data where they fit it, else random images.
 
     Returns the rows (one per batch size, in the order given). Raises CatsdogsError when the
     data is not prepared, SettingError for impossible settings (a model that cannot be used too)."""
@@ -130,11 +132,14 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
     folder = Path(out) / name
     work = folder / ".work"
     env = {**(worker_env or {}), **process_env_for(deterministic, tf32)}
-    user = random_images = None
+    user = probe_data = None
+    if images is not None and not model:
+        raise SettingError("a folder of images for your own model: give --model too "
+                           "(the article's model trains on the prepared data)", "data")
     if model:
         model, user = model_check.check_user_model(model, loss, work / "model-check.log", env)
-        manifest, random_images, data_said = model_check.data_for(user, data_dir)
-        size = user.input_shape[0]
+        probe_data = model_check.data_for(user, data_dir, images)
+        manifest, size = probe_data.manifest, user.input_shape[0]
     else:
         manifest = require_intact(Path(data_dir))
         size = manifest["params"]["size"]
@@ -146,9 +151,9 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
                 "memory_cap_bytes": memory_cap_bytes, "min_seconds": min_seconds, "peak_seconds": peak_seconds,
                 "deterministic": deterministic, "tf32": tf32}
     if user:
-        settings.update(model=model, loss=loss, random_images=random_images)
+        settings.update(model=model, loss=loss, **probe_data.record())
         log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {model_check.describe(user)}; "
-            f"{optimizer}, {precision}, on {data_said}; {warmup} warm-up + {steps} timed steps each"
+            f"{optimizer}, {precision}, on {probe_data.said}; {warmup} warm-up + {steps} timed steps each"
             + settings_note(deterministic, tf32))
     else:
         log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {optimizer}, {dataset} data "
@@ -191,7 +196,7 @@ def _probe_all(prober, batch_sizes, data_dir, settings: dict, csv_path: Path, me
                          warmup=settings["warmup"], min_seconds=settings.get("min_seconds"),
                          deterministic=settings["deterministic"], tf32=settings["tf32"],
                          model=settings.get("model"), loss=settings.get("loss", "auto"),
-                         random_images=settings.get("random_images"))
+                         input_spec=settings.get("input_spec"), data_folder=settings.get("data_folder"))
         row = profile_row(prober.run(task), peak, settings["image_size"])
         rows.append(row)
         write_csv(rows, csv_path, PROFILE_COLUMNS)

@@ -103,6 +103,7 @@ class FindSettings:
     worker_env: dict | None = None  # more of the workers' environment (the compile cache)
     model: str | None = None  # a user's model (catsdogs.model_ref; --model), None: the article's
     loss: str = "auto"  # its loss (--loss)
+    images: Path | None = None  # its images: a folder of class subfolders (--data; None: prepared or random)
 
     def check(self) -> None:
         """A SettingError naming the setting, for one no search can run with."""
@@ -139,7 +140,8 @@ class FindSettings:
                 "noise_scale": self.measure_noise, "seed": self.seed, "anchor": self.anchor,
                 "deterministic": self.deterministic, "tf32": self.tf32, "cpu_cap_bytes_default": cpu_cap,
                 "image_size": image_size, "data_dir": str(Path(data_dir).resolve()),
-                "data_fingerprint": data_fingerprint, "model": self.model, "loss": self.loss}
+                "data_fingerprint": data_fingerprint, "model": self.model, "loss": self.loss,
+                "images": str(self.images) if self.images else None}
 
 
 @dataclass

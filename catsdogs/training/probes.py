@@ -56,9 +56,10 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
                          dataset=task.dataset, steps=task.steps, warmup=task.warmup)
     sampler = NvmlSampler() if kind == "gpu" else None
     try:
-        if task.random_images:  # a user's model of another shape than the prepared data's
-            splits, fingerprint = {"train": random_split(*task.random_images, seed=task.seed)}, ""
-            size = int(task.random_images[0])
+        if task.input_spec:  # a user's model: its images (--data), else random ones of its input
+            train = (steps.DATA.load_folder(task.data_folder, task.input_spec) if task.data_folder
+                     else random_split(*task.input_spec, seed=task.seed))
+            splits, fingerprint, size = {"train": train}, "", int(task.input_spec[0])
         else:
             manifest, splits = steps.DATA.load(Path(task.data_dir), task.dataset)
             size, fingerprint = manifest["params"]["size"], manifest["fingerprint"][task.dataset]
@@ -175,8 +176,8 @@ def run_memory_plan(task: MemoryPlanTask) -> MemoryPlan:
     backend.start()
     if backend.compiled_step_bytes is None:
         raise CatsdogsError(f"{backend.NAME} states no memory plan: use catsdogs.training.costs' analytic model")
-    if task.random_images:
-        size, fingerprint = int(task.random_images[0]), ""
+    if task.input_spec:
+        size, fingerprint = int(task.input_spec[0]), ""
     else:
         manifest = require_prepared(Path(task.data_dir))
         size, fingerprint = manifest["params"]["size"], manifest["fingerprint"][task.dataset]

@@ -26,6 +26,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from catsdogs.data import folder as folder_data
 from catsdogs.data import loading
 from catsdogs.errors import CatsdogsError
 from catsdogs.manifest import require_prepared
@@ -46,6 +47,7 @@ class DataCache:
 
     def __init__(self):
         self._sets: dict[tuple[str, str], tuple[str, dict]] = {}
+        self._folders: dict[tuple, tuple[str, loading.Split]] = {}  # a user's --data, by shape
 
     def load(self, data_dir: Path, dataset: str, expect: str = "") -> tuple[dict, dict[str, loading.Split]]:
         """(manifest, splits). `expect`: the fingerprint the task was planned on; data that
@@ -64,6 +66,18 @@ class DataCache:
                 del self._sets[key]
                 raise CatsdogsError(f"the data in {data_dir} changed while it was being read")
         return manifest, self._sets[key][1]
+
+
+    def load_folder(self, root: str, spec: list) -> loading.Split:
+        """A user's image folder (--data) decoded at a model's input `spec` ([height, width,
+        channels, classes, dtype]); decoded again when a file changed (folder.fingerprint)."""
+        found = folder_data.scan(Path(root))
+        stamp, key = folder_data.fingerprint(found), (str(found.root), *map(str, spec))
+        cached = self._folders.get(key)
+        if cached is None or cached[0] != stamp:
+            height, width, channels, _, dtype = spec
+            self._folders[key] = (stamp, folder_data.load(found, int(height), int(width), int(channels), dtype).split)
+        return self._folders[key][1]
 
 
 class TrainingStep:

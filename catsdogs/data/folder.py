@@ -1,0 +1,109 @@
+"""A user's images by folder (--data DIR): one subfolder per class, as
+`keras.utils.image_dataset_from_directory` reads them, decoded and resized to a model's input once
+and held in memory as the prepared data are (catsdogs.data.loading). Nothing here imports a
+framework.
+
+`scan` reads the layout alone: the classes (subfolders, sorted by name, hidden ones left out)
+and each one's image files (by extension). A folder with fewer than two classes, or a class
+without an image file, is a SettingError naming `data`. `load` decodes every file with Pillow
+(RGB for 3 channels, greyscale for 1), resized to the model's height x width with bilinear
+filtering (Keras's default), into one array: uint8 for a uint8 input, else float32 in 0-255 (what
+image_dataset_from_directory gives a model). A file that does not decode is left out and
+counted; a class left without any image is a SettingError. `fingerprint` changes when a file is
+added, removed or rewritten, so a worker's cached copy is decoded again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from catsdogs.data.loading import Split
+from catsdogs.errors import SettingError
+
+EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")  # image_dataset_from_directory's
+
+
+@dataclass(frozen=True)
+class Folder:
+    """A folder's classes and each one's image files (relative to the folder), sorted."""
+
+    root: Path
+    classes: tuple[str, ...]
+    files: dict[str, tuple[str, ...]] = field(hash=False)
+
+    @property
+    def count(self) -> int:
+        return sum(len(f) for f in self.files.values())
+
+
+@dataclass
+class Loaded:
+    """The decoded images (a Split: labels are class indices) and the files left out."""
+
+    split: Split
+    undecodable: list[str]
+
+
+def scan(root: Path) -> Folder:
+    """The layout of `root`, or a SettingError naming `data`."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise SettingError(f"{root} is not a folder (expected one subfolder of images per class)", "data")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if len(classes) < 2:
+        raise SettingError(f"{root} holds {len(classes)} class folder{'s' if len(classes) != 1 else ''}; "
+                           "a classifier needs at least 2 (one subfolder of images per class)", "data")
+    files = {}
+    for c in classes:
+        found = sorted(str(p.relative_to(root)) for p in (root / c).rglob("*")
+                       if p.is_file() and p.suffix.lower() in EXTENSIONS)
+        if not found:
+            raise SettingError(f"class folder {c!r} in {root} holds no image file ({', '.join(EXTENSIONS)})", "data")
+        files[c] = tuple(found)
+    return Folder(root.resolve(), tuple(classes), files)
+
+
+def fingerprint(folder: Folder) -> str:
+    """A digest of every file's name, size and modification time."""
+    digest = hashlib.sha256()
+    for c in folder.classes:
+        for name in folder.files[c]:
+            st = (folder.root / name).stat()
+            digest.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def load(folder: Folder, height: int, width: int, channels: int, dtype: str = "uint8") -> Loaded:
+    """Every image decoded and resized to height x width x channels; see the module's docstring."""
+    if channels not in (1, 3):
+        raise SettingError(f"a model's input of {channels} channels cannot be read from images (1 or 3)", "data")
+    paths = [(label, name) for label, c in enumerate(folder.classes) for name in folder.files[c]]
+    images = np.empty((len(paths), height, width, channels), dtype=np.uint8)
+    ok = np.zeros(len(paths), dtype=bool)
+
+    def decode(i: int) -> None:
+        try:
+            with Image.open(folder.root / paths[i][1]) as img:
+                img = img.convert("RGB" if channels == 3 else "L").resize((width, height), Image.BILINEAR)
+                images[i] = np.asarray(img).reshape(height, width, channels)
+            ok[i] = True
+        except (OSError, ValueError, Image.DecompressionBombError):
+            pass  # counted below: a file that does not decode is left out
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(decode, range(len(paths))))
+    for label, c in enumerate(folder.classes):
+        if not any(ok[i] for i, (lab, _) in enumerate(paths) if lab == label):
+            raise SettingError(f"no image of class folder {c!r} in {folder.root} decodes", "data")
+    kept = np.flatnonzero(ok)
+    labels = np.asarray([paths[i][0] for i in kept], dtype=np.float32)
+    chosen = images[kept] if "int" in dtype else images[kept].astype(np.float32)
+    return Loaded(Split(chosen, labels, [paths[i][1] for i in kept]),
+                  [paths[i][1] for i in np.flatnonzero(~ok)])

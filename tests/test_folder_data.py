@@ -1,0 +1,123 @@
+"""A user's images by folder (--data DIR): the layout read, each image decoded and resized to a
+model's input once, and every folder the probes cannot use refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from catsdogs.cli import cli
+from catsdogs.data import folder
+from catsdogs.errors import SettingError
+
+
+def image(path: Path, height: int, width: int, value: int = 0) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((height, width, 3), value, dtype=np.uint8)).save(path)
+
+
+@pytest.fixture
+def three_classes(tmp_path) -> Path:
+    """Given: three class folders of images of several sizes and formats, and one file that does not decode."""
+    root = tmp_path / "pics"
+    for label, name in enumerate(("ant", "bee", "cow")):
+        for i in range(3):
+            image(root / name / f"{i}.{'png' if i % 2 else 'jpg'}", 20 + 5 * i, 30, value=80 * label)
+    (root / "bee" / "broken.jpg").write_bytes(b"not an image")
+    (root / "cow" / "notes.txt").write_text("not an image file either")
+    return root
+
+
+def test_the_layout_is_its_sorted_class_folders_and_their_image_files(three_classes):
+    found = folder.scan(three_classes)
+    assert found.classes == ("ant", "bee", "cow") and found.count == 10
+    assert found.files["bee"] == ("bee/0.jpg", "bee/1.png", "bee/2.jpg", "bee/broken.jpg")
+
+
+def test_images_are_decoded_resized_and_labelled_by_class_and_what_does_not_decode_is_counted(three_classes):
+    loaded = folder.load(folder.scan(three_classes), 16, 12, 3)
+    assert loaded.split.images.shape == (9, 16, 12, 3) and loaded.split.images.dtype == np.uint8
+    assert loaded.split.labels.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert loaded.undecodable == ["bee/broken.jpg"]
+    # each class's pixels survive the resize (a flat colour stays itself)
+    assert int(loaded.split.images[8].max()) in (159, 160, 161)
+    grey = folder.load(folder.scan(three_classes), 8, 8, 1, dtype="float32")
+    assert grey.split.images.shape == (9, 8, 8, 1) and grey.split.images.dtype == np.float32
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda r: r / "missing", "is not a folder"),
+    (lambda r: (image(r / "only" / "a.png", 8, 8), r)[1], "holds 1 class folder; a classifier needs at least 2"),
+    (lambda r: (image(r / "a" / "a.png", 8, 8), (r / "b").mkdir(), r)[2], "class folder 'b'"),
+])
+def test_a_folder_without_two_classes_of_image_files_is_refused_naming_data(tmp_path, make, words):
+    with pytest.raises(SettingError, match=words) as e:
+        folder.scan(make(tmp_path))
+    assert e.value.key == "data"
+
+
+def test_a_class_none_of_whose_files_decodes_is_refused(tmp_path):
+    image(tmp_path / "a" / "a.png", 8, 8)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "x.jpg").write_bytes(b"junk")
+    with pytest.raises(SettingError, match="no image of class folder 'b'"):
+        folder.load(folder.scan(tmp_path), 8, 8, 3)
+
+
+def test_the_fingerprint_changes_when_a_file_does(three_classes):
+    before = folder.fingerprint(folder.scan(three_classes))
+    assert folder.fingerprint(folder.scan(three_classes)) == before
+    target = three_classes / "ant" / "0.jpg"
+    os.utime(target, ns=(1, 1))
+    assert folder.fingerprint(folder.scan(three_classes)) != before
+
+
+def test_a_folder_without_a_model_of_ones_own_is_a_usage_error(three_classes, tmp_path):
+    result = CliRunner().invoke(cli, ["profile", "--data", str(three_classes), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Invalid value for '--data'" in result.output and "give --model too" in result.output
+
+
+MODEL = """
+import keras
+from keras import layers
+
+
+def three():
+    return keras.Sequential([keras.Input((16, 12, 3)), layers.Flatten(), layers.Dense(3, activation="softmax")])
+
+
+def two():
+    return keras.Sequential([keras.Input((16, 12, 3)), layers.Flatten(), layers.Dense(2)])
+"""
+
+
+@pytest.mark.slow
+def test_profile_and_find_batch_size_run_a_users_model_on_its_folder(three_classes, tmp_path, monkeypatch):
+    (tmp_path / "folder_models.py").write_text(MODEL)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    # when a three-class model is profiled on the three-class folder
+    result = CliRunner().invoke(cli, ["profile", "--model", "folder_models:three", "--data", str(three_classes),
+                                      "--out", str(out), "--batch-size", "4", "16", "--steps", "2", "--warmup", "1"])
+    # then it runs on the folder's 9 images that decode, and says so
+    assert result.exit_code == 0, result.output
+    assert "on 9 images of 3 classes (ant, bee, cow)" in result.output and "1 file that did not decode" in result.output
+    saved = json.loads((out / "profile" / "profile.json").read_text())
+    assert saved["settings"]["data_folder"] == str(three_classes.resolve()) and saved["settings"]["images"] == 9
+    assert [r["status"] for r in saved["rows"]] == ["done", "done"]
+    # and find-batch-size searches on it too
+    found = CliRunner().invoke(cli, ["find-batch-size", "--model", "folder_models:three", "--data", str(three_classes),
+                                     "--out", str(out), "--max", "16", "--memory-limit", "1GiB"])
+    assert found.exit_code == 0, found.output
+    summary = json.loads((out / "find-batch-size" / "find_batch_size.json").read_text())
+    assert summary["model"]["data_folder"] == str(three_classes.resolve()) and summary["largest_fitting"] == 16
+    # while a two-class model is refused on a three-class folder, in one line
+    refused = CliRunner().invoke(cli, ["profile", "--model", "folder_models:two", "--data", str(three_classes),
+                                       "--out", str(out), "--batch-size", "4"])
+    assert refused.exit_code == 2 and "holds 3 classes, more than the model's 2" in refused.output
