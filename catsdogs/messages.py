@@ -229,6 +229,8 @@ class ModelInfo(Record):
     loss: str | None = None  # binary or sparse-categorical
     from_logits: bool | None = None
     loss_description: str | None = None
+    dtype_policy: str | None = None  # its layers' (a saved model keeps its own)
+    source: dict | None = None  # the reference as checked: a file's SHA-256 (parent: model_ref.source)
     error: str | None = None
     traceback: str | None = None
 

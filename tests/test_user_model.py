@@ -100,6 +100,8 @@ def head(*end) -> keras.Model:
     ((layers.Dense(5, activation="softmax"),), "sparse-categorical", False, 5),
     ((layers.Dense(5), layers.Activation("softmax")), "sparse-categorical", False, 5),
     ((layers.Dense(5, activation="softmax"), layers.Dropout(0.1)), "sparse-categorical", False, 5),
+    ((layers.Dense(5), layers.Softmax()), "sparse-categorical", False, 5),
+    ((keras.Sequential([layers.Dense(5, activation="softmax")]),), "sparse-categorical", False, 5),
 ])
 def test_the_loss_is_read_from_the_last_layers_width_and_activation(end, kind, logits, classes):
     choice = user_model.choose_loss(head(*end))
@@ -133,6 +135,33 @@ def test_what_is_not_a_model_of_images_is_refused_in_one_line(in_a_project):
     built = user_model.build("my_models:three_classes")
     info = user_model.describe(built, user_model.choose_loss(built))
     assert info["input_shape"] == [32, 32, 3] and info["classes"] == 3 and info["parameters"] == built.count_params()
+
+
+def test_a_sequential_without_an_input_is_told_to_begin_with_one():
+    with pytest.raises(CatsdogsError, match=r"begin it with keras.Input\(shape\)"):
+        user_model.check(keras.Sequential([layers.Dense(1)]), "m:f")
+
+
+@pytest.mark.parametrize("args, option, words", [
+    (["--model", ""], "--model", "is neither a saved model"),
+    (["--loss", "binary"], "--loss", "give --model too"),
+    (["--model", "SAVED", "--precision", "mixed_float16"], "--precision", "a saved model keeps the precision"),
+])
+def test_options_that_go_only_with_a_model_of_ones_own_are_refused_before_any_worker(args, option, words, data_dir,
+                                                                                     tmp_path):
+    (tmp_path / "m.keras").write_bytes(b"zip")
+    args = [str(tmp_path / "m.keras") if a == "SAVED" else a for a in args]
+    for command in ("profile", "find-batch-size"):
+        result = CliRunner().invoke(cli, [command, "--data-dir", str(data_dir), "--out", str(tmp_path / "out"), *args])
+        assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output and words in result.output
+        assert not (tmp_path / "out").exists()
+
+
+def test_the_article_models_find_batch_size_json_records_no_model_keys(tmp_path):
+    from catsdogs.measure.search import FindSettings
+
+    assert not {"model", "loss", "images"} & set(FindSettings().recorded(64, None, tmp_path))
+    assert FindSettings(model="m:f").recorded(64, None, tmp_path)["model"] == "m:f"
 
 
 def test_a_saved_model_is_loaded_with_its_weights(tmp_path):

@@ -134,14 +134,15 @@ def plot_utilization(ax, table: list[dict], reference: bool = True) -> dict:
 FIGURES = {"throughput": plot_throughput, "memory": plot_memory, "utilization": plot_utilization}
 
 
-def make_figure(kind: str, table: list[dict]):
+def make_figure(kind: str, table: list[dict], reference: bool = True):
     fig = Figure(figsize=(7.5, 4.8), layout="constrained")
     ax = fig.add_subplot()
-    artists = FIGURES[kind](ax, table)
+    artists = FIGURES[kind](ax, table) if kind == "throughput" else FIGURES[kind](ax, table, reference=reference)
     return fig, artists
 
 
-def save_profile_figures(table: list[dict], folder: Path) -> dict[str, dict[str, Path]]:
-    """throughput, memory, utilization: each as PNG and SVG in `folder`."""
+def save_profile_figures(table: list[dict], folder: Path, reference: bool = True) -> dict[str, dict[str, Path]]:
+    """throughput, memory, utilization: each as PNG and SVG in `folder` (`reference`: the thesis's
+    series beside ours, which are the article's model's: not for a user's)."""
     folder.mkdir(parents=True, exist_ok=True)
-    return {kind: save_figure(make_figure(kind, table)[0], folder / kind) for kind in FIGURES}
+    return {kind: save_figure(make_figure(kind, table, reference)[0], folder / kind) for kind in FIGURES}

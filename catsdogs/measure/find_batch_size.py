@@ -47,8 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from catsdogs import config, model_ref
-from catsdogs.errors import CatsdogsError, SettingError
+from catsdogs import config
+from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling, pool
 from catsdogs.host import host_memory_available, versions
@@ -186,7 +186,7 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
                    probes=[p.view("search") for p in run.probes], versions=versions(),
                    seconds=_seconds(started, noise_run, predict_seconds, run.probes))
     if user:
-        summary["model"] = {**model_ref.source(settings.model), **user.as_dict(), **probe_data.record()}
+        summary["model"] = {**model_check.recorded(user), **probe_data.record()}
     write_json_atomic(folder / "find_batch_size.json", summary, indent=2)
     write_csv(summary["probes"], folder / "find_batch_size.csv", PROBE_COLUMNS)
     for line in summary_lines(summary) + time_lines(summary):
@@ -212,10 +212,8 @@ def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dic
     """(the settings with the model's canonical reference, the prepared data's manifest or None,
     the image size, the user's model's ModelInfo or None, what its probes run on or None): a
     user's model is built and checked in a worker first (catsdogs.measure.model_check)."""
-    if settings.images and not settings.model:
-        raise SettingError("a folder of images for your own model: give --model too "
-                           "(the article's model trains on the prepared data)", "data")
-    if not settings.model:
+    model_check.check_options(settings.model, settings.loss, settings.images, settings.precision)
+    if settings.model is None:
         manifest = require_intact(Path(data_dir))
         size = manifest["params"]["size"]
         check_memory_floor(settings.memory_cap_bytes, size, settings.optimizer, settings.precision)
@@ -345,7 +343,7 @@ def _predict_first(run: ProbeRun, calib: ProbeRecord, manifest: dict | None, siz
     cap_mb = calib.memory_cap_mb or calib.device_memory_limit_mb
     if not (calib.status == Status.DONE and calib.peak_memory_mb and cap_mb):
         return None
-    if s.model and backends.current().compiled_step_bytes is None:
+    if s.model is not None and backends.current().compiled_step_bytes is None:
         log("No prediction before the search: TensorFlow's replay knows the article's layers only, and a "
             "model other than it is searched without one.")
         return None

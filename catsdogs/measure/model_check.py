@@ -20,29 +20,56 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from catsdogs import model_ref
 from catsdogs.data import folder as folder_data
-from catsdogs.errors import SettingError
+from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.manifest import load_manifest, require_intact
 from catsdogs.messages import ModelCheckTask, ModelInfo
-from catsdogs.model_ref import check_loss, parse
+from catsdogs.model_ref import check_loss, is_file, parse
 from catsdogs.schema import Status
 from catsdogs.training.worker import run_isolated
 
 _OPTION = re.compile(r"^(?:CatsdogsError: )?--(model|loss) (\S+): ")
 
 
+def check_options(model: str | None, loss: str, images: Path | None, precision: str) -> None:
+    """A SettingError for options that go only with --model, or not with it as given."""
+    if model is None:
+        if images is not None:
+            raise SettingError("a folder of images for your own model: give --model too "
+                               "(the article's model trains on the prepared data)", "data")
+        if check_loss(loss) != "auto":
+            raise SettingError("the loss of your own model: give --model too (the article's is binary "
+                               "cross-entropy from logits)", "loss")
+        return
+    if is_file(parse(model)) and precision != "float32":
+        raise SettingError(f"a saved model keeps the precision it was saved with, so --precision {precision} "
+                           "would not reach it: use float32, or a function that builds it (--model "
+                           "package.module:function builds it under the policy)", "precision")
+
+
 def check_user_model(model: str, loss: str, log_path: Path, env: dict | None) -> tuple[str, ModelInfo]:
-    """(the canonical reference, what the worker found), or a SettingError of one line."""
+    """(the canonical reference, what the worker found, with the reference's `source` as it was
+    when checked), or a SettingError of one line for a model that cannot be used; a worker that
+    failed for another reason (it died, ran out of memory) is a CatsdogsError."""
     ref, loss = parse(model), check_loss(loss)
+    source = model_ref.source(ref)  # before any worker reads it
     record: ModelInfo = run_isolated(ModelCheckTask(ref, loss), log_path, env)
     if record.status == Status.DONE:
         log_path.unlink(missing_ok=True)
+        record.source = source
         return ref, record
     line = (record.error or "the worker ended without a word").strip().splitlines()[0]
     said = _OPTION.match(line)
     if said:
         raise SettingError(f"{said.group(2)}: {line[said.end():]}", said.group(1))
-    raise SettingError(f"{model}: {line} (log: {log_path})", "model")
+    raise CatsdogsError(f"checking --model {model}: {record.status}: {line} (log: {log_path})")
+
+
+def recorded(info: ModelInfo) -> dict:
+    """The model as profile.json and find_batch_size.json record it."""
+    return {**(info.source or {}), **{k: v for k, v in info.as_dict().items()
+                                      if k not in ("status", "error", "traceback", "source")}}
 
 
 @dataclass(frozen=True)
@@ -61,7 +88,7 @@ class ProbeData:
         return {"input_spec": self.input_spec, "data_folder": self.folder}
 
     def record(self) -> dict:
-        return {"input_spec": self.input_spec, "data_folder": self.folder, "images": self.count,
+        return {"input_spec": self.input_spec, "data_folder": self.folder, "image_count": self.count,
                 "undecodable": self.undecodable,
                 "random_images": bool(self.input_spec and not self.folder)}
 

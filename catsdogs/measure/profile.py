@@ -30,8 +30,7 @@ import csv
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from catsdogs import config, model_ref
-from catsdogs.errors import SettingError
+from catsdogs import config
 from catsdogs.files import write_json_atomic
 from catsdogs.host import versions
 from catsdogs.manifest import require_intact
@@ -133,10 +132,8 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
     work = folder / ".work"
     env = {**(worker_env or {}), **process_env_for(deterministic, tf32)}
     user = probe_data = None
-    if images is not None and not model:
-        raise SettingError("a folder of images for your own model: give --model too "
-                           "(the article's model trains on the prepared data)", "data")
-    if model:
+    model_check.check_options(model, loss, images, precision)
+    if model is not None:
         model, user = model_check.check_user_model(model, loss, work / "model-check.log", env)
         probe_data = model_check.data_for(user, data_dir, images)
         manifest, size = probe_data.manifest, user.input_shape[0]
@@ -165,11 +162,11 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
                                 measure_peak, log)
     finally:
         prober.close()
-    figures = save_profile_figures(rows, folder / "figures")
+    figures = save_profile_figures(rows, folder / "figures", reference=user is None)
     doc = {"settings": settings, "peak": peak and peak.as_dict(), "rows": rows, "versions": versions(),
            "data": {k: manifest[k] for k in ("params", "source", "fingerprint")} if manifest else None}
     if user:
-        doc["model"] = {**model_ref.source(model), **user.as_dict()}
+        doc["model"] = model_check.recorded(user)
     write_json_atomic(folder / "profile.json", doc, indent=2)
     counts = {s: sum(r["status"] == s for r in rows) for s in FINISHED}
     log(f"Profile {name}: {counts[Status.DONE]} done, {counts[Status.OOM]} out of memory, {counts[Status.FAILED]} failed -> "

@@ -124,7 +124,7 @@ class FindSettings:
         apply_margin(1, self.margin)  # validates the margin
         check_number(self.seed, "seed", least=0)
         check_loss(self.loss)
-        if self.model and self.anchor:
+        if self.model is not None and self.anchor:
             raise SettingError("the stores' tuned rates are the article's model's, not this one's", "from_store")
 
     def environment(self) -> dict:
@@ -140,8 +140,9 @@ class FindSettings:
                 "noise_scale": self.measure_noise, "seed": self.seed, "anchor": self.anchor,
                 "deterministic": self.deterministic, "tf32": self.tf32, "cpu_cap_bytes_default": cpu_cap,
                 "image_size": image_size, "data_dir": str(Path(data_dir).resolve()),
-                "data_fingerprint": data_fingerprint, "model": self.model, "loss": self.loss,
-                "images": str(self.images) if self.images else None}
+                "data_fingerprint": data_fingerprint,
+                **({"model": self.model, "loss": self.loss, "images": str(self.images) if self.images else None}
+                   if self.model is not None else {})}
 
 
 @dataclass

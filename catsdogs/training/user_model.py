@@ -52,6 +52,10 @@ def check(model, ref: str) -> None:
     channels), one output (classes,)."""
     if not isinstance(model, keras.Model):
         raise CatsdogsError(f"--model {ref}: returned {type(model).__name__}, not a Keras model")
+    try:
+        model.inputs, model.outputs  # noqa: B018 - a Sequential without keras.Input has neither yet
+    except (AttributeError, ValueError):
+        raise CatsdogsError(f"--model {ref}: its input shape is not known: begin it with keras.Input(shape)") from None
     if len(model.inputs) != 1 or len(model.outputs) != 1:
         raise CatsdogsError(f"--model {ref}: has {len(model.inputs)} inputs and {len(model.outputs)} outputs; "
                             "an image classifier has one of each")
@@ -111,12 +115,18 @@ def describe(model: keras.Model, choice: LossChoice) -> dict:
     return {"name": model.name, "input_shape": list(model.inputs[0].shape[1:]),
             "input_dtype": str(model.inputs[0].dtype), "classes": choice.classes,
             "parameters": int(model.count_params()), "layers": len(model.layers),
-            "loss": choice.kind, "from_logits": choice.from_logits, "loss_description": choice.describe()}
+            "loss": choice.kind, "from_logits": choice.from_logits, "loss_description": choice.describe(),
+            "dtype_policy": model.dtype_policy.name}
 
 
 def _last_activation(model: keras.Model) -> str:
-    """The name of the activation the model ends with ('' when none can be told)."""
+    """The name of the activation the model ends with ('' when none can be told): a layer's
+    `activation`, a Softmax layer's own, or a nested model's last."""
     for layer in reversed(model.layers):
+        if isinstance(layer, keras.layers.Softmax):
+            return "softmax"
+        if isinstance(layer, keras.Model):
+            return _last_activation(layer)
         activation = getattr(layer, "activation", None)
         if activation is not None:
             return getattr(activation, "__name__", "")
