@@ -164,6 +164,16 @@ def test_the_article_models_find_batch_size_json_records_no_model_keys(tmp_path)
     assert FindSettings(model="m:f").recorded(64, None, tmp_path)["model"] == "m:f"
 
 
+def test_the_example_models_are_image_classifiers_it_accepts(monkeypatch):
+    # given the repository's root on the path, as `--model scripts.example_models:...` needs
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    for name, batchnorm in (("resnet_small", True), ("mobilenet", True)):
+        model = user_model.build(f"scripts.example_models:{name}")
+        assert user_model.choose_loss(model).kind == "binary" and model.inputs[0].shape[1:] == (32, 32, 3)
+        layers_all = [sub for layer in model.layers for sub in getattr(layer, "layers", [layer])]
+        assert batchnorm == any(isinstance(sub, layers.BatchNormalization) for sub in layers_all)
+
+
 def test_a_saved_model_is_loaded_with_its_weights(tmp_path):
     model = head(layers.Dense(1))
     model.save(tmp_path / "saved.keras")
