@@ -99,11 +99,12 @@ def load(folder: Folder, height: int, width: int, channels: int, dtype: str = "u
 
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         list(pool.map(decode, range(len(paths))))
+    every_label = np.asarray([label for label, _ in paths])
     for label, c in enumerate(folder.classes):
-        if not any(ok[i] for i, (lab, _) in enumerate(paths) if lab == label):
+        if not ok[every_label == label].any():
             raise SettingError(f"no image of class folder {c!r} in {folder.root} decodes", "data")
     kept = np.flatnonzero(ok)
-    labels = np.asarray([paths[i][0] for i in kept], dtype=np.float32)
+    labels = every_label[kept].astype(np.float32)
     chosen = images[kept] if "int" in dtype else images[kept].astype(np.float32)
     return Loaded(Split(chosen, labels, [paths[i][1] for i in kept]),
                   [paths[i][1] for i in np.flatnonzero(~ok)])

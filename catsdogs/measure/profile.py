@@ -147,15 +147,12 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
                 "image_size": size, "data_dir": str(Path(data_dir).resolve()),
                 "memory_cap_bytes": memory_cap_bytes, "min_seconds": min_seconds, "peak_seconds": peak_seconds,
                 "deterministic": deterministic, "tf32": tf32}
+    what = f"{optimizer}, {dataset} data ({size} px), {precision}"
     if user:
         settings.update(model=model, loss=loss, **probe_data.record())
-        log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {model_check.describe(user)}; "
-            f"{optimizer}, {precision}, on {probe_data.said}; {warmup} warm-up + {steps} timed steps each"
-            + settings_note(deterministic, tf32))
-    else:
-        log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {optimizer}, {dataset} data "
-            f"({size} px), {precision}; {warmup} warm-up + {steps} timed steps each"
-            + settings_note(deterministic, tf32))
+        what = f"{model_check.describe(user)}; {optimizer}, {precision}, on {probe_data.said}"
+    log(f"Profile {name}: batch sizes {', '.join(map(str, batch_sizes))}; {what}; {warmup} warm-up + {steps} "
+        "timed steps each" + settings_note(deterministic, tf32))
     prober = probers.Prober(work, memory_cap_bytes, isolate=isolate, env=env)
     try:
         peak, rows = _probe_all(prober, batch_sizes, data_dir, settings, folder / "profile.csv",

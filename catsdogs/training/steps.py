@@ -67,7 +67,6 @@ class DataCache:
                 raise CatsdogsError(f"the data in {data_dir} changed while it was being read")
         return manifest, self._sets[key][1]
 
-
     def load_folder(self, root: str, spec: list) -> loading.Split:
         """A user's image folder (--data) decoded at a model's input `spec` ([height, width,
         channels, classes, dtype]); decoded again when a file changed (folder.fingerprint)."""
@@ -94,10 +93,8 @@ class TrainingStep:
         with self.strategy.scope():
             self.model = self._build(cfg)
             if user:
-                self.loss_choice = user_model.choose_loss(self.model, user[1])
-                loss, metrics = user_model.loss_and_metrics(self.loss_choice)
+                loss, metrics = user_model.loss_and_metrics(user_model.choose_loss(self.model, user[1]))
             else:
-                self.loss_choice = None
                 loss, metrics = loss_and_metrics()
             self.model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, backend), loss=loss, metrics=metrics)
             self.model.optimizer.build(self.model.trainable_variables)
