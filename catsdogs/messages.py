@@ -252,6 +252,10 @@ class TrialTask:
     # evaluate the validation split every so many training images (None: not); not the trial's
     # identity either (a trial with a target has its own, config.eval_every, which wins)
     eval_every: int | None = None
+    # a user's model, trained instead of the article's (find-batch-size's noise scale): {"model",
+    # "loss", and where its images are not the prepared data, "input_spec" and "data_folder"}
+    # as a ProbeTask has them (None: the article's model)
+    user: dict | None = None
 
 
 @dataclass(frozen=True)

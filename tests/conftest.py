@@ -93,6 +93,20 @@ def keras_backend(request, monkeypatch: pytest.MonkeyPatch) -> str:
     return request.param
 
 
+@pytest.fixture
+def a_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`a_project(text)`: the current directory becomes a user's project holding my_models.py of
+    `text` (model functions, for --model my_models:NAME), importable here and in workers."""
+
+    def make(text: str) -> Path:
+        (tmp_path / "my_models.py").write_text(text)
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        return tmp_path
+
+    return make
+
+
 # --- a local HTTP file server ------------------------------------------------------------------
 
 

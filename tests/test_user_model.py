@@ -45,12 +45,9 @@ MODELS = textwrap.dedent("""
 
 
 @pytest.fixture
-def in_a_project(tmp_path, monkeypatch) -> Path:
+def in_a_project(a_project) -> Path:
     """Given: the current directory holds a module of model functions, as a user's project would."""
-    (tmp_path / "my_models.py").write_text(MODELS)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    return a_project(MODELS)
 
 
 @pytest.fixture(scope="module")
@@ -239,12 +236,12 @@ def test_find_batch_size_searches_a_users_model_for_memory_and_speed(keras_backe
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["find-batch-size", "--data-dir", str(data_dir), "--out", str(out),
                                       "--model", "my_models:grey", "--memory-limit", "1GiB", "--max", "64"])
-    # then it searches on random images of its shape, says the noise scale is not measured for it,
+    # then it searches on random images of its shape, says the noise scale needs real ones,
     # and recommends a size that passed
     assert result.exit_code == 0, result.output
     assert "Your model grey: " in result.output and "random images 20 x 24 x 1" in result.output
-    assert "Noise scale: not measured for a model other than the article's" in result.output
-    assert "Critical batch size: not measured for a model other than the article's yet." in result.output
+    assert "Noise scale: not measured: it needs real images" in result.output
+    assert "Critical batch size: not measured: random images have no gradient signal" in result.output
     # on TensorFlow without a prediction (its replay is the article's), on JAX with XLA's plan of this model
     said = "No prediction before the search" if keras_backend == "tensorflow" else "(XLA's memory plan)"
     assert said in result.output

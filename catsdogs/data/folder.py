@@ -108,3 +108,20 @@ def load(folder: Folder, height: int, width: int, channels: int, dtype: str = "u
     chosen = images[kept] if "int" in dtype else images[kept].astype(np.float32)
     return Loaded(Split(chosen, labels, [paths[i][1] for i in kept]),
                   [paths[i][1] for i in np.flatnonzero(~ok)])
+
+
+# A trial on a user's folder (the noise scale's short runs) tests on this share of it, drawn once
+# by a fixed seed, so the folder's test images are the same for every seed and backend.
+TEST_SHARE = 0.1
+
+
+def holdout(split: Split, share: float = TEST_SHARE) -> tuple[Split, Split]:
+    """(train, test): `share` of the images (at least one) held out for testing, the rest to train on."""
+    order = np.random.default_rng(0).permutation(len(split))
+    n_test = max(1, int(round(share * len(split))))
+    test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
+
+    def take(rows) -> Split:
+        return Split(split.images[rows], split.labels[rows], [split.files[i] for i in rows])
+
+    return take(train), take(test)

@@ -27,19 +27,22 @@ def probe_line(p: ProbeRecord) -> str:
     return ", ".join(parts)
 
 
-def _noise_lines(measured: dict | None, settings: dict) -> list[str]:
+def _noise_lines(measured: dict | None, settings: dict, model: dict | None = None) -> list[str]:
     if measured:
         shown = describe(NoiseEstimate.from_dict(measured))
         seeds, first = measured.get("seeds"), measured.get("from_epoch")
         when = (f"over epochs {first}-{measured['epochs']} at batch size {measured['batch_size']}, seeds "
                 f"{' and '.join(map(str, seeds))} pooled" if seeds and first else
                 f"after one epoch at batch size {measured['batch_size']}")
+        if measured.get("estimator") == "two-batch":
+            when += f", by the two-batch estimator on micro-batches of {measured['small']}"
         return [f"Critical batch size (the gradient noise scale B_simple {when}): {shown}; measured in "
                 f"{measured['seconds']:.0f} s. It grows as training goes on, so this early value is a cautious "
                 "one. It assumes batches drawn with replacement; training draws without, whose noise is smaller "
                 "by (n − B)/(n − 1) for n training images."]
-    if settings.get("noise_scale") and settings.get("model"):
-        return ["Critical batch size: not measured for a model other than the article's yet."]
+    if settings.get("noise_scale") and (model or {}).get("random_images"):
+        return ["Critical batch size: not measured: random images have no gradient signal to measure "
+                "(--data DIR, or prepared data of the model's input size, gives it real ones)."]
     if settings.get("noise_scale"):
         return ["Critical batch size: not measured (the short run failed; see above)."]
     return []
@@ -110,7 +113,7 @@ def summary_lines(summary: dict) -> list[str]:
                      f"{s.get('min_seconds') or 0:g} s).")
     lines += _margin_lines(summary, s)
     measured = summary.get("noise_scale")
-    lines += _noise_lines(measured, s)
+    lines += _noise_lines(measured, s, summary.get("model"))
     rec = summary.get("recommendation")
     if not rec:
         lines.append("No recommendation: no size at or below the margin's fit with a throughput measured.")

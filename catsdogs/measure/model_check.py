@@ -83,6 +83,11 @@ class ProbeData:
     count: int | None = None  # the folder's images that decode
     undecodable: int | None = None
 
+    @property
+    def real(self) -> bool:
+        """Real images (a folder, or the prepared data), not random ones: what the noise scale needs."""
+        return bool(self.folder or self.manifest)
+
     def task_fields(self) -> dict:
         """The probes' (ProbeTask) fields."""
         return {"input_spec": self.input_spec, "data_folder": self.folder}

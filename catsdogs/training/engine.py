@@ -26,6 +26,8 @@ import keras
 import numpy as np
 
 from catsdogs import config, gradient_noise, targets
+from catsdogs.data import folder as folder_data
+from catsdogs.data import loading
 from catsdogs.errors import CatsdogsError
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 from catsdogs.host import environment
@@ -43,7 +45,7 @@ def run_task(task: Task, emit=lambda kind, payload: None):
         if isinstance(task, TrialTask):
             sampling = NoiseSampling(**task.noise_sampling) if task.noise_sampling else None
             return run_trial(task.config, Path(task.data_dir), on_epoch=lambda row: emit("progress", row),
-                             noise_sampling=sampling, eval_every=task.eval_every)
+                             noise_sampling=sampling, eval_every=task.eval_every, user=task.user)
         if isinstance(task, ProbeTask):
             return run_probe(task)
         if isinstance(task, PeakTask):
@@ -58,9 +60,12 @@ def run_task(task: Task, emit=lambda kind, payload: None):
 # --- a trial -----------------------------------------------------------------------------------
 
 
-def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
-              noise_sampling: NoiseSampling | None = None, eval_every: int | None = None) -> TrialRecord:
-    """Train and test one configuration; return its record (status done). With `noise_sampling`,
+def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: NoiseSampling | None = None,
+              eval_every: int | None = None, user: dict | None = None) -> TrialRecord:
+    """Train and test one configuration; return its record (status done). `user`: a user's model
+    trained instead of the article's (TrialTask.user), on its folder's images or the prepared data
+    (`_user_splits`); its record has no collapse diagnosis (that reads the article's hidden layer).
+    With `noise_sampling`,
     the gradient noise scale is measured at the start and at each epoch's end (`noise_estimate_at`),
     outside the epochs' clocks and without touching what the trial trains with. With `eval_every`
     (or the trial's own, with a target), the validation curve (catsdogs.training.curve), and a
@@ -68,12 +73,13 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None,
     cfg.check()
     started = time.time()
     backend = backends.current()
-    compiled_before, (train, val, test) = _start(cfg, Path(data_dir), backend)
+    compiled_before, (train, val, test) = _start(cfg, Path(data_dir), backend, user)
     per_epoch, epochs = plan_steps(cfg, len(train))
     built = time.time()
-    step, reused = steps.STEPS.get(cfg, per_epoch, backend)
+    step, reused = steps.STEPS.get(cfg, per_epoch, backend, user=(user["model"], user["loss"]) if user else None)
     setup_seconds = time.time() - built
     model = step.model
+    train, val, test = (steps.as_model_input(split, model) for split in (train, val, test))
 
     train_ds = backend.train_batches(train, cfg.batch_size, cfg.seed, n_batches=per_epoch * epochs,
                                      cross_epochs=cfg.budget == "steps")
@@ -169,7 +175,7 @@ def _curve_fields(curve: Curve | None, cfg: TrialConfig) -> dict:
             **targets.record_fields(curve.points, cfg.until)}
 
 
-def _start(cfg: TrialConfig, data_dir: Path, backend) -> tuple[dict | None, tuple]:
+def _start(cfg: TrialConfig, data_dir: Path, backend, user: dict | None = None) -> tuple[dict | None, tuple]:
     """Every check a trial passes before anything is built, its backend started on the way:
     (the backend's compile counts before the trial, the (train, validation, test) splits)."""
     if cfg.backend != backend.NAME:
@@ -178,9 +184,13 @@ def _start(cfg: TrialConfig, data_dir: Path, backend) -> tuple[dict | None, tupl
     backend.start()
     backends.check_settings(cfg, backend.running_settings())
     compiled_before = backend.compile_counts()
-    manifest, splits = steps.DATA.load(data_dir, cfg.dataset, expect=cfg.data)
-    if manifest["params"]["size"] != cfg.image_size:
-        raise CatsdogsError(f"data in {data_dir} is {manifest['params']['size']} px, trial wants {cfg.image_size}")
+    if user and user.get("data_folder"):  # a user's folder: a fixed tenth of it tests, no validation
+        train, test = folder_data.holdout(steps.DATA.load_folder(user["data_folder"], user["input_spec"]))
+        splits = {"train": train, "validation": loading.Split(train.images[:0], train.labels[:0], []), "test": test}
+    else:
+        manifest, splits = steps.DATA.load(data_dir, cfg.dataset, expect=cfg.data)
+        if manifest["params"]["size"] != cfg.image_size:
+            raise CatsdogsError(f"data in {data_dir} is {manifest['params']['size']} px, trial wants {cfg.image_size}")
     train = splits["train"]
     if len(train) // cfg.batch_size == 0:
         raise CatsdogsError(f"batch size {cfg.batch_size} is larger than the {len(train)} training "
@@ -311,6 +321,8 @@ def diagnose(step: steps.TrainingStep, batches, prefix: str = "") -> dict:
     - logit_abs: the mean |logit|; a large one at step 0 means saturated sigmoids, a first
       gradient of the largest size, and a first Adam step that can push units dead;
     - logit_sd: how much the logit varies between images (0 for a constant prediction)."""
+    if step.inspect is None:  # a user's model: no hidden layer of the article's to read
+        return {}
     hidden, logits = step.inspect.predict(batches, verbose=0)
     logits = np.asarray(logits, dtype=np.float64).ravel()
     alive = np.asarray(hidden).reshape(len(logits), -1).max(axis=0) > 0
@@ -378,14 +390,26 @@ def noise_estimate_at(step: steps.TrainingStep, split, sampling: NoiseSampling, 
     epoch); each one's per-example gradient Gram matrix from the backend
     (catsdogs.training.per_example), up to GRAM_EXAMPLES images a call, gives its micro-batches'
     and its own squared norms. Nothing the trial trains with moves: not its batches, weights,
-    optimizer, metrics or random state. The estimate knows its epoch and how long it took."""
+    optimizer, metrics or random state. The estimate knows its epoch and how long it took.
+
+    A user's model has layers the per-example products do not cover: there each micro-batch's
+    ordinary gradient is formed (backend.micro_gradient_gram: the paper's two-batch estimator, a
+    gradient computation per micro-batch), and the Gram matrix of the micro-batches' gradients
+    gives the same two squared norms. With BatchNormalization a micro-batch's gradient depends on
+    its other examples: its micro-batches must hold at least 2 (find_batch_size.user_noise_sampling)."""
     started = time.perf_counter()
     indices = gradient_noise.draw(len(split), sampling, seed, epoch).reshape(sampling.pairs, sampling.large)
     per_call = max(d for d in range(1, sampling.pairs + 1)  # equal calls: one compiled shape
                    if sampling.pairs % d == 0 and d * sampling.large <= max(GRAM_EXAMPLES, sampling.large))
-    grams = [backend.per_example_gram(step.model, split.images[chunk], split.labels[chunk], sampling.large,
-                                      cache=step.gram_functions)
-             for chunk in (indices[i:i + per_call].ravel() for i in range(0, sampling.pairs, per_call))]
-    small, large = gradient_noise.norms_from_gram(np.concatenate(grams), sampling.micro)
+    chunks = [indices[i:i + per_call].ravel() for i in range(0, sampling.pairs, per_call)]
+    if step.user:  # any model: the two-batch estimator on ordinary gradients, each micro-batch a unit
+        grams = [backend.micro_gradient_gram(step.model, step.loss, split.images[chunk], split.labels[chunk],
+                                             sampling.micro, sampling.micros, cache=step.gram_functions)
+                 for chunk in chunks]
+        small, large = gradient_noise.norms_from_gram(np.concatenate(grams), 1)
+    else:
+        grams = [backend.per_example_gram(step.model, split.images[chunk], split.labels[chunk], sampling.large,
+                                          cache=step.gram_functions) for chunk in chunks]
+        small, large = gradient_noise.norms_from_gram(np.concatenate(grams), sampling.micro)
     estimate = gradient_noise.estimate(small, large, sampling.micro, sampling.large, epoch=epoch)
     return replace(estimate, seconds=round(time.perf_counter() - started, 4))

@@ -75,10 +75,7 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
         record.baseline_rss_mb = rss_mb()  # before the model: runtime + data
         user = (task.model, task.loss) if task.model else None
         step, _ = steps.STEPS.get(cfg, n, backend, keep_others=False, user=user)
-        train = splits["train"]
-        if user and not task.input_spec and "int" not in str(step.model.inputs[0].dtype):
-            # the prepared uint8 images as a float model trains on them (0-255, as Keras's loaders give)
-            train = loading.Split(train.images.astype(str(step.model.inputs[0].dtype)), train.labels, train.files)
+        train = steps.as_model_input(splits["train"], step.model)
         batches = backend.train_batches(train, cfg.batch_size, cfg.seed, n, cross_epochs=True)
         min_seconds = task.min_seconds
         if min_seconds is None:

@@ -96,6 +96,7 @@ class TrainingStep:
                 loss, metrics = user_model.loss_and_metrics(user_model.choose_loss(self.model, user[1]))
             else:
                 loss, metrics = loss_and_metrics()
+            self.loss = loss  # what the noise scale differentiates for a user's model (engine.noise_estimate_at)
             self.model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, backend), loss=loss, metrics=metrics)
             self.model.optimizer.build(self.model.trainable_variables)
             # the engine's collapse diagnosis reads the article's hidden layer; a user's model has none of its own
@@ -117,11 +118,22 @@ class TrainingStep:
         keras.mixed_precision.set_dtype_policy(cfg.precision)
         keras.utils.set_random_seed(cfg.seed)
         fresh = self._build(cfg)
-        for target, source in zip(self.model.weights, fresh.weights, strict=True):
+        # every variable, a Dropout's seed state too (`weights` leaves it out: a reused step then
+        # drew other masks than a fresh one)
+        for target, source in zip(self.model.variables, fresh.variables, strict=True):
             target.assign(source.value)
         del fresh
         for v, start in zip(self.model.optimizer.variables, self._opt_start, strict=True):
             v.assign(np.zeros(v.shape, v.dtype) if start is None else start)
+
+
+def as_model_input(split: loading.Split, model) -> loading.Split:
+    """The split as `model` takes it: the prepared uint8 images cast for a model of float input
+    (0-255, as Keras's loaders give them); as they are for an integer input, the article's."""
+    dtype = str(model.inputs[0].dtype)
+    if "int" in dtype or str(split.images.dtype) == dtype:
+        return split
+    return loading.Split(split.images.astype(dtype), split.labels, split.files)
 
 
 def inspection_model(model):

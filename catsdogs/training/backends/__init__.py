@@ -100,6 +100,10 @@ class Backend(Protocol):
     def per_example_gram(self, model, images, labels, block: int, cache: dict | None = None):
         """Per-example gradient Gram matrices, block by block (catsdogs.training.per_example)."""
 
+    def micro_gradient_gram(self, model, loss, images, labels, micro: int, micros: int, cache: dict | None = None):
+        """Micro-batch gradients' Gram matrices, large batch by large batch (any model: the
+        two-batch estimator, catsdogs.training.engine.noise_estimate_at)."""
+
     # --- memory, errors, the device's peak
     def reset_peak_memory(self) -> None: ...
 
@@ -229,6 +233,14 @@ def current() -> Backend:
         install = {"jax": "pip install 'catsdogs[jax]'", "tensorflow": "pip install tensorflow"}[backend]
         raise CatsdogsError(f"KERAS_BACKEND={backend} needs {backend}, which is not installed: {install}")
     return cast(Backend, module)
+
+
+def seed_states(model) -> set[int]:
+    """The positions, among the model's non-trainable variables, of its random seed states
+    (keras.random.SeedGenerator's: a Dropout's). A stateless call does not move them, so every
+    micro-batch of a measurement would draw the same masks: the dropout noise then common to all
+    of them would read as signal. Each micro-batch moves them on by its index instead."""
+    return {k for k, v in enumerate(model.non_trainable_variables) if v.path.endswith("seed_generator_state")}
 
 
 def matmul_rate(run, n: int, dtype: str, seconds: float, repeats: int) -> dict:

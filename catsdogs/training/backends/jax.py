@@ -46,7 +46,7 @@ from catsdogs.host import (
     reset_peak_rss,
 )
 from catsdogs.schema import Status
-from catsdogs.training.backends import matmul_rate
+from catsdogs.training.backends import matmul_rate, seed_states
 from catsdogs.training.backends.jax_process import HOST_DEVICES_FLAG, LOGICAL_CPUS_ENV, start
 from catsdogs.training.backends.jax_process import compile_counts as compile_counts
 from catsdogs.training.backends.jax_process import process_env as process_env
@@ -278,6 +278,50 @@ def _gram_function(model, block: int):
             taps = [jnp.zeros(shape) for shape in per_example.tap_shapes(model, images.shape[0])]
             deltas, inputs = jax.grad(lambda t: per_example.forward(model, images, labels, t), has_aux=True)(taps)
             return per_example.gram_blocks(tapped, inputs, deltas, block)
+
+    return jax.jit(gram)
+
+
+
+def micro_gradient_gram(model, loss, images, labels, micro: int, micros: int, cache: dict | None = None):
+    """The Gram matrix of micro-batch gradients (the two-batch estimator, any model:
+    catsdogs.training.engine.noise_estimate_at): numpy (n // (micro * micros), micros, micros).
+    Each micro-batch of `micro` consecutive examples gets its ordinary gradient of `loss` (its mean,
+    plus the model's own losses) at the current weights, in training mode; a large batch is
+    `micros` consecutive micro-batches. `vmap` over them, one jitted function per shape in `cache`.
+    Stateless: no variable moves; each micro-batch draws its own dropout masks (backends.seed_states)."""
+    import numpy as np
+
+    functions = {} if cache is None else cache
+    key = ("micro", micro, micros)  # apart from per_example_gram's keys (ints)
+    if key not in functions:
+        functions[key] = _micro_gram_function(model, loss, micro, micros)
+    return np.asarray(functions[key]([v.value for v in model.trainable_variables],
+                                     [v.value for v in model.non_trainable_variables], images, labels), np.float64)
+
+
+def _micro_gram_function(model, loss, micro: int, micros: int):
+    import jax
+    import jax.numpy as jnp
+
+    seeds = seed_states(model)
+
+    def gradient(trainable, non_trainable, x, y, i):
+        non_trainable = [v + jnp.stack([0, i]).astype(v.dtype) if k in seeds else v  # micro-batch i's own masks
+                         for k, v in enumerate(non_trainable)]
+
+        def loss_of(values):
+            predicted, _, losses = model.stateless_call(values, non_trainable, x, training=True, return_losses=True)
+            return loss(y, predicted) + sum(losses, jnp.float32(0))
+
+        return jnp.concatenate([jnp.ravel(g).astype(jnp.float32) for g in jax.grad(loss_of)(trainable)])
+
+    def gram(trainable, non_trainable, images, labels):
+        xs, ys = images.reshape(-1, micro, *images.shape[1:]), labels.reshape(-1, micro)
+        vectors = jax.vmap(gradient, in_axes=(None, None, 0, 0, 0))(trainable, non_trainable, xs, ys,
+                                                                    jnp.arange(xs.shape[0]))
+        vectors = vectors.reshape(-1, micros, vectors.shape[-1])
+        return jnp.einsum("pid,pjd->pij", vectors, vectors)
 
     return jax.jit(gram)
 

@@ -21,7 +21,7 @@ import time
 
 from catsdogs.host import cpu_description, host_memory_bytes, peak_rss_mb, reset_peak_rss
 from catsdogs.schema import Status
-from catsdogs.training.backends import matmul_rate
+from catsdogs.training.backends import matmul_rate, seed_states
 
 NAME = "tensorflow"
 LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many logical devices
@@ -287,6 +287,53 @@ def _gram_function(model, block: int):
 
     return gram
 
+
+
+def micro_gradient_gram(model, loss, images, labels, micro: int, micros: int, cache: dict | None = None):
+    """The Gram matrix of micro-batch gradients (the two-batch estimator's, for any model:
+    catsdogs.training.micro_gradients): numpy (n // (micro * micros), micros, micros), float64.
+
+    Each micro-batch of `micro` consecutive examples gets its ordinary gradient of `loss` (mean
+    over it, plus the model's own losses) at the model's current weights, in training mode
+    (BatchNormalization normalizes over the micro-batch), from one tf.function per shape (kept in
+    `cache`) called micro-batch by micro-batch: a graph unrolled over a large batch's micro-batches
+    would trace a large model that many times. Stateless (the variables' values are passed through
+    Keras's `stateless_call`): BatchNormalization's moving statistics and a dropout's seed move in
+    no variable; each micro-batch draws its own dropout masks (backends.seed_states)."""
+    import numpy as np
+    import tensorflow as tf
+
+    functions = {} if cache is None else cache
+    key = ("micro", micro)  # apart from per_example_gram's keys (ints)
+    if key not in functions:
+        functions[key] = _micro_gradient_function(model, loss)
+    vectors = tf.stack([functions[key](tf.constant(images[i:i + micro]), tf.constant(labels[i:i + micro]),
+                                       tf.constant(i // micro, tf.int64))
+                        for i in range(0, len(images), micro)])
+    vectors = tf.reshape(vectors, (-1, micros, vectors.shape[-1]))
+    return np.asarray(tf.einsum("pid,pjd->pij", vectors, vectors).numpy(), np.float64)
+
+
+def _micro_gradient_function(model, loss):
+    import tensorflow as tf
+
+    seeds = seed_states(model)
+
+    @tf.function
+    def gradient(x, y, i):
+        trainable = [tf.convert_to_tensor(v.value) for v in model.trainable_variables]
+        non_trainable = [tf.convert_to_tensor(v.value) for v in model.non_trainable_variables]
+        # micro-batch i draws its own dropout masks: its seed states moved on by i
+        non_trainable = [tf.cast(tf.cast(v, tf.int64) + tf.stack([tf.constant(0, tf.int64), i]), v.dtype)  # no uint32 add
+                         if k in seeds else v for k, v in enumerate(non_trainable)]
+        with tf.GradientTape() as tape:
+            tape.watch(trainable)
+            predicted, _, losses = model.stateless_call(trainable, non_trainable, x, training=True, return_losses=True)
+            value = loss(y, predicted) + tf.add_n([tf.constant(0.0), *losses])
+        grads = tape.gradient(value, trainable, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for g in grads], 0)
+
+    return gradient
 
 # --- memory ------------------------------------------------------------------------------------
 
