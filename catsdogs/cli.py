@@ -452,7 +452,8 @@ MODEL_OPTIONS = options(
                  help="Your model instead of the article's: a saved Keras model (PATH.keras) or a function "
                       "returning one (package.module:function, imported from the current directory). It runs "
                       "on the prepared data where it takes their images, else on random images of its input "
-                      "shape (memory and speed do not depend on what the images show)."),
+                      "shape (memory and speed do not depend on what the images show; the noise scale "
+                      "does, and is measured only on real images)."),
     click.option("--data", "images", type=click.Path(path_type=Path), default=None, metavar="DIR",
                  help="With --model: your images, one subfolder per class (as "
                       "keras.utils.image_dataset_from_directory reads them), decoded and resized to the "

@@ -230,6 +230,10 @@ class ModelInfo(Record):
     from_logits: bool | None = None
     loss_description: str | None = None
     dtype_policy: str | None = None  # its layers' (a saved model keeps its own)
+    # a training step's FLOPs an image, counted as the article's are (user_model.train_flops_per_image);
+    # None where it has a layer with weights the count does not know
+    train_flops_per_image: float | None = None
+    flops_unknown: list | None = None  # those layers' kinds
     source: dict | None = None  # the reference as checked: a file's SHA-256 (parent: model_ref.source)
     error: str | None = None
     traceback: str | None = None

@@ -171,6 +171,27 @@ def test_the_example_models_are_image_classifiers_it_accepts(monkeypatch):
         assert batchnorm == any(isinstance(sub, layers.BatchNormalization) for sub in layers_all)
 
 
+@pytest.mark.parametrize("size", [32, 200])
+def test_the_article_models_flops_counted_by_its_layers_are_its_analytic_count(size):
+    from catsdogs.training.costs import train_flops_per_image
+    from catsdogs.training.model import build_model
+
+    # given the article's model handed in as a user's, then its FLOPs by its layers are the built-in count
+    assert user_model.train_flops_per_image(build_model(size)) == (train_flops_per_image(size), [])
+
+
+def test_depthwise_and_separable_convolutions_are_counted_and_an_unknown_layer_makes_the_count_unknown():
+    # given a depthwise 3x3 (8 channels, 8x8 out) then a separable 3x3 to 4 filters (6x6 out), a Dense(1)
+    model = keras.Sequential([keras.Input((10, 10, 8)), layers.DepthwiseConv2D(3), layers.BatchNormalization(),
+                              layers.SeparableConv2D(4, 3), layers.Flatten(), layers.Dense(1)])
+    forward = 2 * (9 * 8 * 64) + 2 * (9 * 8 + 8 * 4) * 36 + 2 * 144
+    # then the count is three forward passes of their multiply-adds (BatchNormalization not counted)
+    assert user_model.train_flops_per_image(model) == (3.0 * forward, [])
+    # and a layer with weights it does not know makes it unknown, naming the layer's kind
+    seq = keras.Sequential([keras.Input((8, 8)), layers.LSTM(4), layers.Dense(1)])
+    assert user_model.train_flops_per_image(seq) == (None, ["LSTM"])
+
+
 def test_a_saved_model_is_loaded_with_its_weights(tmp_path):
     model = head(layers.Dense(1))
     model.save(tmp_path / "saved.keras")

@@ -42,6 +42,12 @@ MODELS = textwrap.dedent("""
         return keras.Sequential([keras.Input((32, 32, 3)), layers.Rescaling(1 / 255), layers.Conv2D(4, 3),
                                  layers.BatchNormalization(), layers.ReLU(), layers.Dropout(0.2),
                                  layers.GlobalAveragePooling2D(), layers.Dense(3)], name="normed")
+
+
+    def depthwise():  # JAX maps its micro-batches in turn (vmap would make a grouped convolution of them all)
+        return keras.Sequential([keras.Input((32, 32, 3)), layers.Rescaling(1 / 255), layers.DepthwiseConv2D(3),
+                                 layers.BatchNormalization(), layers.ReLU(), layers.GlobalAveragePooling2D(),
+                                 layers.Dense(3)], name="depthwise")
 """)
 
 
@@ -71,7 +77,7 @@ import json, sys
 import numpy as np
 import keras
 sys.path.insert(0, sys.argv[1])
-from my_models import article, normed
+from my_models import article, depthwise, normed
 from catsdogs.training import backends
 from catsdogs.training.model import loss_and_metrics
 
@@ -93,7 +99,7 @@ moved = max(float(np.abs(np.array(w.value) - b).max()) for w, b in zip(model.wei
 twins = backend.micro_gradient_gram(model, loss, np.tile(images[:2], (4, 1, 1, 1)), np.tile(labels[:2], 4),
                                     micro=2, micros=4)
 
-def plain_gradient(x, y):  # the framework's own gradient of a micro-batch's loss, in training mode
+def plain_gradient(x, y, model=model):  # the framework's own gradient of a micro-batch's loss, in training mode
     if backend.NAME == "jax":
         import jax
         rest = [v.value for v in model.non_trainable_variables]
@@ -116,6 +122,11 @@ quiet_twins = backend.micro_gradient_gram(model, loss, np.tile(images[:2], (4, 1
 flat = np.stack([plain_gradient(images[i:i + 2], labels[i:i + 2]) for i in range(0, 12, 2)]).reshape(2, 3, -1)
 reference = np.einsum("pid,pjd->pij", flat, flat)
 
+dw = depthwise()
+dw_gram = backend.micro_gradient_gram(dw, loss, images, labels, micro=2, micros=3)
+flat = np.stack([plain_gradient(images[i:i + 2], labels[i:i + 2], dw) for i in range(0, 12, 2)]).reshape(2, 3, -1)
+dw_reference = np.einsum("pid,pjd->pij", flat, flat)
+
 keras.utils.set_random_seed(4)
 art = article()
 x8 = rng.integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
@@ -124,6 +135,7 @@ singles = backend.micro_gradient_gram(art, loss_and_metrics()[0], x8, y8, micro=
 ghost = backend.per_example_gram(art, x8, y8, block=4)
 print(json.dumps({"gram": gram.tolist(), "quiet": quiet.tolist(), "reference": reference.tolist(), "moved": moved,
                   "twins": twins.tolist(), "quiet_twins": quiet_twins.tolist(),
+                  "dw_gram": dw_gram.tolist(), "dw_reference": dw_reference.tolist(),
                   "singles": singles.tolist(), "ghost": ghost.tolist()}))
 """
 
@@ -143,6 +155,8 @@ def test_micro_batch_gradients_are_the_frameworks_own_and_move_no_state(keras_ba
     assert got["gram"].shape == (2, 3, 3)
     reference = got["reference"]
     assert np.allclose(got["quiet"], reference, rtol=1e-4, atol=1e-6 * np.abs(reference).max())
+    # and so for a depthwise convolution's model (on JAX its micro-batches in turn)
+    assert np.allclose(got["dw_gram"], got["dw_reference"], rtol=1e-4, atol=1e-6 * np.abs(got["dw_reference"]).max())
     # and with dropout each micro-batch draws its own masks: the same images give different
     # gradients (without it, the same ones)
     twins, quiet_twins = got["twins"][0], got["quiet_twins"][0]

@@ -128,5 +128,7 @@ def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None) -> Pro
 
 def describe(info: ModelInfo) -> str:
     """One line: the model, its size and its loss."""
+    flops = (f"{info.train_flops_per_image / 1e6:,.1f} MFLOPs an image a training step" if info.train_flops_per_image
+             else f"FLOPs not counted (layers {', '.join(info.flops_unknown or [])}: no MFU)")
     return (f"model {info.name}: {info.parameters:,} parameters, {info.layers} layers, input "
-            f"{' x '.join(map(str, info.input_shape))}; {info.loss_description}")
+            f"{' x '.join(map(str, info.input_shape))}, {flops}; {info.loss_description}")

@@ -89,8 +89,8 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
         median, mean = statistics.median(times), statistics.fmean(times)
         _fill(record, status=Status.DONE, step_time_median_s=median, step_time_mean_s=mean,
               step_times_s=times, timed_steps=len(times), timed_seconds=sum(times),
-              images_per_second=cfg.batch_size / median,  # the article's FLOPs only: a user's model has none counted yet
-              flops_per_second=None if user else train_flops_per_image(size) * cfg.batch_size / median, **nvml)
+              images_per_second=cfg.batch_size / median, **nvml,
+              flops_per_second=(flops * cfg.batch_size / median) if (flops := _flops(step, size)) else None)
     except Exception as exc:  # noqa: BLE001 - out of memory and failures are recorded outcomes
         if sampler:
             _fill(record, **sampler.stop())
@@ -98,6 +98,12 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
         steps.STEPS.clear()  # whatever the failed step allocated goes back before the next task
     _fill(record, **backend.peak_memory())
     return record
+
+
+def _flops(step: steps.TrainingStep, size: int) -> float | None:
+    """A training step's FLOPs an image: the article's model's analytic count, or a user's model's
+    by its layers (None where it has one the count does not know)."""
+    return user_model.train_flops_per_image(step.model)[0] if step.user else train_flops_per_image(size)
 
 
 RANDOM_IMAGES = 64  # a random split's images: a larger batch repeats them (as a probe repeats the train split)

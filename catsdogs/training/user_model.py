@@ -7,7 +7,7 @@ images: one input of shape (height, width, channels), one output of shape (class
 `loss_and_metrics` picks the loss from the last layer: width 1 is binary cross-entropy, width k > 1
 sparse categorical cross-entropy over k classes, from probabilities where the last activation is
 a sigmoid (softmax) and from logits otherwise; `--loss` names it instead. `describe` is what the
-parent prints and records.
+parent prints and records, with the model's FLOPs counted by its layers (`train_flops_per_image`).
 
 Runs inside a worker, after its backend has started, so Keras is imported at the top.
 """
@@ -15,6 +15,7 @@ Runs inside a worker, after its backend has started, so Keras is imported at the
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass
 
 import keras
@@ -112,11 +113,58 @@ def loss_and_metrics(choice: LossChoice):
 
 def describe(model: keras.Model, choice: LossChoice) -> dict:
     """What the parent prints and records of a user's model."""
+    flops, unknown = train_flops_per_image(model)
     return {"name": model.name, "input_shape": list(model.inputs[0].shape[1:]),
-            "input_dtype": str(model.inputs[0].dtype), "classes": choice.classes,
+            "train_flops_per_image": flops, "flops_unknown": unknown or None, "input_dtype": str(model.inputs[0].dtype), "classes": choice.classes,
             "parameters": int(model.count_params()), "layers": len(model.layers),
             "loss": choice.kind, "from_logits": choice.from_logits, "loss_description": choice.describe(),
             "dtype_policy": model.dtype_policy.name}
+
+
+# Layers whose multiply-adds are counted; every other layer with weights makes the count unknown.
+# Weightless layers (activations, pooling, adds) and normalizations (a few operations a value)
+# are left out, as the article's count leaves out its ReLUs, pooling and biases.
+NORMALIZATIONS = (keras.layers.BatchNormalization, keras.layers.LayerNormalization,
+                  keras.layers.GroupNormalization)
+
+
+def train_flops_per_image(model: keras.Model) -> tuple[float | None, list[str]]:
+    """(a training step's FLOPs an image, the kinds of layer with weights it could not count):
+    the multiply-adds (2 FLOPs each) of every Dense, Conv2D, DepthwiseConv2D and SeparableConv2D,
+    times 3 for the backward pass, as catsdogs.training.costs.train_flops_per_image counts the
+    article's model (to which this comes to the same number: tests/test_user_model.py). None with
+    the kinds of layer it does not know."""
+    forward, unknown = 0.0, []
+    for layer in _leaf_layers(model):
+        out = layer.output.shape[1:] if layer.weights else None
+        if isinstance(layer, keras.layers.Dense):
+            forward += 2.0 * layer.kernel.shape[0] * layer.units * _positions(out)
+        elif isinstance(layer, keras.layers.SeparableConv2D):
+            kh, kw = layer.kernel_size
+            channels = layer.depthwise_kernel.shape[2] * layer.depth_multiplier  # the pointwise step's input
+            forward += 2.0 * (kh * kw * channels + channels * layer.filters) * _positions(out)
+        elif isinstance(layer, keras.layers.DepthwiseConv2D):
+            kh, kw = layer.kernel_size
+            forward += 2.0 * kh * kw * layer.kernel.shape[2] * layer.depth_multiplier * _positions(out)
+        elif isinstance(layer, keras.layers.Conv2D):
+            forward += 2.0 * math.prod(layer.kernel.shape) * _positions(out)
+        elif layer.weights and not isinstance(layer, NORMALIZATIONS):
+            unknown.append(type(layer).__name__)
+    return (None if unknown else 3.0 * forward), sorted(set(unknown))
+
+
+def _leaf_layers(model):
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            yield from _leaf_layers(layer)
+        else:
+            yield layer
+
+
+def _positions(shape) -> int:
+    """The output positions a layer's kernel is applied at: the product of its output's leading
+    dimensions (all but the last: a Conv2D's height x width, a Dense's 1 on a flat input)."""
+    return math.prod(shape[:-1]) if shape is not None and len(shape) > 1 else 1
 
 
 def _last_activation(model: keras.Model) -> str:

@@ -243,6 +243,17 @@ def seed_states(model) -> set[int]:
     return {k for k, v in enumerate(model.non_trainable_variables) if v.path.endswith("seed_generator_state")}
 
 
+def has_depthwise(model) -> bool:
+    """Whether the model (its nested models too) has a depthwise convolution. JAX's `vmap` makes
+    its kernel's gradient over many micro-batches one grouped convolution of every micro-batch's
+    channels: 43 GB for keras.applications' MobileNet at 32 px. Such a model's micro-batches go one
+    after another (backends.jax.micro_gradient_gram; 3.3x slower for a small ResNet)."""
+    for layer in getattr(model, "layers", []):
+        if type(layer).__name__ in ("DepthwiseConv2D", "SeparableConv2D") or has_depthwise(layer):
+            return True
+    return False
+
+
 def matmul_rate(run, n: int, dtype: str, seconds: float, repeats: int) -> dict:
     """A backend's matmul peak from `run(k)`, which times k n x n products in `dtype` and waits for
     them: the best of `repeats` timings of as many products as fill about `seconds`, after a

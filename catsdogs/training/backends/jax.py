@@ -46,7 +46,7 @@ from catsdogs.host import (
     reset_peak_rss,
 )
 from catsdogs.schema import Status
-from catsdogs.training.backends import matmul_rate, seed_states
+from catsdogs.training.backends import has_depthwise, matmul_rate, seed_states
 from catsdogs.training.backends.jax_process import HOST_DEVICES_FLAG, LOGICAL_CPUS_ENV, start
 from catsdogs.training.backends.jax_process import compile_counts as compile_counts
 from catsdogs.training.backends.jax_process import process_env as process_env
@@ -284,12 +284,10 @@ def _gram_function(model, block: int):
 
 
 def micro_gradient_gram(model, loss, images, labels, micro: int, micros: int, cache: dict | None = None):
-    """The Gram matrix of micro-batch gradients (the two-batch estimator, any model:
-    catsdogs.training.engine.noise_estimate_at): numpy (n // (micro * micros), micros, micros).
-    Each micro-batch of `micro` consecutive examples gets its ordinary gradient of `loss` (its mean,
-    plus the model's own losses) at the current weights, in training mode; a large batch is
-    `micros` consecutive micro-batches. `vmap` over them, one jitted function per shape in `cache`.
-    Stateless: no variable moves; each micro-batch draws its own dropout masks (backends.seed_states)."""
+    """Gram matrices of micro-batch gradients (the two-batch estimator: engine.noise_estimate_at),
+    numpy (pairs, micros, micros): each `micro` consecutive examples' gradient of `loss` (plus the
+    model's own losses) in training mode, stateless, with its own dropout masks (seed_states), by
+    `vmap` (in turn for a depthwise model: has_depthwise); one jitted function a shape in `cache`."""
     import numpy as np
 
     functions = {} if cache is None else cache
@@ -304,7 +302,7 @@ def _micro_gram_function(model, loss, micro: int, micros: int):
     import jax
     import jax.numpy as jnp
 
-    seeds = seed_states(model)
+    seeds, batched = seed_states(model), not has_depthwise(model)
 
     def gradient(trainable, non_trainable, x, y, i):
         non_trainable = [v + jnp.stack([0, i]).astype(v.dtype) if k in seeds else v  # micro-batch i's own masks
@@ -318,8 +316,9 @@ def _micro_gram_function(model, loss, micro: int, micros: int):
 
     def gram(trainable, non_trainable, images, labels):
         xs, ys = images.reshape(-1, micro, *images.shape[1:]), labels.reshape(-1, micro)
-        vectors = jax.vmap(gradient, in_axes=(None, None, 0, 0, 0))(trainable, non_trainable, xs, ys,
-                                                                    jnp.arange(xs.shape[0]))
+        index = jnp.arange(xs.shape[0])
+        vectors = (jax.vmap(gradient, in_axes=(None, None, 0, 0, 0))(trainable, non_trainable, xs, ys, index) if batched
+                   else jax.lax.map(lambda a: gradient(trainable, non_trainable, *a), (xs, ys, index)))
         vectors = vectors.reshape(-1, micros, vectors.shape[-1])
         return jnp.einsum("pid,pjd->pij", vectors, vectors)
 
