@@ -234,6 +234,8 @@ class ModelInfo(Record):
     # None where it has a layer with weights the count does not know
     train_flops_per_image: float | None = None
     flops_unknown: list | None = None  # those layers' kinds
+    activation_bytes_per_image: float | None = None  # its layers' outputs, an image's (user_model.activation_bytes)
+    article_size: int | None = None  # the image size at which it is the article's model (user_model.article_size)
     source: dict | None = None  # the reference as checked: a file's SHA-256 (parent: model_ref.source)
     error: str | None = None
     traceback: str | None = None

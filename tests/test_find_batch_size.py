@@ -266,7 +266,7 @@ class LinearProber:
         self.cap_mb, self.fresh_from = memory_cap_bytes / 2**20, fresh_from
         LinearProber.calls = []
 
-    def run(self, task):
+    def run(self, task, fresh=False):
         peak = predicted_peak_bytes(task.batch_size, self.base_mb * MiB, SIZE, train_images=48) / MiB
         LinearProber.calls.append((task.batch_size, self.fresh_from))
         fresh = self.fresh_from is not None and task.batch_size >= self.fresh_from
@@ -439,7 +439,7 @@ class SqrtSpeedProber(LinearProber):
     """LinearProber whose throughput grows as the square root of the batch size (the step time too):
     T(B) = (1 + B_noise/B) sqrt(B) is least at B = B_noise."""
 
-    def run(self, task):
+    def run(self, task, fresh=False):
         record = super().run(task)
         record.images_per_second = 100.0 * task.batch_size ** 0.5
         return record
@@ -603,7 +603,7 @@ def test_the_noise_scale_pools_epochs_2_and_3_of_two_seeds_and_records_them(tmp_
         def __init__(self, log_path, env=None):
             workers.append(self)
 
-        def run(self, task):
+        def run(self, task, fresh=False):
             return fake_run(task)
 
         def close(self):

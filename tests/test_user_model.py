@@ -192,6 +192,47 @@ def test_depthwise_and_separable_convolutions_are_counted_and_an_unknown_layer_m
     assert user_model.train_flops_per_image(seq) == (None, ["LSTM"])
 
 
+def test_a_users_models_memory_is_predicted_on_the_line_through_its_two_probes():
+    from catsdogs.training.costs import line_second_batch, predict_max_batch_size_line
+
+    mib = 2**20
+    # given a cap of 2048 MiB, batch size 1 peaking at 800 MiB and 1.5 MiB of activations an image
+    second = line_second_batch(2048 * mib, 800 * mib, 1.5 * mib)
+    # then the second probe is a fifth of what the activations would fit, a multiple of 8
+    assert second == 160  # 1248 / 1.5 / 5 = 166, down to a multiple of 8
+    # when it peaks at 1000 MiB (1.258 MiB an image), then the line meets the cap at 993
+    pred = predict_max_batch_size_line(2048 * mib, 1, 800 * mib, second, 1000 * mib)
+    assert pred["max_batch_size"] == 993 and pred["method"] == "line" and second <= pred["max_batch_size"] / 4
+    assert pred["baseline_bytes"] + pred["per_image_bytes"] * 993 <= 2048 * mib
+    # and a second peak no higher than the first gives no line, and no room a probe of 8
+    assert predict_max_batch_size_line(2048 * mib, 1, 800 * mib, 160, 790 * mib) is None
+    assert line_second_batch(700 * mib, 800 * mib, 1.5 * mib) == 8
+
+
+def test_the_article_model_is_told_by_its_layers_saved_or_built_and_another_is_not(tmp_path):
+    from catsdogs.training.model import build_model
+
+    # given the article's model built, saved and loaded, and one with another hidden layer's width
+    build_model(32).save(tmp_path / "article.keras")
+    loaded = keras.saving.load_model(tmp_path / "article.keras", compile=False)
+    other = keras.Sequential([keras.Input((32, 32, 3), dtype="uint8"), layers.Rescaling(1.0 / 255),
+                              layers.Conv2D(32, (3, 3), activation="relu", kernel_initializer="he_uniform",
+                                            padding="same"),
+                              layers.MaxPooling2D((2, 2)), layers.Flatten(),
+                              layers.Dense(64, activation="relu", kernel_initializer="he_uniform"),
+                              layers.Dense(1, dtype="float32")])
+    # then the first two are the article's at 32 px, the other is not
+    assert user_model.article_size(build_model(32)) == user_model.article_size(loaded) == 32
+    assert user_model.article_size(other) is None
+
+
+def test_a_models_activations_are_its_layers_outputs_an_image():
+    model = keras.Sequential([keras.Input((4, 4, 2)), layers.Conv2D(3, 3, padding="same"), layers.Flatten(),
+                              layers.Dense(5)])
+    # conv 48 + flatten 48 + dense 5 floats of 4 bytes (a Sequential's input is no layer of it)
+    assert user_model.activation_bytes(model) == 4 * (48 + 48 + 5)
+
+
 def test_a_saved_model_is_loaded_with_its_weights(tmp_path):
     model = head(layers.Dense(1))
     model.save(tmp_path / "saved.keras")
@@ -263,9 +304,9 @@ def test_find_batch_size_searches_a_users_model_for_memory_and_speed(keras_backe
     assert "Your model grey: " in result.output and "random images 20 x 24 x 1" in result.output
     assert "Noise scale: not measured: it needs real images" in result.output
     assert "Critical batch size: not measured: random images have no gradient signal" in result.output
-    # on TensorFlow without a prediction (its replay is the article's), on JAX with XLA's plan of this model
-    said = "No prediction before the search" if keras_backend == "tensorflow" else "(XLA's memory plan)"
-    assert said in result.output
+    # predicted on either backend by the line through batch size 1 and a fresh probe
+    assert "(a line through the batch-size-1 probe and a fresh one)" in result.output
+    assert "A line through two probes predicts" in result.output
     saved = json.loads((out / "find-batch-size" / "find_batch_size.json").read_text())
     assert saved["model"]["model"] == "my_models:grey" and saved["model"]["input_spec"] == [20, 24, 1, 2, "float32"]
     assert saved["settings"]["model"] == "my_models:grey" and saved["largest_fitting"] == 64

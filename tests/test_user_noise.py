@@ -263,3 +263,25 @@ def test_find_batch_size_measures_a_users_models_noise_scale_on_its_folder(keras
     assert noise["trace"] > 0 and noise["low"] is not None
     assert saved["model"]["data_folder"] == str(pictures) and saved["model"]["image_count"] == 120
     assert saved["recommendation"]["batch_size"] in {p["batch_size"] for p in saved["probes"] if p["status"] == "done"}
+
+
+@pytest.mark.slow
+def test_the_article_model_handed_in_is_predicted_by_the_articles_memory_model(keras_backend, in_a_project, data_dir,
+                                                                              tmp_path):
+    # when find-batch-size runs on the article's model built in, and handed in as a user's
+    runs = {}
+    for name, extra in (("built-in", []), ("handed-in", ["--model", "my_models:article"])):
+        result = CliRunner().invoke(cli, ["find-batch-size", "--data-dir", str(data_dir), "--out", str(tmp_path / "out"),
+                                          "--name", name, "--memory-limit", "1GiB", "--max", "16", "--no-noise-scale",
+                                          *extra])
+        assert result.exit_code == 0, result.output
+        runs[name] = json.loads((tmp_path / "out" / name / "find_batch_size.json").read_text())["prediction"]
+    # then both are predicted by the article's own model of its memory (the replay, or XLA's plan)
+    built_in, handed_in = runs["built-in"], runs["handed-in"]
+    assert handed_in["method"] == built_in["method"] == ("bfc" if keras_backend == "tensorflow" else "xla")
+    if keras_backend == "tensorflow":  # the same bytes an image and batch-independent bytes
+        assert handed_in["per_image_bytes"] == built_in["per_image_bytes"]
+        assert handed_in["state_bytes"] == built_in["state_bytes"]
+    else:  # the same plan of the step at the batch sizes both compiled (the others follow the measured peak)
+        assert handed_in["planned_bytes"]["1"] == built_in["planned_bytes"]["1"]
+        assert handed_in["planned_bytes"]["64"] == built_in["planned_bytes"]["64"]

@@ -17,9 +17,9 @@ The prediction comes first: after the batch-size-1 probe (the calibration) and b
 so it uses no probe above its calibration. On TensorFlow the step's allocations replayed through
 a model of its BFC allocator (catsdogs.training.costs.predict_max_batch_size: on the CPU, the
 pages its growing regions have had written), arithmetic in this process; on JAX, whose compiler
-fuses ops and assigns buffers itself, XLA's own plan of the step
-(costs.predict_max_batch_size_planned), compiled at a few batch sizes in a worker of its own.
-Either way this process imports no framework. The prediction then sets which probes need a fresh
+fuses ops and assigns buffers itself, XLA's plan of the step (costs.predict_max_batch_size_planned),
+compiled in a worker of its own. A user's model: a line through the calibration and one fresh probe
+(`_predict_line`). Either way this process imports no framework. The prediction then sets which probes need a fresh
 worker: every probe at or above search.FRESH_SHARE of the predicted limit (catsdogs.measure.prober
 says why a reused worker cannot answer near the limit), and any that ran out of memory in a
 reused one. After the search, the margin's size is probed too if it was not already ("confirm").
@@ -82,7 +82,12 @@ from catsdogs.messages import (
 )
 from catsdogs.schema import Status, TrialConfig, default
 from catsdogs.training import backends
-from catsdogs.training.costs import predict_max_batch_size, predicted_peak_bytes
+from catsdogs.training.costs import (
+    line_second_batch,
+    predict_max_batch_size,
+    predict_max_batch_size_line,
+    predicted_peak_bytes,
+)
 from catsdogs.training.worker import Worker, run_isolated
 
 CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline comes from
@@ -167,7 +172,7 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
             noise_run = measure_noise_scale(data_dir, manifest, settings, work, env, log, probe_data=probe_data)
         calib = run.probe(CALIBRATION_BATCH, "calibrate")
         predicting = time.perf_counter()
-        pred = _predict_first(run, calib, manifest, size, data_dir, work, env, log)
+        pred = _predict_first(run, calib, manifest, size, data_dir, work, env, log, user)
         predict_seconds = time.perf_counter() - predicting
         early = critical_probe(noise_run.estimate if noise_run else None, safe=None)
         result = search(lambda b: run.probe_on_the_way(b, early), mode=settings.mode, start=settings.start,
@@ -253,8 +258,8 @@ class ProbeRun:
         self.prober = probers.Prober(work, settings.memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=settings.isolate,
                                      env=env)
 
-    def probe(self, batch_size: int, phase: str) -> ProbeRecord:
-        """The probe of `batch_size`: run now, or the one already run."""
+    def probe(self, batch_size: int, phase: str, fresh: bool = False) -> ProbeRecord:
+        """The probe of `batch_size`: run now (in a fresh worker with `fresh`), or the one already run."""
         for p in self.probes:
             if p.batch_size == batch_size:
                 return p
@@ -264,7 +269,7 @@ class ProbeRun:
                          tf32=s.tf32, min_seconds=s.min_seconds, model=s.model, loss=s.loss,
                          **(self.probe_data.task_fields() if self.probe_data else {}))
         started = time.perf_counter()
-        p = self.prober.run(task)
+        p = self.prober.run(task, fresh=fresh)
         p.order, p.phase, p.wall_seconds = len(self.probes) + 1, phase, round(time.perf_counter() - started, 2)
         self.probes.append(p)
         self.log(probe_line(p))
@@ -363,20 +368,20 @@ def _first_line(text) -> str:
 
 
 def _predict_first(run: ProbeRun, calib: ProbeRecord, manifest: dict | None, size: int, data_dir: Path, work: Path,
-                   env: dict, log) -> dict | None:
-    """The prediction from the calibration probe alone, before any search probe; the probes it
-    puts near the limit get a fresh worker. None when there is no cap or the plan failed."""
+                   env: dict, log, user: model_check.ModelInfo | None = None) -> dict | None:
+    """The prediction before any search probe: from the calibration probe (the article's model,
+    handed in as a user's too, on the prepared data), or from it and one fresh probe of at most a
+    quarter of the answer (any other model: `_predict_line`); the probes it puts near the limit get a fresh worker. None when there is no
+    cap or the model failed."""
     s = run.settings
     cap_mb = calib.memory_cap_mb or calib.device_memory_limit_mb
     if not (calib.status == Status.DONE and calib.peak_memory_mb and cap_mb):
         return None
-    if s.model is not None and backends.current().compiled_step_bytes is None:
-        log("No prediction before the search: TensorFlow's replay knows the article's layers only, and a "
-            "model other than it is searched without one.")
-        return None
-    train_images = sum(manifest["counts"][s.dataset]["train"].values()) if manifest else None
-    spec = run.probe_data.input_spec if run.probe_data else None
-    pred = _predict(calib, cap_mb, data_dir, work, size, train_images, s, log, env, spec)
+    if user is not None and not (user.article_size and manifest):  # the article's layers: its own model, below
+        pred = _predict_line(run, calib, cap_mb, user, log)
+    else:
+        train_images = sum(manifest["counts"][s.dataset]["train"].values()) if manifest else None
+        pred = _predict(calib, cap_mb, data_dir, work, size, train_images, s, log, env)
     if pred:
         run.prober.fresh_from = fresh_threshold(pred["max_batch_size"])
         log(f"Predicted before the search: {pred['max_batch_size']} ({METHODS[pred['method']]}); "
@@ -384,10 +389,24 @@ def _predict_first(run: ProbeRun, calib: ProbeRecord, manifest: dict | None, siz
     return pred
 
 
+def _predict_line(run: ProbeRun, calib: ProbeRecord, cap_mb: float, user: model_check.ModelInfo, log) -> dict | None:
+    """A user's model's prediction, either backend: the line through the calibration's peak and a fresh
+    probe's (costs.predict_max_batch_size_line says why). None, said, when that probe gives no line."""
+    cap, first = cap_mb * 2**20, calib.peak_memory_mb * 2**20
+    second = line_second_batch(cap, first, user.activation_bytes_per_image or 0.0)
+    probe = run.probe(second, "predict", fresh=True)
+    pred = (predict_max_batch_size_line(cap, CALIBRATION_BATCH, first, second, probe.peak_memory_mb * 2**20)
+            if probe.status == Status.DONE and probe.peak_memory_mb else None)
+    if pred is None:
+        log(f"No prediction before the search: the second memory probe (batch size {second}) "
+            f"{'did not fit' if probe.status != Status.DONE else 'peaked no higher than batch size 1'}.")
+    return pred
+
+
 def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size: int, train_images: int | None,
-             s: FindSettings, log, env: dict, input_spec: list | None = None) -> dict | None:
+             s: FindSettings, log, env: dict) -> dict | None:
     """The backend's memory model's answer, calibrated on the batch-1 probe: XLA's plan where the
-    backend's compiler states one (JAX; any model), compiled in a worker of its own; else
+    backend's compiler states one (JAX), compiled in a worker of its own; else
     TensorFlow's step replayed through BFC (the article's model). None when the plan could not be
     made (said in the log)."""
     cap_bytes, peak_bytes = cap_mb * 2**20, calib.peak_memory_mb * 2**20
@@ -399,7 +418,7 @@ def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size
                 "train_images": train_images, "device": device, "steps": steps}
     log_path = work / "memory-plan.log"
     task = MemoryPlanTask(str(data_dir), s.optimizer, s.dataset, s.precision, cap_bytes, CALIBRATION_BATCH, peak_bytes,
-                          **backends.process_settings(env), model=s.model, loss=s.loss, input_spec=input_spec)
+                          **backends.process_settings(env))
     plan = run_isolated(task, log_path, env)
     if plan.status != Status.DONE:
         log(f"XLA's memory plan failed: {_first_line(plan.error)} (log: {log_path})")

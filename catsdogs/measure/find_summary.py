@@ -11,7 +11,8 @@ from catsdogs.gradient_noise import NoiseEstimate, describe
 from catsdogs.messages import ProbeRecord
 from catsdogs.schema import Status
 
-METHODS = {"bfc": "the step replayed through TensorFlow's allocator", "xla": "XLA's memory plan"}
+METHODS = {"bfc": "the step replayed through TensorFlow's allocator", "xla": "XLA's memory plan",
+           "line": "a line through the batch-size-1 probe and a fresh one"}
 
 
 def probe_line(p: ProbeRecord) -> str:
@@ -89,7 +90,13 @@ def summary_lines(summary: dict) -> list[str]:
     pred = summary.get("prediction")
     if pred:
         apart = f" ({pred['percent_apart']:+.1f}% from the measured {largest})" if "percent_apart" in pred else ""
-        if pred.get("method") == "xla":
+        if pred.get("method") == "line":
+            lines.append(
+                f"A line through two probes predicts {pred['max_batch_size']}{apart}: peak "
+                f"{pred['calibration_peak_mb']:.0f} MiB at batch size {pred['calibration_batch_size']} and "
+                f"{pred['second_peak_mb']:.0f} MiB at {pred['second_batch_size']} (a fresh worker), "
+                f"{pred['per_image_bytes'] / 2**20:.2f} MiB per image.")
+        elif pred.get("method") == "xla":
             lines.append(
                 f"XLA's memory plan predicts {pred['max_batch_size']}{apart}: "
                 f"{pred['per_image_bytes'] / 2**20:.2f} MiB per image, {pred['state_bytes'] / 2**20:.0f} MiB "

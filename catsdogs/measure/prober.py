@@ -102,10 +102,10 @@ class Prober:
         return task.batch_size <= worker.largest_batch or (
             self.fresh_from is not None and task.batch_size >= self.fresh_from)
 
-    def run(self, task: Task):
+    def run(self, task: Task, fresh: bool = False):
         """The task's record; a probe's with the cap it ran under, the worker it ran in (and
-        the worker's log kept when it did not end done)."""
-        record, reused = self._run_once(task)
+        the worker's log kept when it did not end done). `fresh`: in a worker that has run nothing."""
+        record, reused = self._run_once(task, fresh=fresh)
         if isinstance(task, ProbeTask) and reused and record.status == Status.OOM:
             self._clean = True  # the answer that counts is the fresh one: the reused one's log goes
             record, _ = self._run_once(task, fresh=True)

@@ -279,3 +279,40 @@ def predict_max_batch_size_planned(plan, cap_bytes: float, calibration_batch: in
             "planned_bytes": dict(sorted(planned.items())),
             "state_bytes": at(calibration_batch) - slope * calibration_batch,
             "baseline_bytes": baseline, "cap_bytes": cap_bytes}
+
+
+# --- memory for any model: a line through two probes ------------------------------------------
+# Neither the BFC replay (the article's layers) nor XLA's plan (on this CPU 36-69% high for a small
+# ResNet and a MobileNet: docs/results.md) holds another model to 15%. What does: a fresh worker's
+# peak resident memory is close to a line in the batch size, from batch 1 up to the limit (a small
+# ResNet's at 1, 16, ..., 768 and MobileNet's at 1, 32, ..., 1536 on both backends, each in a
+# fresh worker: docs/performance.md). So two probes give it: the calibration at batch 1, and one
+# fresh probe far enough from it that the peak's run-to-run noise (tens of MiB) is small against
+# what the batch adds, and at most a quarter of the answer, so that the answer is not fitted to a
+# probe near the limit. The second probe's size comes from the model's activations (the sum of
+# its layers' outputs, an image's, which put the first two models' slopes within 0.7x to 1.5x).
+
+LINE_SHARE = 5  # the second probe: this fraction (1/5) of what the activations alone would fit
+
+
+def line_second_batch(cap_bytes: float, calibration_peak_bytes: float, activation_bytes_per_image: float) -> int:
+    """The second probe's batch size: a fifth of the images whose activations would fill the room
+    the calibration leaves under the cap, a multiple of 8 (at least 8)."""
+    room = cap_bytes - calibration_peak_bytes
+    if room <= 0 or activation_bytes_per_image <= 0:
+        return 8
+    return max(8, int(room / activation_bytes_per_image / LINE_SHARE) // 8 * 8)
+
+
+def predict_max_batch_size_line(cap_bytes: float, calibration_batch: int, calibration_peak_bytes: float,
+                                second_batch: int, second_peak_bytes: float) -> dict | None:
+    """The largest batch size under `cap_bytes` on the line through the two probes' peaks; None
+    when the second peak is not above the first (no slope to extrapolate)."""
+    slope = (second_peak_bytes - calibration_peak_bytes) / (second_batch - calibration_batch)
+    if slope <= 0:
+        return None
+    baseline = calibration_peak_bytes - slope * calibration_batch
+    best = max(0, int((cap_bytes - baseline) // slope))
+    return {"max_batch_size": best, "per_image_bytes": slope, "method": "line", "state_bytes": 0.0,
+            "baseline_bytes": baseline, "cap_bytes": cap_bytes, "second_batch_size": second_batch,
+            "second_peak_mb": second_peak_bytes / 2**20}

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 import keras
+import numpy as np
 
 from catsdogs.errors import CatsdogsError
 from catsdogs.model_ref import is_file
@@ -115,7 +116,9 @@ def describe(model: keras.Model, choice: LossChoice) -> dict:
     """What the parent prints and records of a user's model."""
     flops, unknown = train_flops_per_image(model)
     return {"name": model.name, "input_shape": list(model.inputs[0].shape[1:]),
-            "train_flops_per_image": flops, "flops_unknown": unknown or None, "input_dtype": str(model.inputs[0].dtype), "classes": choice.classes,
+            "train_flops_per_image": flops, "flops_unknown": unknown or None,
+            "activation_bytes_per_image": activation_bytes(model), "article_size": article_size(model),
+            "input_dtype": str(model.inputs[0].dtype), "classes": choice.classes,
             "parameters": int(model.count_params()), "layers": len(model.layers),
             "loss": choice.kind, "from_logits": choice.from_logits, "loss_description": choice.describe(),
             "dtype_policy": model.dtype_policy.name}
@@ -151,6 +154,34 @@ def train_flops_per_image(model: keras.Model) -> tuple[float | None, list[str]]:
         elif layer.weights and not isinstance(layer, NORMALIZATIONS):
             unknown.append(type(layer).__name__)
     return (None if unknown else 3.0 * forward), sorted(set(unknown))
+
+
+def article_size(model: keras.Model) -> int | None:
+    """The image size at which `model` is the article's model layer for layer (names aside: a
+    saved copy of it, or a function returning it), else None. find-batch-size then predicts its
+    memory with the article's own model of it (costs), so the generic path cannot drift from it."""
+    from catsdogs.training.model import build_model
+
+    height, width, channels = model.inputs[0].shape[1:]
+    if height != width or channels != 3 or not isinstance(model, keras.Sequential):
+        return None
+
+    def layers_of(m) -> list:
+        return [(layer["class_name"], {k: v for k, v in layer["config"].items() if k != "name"})
+                for layer in m.get_config()["layers"]]
+
+    return int(height) if layers_of(model) == layers_of(build_model(int(height))) else None
+
+
+def activation_bytes(model: keras.Model) -> float:
+    """The bytes of every layer's output for one image, at its compute dtype: what a training step
+    keeps per image, roughly (find-batch-size sizes its second memory probe by it: costs.line_second_batch)."""
+    total = 0.0
+    for layer in _leaf_layers(model):
+        shape = getattr(getattr(layer, "output", None), "shape", None)
+        if shape is not None and all(isinstance(d, int) for d in shape[1:]):
+            total += math.prod(shape[1:]) * np.dtype(layer.compute_dtype or "float32").itemsize
+    return total
 
 
 def _leaf_layers(model):
