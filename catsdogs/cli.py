@@ -578,7 +578,11 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
                    "the sweep's trials run until a target: measured time to the target beside the predicted, "
                    "and the recommendation's cost. Default: every OUT/*/find_batch_size.json; each is matched to "
                    "the series of its optimizer, data, image size and backend.")
-def report(name, out, title_note, export_store, find_results):
+@click.option("--tensorboard", is_flag=True,
+              help="Also write every trial as a TensorBoard run in the HParams dashboard's format, to "
+                   "OUT/NAME/tensorboard/ (only trials that changed since the last export; needs "
+                   "pip install 'catsdogs[tensorboard]'): tensorboard --logdir OUT/NAME/tensorboard.")
+def report(name, out, title_note, export_store, find_results, tensorboard):
     """Figures and tables of a sweep, read from OUT/results.sqlite (no TensorFlow), and for trials run
     until a target find-batch-size's answer held against them (its find_batch_size.json).
 
@@ -594,7 +598,7 @@ def report(name, out, title_note, export_store, find_results):
 
     if export_store is not None:
         export(out, export_store, log=click.echo)
-    run(name, out, note=title_note, log=click.echo, find_results=list(find_results) or None)
+    run(name, out, note=title_note, log=click.echo, find_results=list(find_results) or None, tensorboard=tensorboard)
 
 
 # --- reproduce ------------------------------------------------------------------------------

@@ -18,6 +18,13 @@ varies by 60-130 MiB with the scheduling of its ops (docs/performance.md), so wi
 room no model can be held to 15%. On a GPU the cap is the device's memory limit. This process imports no framework: each backend runs in
 its workers, chosen by KERAS_BACKEND. About a minute per search on a 2-core CPU.
 
+`--models scripts.example_models:resnet_small scripts.example_models:mobilenet` does the same for
+other models than the article's (each on the first --data-dir, without the noise scale): their
+prediction is the line through the batch-size-1 probe and one fresh probe (docs/performance.md).
+
+    python scripts/bench_memory_model.py --data-dir data/p32 --caps 2GiB --resolution 8 \
+        --models scripts.example_models:resnet_small scripts.example_models:mobilenet
+
 Each row is searched `--repeats` times (3 by default) and printed as the median with its spread
 (the least and the most apart): one search's answer moves with that run-to-run variation, which
 is why the 15% target is judged here, on the median, and tests/test_find_batch_size.py holds a
@@ -52,24 +59,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resolution", type=int, default=4,
                     help="The search's final gap: fine enough to tell 15%% apart (the command's default is 8).")
     ap.add_argument("--repeats", type=int, default=3, help="Searches per row: the median and spread are printed.")
+    ap.add_argument("--models", nargs="+", default=None, metavar="MODEL",
+                    help="Other models than the article's (--model's references), on the first --data-dir.")
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_memory_model"))
     ap.add_argument("--verbose", action="store_true", help="Print every probe.")
     args = ap.parse_args(argv)
 
     rows = []
+    runs = ([(d, None) for d in args.data_dir] if args.models is None else [(args.data_dir[0], m) for m in args.models])
     for backend in args.backends:
         os.environ["KERAS_BACKEND"] = backend  # read by catsdogs.training.backends, and by the workers
-        for data_dir in args.data_dir:
+        for data_dir, model in runs:
             for text, _ in ((text, r) for text in args.caps for r in range(args.repeats)):
                 cap = parse_memory(text)
                 t0 = time.time()
-                print(f"{backend}, {data_dir}, cap {format_bytes(cap)}: searching ...", flush=True)
-                settings = FindSettings(f"{backend}-{data_dir.name}-{text}", mode="binsearch", start=args.start,
-                                        margin=0.0, optimizer=args.opt, precision=args.precision, steps=args.steps,
-                                        memory_cap_bytes=cap, resolution=args.resolution)
+                print(f"{backend}, {model or data_dir}, cap {format_bytes(cap)}: searching ...", flush=True)
+                name = f"{backend}-{(model or data_dir.name).replace(':', '-')}-{text}"
+                settings = FindSettings(name, mode="binsearch", start=args.start, margin=0.0, optimizer=args.opt,
+                                        precision=args.precision, steps=args.steps, memory_cap_bytes=cap,
+                                        resolution=args.resolution, model=model, measure_noise=model is None)
                 s = find_batch_size(settings, data_dir, args.out, log=print if args.verbose else (lambda line: None))
                 pred = s["prediction"] or {}
                 row = {"backend": backend, "image_size": s["settings"]["image_size"], "cap": format_bytes(cap),
+                       "model": (s.get("model") or {}).get("name", "article"),
                        "measured": s["largest_fitting"], "not_fitting": s["first_not_fitting"],
                        "predicted": pred.get("max_batch_size"), "apart": pred.get("percent_apart"),
                        "method": pred.get("method"), "per_image_mib": (pred.get("per_image_bytes") or 0) / 2**20,
@@ -81,23 +93,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    measured {row['measured']} (next {row['not_fitting']}), predicted {row['predicted']}"
                       f", {row['apart']:+.1f}%" if row["apart"] is not None else "    no prediction", flush=True)
 
-    print(f"\nArticle's model, {args.opt}, {args.precision}, bisected to a gap of {args.resolution}, "
+    print(f"\n{'Models ' + ', '.join(args.models) if args.models else 'Article' + chr(39) + 's model'}, {args.opt}, {args.precision}, bisected to a gap of {args.resolution}, "
           f"{args.repeats} searches a row (median, and the least to the most apart); device: {rows[0]['device']}\n")
-    print("| backend | image size | cap | measured (next) | predicted | apart: median (spread) | model's MiB/image "
-          "| probes (fresh) | time |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| model | backend | image size | cap | measured (next) | predicted | apart: median (spread) "
+          "| model's MiB/image | probes (fresh) | time |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     ok, worst = True, 0.0
-    for key in dict.fromkeys((r["backend"], r["image_size"], r["cap"]) for r in rows):
-        group = [r for r in rows if (r["backend"], r["image_size"], r["cap"]) == key]
+    for key in dict.fromkeys((r["model"], r["backend"], r["image_size"], r["cap"]) for r in rows):
+        group = [r for r in rows if (r["model"], r["backend"], r["image_size"], r["cap"]) == key]
         aparts = [r["apart"] for r in group if r["apart"] is not None]
         median = statistics.median(aparts) if len(aparts) == len(group) else None
         ok &= median is not None and abs(median) <= TARGET_PERCENT
         worst = max(worst, abs(median)) if median is not None else worst
         apart = f"{median:+.1f}% ({min(aparts):+.1f} to {max(aparts):+.1f})" if median is not None else "n/a"
         measured = "/".join(str(r["measured"]) for r in group)
+        predicted = "/".join(dict.fromkeys(str(r["predicted"]) for r in group))  # a line's moves with its probes
         r = group[0]
-        print(f"| {r['backend']} | {r['image_size']} px | {r['cap']} | {measured} ({r['not_fitting']}) | "
-              f"{r['predicted']} | {apart} | {r['per_image_mib']:.2f} | {r['probes']} ({r['fresh_probes']}) | "
+        print(f"| {r['model']} | {r['backend']} | {r['image_size']} px | {r['cap']} | {measured} ({r['not_fitting']}) | "
+              f"{predicted} | {apart} | {r['per_image_mib']:.2f} | {r['probes']} ({r['fresh_probes']}) | "
               f"{statistics.median(x['seconds'] for x in group):.0f} s |")
     print(f"\nmedian within {TARGET_PERCENT:.0f}% everywhere: {'yes' if ok else 'no'} (worst median {worst:.1f}%)")
     args.out.mkdir(parents=True, exist_ok=True)

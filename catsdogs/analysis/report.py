@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs.analysis import to_target
+from catsdogs.analysis import tensorboard_export, to_target
 from catsdogs.analysis.markdown import csv_text, markdown
 from catsdogs.analysis.plots import (
     make_collapse_figure,
@@ -37,11 +37,16 @@ from catsdogs.store import Store, store_path
 
 
 def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = None,
-           log: Callable[[str], None] = print, find_results: list[Path] | None = None) -> dict:
+           log: Callable[[str], None] = print, find_results: list[Path] | None = None,
+           tensorboard: bool = False) -> dict:
     """Write the figures and tables of sweep `name` from OUT/results.sqlite; return the paths:
     {"figures": {figure: {"png": path, "svg": path}}, "results_md": path, "summary_csv": path}.
     Trials run until a target are held against find-batch-size's results: `find_results`, else
-    every OUT/*/find_batch_size.json (catsdogs.analysis.time_to_target)."""
+    every OUT/*/find_batch_size.json (catsdogs.analysis.time_to_target). `tensorboard`: every
+    trial as a TensorBoard run too (catsdogs.analysis.tensorboard_export), the hint first when
+    the tensorboard package is missing."""
+    if tensorboard:
+        tensorboard_export.check_installed()
     out = Path(out)
     trials = load_trials(store_path(out), name)
     recorded = sweep_config(store_path(out), name)
@@ -99,6 +104,8 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
     paths["results_md"] = write_text_atomic(folder / "results.md", markdown(name, summary, note))
     paths["summary_csv"] = write_text_atomic(folder / "summary.csv", csv_text(summary))
     log(f"tables: {paths['results_md']}, {paths['summary_csv']}")
+    if tensorboard:
+        paths["tensorboard"] = tensorboard_export.export_trials(trials, folder / "tensorboard", log)
     return paths
 
 

@@ -1,0 +1,172 @@
+"""TensorBoard from the store (issue 36): every trial a run in the HParams dashboard's format, read
+back with TensorBoard's own event reader; an unchanged store writes nothing again."""
+
+from __future__ import annotations
+
+import builtins
+from pathlib import Path
+
+import pytest
+
+from catsdogs.analysis import tensorboard_export
+from catsdogs.analysis.rows import load_trials
+from catsdogs.errors import CatsdogsError
+from catsdogs.messages import TrialRecord
+from catsdogs.store import Store
+
+pytest.importorskip("tensorboard")
+
+
+def config(optimizer: str, batch_size: int, seed: int) -> dict:
+    return {"optimizer": optimizer, "batch_size": batch_size, "dataset": "standard", "seed": seed, "epochs": 2,
+            "image_size": 64, "data": "fp", "lr": None, "lr_scaling": "none", "base_batch_size": 32,
+            "warmup_epochs": 0.0, "budget": "epochs", "accumulate": 1, "precision": "float32", "strategy": "none",
+            "backend": "tensorflow"}
+
+
+HISTORY = [{"loss": 0.69, "accuracy": 0.52, "val_loss": 0.68, "val_accuracy": 0.55, "seconds": 1.0},
+           {"loss": 0.61, "accuracy": 0.66, "val_loss": 0.64, "val_accuracy": 0.63, "seconds": 1.0,
+            "noise_scale": 41.5}]
+
+
+@pytest.fixture
+def store(tmp_path) -> Path:
+    """Given: a sweep of three trials: Adam done with two epochs' history, SGD out of memory, one pending."""
+    path = tmp_path / "results.sqlite"
+    with Store(path) as s:
+        keys = s.register_sweep("grid", {}, [config("adam", 32, 0), config("sgd", 64, 0), config("sgd", 32, 1)])
+        s.claim([keys[0]])
+        s.finish(keys[0], TrialRecord(status="done", test_accuracy=0.64, test_loss=0.63, train_seconds=2.0,
+                                      images_per_second=600.0, collapsed=0, learning_rate=0.001, history=HISTORY))
+        s.claim([keys[1]])
+        s.finish(keys[1], TrialRecord(status="oom", error="ResourceExhaustedError: OOM"))
+    return path
+
+
+def read(run: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run))
+    acc.Reload()
+    return acc
+
+
+def test_every_trial_is_a_run_with_its_hyperparameters_scalars_and_status(store, tmp_path):
+    from tensorboard.plugins.hparams import api_pb2, metadata
+
+    # when the sweep is exported
+    trials = load_trials(store, "grid")
+    out = tmp_path / "tb"
+    result = tensorboard_export.export(trials, out)
+    # then every trial has its run, whatever its status, and the experiment has one of its own
+    assert result == {"written": 3, "unchanged": 0, "runs": 3}
+    runs = {t["key"]: out / tensorboard_export.run_name(t) for t in trials}
+    assert all(run.is_dir() for run in runs.values()) and (out / tensorboard_export.EXPERIMENT).is_dir()
+    done, oom, pending = (read(runs[t["key"]]) for t in trials)
+    # and TensorBoard's reader finds the done trial's hyperparameters, its epochs and its final metrics
+    content = done.PluginTagToContent(metadata.PLUGIN_NAME)
+    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+    assert start.hparams["optimizer"].string_value == "adam" and start.hparams["batch_size"].number_value == 32
+    assert start.hparams["learning_rate"].number_value == pytest.approx(0.001)
+    assert [(e.step, round(e.value, 4)) for e in done.Scalars("epoch/val_accuracy")] == [(1, 0.55), (2, 0.63)]
+    assert [e.value for e in done.Scalars("epoch/noise_scale")] == [pytest.approx(41.5)]
+    assert done.Scalars("test_accuracy")[0].value == pytest.approx(0.64)
+    # and each session ends with its status: done a success, out of memory a failure, pending running
+    statuses = [metadata.parse_session_end_info_plugin_data(
+        acc.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_END_INFO_TAG]).status
+        for acc in (done, oom, pending)]
+    assert statuses == [api_pb2.STATUS_SUCCESS, api_pb2.STATUS_FAILURE, api_pb2.STATUS_RUNNING]
+    # and the experiment lists the hyperparameters with their values, and the metrics
+    experiment = metadata.parse_experiment_plugin_data(
+        read(out / tensorboard_export.EXPERIMENT).PluginTagToContent(metadata.PLUGIN_NAME)[metadata.EXPERIMENT_TAG])
+    infos = {i.name: i for i in experiment.hparam_infos}
+    assert list(infos["optimizer"].domain_discrete) == ["adam", "sgd"]
+    assert {m.name.tag for m in experiment.metric_infos} >= {"test_accuracy", "epoch/val_accuracy"}
+
+
+def test_an_unchanged_store_writes_no_event_file_again_and_a_changed_trial_only_its_own(store, tmp_path):
+    out = tmp_path / "tb"
+    tensorboard_export.export(load_trials(store, "grid"), out)
+    files = {p: p.stat().st_mtime_ns for p in out.rglob("events.out.tfevents.*")}
+    # when exported again, nothing changed
+    again = tensorboard_export.export(load_trials(store, "grid"), out)
+    # then no event file is written
+    assert again == {"written": 0, "unchanged": 3, "runs": 3}
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("events.out.tfevents.*")} == files
+    # when the pending trial finishes, then only its run (and the experiment) is written again
+    with Store(store) as s:
+        key = load_trials(store, "grid")[2]["key"]
+        s.claim([key])
+        s.finish(key, TrialRecord(status="failed", error="ValueError: boom"))
+    assert tensorboard_export.export(load_trials(store, "grid"), out)["written"] == 1
+    assert not list(out.glob(".*.tmp")) and not list(out.glob(".*.old"))
+
+
+def test_without_the_tensorboard_package_a_one_line_hint_names_the_extra(monkeypatch, tmp_path):
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("tensorboard"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    with pytest.raises(CatsdogsError, match=r"pip install 'catsdogs\[tensorboard\]'"):
+        tensorboard_export.export([], tmp_path / "tb")
+
+
+def test_report_tensorboard_writes_the_runs_and_says_so(store, tmp_path):
+    from click.testing import CliRunner
+
+    from catsdogs.cli import cli
+
+    # when `report --tensorboard` runs twice on the store
+    args = ["report", "--name", "grid", "--out", str(store.parent), "--tensorboard"]
+    first, second = (CliRunner().invoke(cli, args) for _ in range(2))
+    # then the first writes every trial, the second none, each saying where
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    folder = store.parent / "grid" / "tensorboard"
+    assert f"TensorBoard: 3 trials, 3 written, 0 unchanged, in {folder}" in first.output
+    assert "TensorBoard: 3 trials, 0 written, 3 unchanged" in second.output
+
+
+@pytest.mark.slow
+def test_tensorboard_itself_serves_every_trial_in_its_hparams_dashboard(store, tmp_path):
+    import json
+    import re
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    # given the sweep exported, and TensorBoard started on it
+    out = tmp_path / "tb"
+    tensorboard_export.export(load_trials(store, "grid"), out)
+    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(out), "--host", "127.0.0.1",
+                               "--port", "0", "--reload_interval", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in server.stderr:
+            found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+            if found:
+                port = int(found.group(1))
+                break
+        assert port, "TensorBoard did not say where it serves"
+        request = {"experimentName": "", "startIndex": 0, "sliceSize": 100, "colParams": [],
+                   "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]}
+        groups, deadline = [], time.time() + 60
+        while len(groups) < 3 and time.time() < deadline:  # it loads the runs in the background
+            time.sleep(1)
+            ask = urllib.request.Request(f"http://127.0.0.1:{port}/data/plugin/hparams/session_groups",
+                                         data=json.dumps(request).encode(), method="POST",
+                                         headers={"Content-Type": "application/json", "X-XSRF-Protected": "1"})
+            with urllib.request.urlopen(ask, timeout=10) as reply:
+                groups = json.loads(reply.read()).get("sessionGroups", [])
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    # then its HParams API lists every trial, each with its hyperparameters and its session's status
+    by_optimizer = sorted((g["hparams"]["optimizer"], g["hparams"]["batch_size"], g["sessions"][0]["status"])
+                          for g in groups)
+    assert by_optimizer == [("adam", 32, "STATUS_SUCCESS"), ("sgd", 32, "STATUS_RUNNING"),
+                            ("sgd", 64, "STATUS_FAILURE")]
