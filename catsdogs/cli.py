@@ -387,17 +387,21 @@ def _renamed_backend(ctx, param, value):
                  help="Ray cluster to run on, e.g. auto or ray://head:10001 [default: $RAY_ADDRESS, "
                       "else a local Ray started for the sweep]. The prepared data must be at the same "
                       "path on every node."),
+    click.option("--tensorboard", is_flag=True,
+                 help="Keep OUT/NAME/tensorboard/ current as trials finish: each trial a TensorBoard run in "
+                      "the HParams dashboard's format, as `report --tensorboard` writes it (pip install "
+                      "'catsdogs[tensorboard]'). Watch with tensorboard --logdir OUT/NAME/tensorboard."),
 )
 @click.pass_context
 def sweep(ctx, **values):
     """Train the article's model over optimizers x batch sizes x datasets x seeds.
 
     With no other options, `catsdogs sweep --opt adam sgd` runs the article's first figure:
-    batch sizes 16-128, standard data, 5 epochs, 3 seeds. Trials run in long-lived worker
-    processes that reuse decoded data and compiled steps (with identical results); a trial
-    that fails or runs out of memory takes its worker with it, and the next gets a fresh one.
-    Each outcome (done, failed, oom) goes to OUT/results.sqlite and OUT/NAME/results.csv.
-    Run the same command again to resume."""
+    batch sizes 16-128, standard data, 5 epochs, 3 seeds. Trials run in long-lived worker processes that
+    reuse decoded data and compiled steps (with identical results); a trial that fails or runs out of memory
+    takes its worker with it, and the next gets a fresh one. Each outcome (done, failed, oom) goes to
+    OUT/results.sqlite and OUT/NAME/results.csv. Run the same command again to resume."""
+    from catsdogs.analysis.tensorboard_export import live
     from catsdogs.training.study import run_plan
     from catsdogs.training.sweep import succeeded
 
@@ -416,7 +420,8 @@ def sweep(ctx, **values):
                       workers=values["workers"] if given(ctx, "workers") else None, isolate=values["isolate"],
                       ray_address=values["ray_address"], worker_env=worker_env(values["compile_cache"]),
                       overwrite=values["overwrite"], retry_failed=values["retry_failed"],
-                      dry_run=values["dry_run"], log=click.echo)
+                      dry_run=values["dry_run"], log=click.echo,
+                      on_finished=live(values["tensorboard"] and not values["dry_run"], values["out"], plan.name))
     return 0 if counts.get("dry_run") or succeeded(counts, counts["trials"]) else 1
 
 
@@ -664,8 +669,7 @@ def list_plans(plan):
     if plan is not None:
         click.echo(plan.text, nl=False)
         return 0
-    for line in plans.listing():
-        click.echo(line)
+    click.echo("\n".join(plans.listing()))
     return 0
 
 

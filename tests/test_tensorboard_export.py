@@ -170,3 +170,31 @@ def test_tensorboard_itself_serves_every_trial_in_its_hparams_dashboard(store, t
                           for g in groups)
     assert by_optimizer == [("adam", 32, "STATUS_SUCCESS"), ("sgd", 32, "STATUS_RUNNING"),
                             ("sgd", 64, "STATUS_FAILURE")]
+
+
+@pytest.mark.slow
+def test_sweep_tensorboard_exports_each_trial_as_it_finishes(prepared_data, tmp_path):
+    from click.testing import CliRunner
+
+    from catsdogs.cli import cli
+
+    # given a plan of two one-epoch trials on a small prepared data set
+    data_dir = prepared_data(32, (24, 8, 8))
+    plan = tmp_path / "two.toml"
+    plan.write_text('seeds = 1\nepochs = 1\n[grids.two]\nopt = ["adam"]\nbatch_size = [8, 16]\n')
+    out = tmp_path / "out"
+    # when it is swept with --tensorboard
+    result = CliRunner().invoke(cli, ["sweep", "--config", str(plan), "--data-dir", str(data_dir), "--out", str(out),
+                                      "--tensorboard"])
+    assert result.exit_code == 0, result.output
+    # then after each trial the export ran, writing what had changed: the first trial, then the second
+    exports = [line for line in result.output.splitlines() if line.startswith("TensorBoard: ")]
+    assert [e.split(", in ")[0] for e in exports] == ["TensorBoard: 2 trials, 2 written, 0 unchanged",
+                                                       "TensorBoard: 2 trials, 1 written, 1 unchanged"]
+    # and both runs end done, read back by TensorBoard's reader
+    from tensorboard.plugins.hparams import api_pb2, metadata
+
+    runs = [p for p in (out / "two" / "tensorboard").iterdir() if p.name != tensorboard_export.EXPERIMENT]
+    statuses = [metadata.parse_session_end_info_plugin_data(
+        read(run).PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_END_INFO_TAG]).status for run in runs]
+    assert statuses == [api_pb2.STATUS_SUCCESS] * 2

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -112,6 +113,26 @@ def export_trials(trials: list[dict], folder: Path, log=print) -> Path:
     log(f"TensorBoard: {result['runs']} trials, {result['written']} written, {result['unchanged']} unchanged, "
         f"in {folder} (tensorboard --logdir {folder})")
     return Path(folder)
+
+
+def live(enabled: bool, out: Path, name: str, log=print):
+    """`sweep --tensorboard`: a callable (None unless `enabled`) that exports sweep `name` of the
+    store in `out` to OUT/NAME/tensorboard/ again, each time a trial's outcome is stored; only the
+    trials that changed are written, so each call costs little. Checks for the package first. One
+    export at a time: the sweep's slots call it from their threads."""
+    if not enabled:
+        return None
+    from catsdogs.analysis.rows import load_trials
+    from catsdogs.store import store_path
+
+    check_installed()
+    lock, folder = threading.Lock(), Path(out) / name / "tensorboard"
+
+    def on_finished() -> None:
+        with lock:
+            export_trials(load_trials(store_path(out), name), folder, log)
+
+    return on_finished
 
 
 def _replace(target: Path, write) -> None:

@@ -27,7 +27,7 @@ from catsdogs.training.sweep import SlotFactory, check_workers, describe, make_s
 def run_plan(plan: Plan, data_dir: Path, out: Path, *, runner: str = "local", workers: int | None = None,
              isolate: bool = False, ray_address: str | None = None, worker_env: dict | None = None,
              slots: SlotFactory | None = None, overwrite: bool = False, retry_failed: bool = False,
-             dry_run: bool = False, log=print) -> dict:
+             dry_run: bool = False, log=print, on_finished=None) -> dict:
     """Run every trial of the plan's grids not finished yet, in one sweep named as the plan; return
     the status counts, with "trials": how many the sweep ended with (adaptive rounds add some).
 
@@ -35,7 +35,8 @@ def run_plan(plan: Plan, data_dir: Path, out: Path, *, runner: str = "local", wo
     `workers`: trials at once (None: one here, what the cluster runs at once on Ray); `isolate`: a
     fresh worker per trial; `worker_env`: more of the workers' environment; `slots`: a factory of
     the slots trials run in (catsdogs.training.sweep.Slot), instead of the runner's. `dry_run`:
-    log the planned trials and their status in the store, run nothing."""
+    log the planned trials and their status in the store, run nothing. `on_finished()`: after each
+    trial's outcome is stored (sweep.run_sweep)."""
     trials = plans.trials(plan, data_dir, backends.check())
     check_workers(trials, workers or 1)
     if dry_run:
@@ -54,7 +55,7 @@ def run_plan(plan: Plan, data_dir: Path, out: Path, *, runner: str = "local", wo
     target_ci, max_seeds = plans.adaptive(plan)
     sweep = dict(overwrite=overwrite, retry_failed=retry_failed, log=log, workers=workers or 1, isolate=isolate,
                  slots=slots, worker_env=worker_env, noise_sampling=plans.noise_sampling(plan),
-                 eval_every=plans.eval_every(plan),
+                 eval_every=plans.eval_every(plan), on_finished=on_finished,
                  sweep_config={"plan": plan.settings, "plan_origin": plan.origin})
     if target_ci is None:
         return {**run_sweep(plan.name, trials, data_dir, out, **sweep), "trials": len(trials)}
@@ -65,7 +66,8 @@ def run_adaptive_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: 
                        max_seeds: int = config.MAX_SEEDS, overwrite: bool = False, retry_failed: bool = False,
                        log=print, sweep_config: dict | None = None, workers: int = 1, isolate: bool = False,
                        slots: SlotFactory | None = None, worker_env: dict | None = None,
-                       noise_sampling: NoiseSampling | None = None, eval_every: int | None = None) -> dict:
+                       noise_sampling: NoiseSampling | None = None, eval_every: int | None = None,
+                       on_finished=None) -> dict:
     """Run `grid`, then keep adding one seed to every cell whose interval is still wider than
     ±target_ci points, round after round (seed-major, as every sweep), until each cell meets it or
     has max_seeds seeds. Resumable: the rounds are decided from the store, so the same command
@@ -84,7 +86,8 @@ def run_adaptive_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: 
         while True:
             counts = run_sweep(name, grid, data_dir, out, overwrite=overwrite and round_no == 1,
                                retry_failed=retry_failed, log=log, sweep_config=sweep_config, workers=workers,
-                               kept=kept, noise_sampling=noise_sampling, eval_every=eval_every)
+                               kept=kept, noise_sampling=noise_sampling, eval_every=eval_every,
+                               on_finished=on_finished)
             with Store(store_path(out)) as store:
                 rows = {c.key(): store.get(c.key()) or {} for c in grid}
             step = next_seeds(grid, rows, target_ci, max_seeds, n_test=n_test)

@@ -113,8 +113,10 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
               sweep_config: dict | None = None, worker_env: dict | None = None,
               workers: int = 1, isolate: bool = False, slots: SlotFactory | None = None,
               kept: list[Slot] | None = None, noise_sampling: NoiseSampling | None = None,
-              eval_every: int | None = None) -> dict:
+              eval_every: int | None = None, on_finished=None) -> dict:
     """Run every trial of `grid` not finished yet, up to `workers` at once; return status counts.
+    `on_finished()`: called after each trial's outcome is in the store (from the slot's thread;
+    the CLI's `sweep --tensorboard` exports the sweep then: training imports no analysis).
 
     `noise_sampling`: record each trial's gradient noise scale, sampled so (catsdogs.gradient_noise).
     `eval_every`: record each trial's validation curve every so many training images. Neither is
@@ -153,7 +155,8 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
     runners = kept if kept is not None else make_slots(out, workers, isolate, worker_env, slots)
     work = dict(keys=keys, by_key={c.key(): c for c in grid}, data_dir=data_dir, out=out, name=name,
                 board=board, retry_failed=retry_failed,
-                noise_sampling=noise_sampling.as_dict() if noise_sampling else None, eval_every=eval_every)
+                noise_sampling=noise_sampling.as_dict() if noise_sampling else None, eval_every=eval_every,
+                on_finished=on_finished)
     # Each slot's thread sets its event when it ends. Waiting on events rather than
     # Thread.join: a join cut short by Ctrl-C can leave the thread looking finished when it is not.
     ended = [threading.Event() for _ in runners]
@@ -239,7 +242,7 @@ def _slot_thread(runner: Slot, slot: int, ended: threading.Event, **work) -> Non
 
 
 def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: _Board, retry_failed,
-          noise_sampling, eval_every) -> None:
+          noise_sampling, eval_every, on_finished=None) -> None:
     """Claim, run, record; until nothing is left or the sweep is stopped."""
     tag = f"[w{slot}] " if board.workers > 1 else ""
     with Store(store_path(out)) as store:
@@ -272,6 +275,8 @@ def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: 
                 board.durations.append(time.time() - t0)
                 board.finished += 1
             board.log(f"{tag}{_outcome_line(record, time.time() - t0)}")
+            if on_finished is not None:
+                on_finished()
 
 
 def record_outcome(store: Store, out: Path, key: str, record: TrialRecord) -> None:
