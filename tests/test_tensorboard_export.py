@@ -29,6 +29,10 @@ HISTORY = [{"loss": 0.69, "accuracy": 0.52, "val_loss": 0.68, "val_accuracy": 0.
             "noise_scale": 41.5}]
 
 
+CURVE = [{"step": 0, "examples": 0, "train_seconds": 0.0, "val_loss": 0.70, "val_accuracy": 0.5},
+         {"step": 8, "examples": 256, "train_seconds": 0.4, "val_loss": 0.66, "val_accuracy": 0.6}]
+
+
 @pytest.fixture
 def store(tmp_path) -> Path:
     """Given: a sweep of three trials: Adam done with two epochs' history, SGD out of memory, one pending."""
@@ -37,7 +41,8 @@ def store(tmp_path) -> Path:
         keys = s.register_sweep("grid", {}, [config("adam", 32, 0), config("sgd", 64, 0), config("sgd", 32, 1)])
         s.claim([keys[0]])
         s.finish(keys[0], TrialRecord(status="done", test_accuracy=0.64, test_loss=0.63, train_seconds=2.0,
-                                      images_per_second=600.0, collapsed=0, learning_rate=0.001, history=HISTORY))
+                                      images_per_second=600.0, collapsed=0, learning_rate=0.001, history=HISTORY,
+                                      curve=CURVE))
         s.claim([keys[1]])
         s.finish(keys[1], TrialRecord(status="oom", error="ResourceExhaustedError: OOM"))
     return path
@@ -71,6 +76,8 @@ def test_every_trial_is_a_run_with_its_hyperparameters_scalars_and_status(store,
     assert [(e.step, round(e.value, 4)) for e in done.Scalars("epoch/val_accuracy")] == [(1, 0.55), (2, 0.63)]
     assert [e.value for e in done.Scalars("epoch/noise_scale")] == [pytest.approx(41.5)]
     assert done.Scalars("test_accuracy")[0].value == pytest.approx(0.64)
+    # and its --eval-every curve by training images seen
+    assert [(e.step, round(e.value, 4)) for e in done.Scalars("curve/val_loss")] == [(0, 0.70), (256, 0.66)]
     # and each session ends with its status: done a success, out of memory a failure, pending running
     statuses = [metadata.parse_session_end_info_plugin_data(
         acc.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_END_INFO_TAG]).status
@@ -198,3 +205,20 @@ def test_sweep_tensorboard_exports_each_trial_as_it_finishes(prepared_data, tmp_
     statuses = [metadata.parse_session_end_info_plugin_data(
         read(run).PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_END_INFO_TAG]).status for run in runs]
     assert statuses == [api_pb2.STATUS_SUCCESS] * 2
+
+
+@pytest.mark.slow
+def test_exporting_loads_no_framework_where_tensorflow_is_installed(store, tmp_path):
+    import subprocess
+    import sys
+
+    # when a fresh interpreter exports the sweep (TensorBoard's writer would import TensorFlow if let)
+    code = ("import sys; from pathlib import Path; from catsdogs.analysis import tensorboard_export as t; "
+            "from catsdogs.analysis.rows import load_trials; "
+            f"t.export(load_trials(Path({str(store)!r}), 'grid'), Path({str(tmp_path / 'tb')!r})); "
+            "print(sorted(m for m in ('tensorflow', 'jax', 'keras', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # then it wrote the runs and no framework was loaded
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert len(list((tmp_path / "tb").rglob("events.out.tfevents.*"))) == 4

@@ -6,8 +6,10 @@ trial (`run_name`: its optimizer, batch size, data set, seed and key) holding
 - the HParams plugin's session start (its hyperparameters, `HPARAMS`) and end (its status:
   done is a success, failed / oom / lost / interrupted a failure, pending and running running;
   a trial is never left out for its status),
-- its per-epoch scalars (`EPOCH_SCALARS`, as `epoch/NAME`, step = the epoch) and its final
-  metrics (`METRICS`, step = its last epoch), which the dashboard's metric columns read,
+- its per-epoch scalars (`EPOCH_SCALARS`, as `epoch/NAME`, step = the epoch), its validation
+  curve where `--eval-every` recorded one (`curve/val_loss`, `curve/val_accuracy`, step = the
+  training images seen), and its final metrics (`METRICS`, step = its last epoch), which the
+  dashboard's metric columns read,
 and, in `folder` itself, the experiment: every hyperparameter with its type and values, and every
 metric. TensorBoard then shows the sweep in its HParams table and parallel coordinates:
 
@@ -29,8 +31,10 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 from catsdogs.analysis.rows import field
@@ -46,13 +50,22 @@ HPARAMS = (("optimizer", "optimizer", str), ("batch_size", "batch_size", float),
 METRICS = ("test_accuracy", "test_loss", "train_seconds", "images_per_second", "collapsed")
 # Per epoch, from the trial's history: tagged epoch/NAME.
 EPOCH_SCALARS = ("loss", "accuracy", "val_loss", "val_accuracy", "noise_scale")
+# The validation curve of --eval-every, where recorded: tagged curve/NAME, step = training images seen.
+CURVE_SCALARS = ("val_loss", "val_accuracy")
 STAMP = "catsdogs-trial.sha256"  # in each run: the digest of the row it was written from
 EXPERIMENT = "experiment"  # the experiment's run (a folder of its own, beside the trials')
 HINT = "TensorBoard export needs the tensorboard package: pip install 'catsdogs[tensorboard]'"
 
 
 def _tb():
-    """The tensorboard package's writer and protocol buffers, or the one-line hint."""
+    """The tensorboard package's writer and protocol buffers, or the one-line hint.
+
+    TensorBoard's event writer reaches files through `tensorboard.compat.tf`, which imports
+    TensorFlow where it is installed (seconds, and a framework in a process that has none). Its
+    own marker `tensorboard.compat.notf` (what its no-TensorFlow build ships) makes it take its
+    stub instead, which writes local files the same; set here unless TensorFlow is loaded already."""
+    if "tensorflow" not in sys.modules:
+        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
     try:
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
@@ -175,6 +188,8 @@ def _write_trial(tb, folder: Path, trial: dict, stamp: str) -> None:
         values = [scalar(f"epoch/{k}", row[k]) for k in EPOCH_SCALARS if row.get(k) is not None]
         if values:
             emit(epoch, *values)
+    for point in trial.get("curve") or []:  # --eval-every's validation curve, by training images seen
+        emit(int(point["examples"]), *(scalar(f"curve/{k}", point[k]) for k in CURVE_SCALARS if point.get(k) is not None))
     finals = [scalar(k, trial[k]) for k in METRICS if trial.get(k) is not None]
     if finals:
         emit(len(history), *finals)
@@ -200,7 +215,7 @@ def _write_experiment(tb, folder: Path, trials: list[dict]) -> None:
             info.domain_discrete.extend(seen)
         infos.append(info)
     metrics = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in
-               (*METRICS, *(f"epoch/{k}" for k in EPOCH_SCALARS))]
+               (*METRICS, *(f"epoch/{k}" for k in EPOCH_SCALARS), *(f"curve/{k}" for k in CURVE_SCALARS))]
     experiment = api_pb2.Experiment(hparam_infos=infos, metric_infos=metrics, time_created_secs=time.time())
     writer = EventFileWriter(str(folder))
     value = _plugin_value(tb, metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment))
