@@ -122,6 +122,25 @@ def test_without_the_tensorboard_package_a_one_line_hint_names_the_extra(monkeyp
         tensorboard_export.export([], tmp_path / "tb")
 
 
+def test_report_tensorboard_without_the_package_is_one_line_exit_1_before_any_figure(store, monkeypatch):
+    from click.testing import CliRunner
+
+    from catsdogs.cli import cli
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("tensorboard"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    result = CliRunner().invoke(cli, ["report", "--name", "grid", "--out", str(store.parent), "--tensorboard"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [f"Error: {tensorboard_export.HINT}"]
+    assert not (store.parent / "grid" / "figures").exists()
+
+
 def test_report_tensorboard_writes_the_runs_and_says_so(store, tmp_path):
     from click.testing import CliRunner
 
@@ -169,9 +188,16 @@ def test_tensorboard_itself_serves_every_trial_in_its_hparams_dashboard(store, t
                                          headers={"Content-Type": "application/json", "X-XSRF-Protected": "1"})
             with urllib.request.urlopen(ask, timeout=10) as reply:
                 groups = json.loads(reply.read()).get("sessionGroups", [])
+        ask = urllib.request.Request(f"http://127.0.0.1:{port}/data/plugin/hparams/experiment",
+                                     data=json.dumps({"experimentName": ""}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "X-XSRF-Protected": "1"})
+        with urllib.request.urlopen(ask, timeout=10) as reply:
+            experiment = json.loads(reply.read())
     finally:
         server.terminate()
         server.wait(timeout=30)
+    # then its experiment has the sweep's hyperparameters
+    assert {"optimizer", "batch_size", "seed"} <= {h["name"] for h in experiment["hparamInfos"]}
     # then its HParams API lists every trial, each with its hyperparameters and its session's status
     by_optimizer = sorted((g["hparams"]["optimizer"], g["hparams"]["batch_size"], g["sessions"][0]["status"])
                           for g in groups)
