@@ -317,9 +317,6 @@ class MemoryPlanTask:
     calibration_peak_bytes: float
     deterministic: bool = True
     tf32: bool | None = None
-    model: str | None = None  # a user's model, its loss and its input: as ProbeTask's (the plan reads no data)
-    loss: str = "auto"
-    input_spec: list | None = None
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,9 @@ def test_an_unchanged_store_writes_no_event_file_again_and_a_changed_trial_only_
     assert not list(out.glob(".*.tmp")) and not list(out.glob(".*.old"))
 
 
-def test_without_the_tensorboard_package_a_one_line_hint_names_the_extra(monkeypatch, tmp_path):
+@pytest.fixture
+def without_tensorboard(monkeypatch) -> None:
+    """Given: the tensorboard package cannot be imported (as where the extra is not installed)."""
     real_import = builtins.__import__
 
     def no_tensorboard(name, *args, **kwargs):
@@ -118,23 +120,18 @@ def test_without_the_tensorboard_package_a_one_line_hint_names_the_extra(monkeyp
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+
+
+def test_without_the_tensorboard_package_a_one_line_hint_names_the_extra(without_tensorboard, tmp_path):
     with pytest.raises(CatsdogsError, match=r"pip install 'catsdogs\[tensorboard\]'"):
         tensorboard_export.export([], tmp_path / "tb")
 
 
-def test_report_tensorboard_without_the_package_is_one_line_exit_1_before_any_figure(store, monkeypatch):
+def test_report_tensorboard_without_the_package_is_one_line_exit_1_before_any_figure(store, without_tensorboard):
     from click.testing import CliRunner
 
     from catsdogs.cli import cli
 
-    real_import = builtins.__import__
-
-    def no_tensorboard(name, *args, **kwargs):
-        if name.startswith("tensorboard"):
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
     result = CliRunner().invoke(cli, ["report", "--name", "grid", "--out", str(store.parent), "--tensorboard"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [f"Error: {tensorboard_export.HINT}"]

@@ -37,15 +37,14 @@ import time
 import types
 from pathlib import Path
 
-from catsdogs.analysis.rows import field
+from catsdogs.analysis.rows import field, load_trials
 from catsdogs.errors import CatsdogsError
+from catsdogs.store import store_path
 
-# The hyperparameters, as the HParams table shows them: (name, where a row has it, kind).
-HPARAMS = (("optimizer", "optimizer", str), ("batch_size", "batch_size", float), ("dataset", "dataset", str),
-           ("learning_rate", "learning_rate", float), ("lr_scaling", "lr_scaling", str),
-           ("warmup_epochs", "warmup_epochs", float), ("budget", "budget", str), ("accumulate", "accumulate", float),
-           ("precision", "precision", str), ("seed", "seed", float), ("backend", "backend", str),
-           ("deterministic", "deterministic", bool))
+# The hyperparameters, as the HParams table shows them: (the row's field, its kind).
+HPARAMS = (("optimizer", str), ("batch_size", float), ("dataset", str), ("learning_rate", float),
+           ("lr_scaling", str), ("warmup_epochs", float), ("budget", str), ("accumulate", float),
+           ("precision", str), ("seed", float), ("backend", str), ("deterministic", bool))
 # A trial's final metrics (the table's metric columns), each a scalar of its own tag.
 METRICS = ("test_accuracy", "test_loss", "train_seconds", "images_per_second", "collapsed")
 # Per epoch, from the trial's history: tagged epoch/NAME.
@@ -84,9 +83,9 @@ def run_name(trial: dict) -> str:
 def hparams_of(trial: dict) -> dict:
     """The trial's hyperparameters by HPARAMS (those it has)."""
     out = {}
-    for name, key, kind in HPARAMS:
-        value = trial.get(key) if key == "learning_rate" else field(trial, key)
-        if key == "learning_rate" and value is None:
+    for name, kind in HPARAMS:
+        value = field(trial, name)
+        if value is None and name == "learning_rate":  # not trained yet: the rate it was given, if any
             value = field(trial, "lr")
         if value is not None:
             out[name] = kind(value)
@@ -135,9 +134,6 @@ def live(enabled: bool, out: Path, name: str, log=print):
     export at a time: the sweep's slots call it from their threads."""
     if not enabled:
         return None
-    from catsdogs.analysis.rows import load_trials
-    from catsdogs.store import store_path
-
     check_installed()
     lock, folder = threading.Lock(), Path(out) / name / "tensorboard"
 
@@ -205,7 +201,7 @@ def _write_experiment(tb, folder: Path, trials: list[dict]) -> None:
     event_pb2, summary_pb2, api_pb2, metadata, plugin_data_pb2, EventFileWriter = tb
     infos = []
     values = [hparams_of(t) for t in trials]
-    for name, _, kind in HPARAMS:
+    for name, kind in HPARAMS:
         seen = sorted({v[name] for v in values if name in v}, key=str)
         if not seen:
             continue

@@ -13,13 +13,13 @@ The memory cap: on a GPU its memory (or `--memory-limit` as a logical device); o
 probe that goes over: catsdogs.training.worker), and without it 90% of the memory available when
 the search starts. "Fits" means the probe's peak memory stayed under the cap.
 
-The prediction comes first: after the batch-size-1 probe (the calibration) and before the search,
-so it uses no probe above its calibration. On TensorFlow the step's allocations replayed through
-a model of its BFC allocator (catsdogs.training.costs.predict_max_batch_size: on the CPU, the
-pages its growing regions have had written), arithmetic in this process; on JAX, whose compiler
-fuses ops and assigns buffers itself, XLA's plan of the step (costs.predict_max_batch_size_planned),
-compiled in a worker of its own. A user's model: a line through the calibration and one fresh probe
-(`_predict_line`). Either way this process imports no framework. The prediction then sets which probes need a fresh
+The prediction comes first, after the batch-size-1 probe (the calibration) and before the search.
+The article's model: on TensorFlow its step replayed through a model of the BFC allocator
+(costs.predict_max_batch_size: on the CPU, the pages its growing regions have written), arithmetic
+here; on JAX, whose compiler assigns buffers itself, XLA's plan of the step compiled in a worker
+(costs.predict_max_batch_size_planned). Any other model: a line through the calibration and one
+fresh probe of at most a quarter of the answer (`_predict_line`). This process imports no
+framework. The prediction then sets which probes need a fresh
 worker: every probe at or above search.FRESH_SHARE of the predicted limit (catsdogs.measure.prober
 says why a reused worker cannot answer near the limit), and any that ran out of memory in a
 reused one. After the search, the margin's size is probed too if it was not already ("confirm").
@@ -370,9 +370,9 @@ def _first_line(text) -> str:
 def _predict_first(run: ProbeRun, calib: ProbeRecord, manifest: dict | None, size: int, data_dir: Path, work: Path,
                    env: dict, log, user: model_check.ModelInfo | None = None) -> dict | None:
     """The prediction before any search probe: from the calibration probe (the article's model,
-    handed in as a user's too, on the prepared data), or from it and one fresh probe of at most a
-    quarter of the answer (any other model: `_predict_line`); the probes it puts near the limit get a fresh worker. None when there is no
-    cap or the model failed."""
+    handed in as a user's too, on the prepared data), or from it and one fresh probe (any other
+    model: `_predict_line`); the probes it puts near the limit get a fresh worker. None when there
+    is no cap or the model failed."""
     s = run.settings
     cap_mb = calib.memory_cap_mb or calib.device_memory_limit_mb
     if not (calib.status == Status.DONE and calib.peak_memory_mb and cap_mb):
@@ -380,7 +380,7 @@ def _predict_first(run: ProbeRun, calib: ProbeRecord, manifest: dict | None, siz
     if user is not None and not (user.article_size and manifest):  # the article's layers: its own model, below
         pred = _predict_line(run, calib, cap_mb, user, log)
     else:
-        train_images = sum(manifest["counts"][s.dataset]["train"].values()) if manifest else None
+        train_images = sum(manifest["counts"][s.dataset]["train"].values())
         pred = _predict(calib, cap_mb, data_dir, work, size, train_images, s, log, env)
     if pred:
         run.prober.fresh_from = fresh_threshold(pred["max_batch_size"])

@@ -64,7 +64,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
               eval_every: int | None = None, user: dict | None = None) -> TrialRecord:
     """Train and test one configuration; return its record (status done). `user`: a user's model
     trained instead of the article's (TrialTask.user), on its folder's images or the prepared data
-    (`_user_splits`); its record has no collapse diagnosis (that reads the article's hidden layer).
+    (`_start`); its record has no collapse diagnosis (that reads the article's hidden layer).
     With `noise_sampling`,
     the gradient noise scale is measured at the start and at each epoch's end (`noise_estimate_at`),
     outside the epochs' clocks and without touching what the trial trains with. With `eval_every`

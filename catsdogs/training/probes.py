@@ -183,18 +183,14 @@ def run_memory_plan(task: MemoryPlanTask) -> MemoryPlan:
     backend.start()
     if backend.compiled_step_bytes is None:
         raise CatsdogsError(f"{backend.NAME} states no memory plan: use catsdogs.training.costs' analytic model")
-    if task.input_spec:
-        size, fingerprint = int(task.input_spec[0]), ""
-    else:
-        manifest = require_prepared(Path(task.data_dir))
-        size, fingerprint = manifest["params"]["size"], manifest["fingerprint"][task.dataset]
+    manifest = require_prepared(Path(task.data_dir))
+    size, fingerprint = manifest["params"]["size"], manifest["fingerprint"][task.dataset]
     cfg = TrialConfig(task.optimizer, int(task.calibration_batch), task.dataset, 0, epochs=1,
                       image_size=size, data=fingerprint,
                       precision=task.precision, deterministic=task.deterministic, tf32=task.tf32,
                       backend=backend.NAME)
     backends.check_settings(cfg, backend.running_settings())
-    user = (task.model, task.loss) if task.model else None
-    step, _ = steps.STEPS.get(cfg, 1, backend, keep_others=False, user=user)
+    step, _ = steps.STEPS.get(cfg, 1, backend, keep_others=False)
     with step.strategy.scope():
         prediction = predict_max_batch_size_planned(
             lambda b: backend.compiled_step_bytes(step.model, b), task.cap_bytes,
