@@ -514,7 +514,9 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
 @click.option("--start", type=click.IntRange(min=1), default=FIND.start, show_default=True,
               help="First batch size (halved while it does not fit).")
 @click.option("--max", "max_batch", type=click.IntRange(min=1), default=FIND.max_batch,
-              help="Largest batch size to try (probed itself when doubling would pass it).")
+              help="Largest batch size to try (probed itself when doubling would pass it) [default: the "
+                   "training split's images, the prepared data's or a --data folder's: no larger batch can "
+                   "be trained on them; give --max to find the device's limit beyond them].")
 @click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=FIND.margin, show_default=True,
               help="Safety fraction taken off the largest size that fits, then rounded down to a "
                    "multiple of 8 (a power of two below 8); 0 keeps the largest as is.")

@@ -7,7 +7,7 @@ answers with one record; every record has a `status` (schema.Status) and, when i
     TrialTask       -> TrialRecord    train and test one configuration (a sweep's trial)
     ProbeTask       -> ProbeRecord    time a few training steps at one batch size, measure memory
     PeakTask        -> PeakRecord     the device's matrix-multiply peak (for MFU)
-    MemoryPlanTask  -> MemoryPlan     the largest batch by the compiler's memory plan (JAX)
+    MemoryPlanTask  -> MemoryPlan     the compiler's memory plan at a few batch sizes (JAX)
     ModelCheckTask  -> ModelInfo      build a user's model (--model) and say what it is
 
 On the wire a task is one JSON line (`encode`, `decode_task`) and a record a JSON object of its
@@ -63,6 +63,10 @@ class Record:
     def view(self, name: str) -> dict:
         """The fields `name` shows (`columns`), in their declared order."""
         return {k: getattr(self, k) for k in columns(type(self), name)}
+
+    def keeps_worker(self) -> bool:
+        """Whether the worker that ran it may run the next task (isolation: only after `done`)."""
+        return self.status == Status.DONE
 
 
 # --- records -------------------------------------------------------------------------------------
@@ -178,10 +182,25 @@ class ProbeRecord(Record):
     predicted_peak_mb: float | None = _field(views=("search",))  # by the memory model (parent)
     device_memory_limit_mb: float | None = _field(views=("search",))
     memory_fraction: float | None = _field(views=("search",))  # XLA's share of the GPU (JAX on a GPU)
+    # out of memory where the backend counts its device allocator's bytes (JAX on a GPU): what the
+    # worker still held after it, beyond what it held before the probe (0: it recovered in place)
+    residue_mb: float | None = _field(views=("search",))
     step_times_s: list | None = _field()
     error: str | None = _field(views=("profile", "search"))
     log: str | None = _field(views=("search",))  # the worker's log, kept when it did not end done
     traceback: str | None = _field()
+
+    def keeps_worker(self) -> bool:
+        """Done, or out of memory with nothing left behind (`residue_mb` within RESIDUE_MB): the
+        device recovered in place, so the next probe may run in the same worker."""
+        return self.status == Status.DONE or (self.status == Status.OOM and self.residue_mb is not None
+                                              and abs(self.residue_mb) <= RESIDUE_MB)
+
+
+# What a recovered worker may still hold after an out-of-memory (MiB): XLA's allocator counts in
+# bytes, and a step's buffers all go when it fails; a few constants (a random key, a schedule)
+# may be made again on the way.
+RESIDUE_MB = 1.0
 
 
 @dataclass
@@ -201,16 +220,12 @@ class PeakRecord(Record):
 
 @dataclass
 class MemoryPlan(Record):
-    """The largest batch size under a cap by the compiler's plan (costs.predict_max_batch_size_planned)."""
+    """The bytes XLA's plan of a training step takes at each batch size asked
+    (costs.predict_max_batch_size_planned turns them into a prediction)."""
 
     status: Status = Status.FAILED
-    max_batch_size: int | None = None
-    per_image_bytes: float | None = None
-    method: str | None = None
     planned_bytes: dict | None = None  # batch size -> bytes the compiled step plans
-    state_bytes: float | None = None
-    baseline_bytes: float | None = None
-    cap_bytes: float | None = None
+    seconds: float | None = None  # the compilations, in the worker
     error: str | None = None
     traceback: str | None = None
 
@@ -303,8 +318,7 @@ class PeakTask:
 
 @dataclass(frozen=True)
 class MemoryPlanTask:
-    """The largest batch under `cap_bytes` by the compiler's plan, its runtime baseline from a
-    measured probe (`calibration_peak_bytes` at `calibration_batch`). Compiles, runs nothing."""
+    """XLA's plan of the probe's training step, compiled (never run) at each of `batch_sizes`."""
 
     KIND: ClassVar[str] = "memory"
     RECORD: ClassVar[type] = MemoryPlan
@@ -312,9 +326,7 @@ class MemoryPlanTask:
     optimizer: str
     dataset: str
     precision: str
-    cap_bytes: float
-    calibration_batch: int
-    calibration_peak_bytes: float
+    batch_sizes: list
     deterministic: bool = True
     tf32: bool | None = None
 

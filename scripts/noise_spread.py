@@ -1,7 +1,7 @@
 """How steady is find-batch-size's noise scale? Its measurement, at several samplings, over pairs of seeds.
 
 find-batch-size decides with B_simple measured over epochs 2-3 of two short runs at batch 32
-(catsdogs.measure.find_batch_size.measure_noise_scale). Its spread from one pair of seeds to the
+(catsdogs.measure.noise_run.measure_noise_scale). Its spread from one pair of seeds to the
 next has two parts: the trajectories differ (another seed, other weights) and each measurement
 samples few images. The second shrinks with the large batch B_b of each pair: |G|^2 comes from
 the B_b (B_b - 1) off-diagonal products of the pair's Gram matrix, so for the same images a larger
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from catsdogs.gradient_noise import NoiseSampling, describe
 from catsdogs.manifest import require_intact
-from catsdogs.measure.find_batch_size import NOISE_FROM, FindSettings, measure_noise_scale
+from catsdogs.measure.noise_run import NOISE_FROM, measure_noise_scale
+from catsdogs.measure.search import FindSettings
 
 
 def sampling_of(text: str) -> NoiseSampling:

@@ -1,6 +1,6 @@
 """Why do find-batch-size's noise scales differ from seed to seed? The trajectories, epoch by epoch.
 
-find-batch-size pools B_simple over epochs 2-3 of two seeds (catsdogs.measure.find_batch_size).
+find-batch-size pools B_simple over epochs 2-3 of two seeds (catsdogs.measure.noise_run).
 scripts/noise_spread.py showed that its spread between pairs of seeds is not the sampling's.
 This looks at the trajectories themselves: `--seeds` short runs at batch 32, each measured after
 every epoch with find-batch-size's sampling (pairs of 1 and 25 images), printing per seed and
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling, pool
 from catsdogs.manifest import require_intact
-from catsdogs.measure.find_batch_size import NOISE_FROM, NOISE_LARGE, NOISE_PAIRS
+from catsdogs.measure.noise_run import NOISE_FROM, NOISE_LARGE, NOISE_PAIRS
 from catsdogs.messages import TrialTask
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.training import backends

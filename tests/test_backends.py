@@ -25,7 +25,7 @@ from catsdogs.cli import cli
 from catsdogs.schema import TrialConfig
 from catsdogs.training.backends import jax as jax_backend
 from catsdogs.training.backends import tensorflow as tf_backend
-from catsdogs.training.costs import predict_max_batch_size_planned
+from catsdogs.training.costs import plan_batch_sizes, predict_max_batch_size_planned
 
 SIZE = 32
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ def test_each_backend_module_provides_the_backend_protocol(module):
     # given a backend's module, imported without its framework
     methods = protocol_methods(Backend)
     # then it is a Backend: every name the engine and the worker call, each taking what the protocol says
-    assert isinstance(module, Backend) and len(methods) == 22
+    assert isinstance(module, Backend) and len(methods) == 23
     for name, sig in methods.items():
         got = inspect.signature(getattr(module, name))
         assert [(p.name, p.default) for p in got.parameters.values()] == \
@@ -157,24 +157,34 @@ def test_tensorflows_out_of_memory_errors_are_out_of_memory():
     assert tf_backend.classify_error(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes")) == "failed"
 
 
-def test_a_planned_prediction_finds_the_largest_batch_under_the_cap():
-    # given a compiler whose step takes 100 MB plus 3 MB per image, with a small bend, and a
-    # batch-1 probe that peaked at 500 MB (so the runtime's baseline is 397 MB)
-    compiled: list[int] = []
-
+def test_a_planned_prediction_extends_the_line_through_the_largest_two_sizes_compiled():
+    # given a compiler whose step takes 100 MB plus 3 MB per image, with a small bend above 200,
+    # compiled at the sizes the plan asks for (none above 256), and a batch-1 probe that peaked at
+    # 500 MB (so the runtime's baseline is 397 MB)
     def plan(b: int) -> int:
-        compiled.append(b)
         return 100_000_000 + 3_000_000 * b + (2_000_000 if b > 200 else 0)
 
-    p = predict_max_batch_size_planned(plan, cap_bytes=2_000_000_000, calibration_batch=1,
+    sizes = plan_batch_sizes(1)
+    assert sizes == [1, 64, 256]
+    planned = {b: plan(b) for b in sizes}
+    p = predict_max_batch_size_planned(planned, cap_bytes=2_000_000_000, calibration_batch=1,
                                        calibration_peak_bytes=500_000_000)
-    # then the answer is the largest batch whose baseline + plan fits: 397 + 102 + 3b <= 2000 MB
+    # then the answer is the largest batch on the line through 64 and 256 whose baseline + plan fits:
+    # the line through them carries the bend (2 MB over 192 images) on, so it lands within an image
     best = p["max_batch_size"]
     assert p["baseline_bytes"] == 500_000_000 - plan(1)
-    assert p["baseline_bytes"] + plan(best) <= 2_000_000_000 < p["baseline_bytes"] + plan(best + 1)
-    assert len(set(compiled)) <= 5 and p["method"] == "xla"
+    assert p["method"] == "xla" and list(p["planned_bytes"]) == [1, 64, 256]
+    assert abs(best - 499) <= 1 and p["baseline_bytes"] + plan(best - 1) <= 2_000_000_000
+    # and a cap that binds below 256 is read on the line between the sizes around it
+    small = predict_max_batch_size_planned(planned, cap_bytes=950_000_000, calibration_batch=1,
+                                           calibration_peak_bytes=500_000_000)
+    assert 64 < small["max_batch_size"] < 256
+    assert p["baseline_bytes"] + plan(small["max_batch_size"]) <= 950_000_000 + 3_000_000
     # and a cap below the calibration probe's own plan fits nothing
-    assert predict_max_batch_size_planned(plan, 450_000_000, 1, 500_000_000)["max_batch_size"] == 0
+    assert predict_max_batch_size_planned(planned, 450_000_000, 1, 500_000_000)["max_batch_size"] == 0
+    # and the plan is never compiled above the search's bound, nor with fewer than two sizes predicts
+    assert plan_batch_sizes(1, bound=48) == [1, 48] and plan_batch_sizes(1, bound=1) == [1]
+    assert predict_max_batch_size_planned({1: plan(1)}, 2_000_000_000, 1, 500_000_000) is None
 
 
 def test_only_jax_states_a_compiled_memory_plan():

@@ -17,8 +17,10 @@ from click.testing import CliRunner
 from catsdogs.cli import cli
 from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.measure import find_batch_size as findbs
+from catsdogs.measure import noise_run
 from catsdogs.measure.common import format_bytes, parse_memory
-from catsdogs.measure.find_batch_size import PROBE_COLUMNS, FindSettings, NoiseRun
+from catsdogs.measure.find_batch_size import PROBE_COLUMNS, FindSettings
+from catsdogs.measure.noise_run import NoiseRun
 from catsdogs.measure.search import fresh_threshold
 from catsdogs.messages import ProbeRecord, ProbeTask
 from catsdogs.training.costs import (
@@ -261,6 +263,7 @@ class LinearProber:
     runtime (so the prediction is exact), under the prober's cap."""
 
     base_mb, calls, record_extra = 700.0, [], {}
+    in_place = False  # the CPU's rules (fresh workers near the limit)
 
     def __init__(self, workdir, memory_cap_bytes=None, cpu_cap_bytes=None, isolate=False, fresh_from=None, env=None):
         self.cap_mb, self.fresh_from = memory_cap_bytes / 2**20, fresh_from
@@ -288,10 +291,12 @@ def test_the_prediction_comes_before_the_search_from_the_calibration_probe_alone
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
     monkeypatch.setattr(prober, "Prober", LinearProber)
     LinearProber.record_extra = {}
-    # given a device whose memory is exactly linear in the batch size, under a 1000 MiB cap
+    # given a device whose memory is exactly linear in the batch size, under a 1000 MiB cap, searched
+    # past the 48 training images (--max) for the device's limit
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, resolution=1, margin=0.0,
-                                            measure_noise=False), data_dir, tmp_path, log=lines.append)
+                                            measure_noise=False, max_batch=4096), data_dir, tmp_path,
+                               log=lines.append)
     # then the prediction was stated after the calibration probe, before any search probe
     predicted = s["prediction"]["max_batch_size"]
     at = next(i for i, ln in enumerate(lines) if ln.startswith("Predicted before the search"))
@@ -371,8 +376,8 @@ def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_di
     # given throughput growing as the square root of the batch size up to the memory limit (less its
     # margin), where T(B) = (1 + B_noise/B) sqrt(B) is least at B = B_noise, and a noise scale
     lines: list[str] = []
-    s = findbs.find_batch_size(FindSettings("fbs", optimizer=optimizer, memory_cap_bytes=1000 * 2**20), data_dir,
-                               tmp_path, log=lines.append)
+    s = findbs.find_batch_size(FindSettings("fbs", optimizer=optimizer, memory_cap_bytes=1000 * 2**20,
+                                            max_batch=4096), data_dir, tmp_path, log=lines.append)
     rec = s["recommendation"]
     text = "\n".join(lines)
     # then the recommendation names the limit that binds, and the learning rate follows its rule
@@ -422,8 +427,8 @@ def test_the_critical_batch_size_is_probed_and_recommended_when_statistics_binds
     monkeypatch.setattr(findbs, "measure_noise_scale", noise_step)
     # given a noise scale of 50 and throughput growing as sqrt(B) up to the memory limit (its margin)
     lines: list[str] = []
-    s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20), data_dir, tmp_path,
-                               log=lines.append)
+    s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, max_batch=4096), data_dir,
+                               tmp_path, log=lines.append)
     # then 48, the critical batch size rounded down, is probed on the search's way up, between 32 and
     # 64 (so in the worker of the way up, not a fresh one), and recommended
     critical = [p for p in s["probes"] if p["phase"] == "critical"]
@@ -618,15 +623,15 @@ def test_the_noise_scale_pools_epochs_2_and_3_of_two_seeds_and_records_them(tmp_
                 for e, v in ((1, 400.0), (2, value), (3, value))]
         return TrialRecord(status="done", history=rows, initial_noise=None, noise_seconds=1.0)
 
-    monkeypatch.setattr(findbs, "Worker", OneWorker)
+    monkeypatch.setattr(noise_run, "Worker", OneWorker)
     manifest = {"params": {"size": 32}, "fingerprint": {"standard": "f"}}
     lines: list[str] = []
-    run = findbs.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
+    run = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
     # then two runs of 3 epochs at batch 32, seeds 7 and 8, and the estimate is their epochs 2-3 pooled
     assert runs == [(7, 3, 32), (8, 3, 32)] and len(workers) == 1
     assert run.estimate.b_simple == pytest.approx(30.0) and run.estimate.measurements == 4
     # and nothing was measured before epoch 2; the estimate knows its pairs' sizes (1 and 25 images)
-    assert (run.estimate.small, run.estimate.large) == (1, findbs.NOISE_LARGE)
+    assert (run.estimate.small, run.estimate.large) == (1, noise_run.NOISE_LARGE)
     saved = run.as_json()
     assert saved["seeds"] == [7, 8] and saved["from_epoch"] == 2 and saved["epochs"] == 3
     assert FindSettings(seed=7).recorded(32, None, tmp_path)["seed"] == 7

@@ -203,11 +203,15 @@ def test_nothing_fits():
     assert r.largest_fit is None and dev.calls == [8, 4, 2, 1]
 
 
-def test_max_is_probed_when_doubling_would_pass_it():
+def test_max_is_probed_when_doubling_would_pass_it_or_come_within_a_quarter_of_it():
     dev = FakeDevice(1000)
     r = search(dev, start=8, max_batch=300)
-    assert dev.calls == [8, 16, 32, 64, 128, 256, 300]
+    # 256 would be within a quarter below 300: the doubling goes straight to 300 from 128
+    assert dev.calls == [8, 16, 32, 64, 128, 300]
     assert r.largest_fit == 300 and r.first_failure is None and r.reached_max
+    dev = FakeDevice(1000)
+    search(dev, start=8, max_batch=400)  # 256 is not within a quarter of 400: probed, then 400
+    assert dev.calls == [8, 16, 32, 64, 128, 256, 400]
     dev = FakeDevice(280)
     r = search(dev, start=8, max_batch=300, resolution=1)
     assert (r.largest_fit, r.first_failure) == (280, 281)

@@ -115,10 +115,20 @@ def load(folder: Folder, height: int, width: int, channels: int, dtype: str = "u
 TEST_SHARE = 0.1
 
 
+def held_out_count(n: int, share: float = TEST_SHARE) -> int:
+    """The images of `n` that `holdout` keeps for testing: `share` of them, at least one."""
+    return max(1, int(round(share * n)))
+
+
+def train_count(n: int, share: float = TEST_SHARE) -> int:
+    """The images of `n` that `holdout` leaves to train on (none of none)."""
+    return max(0, n - held_out_count(n, share)) if n else 0
+
+
 def holdout(split: Split, share: float = TEST_SHARE) -> tuple[Split, Split]:
     """(train, test): `share` of the images (at least one) held out for testing, the rest to train on."""
     order = np.random.default_rng(0).permutation(len(split))
-    n_test = max(1, int(round(share * len(split))))
+    n_test = held_out_count(len(split), share)
     test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
 
     def take(rows) -> Split:

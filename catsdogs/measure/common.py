@@ -69,6 +69,11 @@ def check_memory_floor(cap_bytes: int | None, image_size: int, optimizer: str, p
                            "memory_limit")
 
 
+def first_line(text) -> str:
+    """An error's first line, or "no reason given"."""
+    return next(iter(str(text or "").splitlines()), "") or "no reason given"
+
+
 def format_bytes(n: float) -> str:
     """1.5 GiB, 300 MiB: binary units, as the caps are given."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

@@ -5,37 +5,33 @@ Every probe is a few training steps of the article's model at one batch size: th
 training step (catsdogs.training.probes.run_probe), run by catsdogs.measure.prober. A probe that
 does not fit ends its worker, so one out-of-memory cannot poison the next probe (TensorFlow keeps
 device memory after an out-of-memory error, and a process killed for memory takes nothing else
-with it); a worker is reused only while the batch sizes grow, since its memory only grows. Each
-probe ends done (it fits), oom or failed (schema.Status).
+with it), unless the worker shows it recovered in place (JAX on a GPU); a worker is reused only
+while the batch sizes grow, since its memory only grows. Each probe ends done (it fits), oom or
+failed (schema.Status).
+
+The search's bound (`SearchBound`): --max, else the training split, the prepared data's or the
+training part of a --data folder. No batch larger than the data can be trained on them, so by
+default the search stops there, and says so; --max above it finds the device's limit.
 
 The memory cap: on a GPU its memory (or `--memory-limit` as a logical device); on the CPU
 `--memory-limit` caps each probe's peak resident memory (the parent watches VmHWM and kills a
 probe that goes over: catsdogs.training.worker), and without it 90% of the memory available when
-the search starts. "Fits" means the probe's peak memory stayed under the cap.
+the search starts. "Fits" means the probe's peak memory stayed under the cap. A margin is taken
+off the largest size that fits where memory stopped the search or came within the margin of the
+cap, and its size confirmed by a probe ("confirm").
 
-The prediction comes first, after the batch-size-1 probe (the calibration) and before the search.
-The article's model: on TensorFlow its step replayed through a model of the BFC allocator
-(costs.predict_max_batch_size: on the CPU, the pages its growing regions have written), arithmetic
-here; on JAX, whose compiler assigns buffers itself, XLA's plan of the step compiled in a worker
-(costs.predict_max_batch_size_planned). Any other model: a line through the calibration and one
-fresh probe of at most a quarter of the answer (`_predict_line`). This process imports no
-framework. The prediction then sets which probes need a fresh
-worker: every probe at or above search.FRESH_SHARE of the predicted limit (catsdogs.measure.prober
-says why a reused worker cannot answer near the limit), and any that ran out of memory in a
-reused one. After the search, the margin's size is probed too if it was not already ("confirm").
+The prediction comes first (catsdogs.measure.memory_prediction), after the batch-size-1 probe (the
+calibration) and before the search; on a GPU the search's own probes carry it on (`ProbeRun.guess`).
+The statistics come before both (catsdogs.measure.noise_run): the gradient noise scale's
+rounded-down value is probed on the search's way up ("critical"), in the worker of the small
+sizes, so the recommendation (catsdogs.goodput: the least predicted time to a target) has a probe
+at the statistics' limit. `measure_noise=False` (--no-noise-scale) skips it.
 
-The statistics: before the search, the gradient noise scale B_simple (catsdogs.gradient_noise) is
-measured past the first epoch's transient: two short runs at the base batch size (32), seeds
---seed and the next, trained 3 epochs each in one worker that ends before any probe runs, B_simple
-measured after epochs 2 and 3 and pooled (`measure_noise_scale`). Its rounded-down value is probed
-on the search's way up ("critical"), in the worker of the small sizes, so the recommendation
-(catsdogs.goodput: the least predicted time to a target) has a probe at the statistics' limit.
-`measure_noise=False` (--no-noise-scale) skips it.
-
-Time: a probe in a reused worker takes a fraction of a second, one in a fresh worker seconds (on
-TensorFlow most of it importing the framework). So the first probe's worker imports while the
-noise scale's short runs train, the search probes the prediction rather than doubling past it
-(catsdogs.measure.search.around_guess), and on the CPU fresh workers start two at a time
+Time: a probe in a reused worker takes a fraction of a second and a compilation, one in a fresh
+worker seconds more (most of it importing the framework). So the first probe's worker imports,
+and XLA's plan compiles, while the noise scale's short runs train; the search probes the
+prediction rather than doubling past it (catsdogs.measure.search.around_guess), and goes straight
+to its bound from three quarters of it; on the CPU fresh workers start two at a time
 (catsdogs.measure.prober). The summary says where the time went ("seconds").
 """
 
@@ -48,91 +44,37 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from catsdogs import config
+from catsdogs.data import folder as folder_data
 from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
-from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling, pool
 from catsdogs.host import host_memory_available, versions
 from catsdogs.manifest import require_intact
 from catsdogs.measure import model_check
 from catsdogs.measure import prober as probers
-from catsdogs.measure.common import (
-    check_memory_floor,
-    format_bytes,
-    settings_note,
-    write_csv,
+from catsdogs.measure.common import check_memory_floor, format_bytes, settings_note, write_csv
+from catsdogs.measure.find_summary import probe_line, summary_lines, time_lines
+from catsdogs.measure.memory_prediction import (
+    CALIBRATION_BATCH,
+    BackgroundPlan,
+    predict_first,
+    prediction_record,
 )
-from catsdogs.measure.find_summary import METHODS, probe_line, summary_lines, time_lines
+from catsdogs.measure.noise_run import NoiseRun, measure_noise_scale
 from catsdogs.measure.search import (
     FindSettings,
     apply_margin,
     confirm,
     critical_probe,
     decide,
-    fresh_threshold,
-    percent_apart,
     search,
 )
-from catsdogs.messages import (
-    MemoryPlanTask,
-    ProbeRecord,
-    ProbeTask,
-    TrialRecord,
-    TrialTask,
-    columns,
-)
-from catsdogs.schema import Status, TrialConfig, default
+from catsdogs.messages import ProbeRecord, ProbeTask, columns
+from catsdogs.schema import Status
 from catsdogs.training import backends
-from catsdogs.training.costs import (
-    line_second_batch,
-    predict_max_batch_size,
-    predict_max_batch_size_line,
-    predicted_peak_bytes,
-)
-from catsdogs.training.worker import Worker, run_isolated
+from catsdogs.training.costs import PLAN_MOST
 
-CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline comes from
 HOST_CAP_FRACTION = 0.9
-# find-batch-size's noise measurement, the one the recommendation rests on: larger pairs than a
-# sweep's, over two short runs, past their first epoch (measure_noise_scale). A pair of 25 images
-# gives |G|^2 from 600 products of two examples' gradients where a pair of 10 gives 90: for about
-# the same images, intervals a third as wide (docs/results.md, "The noise scale find-batch-size
-# decides with"; scripts/noise_spread.py).
-NOISE_PAIRS = 2 * config.NOISE_PAIRS  # pairs a measurement: 16, so 64 pooled (2 epochs x 2 seeds)
-NOISE_LARGE = 25  # images a pair (each its own micro-batch: B_s 1, B_b 25)
-NOISE_EPOCHS = 3  # each short run's epochs: measured after the 2nd and 3rd, past the first's transient
-NOISE_FROM = 2  # the first epoch whose measurement counts
-NOISE_SEEDS = 2  # short runs, each its own seed: one seed's trajectory is one draw
-# A user's model: the two-batch estimator on ordinary gradients (engine.noise_estimate_at), one
-# gradient computation per micro-batch. Micro-batches of 2, the fewest BatchNormalization can
-# normalize over (a "per-example" gradient is not defined through it), 12 to a pair: 16 pairs of
-# 24 images, about the article's measurement's images (16 of 25), for 192 gradients a measurement.
-USER_NOISE_MICRO = 2
-USER_NOISE_MICROS = 12
-
 PROBE_COLUMNS = columns(ProbeRecord, "search")  # find_batch_size.csv, and each probe in the .json
-
-
-@dataclass(frozen=True)
-class NoiseRun:
-    """The noise scale measured before the search: B_simple at the base batch size over epochs
-    `from_epoch` to `epochs` of runs at `seeds`, pooled (`estimate`)."""
-
-    estimate: NoiseEstimate
-    batch_size: int
-    epochs: int = 1
-    measure_seconds: float | None = None  # the measurements alone
-    seconds: float | None = None  # the whole short run, its worker's start included
-    seeds: list[int] | None = None
-    from_epoch: int | None = None
-    estimator: str | None = None  # a user's model's: "two-batch" (None: the article's per-example products)
-
-    def as_json(self) -> dict:
-        """As find_batch_size.json's "noise_scale" holds it."""
-        e = self.estimate
-        return ({"estimator": self.estimator} if self.estimator else {}) | {"b_simple": e.b_simple, "low": e.low, "high": e.high, "gradient_sq": e.gradient_sq,
-                "trace": e.trace, "epochs": self.epochs, "batch_size": self.batch_size, "pairs": e.pairs, "small": e.small,
-                "large": e.large, "measure_seconds": self.measure_seconds, "seconds": self.seconds,
-                "seeds": self.seeds, "from_epoch": self.from_epoch, "measurements": e.measurements}
 
 
 def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(config.DEFAULT_OUT),
@@ -147,22 +89,25 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     work = folder / ".work"
     env = settings.environment()
     settings, manifest, size, user, probe_data = _model_and_data(settings, data_dir, work, env, log)
+    bound = SearchBound.of(settings, manifest, probe_data)
     folder.mkdir(parents=True, exist_ok=True)
     cpu_cap = None
     if settings.memory_cap_bytes is None:
         avail = host_memory_available()
         cpu_cap = int(HOST_CAP_FRACTION * avail) if avail else None
     started = time.perf_counter()
-    log(_opening_line(settings, size, cpu_cap, user))
+    log(_opening_line(settings, size, cpu_cap, user, bound))
     if settings.anchor:
         a = settings.anchor
         log(f"Learning rate scaled from {a['store']}: the {a['kind']} sweep {a['sweep']!r}, tuned at batch sizes "
             f"{', '.join(map(str, sorted(int(b) for b in a['rates'])))}.")
     run = ProbeRun(settings, data_dir, work, cpu_cap, env, log, probe_data)
+    # XLA's plan (JAX, the article's model) compiles in a worker of its own while the noise scale trains
+    plan = BackgroundPlan.start(settings, manifest, user, data_dir, work, env, bound.batch_size)
     try:
         # The statistics first, in a worker of its own that ends before any probe runs (the first
-        # probe's worker imports its framework meanwhile, on the CPU): the probes' memory is not
-        # touched, and the search can then probe the critical batch size on its way up.
+        # probe's worker imports its framework meanwhile): the probes' memory is not touched, and
+        # the search can then probe the critical batch size on its way up.
         noise_run = None
         if settings.measure_noise and user and not probe_data.real:
             log("Noise scale: not measured: it needs real images (random ones carry no signal to measure): give "
@@ -170,30 +115,23 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         elif settings.measure_noise:
             run.prober.prestart()
             noise_run = measure_noise_scale(data_dir, manifest, settings, work, env, log, probe_data=probe_data)
+        waiting = time.perf_counter()
+        planned = plan.result(log) if plan else None  # before the calibration: no compilation beside its timing
+        plan_wait = time.perf_counter() - waiting
         calib = run.probe(CALIBRATION_BATCH, "calibrate")
         predicting = time.perf_counter()
-        pred = _predict_first(run, calib, manifest, size, data_dir, work, env, log, user)
-        predict_seconds = time.perf_counter() - predicting
-        early = critical_probe(noise_run.estimate if noise_run else None, safe=None)
-        result = search(lambda b: run.probe_on_the_way(b, early), mode=settings.mode, start=settings.start,
-                        max_batch=settings.max_batch, resolution=settings.resolution,
-                        guess=pred["max_batch_size"] if pred and settings.mode == "binsearch" else None)
-        safe = apply_margin(result.largest_fit, settings.margin) if result.largest_fit is not None else None
-        margin_failed: list[int] = []
-        if safe is not None:  # the margin's size must pass itself: down the margin's grid until one does
-            safe, margin_failed = confirm(lambda b: run.probe(b, "confirm").status, safe)
-        critical = critical_probe(noise_run.estimate if noise_run else None, safe)
-        if critical is not None:
-            run.probe(critical, "critical")  # the statistics' limit, so the recommendation can stand on it
+        pred = predict_first(run, calib, manifest, size, planned, log, user, bound.batch_size)
+        predict_seconds = plan_wait + time.perf_counter() - predicting
+        result, safe, margin_failed = _search(run, noise_run, pred, bound)
     finally:
-        run.close()
+        run.close()  # (a plan still compiling is not waited for: its worker ends with this process)
     summary = decide(result, run.probes, safe, settings.optimizer, noise_run.estimate if noise_run else None,
-                     settings.anchor)
+                     settings.anchor, bound.stopped_by(result))
     summary.update(margin_failed=margin_failed, noise_scale=noise_run.as_json() if noise_run else None,
                    settings=settings.recorded(size, cpu_cap, data_dir,
                                               manifest["fingerprint"][settings.dataset] if manifest else None),
-                   backend=backends.name(), host=platform.node(),
-                   prediction=_prediction(pred, calib, run, result, size),
+                   search_bound=bound.as_json(), backend=backends.name(), host=platform.node(),
+                   prediction=prediction_record(pred, calib, run, result, size),
                    memory_fraction=calib.memory_fraction,
                    probes=[p.view("search") for p in run.probes], versions=versions(),
                    seconds=_seconds(started, noise_run, predict_seconds, run.probes))
@@ -210,6 +148,73 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
             f"{': ' + first.error.splitlines()[0] if first.error else ''} "
             f"(records in {folder / 'find_batch_size.json'})")
     return summary
+
+
+def _search(run: ProbeRun, noise_run: NoiseRun | None, pred: dict | None, bound: SearchBound):
+    """The search up to the bound, then the margin's size confirmed and the critical batch size
+    probed: (the search's result, the margin's size, the sizes that failed their confirmation)."""
+    s = run.settings
+    estimate = noise_run.estimate if noise_run else None
+    early = critical_probe(estimate, safe=None)
+    run.prediction = pred
+    result = search(lambda b: run.probe_on_the_way(b, early), mode=s.mode, start=s.start,
+                    max_batch=bound.batch_size, resolution=s.resolution,
+                    guess=run.guess if pred and s.mode == "binsearch" else None)
+    safe, margin_failed = None, []
+    if result.largest_fit is not None:
+        largest = next(p for p in reversed(run.probes) if p.batch_size == result.largest_fit)
+        if bound.stopped_by(result) in ("data", "max") and room_beyond_margin(largest, s.margin):
+            safe = result.largest_fit  # memory never bound, nor came near: no margin to take against it
+        else:  # the margin's size must pass itself: down the margin's grid until one does
+            safe, margin_failed = confirm(lambda b: run.probe(b, "confirm").status,
+                                          apply_margin(result.largest_fit, s.margin))
+    critical = critical_probe(estimate, safe)
+    if critical is not None:
+        run.probe(critical, "critical")  # the statistics' limit, so the recommendation can stand on it
+    return result, safe, margin_failed
+
+
+def room_beyond_margin(probe: ProbeRecord, margin: float) -> bool:
+    """Whether the probe's peak left more room under its cap than the margin would take: then a
+    size that fitted at a bound memory did not set needs no margin against memory."""
+    cap = probe.memory_cap_mb or probe.device_memory_limit_mb
+    return bool(cap and probe.peak_memory_mb is not None and probe.peak_memory_mb <= (1 - margin) * cap)
+
+
+@dataclass(frozen=True)
+class SearchBound:
+    """The largest batch size the search probes, and why: --max when given, else the training
+    split (the prepared data's, or the training part of a --data folder), since no batch larger
+    than the data can be trained on them; None where neither says (a user's model on random
+    images, no --max): then memory alone stops the search."""
+
+    batch_size: int | None
+    by: str | None  # "max" or "data"
+    train_images: int | None
+
+    @classmethod
+    def of(cls, settings: FindSettings, manifest: dict | None, probe_data: model_check.ProbeData | None) -> SearchBound:
+        if probe_data is not None and probe_data.folder:
+            train = folder_data.train_count(probe_data.count or 0) or None
+        elif manifest:
+            train = sum(manifest["counts"][settings.dataset]["train"].values())
+        else:
+            train = None
+        if settings.max_batch is not None:
+            return cls(settings.max_batch, "max", train)
+        return cls(train, "data" if train else None, train)
+
+    def stopped_by(self, result) -> str:
+        """What ended the search: "data" or "max" (every size up to the bound fit), "memory" (a
+        size ran out of it), or "failures" (sizes failed for another reason)."""
+        if result.reached_max:
+            return self.by or "max"
+        if result.first_failure is not None and result.statuses.get(result.first_failure) == Status.OOM:
+            return "memory"
+        return "memory" if result.largest_fit is None and Status.OOM in result.statuses.values() else "failures"
+
+    def as_json(self) -> dict:
+        return {"batch_size": self.batch_size, "by": self.by, "train_images": self.train_images}
 
 
 def _seconds(started: float, noise_run: NoiseRun | None, predict_seconds: float, probes: list[ProbeRecord]) -> dict:
@@ -236,12 +241,16 @@ def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dic
     return replace(settings, model=ref), probe_data.manifest, user.input_shape[0], user, probe_data
 
 
-def _opening_line(s: FindSettings, size: int, cpu_cap: int | None, user=None) -> str:
+def _opening_line(s: FindSettings, size: int, cpu_cap: int | None, user=None, bound: SearchBound | None = None) -> str:
     cap_text = (f"each probe capped at {format_bytes(s.memory_cap_bytes)}" if s.memory_cap_bytes else
                 "on a GPU its memory is the cap; on the CPU "
                 + (f"{format_bytes(cpu_cap)} (90% of the memory available now)" if cpu_cap else "no cap"))
     what = f"model {user.name}" if user else f"{s.dataset} data ({size} px)"
-    return (f"Find batch size {s.name}: {s.mode} from {s.start}{f' up to {s.max_batch}' if s.max_batch else ''}, "
+    up_to = ""
+    if bound and bound.batch_size:
+        up_to = (f" up to {bound.batch_size:,}" if bound.by == "max" else
+                 f" up to the {bound.batch_size:,} training images")
+    return (f"Find batch size {s.name}: {s.mode} from {s.start}{up_to}, "
             f"{s.optimizer}, {what}, {s.precision}; {cap_text}"
             + settings_note(s.deterministic, s.tf32))
 
@@ -257,6 +266,8 @@ class ProbeRun:
         self.probes: list[ProbeRecord] = []
         self.prober = probers.Prober(work, settings.memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=settings.isolate,
                                      env=env)
+        self.prediction: dict | None = None  # the memory model's, before the search
+        self.refined: dict | None = None  # ... carried on by the search's own probes (`guess`)
 
     def probe(self, batch_size: int, phase: str, fresh: bool = False) -> ProbeRecord:
         """The probe of `batch_size`: run now (in a fresh worker with `fresh`), or the one already run."""
@@ -284,167 +295,33 @@ class ProbeRun:
             self.probe(critical, "critical")
         return self.probe(batch_size, "search").status
 
+    def guess(self) -> int | None:
+        """The largest batch size that fits, as the search should aim for it now: the memory
+        model's prediction, or, once two probes above what the model was fitted on have
+        fitted with an exact peak (a GPU's allocator, whose bytes in use no retained region
+        inflates; never a reused CPU worker's resident set), the line through the largest two,
+        when it climbs more steeply than the model's.
+        On the H200 XLA's plan said 4,815 where the peaks of 1,024 and 2,048 put it at 3,140:
+        the device's own workspaces grow faster than the plan above a few hundred images."""
+        exact = sorted((p for p in self.probes if p.status == Status.DONE and p.memory_kind == "gpu-worker"
+                        and p.peak_memory_mb and p.batch_size > PLAN_MOST), key=lambda p: p.batch_size)
+        cap = next((p.device_memory_limit_mb or p.memory_cap_mb for p in reversed(exact)), None)
+        plan_slope = (self.prediction or {}).get("per_image_bytes", 0.0) / 2**20
+        if len(exact) >= 2 and cap:
+            a, b = exact[-2], exact[-1]
+            slope = (b.peak_memory_mb - a.peak_memory_mb) / (b.batch_size - a.batch_size)
+            # the device's workspaces add to the plan, never take from it: a slope below the plan's
+            # is a kernel's choice changing between the two sizes (the H200's 920 peaked above 1,024)
+            if slope > max(0.0, plan_slope):
+                best = b.batch_size + int((cap - b.peak_memory_mb) // slope)
+                if not self.refined or self.refined["max_batch_size"] != best:
+                    self.refined = {"max_batch_size": best, "from": [a.batch_size, b.batch_size]}
+                    self.log(f"The prediction carried on by the probes of {a.batch_size} and {b.batch_size} "
+                             f"(their exact peaks on a GPU): {best}.")
+                return best
+        return self.prediction["max_batch_size"] if self.prediction else None
+
     def close(self) -> None:
         self.prober.close()
 
 
-# --- the statistics ---------------------------------------------------------------------------------
-
-
-def noise_sampling() -> NoiseSampling:
-    """find-batch-size's measurement: NOISE_PAIRS pairs of NOISE_LARGE images, each its own
-    micro-batch, after epochs NOISE_FROM on (none before: they would be discarded)."""
-    return NoiseSampling(micro=1, micros=NOISE_LARGE, pairs=NOISE_PAIRS, from_epoch=NOISE_FROM)
-
-
-def user_noise_sampling() -> NoiseSampling:
-    """A user's model's measurement: NOISE_PAIRS pairs of USER_NOISE_MICROS micro-batches of
-    USER_NOISE_MICRO images (the two-batch estimator), after epochs NOISE_FROM on."""
-    return NoiseSampling(micro=USER_NOISE_MICRO, micros=USER_NOISE_MICROS, pairs=NOISE_PAIRS, from_epoch=NOISE_FROM)
-
-
-def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSettings, work: Path, env: dict | None,
-                        log: Callable[[str], None], sampling: NoiseSampling | None = None,
-                        probe_data: model_check.ProbeData | None = None) -> NoiseRun | None:
-    """B_simple past the first epoch's transient: NOISE_SEEDS short runs at the base batch size
-    (seeds `settings.seed` and on), each trained NOISE_EPOCHS epochs as a sweep's trial is, in a
-    worker of its own, measured after each epoch from NOISE_FROM on (before it, nothing is
-    measured); those measurements, of every seed, pooled into one estimate (gradient_noise.pool: the ratio of means over all their
-    pairs). One epoch at one seed moved it from 3 to 296 with the seed and the backend; later
-    epochs of two seeds steady it. With the wall time (workers' starts included). None, said in
-    the log, when a run failed. `probe_data`: a user's model (settings.model) trains, on its
-    folder or the prepared data, and is measured by the two-batch estimator (`user_noise_sampling`)."""
-    base = default("base_batch_size")
-    user = _user_task_fields(settings, probe_data)
-    sampling = sampling or (user_noise_sampling() if user else noise_sampling())
-    seeds = list(range(settings.seed, settings.seed + NOISE_SEEDS))
-    how = (f"the two-batch estimator on ordinary gradients, {sampling.pairs} pairs of {sampling.micros} micro-batches "
-           f"of {sampling.micro} images" if user else f"{sampling.pairs} pairs of {sampling.micro} and {sampling.large} images")
-    log(f"Noise scale: {NOISE_EPOCHS} epochs at batch size {base}, seeds {', '.join(map(str, seeds))}; B_simple "
-        f"from {how} after epochs {sampling.from_epoch}-{NOISE_EPOCHS}, pooled ...")
-    started = time.perf_counter()
-    measured, measure_seconds = [], 0.0
-    log_path = work / "noise-scale.log"
-    worker = Worker(log_path, env)  # one for every seed: a trial trains alike in a fresh worker or a used one
-    try:
-        for seed in seeds:
-            cfg = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
-                              image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
-                              data=manifest["fingerprint"][settings.dataset] if manifest else "",
-                              precision=settings.precision, backend=backends.name(),
-                              **backends.process_settings(env or {}))
-            task = TrialTask(cfg, str(Path(data_dir).resolve()), sampling.as_dict(), user=user)
-            record: TrialRecord = worker.run(task)
-            later = [NoiseEstimate.from_record(row) for row in record.history or []]
-            later = [replace(m, small=sampling.micro, large=sampling.large) for m in later
-                     if m is not None and m.epoch >= sampling.from_epoch]
-            if record.status != Status.DONE or not later:
-                log(f"Noise scale not measured: the short run at seed {seed} {record.status}: "
-                    f"{_first_line(record.error)} (log: {log_path})")
-                return None
-            measured += later
-            measure_seconds += record.noise_seconds or 0.0
-    finally:
-        worker.close()
-    log_path.unlink(missing_ok=True)
-    estimate = pool(measured)
-    return NoiseRun(estimate, base, NOISE_EPOCHS, round(measure_seconds, 2),
-                    round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
-                    estimator="two-batch" if user else None)
-
-
-def _user_task_fields(settings: FindSettings, probe_data: model_check.ProbeData | None) -> dict | None:
-    """A user's model as a trial trains it (TrialTask.user); None for the article's."""
-    if settings.model is None:
-        return None
-    return {"model": settings.model, "loss": settings.loss, **(probe_data.task_fields() if probe_data else {})}
-
-
-def _first_line(text) -> str:
-    return next(iter(str(text or "").splitlines()), "") or "no reason given"
-
-
-# --- the memory model's prediction ---------------------------------------------------------------
-
-
-def _predict_first(run: ProbeRun, calib: ProbeRecord, manifest: dict | None, size: int, data_dir: Path, work: Path,
-                   env: dict, log, user: model_check.ModelInfo | None = None) -> dict | None:
-    """The prediction before any search probe: from the calibration probe (the article's model,
-    handed in as a user's too, on the prepared data), or from it and one fresh probe (any other
-    model: `_predict_line`); the probes it puts near the limit get a fresh worker. None when there
-    is no cap or the model failed."""
-    s = run.settings
-    cap_mb = calib.memory_cap_mb or calib.device_memory_limit_mb
-    if not (calib.status == Status.DONE and calib.peak_memory_mb and cap_mb):
-        return None
-    if user is not None and not (user.article_size and manifest):  # the article's layers: its own model, below
-        pred = _predict_line(run, calib, cap_mb, user, log)
-    else:
-        train_images = sum(manifest["counts"][s.dataset]["train"].values())
-        pred = _predict(calib, cap_mb, data_dir, work, size, train_images, s, log, env)
-    if pred:
-        run.prober.fresh_from = fresh_threshold(pred["max_batch_size"])
-        log(f"Predicted before the search: {pred['max_batch_size']} ({METHODS[pred['method']]}); "
-            f"probes of {run.prober.fresh_from} and above run in a fresh worker.")
-    return pred
-
-
-def _predict_line(run: ProbeRun, calib: ProbeRecord, cap_mb: float, user: model_check.ModelInfo, log) -> dict | None:
-    """A user's model's prediction, either backend: the line through the calibration's peak and a fresh
-    probe's (costs.predict_max_batch_size_line says why). None, said, when that probe gives no line."""
-    cap, first = cap_mb * 2**20, calib.peak_memory_mb * 2**20
-    second = line_second_batch(cap, first, user.activation_bytes_per_image or 0.0)
-    probe = run.probe(second, "predict", fresh=True)
-    pred = (predict_max_batch_size_line(cap, CALIBRATION_BATCH, first, second, probe.peak_memory_mb * 2**20)
-            if probe.status == Status.DONE and probe.peak_memory_mb else None)
-    if pred is None:
-        log(f"No prediction before the search: the second memory probe (batch size {second}) "
-            f"{'did not fit' if probe.status != Status.DONE else 'peaked no higher than batch size 1'}.")
-    return pred
-
-
-def _predict(calib: ProbeRecord, cap_mb: float, data_dir: Path, work: Path, size: int, train_images: int | None,
-             s: FindSettings, log, env: dict) -> dict | None:
-    """The backend's memory model's answer, calibrated on the batch-1 probe: XLA's plan where the
-    backend's compiler states one (JAX), compiled in a worker of its own; else
-    TensorFlow's step replayed through BFC (the article's model). None when the plan could not be
-    made (said in the log)."""
-    cap_bytes, peak_bytes = cap_mb * 2**20, calib.peak_memory_mb * 2**20
-    steps = s.warmup + s.steps
-    if backends.current().compiled_step_bytes is None:
-        device = "cpu" if calib.memory_kind == "cpu-rss" else "gpu"
-        return {**predict_max_batch_size(cap_bytes, CALIBRATION_BATCH, peak_bytes, size, s.optimizer, s.precision,
-                                         train_images=train_images, device=device, steps=steps),
-                "train_images": train_images, "device": device, "steps": steps}
-    log_path = work / "memory-plan.log"
-    task = MemoryPlanTask(str(data_dir), s.optimizer, s.dataset, s.precision, cap_bytes, CALIBRATION_BATCH, peak_bytes,
-                          **backends.process_settings(env))
-    plan = run_isolated(task, log_path, env)
-    if plan.status != Status.DONE:
-        log(f"XLA's memory plan failed: {_first_line(plan.error)} (log: {log_path})")
-        return None
-    log_path.unlink(missing_ok=True)
-    pred = {k: v for k, v in plan.as_dict().items() if k not in ("status", "error", "traceback")}
-    pred["planned_bytes"] = {int(b): v for b, v in pred["planned_bytes"].items()}
-    return pred
-
-
-def _prediction(pred: dict | None, calib: ProbeRecord, run: ProbeRun, result, image_size: int) -> dict | None:
-    """The prediction as the summary records it, each probe's predicted peak set beside its own."""
-    if not pred:
-        return None
-    for p in run.probes:
-        p.predicted_peak_mb = _predicted_peak_bytes(pred, p.batch_size, run.settings, image_size) / 2**20
-    out = {**pred, "calibration_batch_size": CALIBRATION_BATCH, "calibration_peak_mb": calib.peak_memory_mb,
-           "fresh_from": run.prober.fresh_from}
-    if result.largest_fit and not result.reached_max:  # a size --max stopped at is no limit to hold it to
-        out["percent_apart"] = percent_apart(pred["max_batch_size"], result.largest_fit)
-    return out
-
-
-def _predicted_peak_bytes(pred: dict, batch: int, s: FindSettings, image_size: int) -> float:
-    """A probe's peak by the prediction: the BFC replay's, or the line of XLA's plan."""
-    if pred["method"] == "bfc":
-        return predicted_peak_bytes(batch, pred["baseline_bytes"], image_size, s.optimizer, s.precision,
-                                    pred["train_images"], pred["device"], pred["steps"])
-    return pred["baseline_bytes"] + pred["state_bytes"] + pred["per_image_bytes"] * batch

@@ -17,7 +17,11 @@ METHODS = {"bfc": "the step replayed through TensorFlow's allocator", "xla": "XL
 
 def probe_line(p: ProbeRecord) -> str:
     worker = {"fresh": "", "reused": "", "retried": " (out of memory in a reused worker; again in a fresh one)"}
-    parts = [f"{p.phase:<9} batch size {p.batch_size:>5}: {p.status}{worker.get(p.worker or '', '')}"]
+    said = worker.get(p.worker or "", "")
+    if p.status == Status.OOM and p.residue_mb is not None:
+        said = (" (the worker recovered in place)" if p.keeps_worker() else
+                f" (the worker kept {p.residue_mb:.0f} MiB after it: fresh workers from here on)")
+    parts = [f"{p.phase:<9} batch size {p.batch_size:>5}: {p.status}{said}"]
     if p.peak_memory_mb is not None:
         cap = f" of {p.memory_cap_mb:.0f}" if p.memory_cap_mb else ""
         parts.append(f"peak {p.peak_memory_mb:.0f}{cap} MiB")
@@ -53,7 +57,12 @@ def _margin_lines(summary: dict, s: dict) -> list[str]:
     """The margin's size, and where its confirmation failed, how far the answer moved and why."""
     lines: list[str] = []
     failed = summary.get("margin_failed") or []
-    if s["margin"] or failed:
+    unneeded = (s["margin"] and summary.get("stopped_by") in ("data", "max")
+                and summary["margin_batch_size"] == summary["largest_fitting"])
+    if unneeded:
+        lines.append(f"No {s['margin']:.0%} margin taken: memory did not stop the search, and the largest size's "
+                     f"peak left more room than the margin would.")
+    elif s["margin"] or failed:
         safe = summary["margin_batch_size"]
         lines.append(f"With a {s['margin']:.0%} margin: {safe if safe is not None else 'none that passed'}."
                      if s["margin"] else f"The largest that passed again: {safe}.")
@@ -64,6 +73,38 @@ def _margin_lines(summary: dict, s: dict) -> list[str]:
         lines.append(f"The limit is noisy there: {', '.join(map(str, failed))} did not pass "
                      f"{'its' if len(failed) == 1 else 'their'} confirmation (peak memory is not monotonic in the "
                      f"batch size), {outcome}.")
+    return lines
+
+
+def _prediction_lines(pred: dict, largest: int | None, optimizer: str) -> list[str]:
+    """The memory model's answer beside the measured one (and what the search aimed at instead)."""
+    lines: list[str] = []
+    apart = f" ({pred['percent_apart']:+.1f}% from the measured {largest})" if "percent_apart" in pred else ""
+    if (pred.get("refined") or {}).get("max_batch_size"):
+        r = pred["refined"]
+        lines.append(f"The search aimed at {r['max_batch_size']}, the line through its probes of "
+                     f"{r['from'][0]} and {r['from'][1]} (exact peaks on a GPU), past the memory model's:")
+    if pred.get("method") == "line":
+        lines.append(
+            f"A line through two probes predicts {pred['max_batch_size']}{apart}: peak "
+            f"{pred['calibration_peak_mb']:.0f} MiB at batch size {pred['calibration_batch_size']} and "
+            f"{pred['second_peak_mb']:.0f} MiB at {pred['second_batch_size']} (a fresh worker), "
+            f"{pred['per_image_bytes'] / 2**20:.2f} MiB per image.")
+    elif pred.get("method") == "xla":
+        lines.append(
+            f"XLA's memory plan predicts {pred['max_batch_size']}{apart}: "
+            f"{pred['per_image_bytes'] / 2**20:.2f} MiB per image, {pred['state_bytes'] / 2**20:.0f} MiB "
+            f"batch-independent, as compiled at batch sizes {', '.join(map(str, pred['planned_bytes']))}; "
+            f"{pred['baseline_bytes'] / 2**20:.0f} MiB runtime baseline "
+            f"(from the batch-size-{pred['calibration_batch_size']} probe).")
+    else:
+        written = " written" if pred.get("device") == "cpu" else ""
+        lines.append(
+            f"The step replayed through TensorFlow's allocator predicts {pred['max_batch_size']}{apart}: "
+            f"{pred['per_image_bytes'] / 2**20:.2f} MiB{written} per image up to it, "
+            f"{pred['state_bytes'] / 2**20:.0f} MiB of weights, gradients and {optimizer} slots, "
+            f"{pred['baseline_bytes'] / 2**20:.0f} MiB runtime baseline "
+            f"(from the batch-size-{pred['calibration_batch_size']} probe).")
     return lines
 
 
@@ -78,6 +119,10 @@ def summary_lines(summary: dict) -> list[str]:
     under = f" under {cap_mb:.0f} MiB" if cap_mb else ""
     if largest is None:
         lines.append(f"No batch size fits{under}.")
+    elif summary.get("stopped_by") == "data":
+        train = (summary.get("search_bound") or {}).get("train_images") or largest
+        lines.append(f"Largest batch size that fits{under}: {largest} (measured): every size up to the {train:,} "
+                     f"training images fits: a larger batch cannot be trained on these data; --max N searches further.")
     else:
         nxt = summary["first_not_fitting"]
         why = (f"; {nxt} did not" if nxt else
@@ -87,30 +132,8 @@ def summary_lines(summary: dict) -> list[str]:
     if fraction and cap_mb:
         lines.append(f"That limit is XLA's: {fraction:.0%} of the GPU's memory (XLA_CLIENT_MEM_FRACTION, 75% by "
                      f"default, with preallocation off too); a training run gets the same unless it sets it.")
-    pred = summary.get("prediction")
-    if pred:
-        apart = f" ({pred['percent_apart']:+.1f}% from the measured {largest})" if "percent_apart" in pred else ""
-        if pred.get("method") == "line":
-            lines.append(
-                f"A line through two probes predicts {pred['max_batch_size']}{apart}: peak "
-                f"{pred['calibration_peak_mb']:.0f} MiB at batch size {pred['calibration_batch_size']} and "
-                f"{pred['second_peak_mb']:.0f} MiB at {pred['second_batch_size']} (a fresh worker), "
-                f"{pred['per_image_bytes'] / 2**20:.2f} MiB per image.")
-        elif pred.get("method") == "xla":
-            lines.append(
-                f"XLA's memory plan predicts {pred['max_batch_size']}{apart}: "
-                f"{pred['per_image_bytes'] / 2**20:.2f} MiB per image, {pred['state_bytes'] / 2**20:.0f} MiB "
-                f"batch-independent, as compiled at batch sizes {', '.join(map(str, pred['planned_bytes']))}; "
-                f"{pred['baseline_bytes'] / 2**20:.0f} MiB runtime baseline "
-                f"(from the batch-size-{pred['calibration_batch_size']} probe).")
-        else:
-            written = " written" if pred.get("device") == "cpu" else ""
-            lines.append(
-                f"The step replayed through TensorFlow's allocator predicts {pred['max_batch_size']}{apart}: "
-                f"{pred['per_image_bytes'] / 2**20:.2f} MiB{written} per image up to it, "
-                f"{pred['state_bytes'] / 2**20:.0f} MiB of weights, gradients and {s['optimizer']} slots, "
-                f"{pred['baseline_bytes'] / 2**20:.0f} MiB runtime baseline "
-                f"(from the batch-size-{pred['calibration_batch_size']} probe).")
+    if summary.get("prediction"):
+        lines += _prediction_lines(summary["prediction"], largest, s["optimizer"])
     if largest is None:
         return lines
     if summary.get("fastest"):
@@ -129,6 +152,10 @@ def summary_lines(summary: dict) -> list[str]:
     b_noise = rec.get("b_noise")
     why = {"memory": f"memory binds: it is the largest size the {s['margin']:.0%} margin allows, and a larger "
                      "one would reach a target sooner still",
+           "data": "the data bind: it is as large as these training images allow, and a larger one would reach "
+                   "a target sooner still",
+           "max": "--max binds: it is the largest size searched, and a larger one may reach a target sooner "
+                  "still",
            "speed": "speed binds: throughput per image peaked here, below the memory limit",
            "statistics": (f"statistics binds: with B_noise {b_noise or 0:.0f}, the steps a batch size saves or costs "
                           f"outweigh its speed per image (the fastest per image is {rec.get('fastest_per_image')})")

@@ -14,6 +14,14 @@ about a training process, which runs one batch size from its start. So:
 - a probe that runs out of memory in a reused worker runs again in a fresh one, and only that
   answer counts (`worker`: "fresh", "reused", or "retried").
 
+**In place** (`in_place`): JAX on a GPU is the exception. Its peak is the allocator's bytes in use,
+which retained regions do not inflate, and an out-of-memory there is an exception the process
+survives, after which its allocator's bytes in use are back to what they were before the probe
+(the worker measures it at every out-of-memory: ProbeRecord.residue_mb). There every probe runs
+in the one worker, in any order, none fresh near the limit and none asked again: a fresh worker
+costs a start and a compilation anew (7 s and 2.5 to 48 s on the H200), for the same answer. The
+first out-of-memory that leaves something behind ends it: from then on, the rules above.
+
 `memory_cap_bytes` caps every probe (the CPU: the worker's peak resident memory, watched by
 catsdogs.training.worker, which kills it the moment it goes over; a GPU: a logical device of that
 size); `cpu_cap_bytes` caps only probes that run on the CPU.
@@ -56,6 +64,8 @@ class Prober:
         # hold device memory that the probe beside it would then lack.
         self.spares = not visible_gpus()
         self.spare: Worker | None = None
+        # JAX on a GPU probes in place (the module says why) until an out-of-memory leaves residue
+        self.in_place = bool(visible_gpus()) and backends.name() == "jax" and not isolate
 
     def _new_worker(self) -> Worker:
         self._started += 1
@@ -65,8 +75,9 @@ class Prober:
 
     def prestart(self) -> None:
         """Launch the next fresh worker now, to import its framework while this process waits on
-        other work (find-batch-size's noise scale)."""
-        if self.spares and self.spare is None:
+        other work (find-batch-size's noise scale). On a GPU too: it waits idle, and no probe runs
+        beside it."""
+        if self.spare is None:
             self.spare = self._new_worker()
 
     def _fresh(self) -> Worker:
@@ -97,7 +108,7 @@ class Prober:
         worker = self.worker
         if worker is None or not worker.alive or self.isolate:
             return True
-        if not isinstance(task, ProbeTask) or not worker.tasks:
+        if not isinstance(task, ProbeTask) or not worker.tasks or self.in_place:
             return False
         return task.batch_size <= worker.largest_batch or (
             self.fresh_from is not None and task.batch_size >= self.fresh_from)
@@ -106,7 +117,10 @@ class Prober:
         """The task's record; a probe's with the cap it ran under, the worker it ran in (and
         the worker's log kept when it did not end done). `fresh`: in a worker that has run nothing."""
         record, reused = self._run_once(task, fresh=fresh)
-        if isinstance(task, ProbeTask) and reused and record.status == Status.OOM:
+        if isinstance(task, ProbeTask) and record.status == Status.OOM and record.residue_mb is not None \
+                and not record.keeps_worker():
+            self.in_place = False  # it left something behind: fresh workers from here on
+        if isinstance(task, ProbeTask) and reused and record.status == Status.OOM and not record.keeps_worker():
             self._clean = True  # the answer that counts is the fresh one: the reused one's log goes
             record, _ = self._run_once(task, fresh=True)
             record.worker = "retried"

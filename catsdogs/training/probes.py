@@ -1,6 +1,6 @@
 """A probe: a few training steps of the sweep's own step at one batch size, timed; and the two
 measurements of the device that profile and find-batch-size add to it (its matmul peak, and the
-largest batch by the compiler's memory plan).
+compiler's memory plan of the step at a few batch sizes).
 
 A probe is built as a trial is (catsdogs.training.steps: the same model, optimizer
 implementation, precision, process settings and input pipeline, run by the same `model.fit`), so
@@ -35,7 +35,7 @@ from catsdogs.messages import (
 )
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.training import backends, steps, user_model
-from catsdogs.training.costs import predict_max_batch_size_planned, train_flops_per_image
+from catsdogs.training.costs import train_flops_per_image
 
 # NVML's utilization is the share of the last sample period (up to a second) in which a kernel
 # ran: a probe of a few milliseconds reads a number that means little. On a GPU each probe's timed
@@ -49,55 +49,75 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
 
     The step is the sweep's (`steps.TrainingStep`), fed by the sweep's pipeline: batches of the
     prepared train split, seeded permutations joined end to end (so a batch larger than the
-    split holds every image at least once). Only this probe's step is kept in memory."""
+    split holds every image at least once). Only this probe's step is kept in memory.
+
+    Out of memory where the backend counts its device allocator's bytes (JAX on a GPU), the
+    record says what the worker still holds beyond what it held before the probe
+    (`residue_mb`): nothing, and the worker may run the next probe. A GPU's peak that cannot be
+    reset (`memory_kind` gpu-worker) is this probe's only when the probe raised it: one run after
+    a larger probe in the same worker has none (None)."""
     backend = backends.current()
     kind = backend.start()
     record = ProbeRecord(batch_size=task.batch_size, precision=task.precision, optimizer=task.optimizer,
                          dataset=task.dataset, steps=task.steps, warmup=task.warmup)
+    steps.STEPS.clear()  # an earlier probe's step goes now, so `before` is what the worker holds between probes
+    before, peak_before = backend.device_bytes_in_use(), backend.peak_memory().get("peak_memory_mb")
     sampler = NvmlSampler() if kind == "gpu" else None
     try:
-        if task.input_spec:  # a user's model: its images (--data), else random ones of its input
-            train = (steps.DATA.load_folder(task.data_folder, task.input_spec) if task.data_folder
-                     else random_split(*task.input_spec, seed=task.seed))
-            splits, fingerprint, size = {"train": train}, "", int(task.input_spec[0])
-        else:
-            manifest, splits = steps.DATA.load(Path(task.data_dir), task.dataset)
-            size, fingerprint = manifest["params"]["size"], manifest["fingerprint"][task.dataset]
-        cfg = TrialConfig(task.optimizer, int(task.batch_size), task.dataset, task.seed, epochs=1,
-                          image_size=size, data=fingerprint,
-                          precision=task.precision, deterministic=task.deterministic, tf32=task.tf32,
-                          backend=backend.NAME)
-        cfg.check()
-        backends.check_settings(cfg, backend.running_settings())
-        record.deterministic, record.tf32 = cfg.deterministic, cfg.tf32
-        n = task.warmup + task.steps
-        record.image_size, record.device, record.backend = size, backend.device_description(), backend.NAME
-        record.baseline_rss_mb = rss_mb()  # before the model: runtime + data
-        user = (task.model, task.loss) if task.model else None
-        step, _ = steps.STEPS.get(cfg, n, backend, keep_others=False, user=user)
-        train = steps.as_model_input(splits["train"], step.model)
-        batches = backend.train_batches(train, cfg.batch_size, cfg.seed, n, cross_epochs=True)
-        min_seconds = task.min_seconds
-        if min_seconds is None:
-            min_seconds = GPU_MIN_PROBE_SECONDS if kind == "gpu" else 0.0
-        timer = StepTimer(task.warmup, sampler.start if sampler else None, task.steps, min_seconds)
-        with step.strategy.scope():  # the same batches again until the timed steps last min_seconds
-            step.model.fit(batches, epochs=MAX_PROBE_EPOCHS if min_seconds else 1, steps_per_epoch=n,
-                           callbacks=[timer], shuffle=False, verbose=0)
-        nvml = sampler.stop() if sampler else {}
-        times = timer.times
-        median, mean = statistics.median(times), statistics.fmean(times)
-        _fill(record, status=Status.DONE, step_time_median_s=median, step_time_mean_s=mean,
-              step_times_s=times, timed_steps=len(times), timed_seconds=sum(times),
-              images_per_second=cfg.batch_size / median, **nvml,
-              flops_per_second=(flops * cfg.batch_size / median) if (flops := _flops(step, size)) else None)
+        _timed_steps(task, record, backend, kind, sampler)
     except Exception as exc:  # noqa: BLE001 - out of memory and failures are recorded outcomes
         if sampler:
             _fill(record, **sampler.stop())
         _fill(record, **backends.failure_fields(exc, backend))
+    if record.status != Status.DONE:
         steps.STEPS.clear()  # whatever the failed step allocated goes back before the next task
-    _fill(record, **backend.peak_memory())
+        after = backend.device_bytes_in_use() if record.status == Status.OOM and before is not None else None
+        record.residue_mb = round((after - before) / 2**20, 3) if after is not None else None
+    memory = backend.peak_memory()
+    if memory.get("memory_kind") == "gpu-worker" and peak_before and (memory.get("peak_memory_mb") or 0) <= peak_before:
+        memory["peak_memory_mb"] = None  # below an earlier probe's peak in this worker: not this probe's
+    _fill(record, **memory)
     return record
+
+
+def _timed_steps(task: ProbeTask, record: ProbeRecord, backend, kind: str, sampler) -> None:
+    """The probe's training steps, timed, into `record`. Its step and batches live in this frame
+    only, so they are gone once it returns or raises."""
+    if task.input_spec:  # a user's model: its images (--data), else random ones of its input
+        train = (steps.DATA.load_folder(task.data_folder, task.input_spec) if task.data_folder
+                 else random_split(*task.input_spec, seed=task.seed))
+        splits, fingerprint, size = {"train": train}, "", int(task.input_spec[0])
+    else:
+        manifest, splits = steps.DATA.load(Path(task.data_dir), task.dataset)
+        size, fingerprint = manifest["params"]["size"], manifest["fingerprint"][task.dataset]
+    cfg = TrialConfig(task.optimizer, int(task.batch_size), task.dataset, task.seed, epochs=1,
+                      image_size=size, data=fingerprint,
+                      precision=task.precision, deterministic=task.deterministic, tf32=task.tf32,
+                      backend=backend.NAME)
+    cfg.check()
+    backends.check_settings(cfg, backend.running_settings())
+    record.deterministic, record.tf32 = cfg.deterministic, cfg.tf32
+    n = task.warmup + task.steps
+    record.image_size, record.device, record.backend = size, backend.device_description(), backend.NAME
+    record.baseline_rss_mb = rss_mb()  # before the model: runtime + data
+    user = (task.model, task.loss) if task.model else None
+    step, _ = steps.STEPS.get(cfg, n, backend, keep_others=False, user=user)
+    train = steps.as_model_input(splits["train"], step.model)
+    batches = backend.train_batches(train, cfg.batch_size, cfg.seed, n, cross_epochs=True)
+    min_seconds = task.min_seconds
+    if min_seconds is None:
+        min_seconds = GPU_MIN_PROBE_SECONDS if kind == "gpu" else 0.0
+    timer = StepTimer(task.warmup, sampler.start if sampler else None, task.steps, min_seconds)
+    with step.strategy.scope():  # the same batches again until the timed steps last min_seconds
+        step.model.fit(batches, epochs=MAX_PROBE_EPOCHS if min_seconds else 1, steps_per_epoch=n,
+                       callbacks=[timer], shuffle=False, verbose=0)
+    nvml = sampler.stop() if sampler else {}
+    times = timer.times
+    median, mean = statistics.median(times), statistics.fmean(times)
+    _fill(record, status=Status.DONE, step_time_median_s=median, step_time_mean_s=mean,
+          step_times_s=times, timed_steps=len(times), timed_seconds=sum(times),
+          images_per_second=cfg.batch_size / median, **nvml,
+          flops_per_second=(flops * cfg.batch_size / median) if (flops := _flops(step, size)) else None)
 
 
 def _flops(step: steps.TrainingStep, size: int) -> float | None:
@@ -176,23 +196,21 @@ def run_peak(task: PeakTask) -> PeakRecord:
 
 
 def run_memory_plan(task: MemoryPlanTask) -> MemoryPlan:
-    """The largest batch size under `cap_bytes` by the compiler's memory plan (backends whose
-    compiler states one: JAX), its baseline from a measured probe (`calibration_peak_bytes` at
-    `calibration_batch`). Compiles the probe's step at a few batch sizes; runs nothing."""
+    """The bytes of the probe's training step by the compiler's memory plan (backends whose
+    compiler states one: JAX) at each of `task.batch_sizes`: compiled, never run."""
     backend = backends.current()
     backend.start()
     if backend.compiled_step_bytes is None:
         raise CatsdogsError(f"{backend.NAME} states no memory plan: use catsdogs.training.costs' analytic model")
+    started = time.perf_counter()
     manifest = require_prepared(Path(task.data_dir))
     size, fingerprint = manifest["params"]["size"], manifest["fingerprint"][task.dataset]
-    cfg = TrialConfig(task.optimizer, int(task.calibration_batch), task.dataset, 0, epochs=1,
+    cfg = TrialConfig(task.optimizer, int(min(task.batch_sizes)), task.dataset, 0, epochs=1,
                       image_size=size, data=fingerprint,
                       precision=task.precision, deterministic=task.deterministic, tf32=task.tf32,
                       backend=backend.NAME)
     backends.check_settings(cfg, backend.running_settings())
     step, _ = steps.STEPS.get(cfg, 1, backend, keep_others=False)
     with step.strategy.scope():
-        prediction = predict_max_batch_size_planned(
-            lambda b: backend.compiled_step_bytes(step.model, b), task.cap_bytes,
-            cfg.batch_size, task.calibration_peak_bytes)
-    return MemoryPlan(status=Status.DONE, **prediction)
+        planned = {int(b): backend.compiled_step_bytes(step.model, int(b)) for b in task.batch_sizes}
+    return MemoryPlan(status=Status.DONE, planned_bytes=planned, seconds=round(time.perf_counter() - started, 3))

@@ -9,7 +9,9 @@ file, never into the channel.
 
 `Worker` is the parent's handle on one. The rules of isolation:
 - A task whose outcome is not `done` ends its worker: the next task gets a fresh process, so
-  an out-of-memory error or a crash never leaks into another result.
+  an out-of-memory error or a crash never leaks into another result. One exception: a probe
+  out of memory whose worker shows it recovered in place (its device allocator's bytes in use
+  back to what they were before the probe: JAX on a GPU; ProbeRecord.keeps_worker).
 - A worker that dies mid-task (a crash, the OOM killer, a kill from outside) is a recorded
   outcome of that task: `oom` when the kernel's OOM killer struck (its counter in
   /proc/vmstat went up) or a memory cap was crossed, else `failed`, with the signal or exit
@@ -236,7 +238,7 @@ class Worker:
         self.tasks += 1
         self.largest_batch = max(self.largest_batch, int(getattr(task, "batch_size", 0) or 0))
         self.shapes = set(msg.get("shapes") or [])
-        if record.status != Status.DONE:
+        if not record.keeps_worker():
             self.close()  # isolation: the next task gets a fresh process
         return record
 

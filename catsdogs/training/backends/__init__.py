@@ -113,6 +113,11 @@ class Backend(Protocol):
     def memory_budget_bytes(self) -> int | None:
         """The memory that holds a model: the GPU's, else the host's."""
 
+    def device_bytes_in_use(self) -> int | None:
+        """The device allocator's bytes in use now, besides the data sets kept on the device; None
+        where it is not counted, or an out-of-memory is not shown to leave it as it was (then a
+        probe out of memory ends its worker)."""
+
     def classify_error(self, exc: BaseException) -> str:
         """'oom' for running out of memory, else 'failed' (a schema.Status)."""
 

@@ -15,11 +15,12 @@ so the engine cannot tell them apart. Where JAX differs, the choice is made here
   dispatches asynchronously, so the next batch's gather is queued while a step runs: the
   prefetch is free. A data set larger than its share of device memory stays on the host and
   each batch is gathered there (Keras's JAX trainer copies it one batch ahead).
-- Memory: XLA's allocator peak (`memory_stats()["peak_bytes_in_use"]`) on a GPU. JAX cannot reset
-  it, so it is the worker's peak since it started (`memory_kind` "gpu-worker"): exact for a
-  probe, whose worker only ever grows its batch, an upper bound for a trial. On the CPU, the
-  resident set's high-water mark, as with TensorFlow. Preallocation is off, so XLA takes device
-  memory as it needs it and NVML's "memory used" means something.
+- Memory (catsdogs.training.backends.jax_memory, whose functions this module gives as its own):
+  XLA's allocator peak on a GPU, which JAX cannot reset (`memory_kind` "gpu-worker": exact for a
+  probe that raised it, an upper bound for a trial); the resident set's high-water mark on the
+  CPU. Preallocation is off, so XLA takes device memory as it needs it and NVML's "memory used"
+  means something. After an out-of-memory the allocator's bytes in use come back
+  (`device_bytes_in_use`), so a probe can fail and the next run in the same worker.
 - Data parallelism: `--strategy mirrored` becomes `keras.distribution.DataParallel` over every
   visible device; on a CPU, over `CATSDOGS_LOGICAL_CPUS` host devices XLA is told to make.
 - Adam: Keras's own. XLA compiles the whole update into a few fused loops, which is what the
@@ -41,12 +42,14 @@ import weakref
 from catsdogs.host import (
     cpu_description,
     gpu_total_bytes,
-    host_memory_bytes,
-    peak_rss_mb,
-    reset_peak_rss,
 )
 from catsdogs.schema import Status
 from catsdogs.training.backends import has_depthwise, matmul_rate, seed_states
+from catsdogs.training.backends.jax_memory import compiled_step_bytes as compiled_step_bytes
+from catsdogs.training.backends.jax_memory import device_stats, memory_budget_bytes
+from catsdogs.training.backends.jax_memory import memory_fraction as memory_fraction
+from catsdogs.training.backends.jax_memory import peak_memory as peak_memory
+from catsdogs.training.backends.jax_memory import reset_peak_memory as reset_peak_memory
 from catsdogs.training.backends.jax_process import HOST_DEVICES_FLAG, LOGICAL_CPUS_ENV, start
 from catsdogs.training.backends.jax_process import compile_counts as compile_counts
 from catsdogs.training.backends.jax_process import process_env as process_env
@@ -325,83 +328,20 @@ def _micro_gram_function(model, loss, micro: int, micros: int):
     return jax.jit(gram)
 
 
-# --- memory ------------------------------------------------------------------------------------
+# --- memory (what the step takes and what the device holds: jax_memory) --------------------------
 
 
-def reset_peak_memory() -> None:
-    """Start a new peak where one can be started: the resident set's high-water mark. (XLA's
-    device allocator has no reset: a GPU peak is the worker's since it started.)"""
-    reset_peak_rss()
-
-
-def _stats() -> dict:
-    import jax
-
-    if jax.default_backend() == "cpu":
-        return {}
-    with contextlib.suppress(Exception):
-        return jax.devices()[0].memory_stats() or {}
-    return {}
-
-
-DEFAULT_MEMORY_FRACTION = 0.75  # jaxlib's, when neither variable below is set
-
-
-def memory_fraction() -> float:
-    """The share of the GPU's memory XLA's allocator may use, as jaxlib reads it at start-up
-    (xla_client.generate_pjrt_gpu_plugin_options): XLA_CLIENT_MEM_FRACTION, else the older
-    XLA_PYTHON_CLIENT_MEM_FRACTION, else 75%. It is the allocator's limit whether or not it
-    preallocates (XLA_PYTHON_CLIENT_PREALLOCATE=false only stops it taking the memory up front)."""
-    text = os.environ.get("XLA_CLIENT_MEM_FRACTION") or os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
-    return float(text) if text else DEFAULT_MEMORY_FRACTION
-
-
-def peak_memory() -> dict:
-    """{'peak_memory_mb', 'memory_kind', 'allocator_peak_mb'?, 'device_memory_limit_mb'?,
-    'memory_fraction'?}: on a GPU XLA's allocator peak since the worker started ('gpu-worker'),
-    its limit and its share of the GPU; on the CPU the peak resident set since the last reset
-    (VmHWM)."""
-    stats = _stats()
-    if stats:
-        out = {"memory_kind": "gpu-worker", "memory_fraction": memory_fraction()}
-        if "peak_bytes_in_use" in stats:
-            out["peak_memory_mb"] = out["allocator_peak_mb"] = stats["peak_bytes_in_use"] / 2**20
-        if "bytes_limit" in stats:
-            out["device_memory_limit_mb"] = stats["bytes_limit"] / 2**20
-        return out
-    return {"peak_memory_mb": peak_rss_mb(), "memory_kind": "cpu-rss"}
-
-
-def memory_budget_bytes() -> int | None:
-    """What the memory that holds a model is: the GPU's (XLA's limit) or the host's."""
-    stats = _stats()
-    if stats:
-        return int(stats["bytes_limit"]) if "bytes_limit" in stats else None
-    return host_memory_bytes()
-
-
-def compiled_step_bytes(model, batch_size: int) -> int:
-    """The memory XLA plans for one training step of `model` at this batch size, from its buffer
-    assignment: the step's arguments (weights, optimizer state, the batch), its outputs that do
-    not reuse a donated argument, and its temporaries. Compiled, never run (on a GPU compiling
-    autotunes, whose scratch memory is not in the plan).
-
-    The memory model of this backend: XLA fuses ops and assigns buffers itself, so which
-    tensors live at the peak is the compiler's choice, not the layers' (catsdogs.training.model's
-    per-tensor accounting is TensorFlow's). Uses two Keras internals, the ones `fit` uses to
-    build the model's metrics and to gather its state. The batch is of the model's own input."""
-    import jax
-    import jax.numpy as jnp
-
-    images = model.inputs[0]  # the article's model: (size, size, 3) uint8; a user's, its own
-    batch = (jax.ShapeDtypeStruct((batch_size, *images.shape[1:]), images.dtype),
-             jax.ShapeDtypeStruct((batch_size,), jnp.float32))
-    model._symbolic_build(data_batch=batch)
-    state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,
-                                 optimizer_variables=True, metrics_variables=True)
-    plan = jax.jit(model.train_step, donate_argnums=0).lower(state, batch).compile().memory_analysis()
-    return int(plan.argument_size_in_bytes + plan.output_size_in_bytes - plan.alias_size_in_bytes
-               + plan.temp_size_in_bytes)
+def device_bytes_in_use() -> int | None:
+    """XLA's GPU allocator's bytes in use besides the data sets copied to the device
+    (`_device_arrays`); None on the CPU, whose out-of-memory is a kill. After a probe out of
+    memory has let go of its step, what it held is back (../shared/GPU.md: batch 16,384 failed,
+    and the same process then held 0.27 GiB and trained a normal trial); catsdogs checks it at
+    every out-of-memory (training.probes.run_probe: ProbeRecord.residue_mb)."""
+    stats = device_stats()
+    if "bytes_in_use" not in stats:
+        return None
+    data = sum(a.nbytes for arrays in _ON_DEVICE.values() for a in arrays)
+    return int(stats["bytes_in_use"]) - int(data)
 
 
 # --- errors ------------------------------------------------------------------------------------

@@ -373,6 +373,12 @@ def peak_memory() -> dict:
     return out
 
 
+def device_bytes_in_use() -> None:
+    """None: TensorFlow keeps device memory after an out-of-memory error, and no GPU with
+    TensorFlow has shown otherwise to catsdogs, so a probe out of memory ends its worker."""
+    return None
+
+
 def memory_budget_bytes() -> int | None:
     """What the memory that holds a model is: the GPU's (None: unknown) or the host's."""
     import tensorflow as tf

@@ -1,0 +1,155 @@
+"""find-batch-size's memory model: the largest batch size predicted from the batch-size-1 probe
+(the calibration), before the search, so the prediction never leans on the probes it is judged by.
+
+The article's model: on TensorFlow its step replayed through a model of the BFC allocator
+(costs.predict_max_batch_size: on the CPU, the pages its growing regions have written),
+arithmetic here; on JAX, whose compiler assigns buffers itself, XLA's plan of the step compiled at
+a few small batch sizes (`BackgroundPlan`, costs.predict_max_batch_size_planned), never near the
+limit. Any other model: a line through the calibration and one fresh probe of at most a few
+hundred images (`predict_line`). The prediction then sets which probes need a fresh worker: every
+probe at or above search.FRESH_SHARE of it (catsdogs.measure.prober says why a reused worker
+cannot answer near the limit, and where it can: JAX on a GPU). This process imports no framework.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from catsdogs.measure import model_check
+from catsdogs.measure.common import first_line
+from catsdogs.measure.find_summary import METHODS
+from catsdogs.measure.search import FindSettings, fresh_threshold, percent_apart
+from catsdogs.messages import MemoryPlan, MemoryPlanTask, ProbeRecord
+from catsdogs.schema import Status
+from catsdogs.training import backends
+from catsdogs.training.costs import (
+    PLAN_MOST,
+    line_second_batch,
+    plan_batch_sizes,
+    predict_max_batch_size,
+    predict_max_batch_size_line,
+    predict_max_batch_size_planned,
+    predicted_peak_bytes,
+)
+from catsdogs.training.worker import run_isolated
+
+CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline comes from
+
+
+class BackgroundPlan:
+    """XLA's memory plan of the article's step (JAX), compiled in a worker of its own at a few
+    small batch sizes (costs.plan_batch_sizes: none above 256, none above the search's bound)
+    while the noise scale trains: it needs no probe, and on a GPU its worker's start and three
+    compilations (about 16 s on the H200) hide behind the noise scale's short runs (15 s)."""
+
+    def __init__(self, task: MemoryPlanTask, log_path: Path, env: dict):
+        self.task, self.log_path, self.env = task, log_path, env
+        self.record: MemoryPlan | None = None
+        self.error: BaseException | None = None
+        self.started = time.perf_counter()
+        self.seconds: float | None = None
+        self.thread = threading.Thread(target=self._run, name="memory-plan", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, s: FindSettings, manifest: dict | None, user, data_dir: Path, work: Path, env: dict,
+              bound: int | None) -> BackgroundPlan | None:
+        """The plan, started; None where there is none to make (TensorFlow replays its allocator
+        by arithmetic; a user's model gets the line through two probes)."""
+        if user is not None or manifest is None or backends.current().compiled_step_bytes is None:
+            return None
+        task = MemoryPlanTask(str(Path(data_dir).resolve()), s.optimizer, s.dataset, s.precision,
+                              plan_batch_sizes(CALIBRATION_BATCH, bound), **backends.process_settings(env))
+        return cls(task, work / "memory-plan.log", env)
+
+    def _run(self) -> None:
+        try:
+            self.record = run_isolated(self.task, self.log_path, self.env)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for it
+            self.error = exc
+        self.seconds = round(time.perf_counter() - self.started, 2)
+
+    def result(self, log) -> dict | None:
+        """{batch size: planned bytes}, once the worker has compiled them; None, said, when it failed."""
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        if self.record.status != Status.DONE:
+            log(f"XLA's memory plan failed: {first_line(self.record.error)} (log: {self.log_path})")
+            return None
+        self.log_path.unlink(missing_ok=True)
+        return {int(b): v for b, v in self.record.planned_bytes.items()}
+
+
+def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, planned: dict | None, log,
+                   user: model_check.ModelInfo | None = None, bound: int | None = None) -> dict | None:
+    """The prediction before any search probe (`run`: the search's find_batch_size.ProbeRun), from
+    the calibration probe: with XLA's plan (JAX),
+    or TensorFlow's step replayed through BFC (the article's model, handed in as a user's too, on
+    the prepared data), or one fresh probe more (any other model: `predict_line`); the probes it
+    puts near the limit get a fresh worker. None when there is no cap or the model failed."""
+    s = run.settings
+    cap_mb = calib.memory_cap_mb or calib.device_memory_limit_mb
+    if not (calib.status == Status.DONE and calib.peak_memory_mb and cap_mb):
+        return None
+    cap_bytes, peak_bytes = cap_mb * 2**20, calib.peak_memory_mb * 2**20
+    if user is not None and not (user.article_size and manifest):  # the article's layers: its own model, below
+        pred = predict_line(run, calib, cap_mb, user, log, bound)
+    elif planned is not None:
+        pred = predict_max_batch_size_planned(planned, cap_bytes, CALIBRATION_BATCH, peak_bytes)
+    elif backends.current().compiled_step_bytes is None:
+        train_images = sum(manifest["counts"][s.dataset]["train"].values())
+        device = "cpu" if calib.memory_kind == "cpu-rss" else "gpu"
+        steps = s.warmup + s.steps
+        pred = {**predict_max_batch_size(cap_bytes, CALIBRATION_BATCH, peak_bytes, size, s.optimizer, s.precision,
+                                         train_images=train_images, device=device, steps=steps),
+                "train_images": train_images, "device": device, "steps": steps}
+    else:
+        pred = None  # XLA's plan failed (said)
+    if pred:
+        run.prober.fresh_from = fresh_threshold(pred["max_batch_size"])
+        near = ("every probe runs in one worker (JAX on a GPU recovers from an out-of-memory in place)"
+                if run.prober.in_place else f"probes of {run.prober.fresh_from} and above run in a fresh worker")
+        log(f"Predicted before the search: {pred['max_batch_size']} ({METHODS[pred['method']]}); {near}.")
+    return pred
+
+
+def predict_line(run, calib: ProbeRecord, cap_mb: float, user: model_check.ModelInfo, log,
+                  bound: int | None = None) -> dict | None:
+    """A user's model's prediction, either backend: the line through the calibration's peak and a fresh
+    probe's (costs.predict_max_batch_size_line says why), that probe no larger than PLAN_MOST or the
+    search's bound. None, said, when that probe gives no line."""
+    cap, first = cap_mb * 2**20, calib.peak_memory_mb * 2**20
+    second = min(line_second_batch(cap, first, user.activation_bytes_per_image or 0.0), PLAN_MOST, bound or PLAN_MOST)
+    if second <= CALIBRATION_BATCH:
+        return None
+    probe = run.probe(second, "predict", fresh=True)
+    pred = (predict_max_batch_size_line(cap, CALIBRATION_BATCH, first, second, probe.peak_memory_mb * 2**20)
+            if probe.status == Status.DONE and probe.peak_memory_mb else None)
+    if pred is None:
+        log(f"No prediction before the search: the second memory probe (batch size {second}) "
+            f"{'did not fit' if probe.status != Status.DONE else 'peaked no higher than batch size 1'}.")
+    return pred
+
+
+def prediction_record(pred: dict | None, calib: ProbeRecord, run, result, image_size: int) -> dict | None:
+    """The prediction as the summary records it, each probe's predicted peak set beside its own."""
+    if not pred:
+        return None
+    for p in run.probes:
+        p.predicted_peak_mb = planned_peak_bytes(pred, p.batch_size, run.settings, image_size) / 2**20
+    out = {**pred, "calibration_batch_size": CALIBRATION_BATCH, "calibration_peak_mb": calib.peak_memory_mb,
+           "fresh_from": None if run.prober.in_place else run.prober.fresh_from, "refined": run.refined}
+    if result.largest_fit and not result.reached_max:  # a size --max stopped at is no limit to hold it to
+        out["percent_apart"] = percent_apart(pred["max_batch_size"], result.largest_fit)
+    return out
+
+
+def planned_peak_bytes(pred: dict, batch: int, s: FindSettings, image_size: int) -> float:
+    """A probe's peak by the prediction: the BFC replay's, or the line of XLA's plan."""
+    if pred["method"] == "bfc":
+        return predicted_peak_bytes(batch, pred["baseline_bytes"], image_size, s.optimizer, s.precision,
+                                    pred["train_images"], pred["device"], pred["steps"])
+    return pred["baseline_bytes"] + pred["state_bytes"] + pred["per_image_bytes"] * batch

@@ -1,0 +1,136 @@
+"""find-batch-size's statistics: the gradient noise scale B_simple (catsdogs.gradient_noise),
+measured before the search past the first epoch's transient.
+
+Two short runs at the base batch size (32), seeds --seed and the next, each trained 3 epochs as a
+sweep's trial is, in one worker that ends before any probe runs; B_simple measured after epochs 2
+and 3 and pooled (`measure_noise_scale`). The article's model by per-example gradient products,
+pairs of 1 and 25 images (`noise_sampling`); a user's model by the two-batch estimator on
+micro-batches (`user_noise_sampling`). Imports no framework: the runs are a worker's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from catsdogs import config
+from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling, pool
+from catsdogs.measure import model_check
+from catsdogs.measure.common import first_line
+from catsdogs.measure.search import FindSettings
+from catsdogs.messages import TrialRecord, TrialTask
+from catsdogs.schema import Status, TrialConfig, default
+from catsdogs.training import backends
+from catsdogs.training.worker import Worker
+
+# find-batch-size's noise measurement, the one the recommendation rests on: larger pairs than a
+# sweep's, over two short runs, past their first epoch (measure_noise_scale). A pair of 25 images
+# gives |G|^2 from 600 products of two examples' gradients where a pair of 10 gives 90: for about
+# the same images, intervals a third as wide (docs/results.md, "The noise scale find-batch-size
+# decides with"; scripts/noise_spread.py).
+NOISE_PAIRS = 2 * config.NOISE_PAIRS  # pairs a measurement: 16, so 64 pooled (2 epochs x 2 seeds)
+NOISE_LARGE = 25  # images a pair (each its own micro-batch: B_s 1, B_b 25)
+NOISE_EPOCHS = 3  # each short run's epochs: measured after the 2nd and 3rd, past the first's transient
+NOISE_FROM = 2  # the first epoch whose measurement counts
+NOISE_SEEDS = 2  # short runs, each its own seed: one seed's trajectory is one draw
+# A user's model: the two-batch estimator on ordinary gradients (engine.noise_estimate_at), one
+# gradient computation per micro-batch. Micro-batches of 2, the fewest BatchNormalization can
+# normalize over (a "per-example" gradient is not defined through it), 12 to a pair: 16 pairs of
+# 24 images, about the article's measurement's images (16 of 25), for 192 gradients a measurement.
+USER_NOISE_MICRO = 2
+USER_NOISE_MICROS = 12
+
+
+@dataclass(frozen=True)
+class NoiseRun:
+    """The noise scale measured before the search: B_simple at the base batch size over epochs
+    `from_epoch` to `epochs` of runs at `seeds`, pooled (`estimate`)."""
+
+    estimate: NoiseEstimate
+    batch_size: int
+    epochs: int = 1
+    measure_seconds: float | None = None  # the measurements alone
+    seconds: float | None = None  # the whole short run, its worker's start included
+    seeds: list[int] | None = None
+    from_epoch: int | None = None
+    estimator: str | None = None  # a user's model's: "two-batch" (None: the article's per-example products)
+
+    def as_json(self) -> dict:
+        """As find_batch_size.json's "noise_scale" holds it."""
+        e = self.estimate
+        return ({"estimator": self.estimator} if self.estimator else {}) | {"b_simple": e.b_simple, "low": e.low, "high": e.high, "gradient_sq": e.gradient_sq,
+                "trace": e.trace, "epochs": self.epochs, "batch_size": self.batch_size, "pairs": e.pairs, "small": e.small,
+                "large": e.large, "measure_seconds": self.measure_seconds, "seconds": self.seconds,
+                "seeds": self.seeds, "from_epoch": self.from_epoch, "measurements": e.measurements}
+
+
+
+def noise_sampling() -> NoiseSampling:
+    """find-batch-size's measurement: NOISE_PAIRS pairs of NOISE_LARGE images, each its own
+    micro-batch, after epochs NOISE_FROM on (none before: they would be discarded)."""
+    return NoiseSampling(micro=1, micros=NOISE_LARGE, pairs=NOISE_PAIRS, from_epoch=NOISE_FROM)
+
+
+def user_noise_sampling() -> NoiseSampling:
+    """A user's model's measurement: NOISE_PAIRS pairs of USER_NOISE_MICROS micro-batches of
+    USER_NOISE_MICRO images (the two-batch estimator), after epochs NOISE_FROM on."""
+    return NoiseSampling(micro=USER_NOISE_MICRO, micros=USER_NOISE_MICROS, pairs=NOISE_PAIRS, from_epoch=NOISE_FROM)
+
+
+def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSettings, work: Path, env: dict | None,
+                        log: Callable[[str], None], sampling: NoiseSampling | None = None,
+                        probe_data: model_check.ProbeData | None = None) -> NoiseRun | None:
+    """B_simple past the first epoch's transient: NOISE_SEEDS short runs at the base batch size
+    (seeds `settings.seed` and on), each trained NOISE_EPOCHS epochs as a sweep's trial is, in a
+    worker of its own, measured after each epoch from NOISE_FROM on (before it, nothing is
+    measured); those measurements, of every seed, pooled into one estimate (gradient_noise.pool: the ratio of means over all their
+    pairs). One epoch at one seed moved it from 3 to 296 with the seed and the backend; later
+    epochs of two seeds steady it. With the wall time (workers' starts included). None, said in
+    the log, when a run failed. `probe_data`: a user's model (settings.model) trains, on its
+    folder or the prepared data, and is measured by the two-batch estimator (`user_noise_sampling`)."""
+    base = default("base_batch_size")
+    user = _user_task_fields(settings, probe_data)
+    sampling = sampling or (user_noise_sampling() if user else noise_sampling())
+    seeds = list(range(settings.seed, settings.seed + NOISE_SEEDS))
+    how = (f"the two-batch estimator on ordinary gradients, {sampling.pairs} pairs of {sampling.micros} micro-batches "
+           f"of {sampling.micro} images" if user else f"{sampling.pairs} pairs of {sampling.micro} and {sampling.large} images")
+    log(f"Noise scale: {NOISE_EPOCHS} epochs at batch size {base}, seeds {', '.join(map(str, seeds))}; B_simple "
+        f"from {how} after epochs {sampling.from_epoch}-{NOISE_EPOCHS}, pooled ...")
+    started = time.perf_counter()
+    measured, measure_seconds = [], 0.0
+    log_path = work / "noise-scale.log"
+    worker = Worker(log_path, env)  # one for every seed: a trial trains alike in a fresh worker or a used one
+    try:
+        for seed in seeds:
+            cfg = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
+                              image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
+                              data=manifest["fingerprint"][settings.dataset] if manifest else "",
+                              precision=settings.precision, backend=backends.name(),
+                              **backends.process_settings(env or {}))
+            task = TrialTask(cfg, str(Path(data_dir).resolve()), sampling.as_dict(), user=user)
+            record: TrialRecord = worker.run(task)
+            later = [NoiseEstimate.from_record(row) for row in record.history or []]
+            later = [replace(m, small=sampling.micro, large=sampling.large) for m in later
+                     if m is not None and m.epoch >= sampling.from_epoch]
+            if record.status != Status.DONE or not later:
+                log(f"Noise scale not measured: the short run at seed {seed} {record.status}: "
+                    f"{first_line(record.error)} (log: {log_path})")
+                return None
+            measured += later
+            measure_seconds += record.noise_seconds or 0.0
+    finally:
+        worker.close()
+    log_path.unlink(missing_ok=True)
+    estimate = pool(measured)
+    return NoiseRun(estimate, base, NOISE_EPOCHS, round(measure_seconds, 2),
+                    round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
+                    estimator="two-batch" if user else None)
+
+
+def _user_task_fields(settings: FindSettings, probe_data: model_check.ProbeData | None) -> dict | None:
+    """A user's model as a trial trains it (TrialTask.user); None for the article's."""
+    if settings.model is None:
+        return None
+    return {"model": settings.model, "loss": settings.loss, **(probe_data.task_fields() if probe_data else {})}

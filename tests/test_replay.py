@@ -1,0 +1,84 @@
+"""find-batch-size on recorded devices (tests/replay.py): the H200 it ran on, replayed, and the
+64 px CPU case, both through the real search, prober, prediction and recommendation."""
+
+from __future__ import annotations
+
+import pytest
+
+from catsdogs.measure import find_batch_size as findbs
+from catsdogs.measure.search import FindSettings
+from replay import CPU_64PX, H200, replay
+
+pytest.importorskip("jax")  # the devices recorded run Keras on JAX (the backend module only: no device)
+
+
+def answer(monkeypatch, tmp_path, device, **settings):
+    clock = replay(monkeypatch, device)
+    lines: list[str] = []
+    summary = findbs.find_batch_size(FindSettings("replay", **settings), tmp_path / "data", tmp_path,
+                                     log=lines.append)
+    return summary, clock, lines
+
+
+def test_on_the_h200_with_its_defaults_the_search_stops_at_the_training_split_within_a_minute(
+        monkeypatch, tmp_path):
+    # given the H200's recorded memory, speed and costs, and the article's 1,200 training images
+    summary, clock, lines = answer(monkeypatch, tmp_path, H200)
+    # then the search went no further than the training split, every size up to it fitted, and it
+    # says so: memory never bound (the device's limit lies near 3,140)
+    assert max(clock.probe_sizes) == 1200 and summary["largest_fitting"] == 1200
+    assert summary["stopped_by"] == "data" and summary["search_bound"] == {"batch_size": 1200, "by": "data",
+                                                                          "train_images": 1200}
+    assert any("every size up to the 1,200 training images fits: a larger batch cannot be trained on these data; "
+               "--max N searches further" in ln for ln in lines)
+    # and no margin was taken where memory was nowhere near (30 of 107 GiB at 1,200)
+    assert summary["margin_batch_size"] == 1200 and not summary["margin_failed"]
+    # and the probes took at most 60 s of the device's time, every one in the worker started while
+    # the noise scale trained, none out of memory
+    assert clock.spent["probes"] <= 60.0, clock.spent
+    assert {p["worker"] for p in summary["probes"]} == {"fresh", "reused"}
+    assert [p["worker"] for p in summary["probes"]].count("fresh") == 1
+    assert all(p["status"] == "done" for p in summary["probes"])
+    # and XLA's plan was compiled at small sizes only, so it is ready when the noise scale is:
+    # the memory model's part of the answer at most 10 s
+    assert list(summary["prediction"]["planned_bytes"]) == [1, 64, 256]
+    assert max(0.0, clock.spent["plan"] - clock.spent["noise"]) <= 10.0
+    # and the recommendation is the recorded run's: 8, with 8 to 32 within 10% of the best
+    rec = summary["recommendation"]
+    assert rec["batch_size"] == 8 and rec["near_best"] == [8, 16, 32] and rec["binding"] == "statistics"
+
+
+def test_on_the_h200_past_the_data_the_search_finds_the_replays_limit_in_one_worker(monkeypatch, tmp_path):
+    # given --max 4096 on the H200, whose replayed limit lies near 3,140
+    summary, clock, lines = answer(monkeypatch, tmp_path, H200, max_batch=4096)
+    limit = H200.limit()
+    # then the largest size that fits is within 3% of the replay's limit, and the next one did not fit
+    assert abs(summary["largest_fitting"] - limit) <= 0.03 * limit
+    assert summary["stopped_by"] == "memory" and summary["first_not_fitting"] > limit
+    # and every probe after the calibration ran in the same worker: out of memory, JAX on a GPU
+    # recovers in place (its allocator's bytes back), and no worker was started for it
+    assert [p["worker"] for p in summary["probes"]][1:] == ["reused"] * (len(summary["probes"]) - 1)
+    ooms = [p for p in summary["probes"] if p["status"] == "oom"]
+    assert ooms and all(p["residue_mb"] == 0.0 for p in ooms)
+    assert any("(the worker recovered in place)" in ln for ln in lines)
+    # and XLA's plan (4,823) was carried on by the exact peaks of 1,024 and 2,048 before the search
+    # probed near the limit, so no probe went past 3,302
+    assert summary["prediction"]["max_batch_size"] > 4500
+    assert summary["prediction"]["refined"]["from"] == [1024, 2048]
+    assert max(clock.probe_sizes) <= 1.05 * limit + 1
+    # and the margin is taken against memory, which bound, and confirmed
+    assert summary["margin_batch_size"] < summary["largest_fitting"]
+
+
+def test_on_the_cpu_at_64px_the_answers_are_those_of_0_15_0(monkeypatch, tmp_path):
+    # given the 64 px CPU case under a 2 GiB cap (JAX), whose recorded run 0.15.0 answered with 337
+    # (346 did not fit), a margin's 296 and a recommendation of 8
+    summary, clock, lines = answer(monkeypatch, tmp_path, CPU_64PX, memory_cap_bytes=2 * 2**30)
+    # then the answers are the same
+    assert (summary["largest_fitting"], summary["first_not_fitting"], summary["margin_batch_size"]) == (337, 346, 296)
+    assert summary["recommendation"]["batch_size"] == 8 and summary["stopped_by"] == "memory"
+    # and on the CPU, probes near the limit still run in fresh workers (a resident set keeps what a
+    # reused worker grew), and memory stopped the search well below the 1,200 training images
+    near = [p for p in summary["probes"] if p["batch_size"] >= summary["prediction"]["fresh_from"]]
+    assert near and all(p["worker"] == "fresh" for p in near)
+    assert summary["search_bound"]["by"] == "data" and max(clock.probe_sizes) < 1200
