@@ -2,7 +2,7 @@
 
     python scripts/h100_summary.py reproduce --out RUNS --name h100-reproduce --seconds 143 --target 150 --label "..."
     python scripts/h100_summary.py profile --csv profile.csv [--torch torch.json] --label "..."
-    python scripts/h100_summary.py find --json find_batch_size.json --label "..."
+    python scripts/h100_summary.py find --json find_batch_size.json [--target 60] --label "..."
 
 Prints Markdown; h100.sh appends it to $OUT/summary.md. Reads files only: no framework (catsdogs.gradient_noise
 only for its wording, from the source tree).
@@ -110,17 +110,29 @@ def find(a) -> list[str]:
     pred = s.get("prediction") or {}
     noise = s.get("noise_scale") or {}
     rec = s.get("recommendation") or {}
-    settings = s.get("settings") or {}
-    if s.get("reached_max"):
-        fit = f"every size up to --max {settings.get('max')} fit: the search found no limit"
+    t = s.get("seconds") or {}
+    bound = s.get("search_bound") or {}
+    stopped = s.get("stopped_by") or ("max" if s.get("reached_max") else "memory")
+    if stopped in ("data", "max"):
+        what = f"the {bound.get('train_images')} training images" if stopped == "data" else f"--max {bound.get('batch_size')}"
+        fit = f"{s.get('largest_fitting')}: every size up to {what} fit, memory did not bind"
         apart = "no measured limit to compare with"
     else:
         fit = f"{s.get('largest_fitting')} (the next, {s.get('first_not_fitting')}, did not)"
         apart = f"{_num(pred.get('percent_apart'), '+.1f')}% from the measured (target within 15%)"
+    total = t.get("total")
+    met = "" if total is None or not a.target else f" (target ≤ {a.target:.0f} s: {'met' if total <= a.target else 'NOT met'})"
+    probes = s.get("probes") or []
     lines = [f"## {a.label}", "",
+             f"- the answer: {_num(total, '.0f')} s{met}: the noise scale {_num(t.get('noise_scale'), '.0f')} s, "
+             f"the memory model {_num(t.get('prediction'), '.0f')} s, {len(probes)} probes {_num(t.get('probes'), '.0f')} s",
+             "- probes (batch: status, worker, wall s): " + ", ".join(
+                 f"{p['batch_size']}: {p['status']}, {p.get('worker')}, {_num(p.get('wall_seconds'), '.1f')}" for p in probes),
              f"- largest batch size that fits: {fit}; XLA's share of the GPU: {s.get('memory_fraction') or '—'}",
-             f"- predicted before the search: {pred.get('max_batch_size')} ({pred.get('method')}): {apart}",
-             f"- noise scale after one epoch at 32: {describe(NoiseEstimate.from_dict(noise))}"
+             f"- predicted before the search: {pred.get('max_batch_size')} ({pred.get('method')}, compiled at "
+             f"{', '.join(map(str, pred.get('planned_bytes') or {})) or '—'}): {apart}"
+             + (f"; carried on by the probes to {pred['refined']['max_batch_size']}" if pred.get("refined") else ""),
+             f"- noise scale: {describe(NoiseEstimate.from_dict(noise))}"
              + (f", measured in {noise['seconds']:.0f} s" if noise.get("seconds") is not None else ""),
              f"- recommendation: {rec.get('batch_size')} at {_num(rec.get('images_per_second'), '.0f')} images/s, "
              f"{rec.get('binding')} binds; learning rate {_num(rec.get('learning_rate'), '.3g')} "
@@ -142,6 +154,7 @@ def main() -> int:
     p.add_argument("--torch", default=None)
     f = sub.add_parser("find")
     f.add_argument("--json", required=True)
+    f.add_argument("--target", type=float, default=None)
     for s in (r, p, f):
         s.add_argument("--label", required=True)
     a = ap.parse_args()
