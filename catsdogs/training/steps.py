@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 from collections import OrderedDict
 from pathlib import Path
 
@@ -117,14 +118,43 @@ class TrainingStep:
         new process draws them; a saved model's as saved), the optimizer's variables as built."""
         keras.mixed_precision.set_dtype_policy(cfg.precision)
         keras.utils.set_random_seed(cfg.seed)
-        fresh = self._build(cfg)
         # every variable, a Dropout's seed state too (`weights` leaves it out: a reused step then
         # drew other masks than a fresh one)
-        for target, source in zip(self.model.variables, fresh.variables, strict=True):
-            target.assign(source.value)
-        del fresh
+        for target, value in zip(self.model.variables, INITIAL.values(self, cfg), strict=True):
+            target.assign(value)
         for v, start in zip(self.model.optimizer.variables, self._opt_start, strict=True):
             v.assign(np.zeros(v.shape, v.dtype) if start is None else start)
+
+
+class InitialWeights:
+    """The variables a freshly built model of one seed starts with, kept for the next trial of
+    that seed. A sweep runs seed-major, and every shape of a seed (optimizer, batch size, data
+    set) starts from the same weights: building the model again for each cost 0.05 s a trial on
+    this CPU at 40 px, and drew 41 million numbers at 200 px. Only the last model's are kept
+    (at 200 px, 164 MB of host memory). Building draws from Python's and NumPy's global generators
+    (Keras's default seeds): their states after the build are kept too, and put back, so what
+    follows a reset draws as it would after a build."""
+
+    def __init__(self):
+        self._key: tuple | None = None
+        self._values: list | None = None
+        self._states: tuple | None = None
+
+    def values(self, step: TrainingStep, cfg: TrialConfig) -> list:
+        """The initial variables of `step`'s model at `cfg.seed` (the random seeds already set)."""
+        key = (step.user, cfg.image_size, cfg.precision, cfg.seed)
+        if key != self._key:
+            fresh = step._build(cfg)
+            self._key, self._values = key, [keras.ops.convert_to_numpy(v.value) for v in fresh.variables]
+            self._states = (random.getstate(), np.random.get_state())
+            del fresh
+        else:
+            random.setstate(self._states[0])
+            np.random.set_state(self._states[1])
+        return self._values
+
+
+INITIAL = InitialWeights()  # one per process
 
 
 def as_model_input(split: loading.Split, model) -> loading.Split:
