@@ -25,7 +25,7 @@ from pathlib import Path
 from catsdogs.manifest import require_prepared
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.training import backends
-from catsdogs.training.worker import LocalSlot
+from catsdogs.training.local_slot import LocalSlot
 
 TARGET = 0.20  # the curve's share of a trial's training time at batch 4, at most (issue 33)
 LR = {4: 0.019, 8: 0.033, 16: 0.051, 32: 0.071, 64: 0.088, 128: 0.1}  # the critical plan's predictions

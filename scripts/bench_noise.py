@@ -26,7 +26,7 @@ from catsdogs.gradient_noise import NoiseSampling
 from catsdogs.manifest import require_prepared
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.training import backends
-from catsdogs.training.worker import LocalSlot
+from catsdogs.training.local_slot import LocalSlot
 
 TARGET = 0.15  # the recording's share of a trial's training time, at most (batch sizes 16 and above)
 

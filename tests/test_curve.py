@@ -13,7 +13,7 @@ import pytest
 from catsdogs.manifest import require_prepared
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.training import backends
-from catsdogs.training.worker import LocalSlot
+from catsdogs.training.local_slot import LocalSlot
 
 pytestmark = pytest.mark.slow
 

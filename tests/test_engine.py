@@ -15,8 +15,9 @@ from catsdogs.messages import PeakTask, TrialTask
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.store import Store
 from catsdogs.training import backends
+from catsdogs.training.local_slot import LocalSlot
 from catsdogs.training.sweep import claim_order, run_sweep
-from catsdogs.training.worker import LocalSlot, Worker
+from catsdogs.training.worker import Worker
 
 SIZE = 32
 ALONE: dict[str, object] = {}  # a trial's record alone in a fresh worker, by key: made once, compared often

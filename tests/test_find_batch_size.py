@@ -495,7 +495,7 @@ def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_is_not_off_b
     resolution = 8  # 2% of the answer: fine enough to hold 15%
     lines: list[str] = []
     settings = FindSettings("fbs", start=start, margin=0.0, steps=2, warmup=1, memory_cap_bytes=int(cap_mb * 2**20),
-                            resolution=resolution, measure_noise=False)
+                            resolution=resolution, measure_noise=False, max_batch=4096)  # past the 48 images
     s = findbs.find_batch_size(settings, data_dir, tmp_path, log=lines.append)
     probes = s["probes"]
     by_size = {p["batch_size"]: p for p in probes}
@@ -563,7 +563,7 @@ def test_find_batch_size_on_unprepared_data_is_exit_1_saying_how_to_prepare(tmp_
 
 
 OWN_LINES = ("Find batch size", "calibrate ", "search ", "confirm ", "critical ", "Predicted before the search",
-             "Largest batch size", "No batch size fits", "The step replayed", "XLA's memory plan",
+             "Largest batch size", "No batch size fits", "No 10% margin taken", "The step replayed", "XLA's memory plan",
              "That limit is XLA's", "Fastest that fits", "With a ", "Recommendation:", "No recommendation",
              "Noise scale", "Critical batch size", "Learning rate", "Predicted time to a target", "  ",
              "Within ", "Statistics could not be resolved", "The limit is noisy", "Answered in ")

@@ -67,7 +67,9 @@ class RecordingWorker:
 
     started: list[dict] = []
 
-    def __init__(self, log_path, env=None):
+    device = "cpu"  # as a worker on the CPU says it is
+
+    def __init__(self, log_path, env=None, digests=None):
         self.env, self.alive, self.tasks = env or {}, False, 0
         RecordingWorker.started.append(backends.process_settings(self.env))
 
@@ -83,11 +85,11 @@ class RecordingWorker:
 
 
 def test_a_slot_keeps_one_workers_settings_and_starts_another_for_others(monkeypatch, tmp_path):
-    from catsdogs.training import worker
+    from catsdogs.training import local_slot
 
-    monkeypatch.setattr(worker, "Worker", RecordingWorker)
+    monkeypatch.setattr(local_slot, "Worker", RecordingWorker)
     RecordingWorker.started = []
-    slot = worker.LocalSlot(0, 1, tmp_path)
+    slot = local_slot.LocalSlot(0, 1, tmp_path)
     on = TrialConfig("adam", 8, "standard", 0)
     off = TrialConfig("adam", 8, "standard", 1, deterministic=False)
     # when trials of both settings run in one slot, in this order

@@ -117,7 +117,7 @@ def test_bfloat16_mixed_precision_trains_in_bfloat16_with_a_float32_output(data_
 
 @pytest.mark.slow
 def test_mirrored_strategy_splits_the_global_batch_over_two_cpu_replicas(data_dir, tmp_path):
-    from catsdogs.training.worker import LocalSlot
+    from catsdogs.training.local_slot import LocalSlot
 
     # given no GPU, two logical CPU devices stand in for two GPUs (a worker of its own:
     # TensorFlow fixes its devices when it starts; CATSDOGS_LOGICAL_CPUS defaults to 2)

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import pytest
+from replay import CPU_64PX, H200, replay
 
 from catsdogs.measure import find_batch_size as findbs
 from catsdogs.measure.search import FindSettings
-from replay import CPU_64PX, H200, replay
 
 pytest.importorskip("jax")  # the devices recorded run Keras on JAX (the backend module only: no device)
 

@@ -428,7 +428,9 @@ class ReusedWorkerRunsOutOfMemory:
     """A worker whose trials run out of memory once it has run one before (what an allocator
     kept from earlier trials can do), and fit in a fresh process."""
 
-    def __init__(self, log_path, env=None):
+    device = "cpu"  # as a worker on the CPU says it is
+
+    def __init__(self, log_path, env=None, digests=None):
         self.log_path, self.tasks, self.alive, self.starts = Path(log_path), 0, False, 0
 
     def run(self, task, on_progress=None, memory_cap_bytes=None):
@@ -447,10 +449,10 @@ class ReusedWorkerRunsOutOfMemory:
 
 
 def test_a_trial_out_of_memory_in_a_reused_worker_runs_again_in_a_fresh_one(monkeypatch, tmp_path):
-    from catsdogs.training import worker
+    from catsdogs.training import local_slot
 
-    monkeypatch.setattr(worker, "Worker", ReusedWorkerRunsOutOfMemory)
-    slot = worker.LocalSlot(0, 1, tmp_path)
+    monkeypatch.setattr(local_slot, "Worker", ReusedWorkerRunsOutOfMemory)
+    slot = local_slot.LocalSlot(0, 1, tmp_path)
     # given a slot whose worker has run a trial
     assert slot.run(TrialConfig("adam", 8, "standard", 0), tmp_path).status == Status.DONE
     # when the next trial runs out of memory there, then it is run again in a fresh worker
@@ -461,12 +463,12 @@ def test_a_trial_out_of_memory_in_a_reused_worker_runs_again_in_a_fresh_one(monk
 def test_both_runners_slots_are_slots_as_the_sweep_calls_them(tmp_path):
     import inspect
 
+    from catsdogs.training.local_slot import LocalSlot
     from catsdogs.training.ray_runner import RaySlot
     from catsdogs.training.sweep import Slot
-    from catsdogs.training.worker import LocalSlot
 
     # given the sweep's Slot protocol, and the local and the Ray runner's slots
-    wanted = {name: inspect.signature(getattr(Slot, name)) for name in ("shapes", "run", "stop", "close")}
+    wanted = {name: inspect.signature(getattr(Slot, name)) for name in ("shapes", "run", "digest", "stop", "close")}
     for slot_class in (LocalSlot, RaySlot):
         # then each has every method, taking what the sweep passes by the names it passes them
         for name, sig in wanted.items():
@@ -475,3 +477,33 @@ def test_both_runners_slots_are_slots_as_the_sweep_calls_them(tmp_path):
     # and an unstarted local slot is one at run time too (no worker starts until it runs a trial)
     slot = LocalSlot(0, 1, tmp_path)
     assert isinstance(slot, Slot) and not slot.worker.alive
+
+
+@pytest.mark.slow
+def test_digests_hashed_while_the_next_trial_trains_are_the_same_and_every_trial_is_recorded(data_dir, tmp_path):
+    from catsdogs.plans import load, trials
+    from catsdogs.training.local_slot import LocalSlot
+    from catsdogs.training.sweep import run_sweep
+
+    # given the four trials of a plan, swept once as on the CPU (each digest before its record) and
+    # once as on a GPU (each trial answered at once, its digest hashed while the next one trains)
+    plan = tmp_path / "grid.toml"
+    plan.write_text(GRID_PLAN)
+    grid = trials(load(str(plan)), data_dir, "tensorflow")
+    # the last trial fails in its worker (a batch larger than the training set), which ends the
+    # worker while the trial before it still owes its digest
+    failing = replace(grid[-1], optimizer="sgd", batch_size=64)
+    found = {}
+    for defer in (False, True):
+        out = tmp_path / f"defer-{defer}"
+        lines: list[str] = []
+        counts = run_sweep("grid", [*grid, failing], data_dir, out, log=lines.append,
+                           slots=lambda i, n, workdir, defer=defer: LocalSlot(i, n, workdir, defer_digest=defer))
+        assert (counts[Status.DONE], counts[Status.FAILED]) == (len(grid), 1), lines
+        with Store(out / "results.sqlite", read_only=True) as store:
+            found[defer] = {c.key(): store.get(c.key())["weights_digest"] for c in grid}
+        if defer:  # each recorded after the next one started (the last at the end) is named in its outcome line
+            assert sum(": done: test accuracy" in ln for ln in lines) == len(grid), lines
+    # then every trial is recorded, done, with the same digest either way: the last one's came as
+    # its worker ended
+    assert found[True] == found[False] and all(found[True].values())

@@ -287,6 +287,6 @@ def test_the_article_model_handed_in_is_predicted_by_the_articles_memory_model(k
                                           steps=built_in["steps"])
         assert replayed["max_batch_size"] == handed_in["max_batch_size"]
         assert handed_in["state_bytes"] == built_in["state_bytes"]
-    else:  # the same plan of the step at the batch sizes both compiled (the others follow the measured peak)
-        assert handed_in["planned_bytes"]["1"] == built_in["planned_bytes"]["1"]
-        assert handed_in["planned_bytes"]["64"] == built_in["planned_bytes"]["64"]
+    else:  # the same plan of the step, compiled at the same sizes, none above the search's bound (--max 16)
+        assert handed_in["planned_bytes"] == built_in["planned_bytes"]
+        assert list(handed_in["planned_bytes"]) == ["1", "16"]

@@ -57,9 +57,11 @@ class BackgroundPlan:
     def start(cls, s: FindSettings, manifest: dict | None, user, data_dir: Path, work: Path, env: dict,
               bound: int | None) -> BackgroundPlan | None:
         """The plan, started; None where there is none to make (TensorFlow replays its allocator
-        by arithmetic; a user's model gets the line through two probes)."""
-        if user is not None or manifest is None or backends.current().compiled_step_bytes is None:
-            return None
+        by arithmetic; a user's model gets the line through two probes, unless it is the
+        article's, told by its layers)."""
+        if (user is not None and not user.article_size) or manifest is None \
+                or backends.current().compiled_step_bytes is None:
+            return None  # (the article's model handed in as a user's is planned as the article's)
         task = MemoryPlanTask(str(Path(data_dir).resolve()), s.optimizer, s.dataset, s.precision,
                               plan_batch_sizes(CALIBRATION_BATCH, bound), **backends.process_settings(env))
         return cls(task, work / "memory-plan.log", env)

@@ -1,7 +1,7 @@
 """Stage 2, training: the article's model over a grid of trials, each outcome into the store.
 
     study (a plan run to the end: its trials, adaptive rounds) -> sweep (one pass over a grid,
-    resuming, the store) -> slots: local worker processes (worker.LocalSlot) or Ray actors
+    resuming, the store) -> slots: local worker processes (local_slot.LocalSlot) or Ray actors
     (ray_runner.RaySlot) -> engine (one task in a worker: a trial; probes: a probe) on steps
     (the decoded data and compiled steps a worker keeps) -> backends (the one seam to Keras's
     TensorFlow or JAX)

@@ -35,6 +35,7 @@ from catsdogs.messages import ModelCheckTask, PeakTask, ProbeTask, Task, TrialRe
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.training import backends, steps
 from catsdogs.training.curve import Curve, TargetReached
+from catsdogs.training.diagnosis import diagnose, initial_diagnosis
 from catsdogs.training.probes import run_memory_plan, run_model_check, run_peak, run_probe
 
 
@@ -44,8 +45,12 @@ def run_task(task: Task, emit=lambda kind, payload: None):
     try:
         if isinstance(task, TrialTask):
             sampling = NoiseSampling(**task.noise_sampling) if task.noise_sampling else None
+            key = task.config.key()
+            on_digest = (lambda value, error: emit("digest", {"key": key, "digest": value, "error": error})
+                         ) if task.defer_digest else None
             return run_trial(task.config, Path(task.data_dir), on_epoch=lambda row: emit("progress", row),
-                             noise_sampling=sampling, eval_every=task.eval_every, user=task.user)
+                             noise_sampling=sampling, eval_every=task.eval_every, user=task.user,
+                             on_digest=on_digest)
         if isinstance(task, ProbeTask):
             return run_probe(task)
         if isinstance(task, PeakTask):
@@ -61,7 +66,7 @@ def run_task(task: Task, emit=lambda kind, payload: None):
 
 
 def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: NoiseSampling | None = None,
-              eval_every: int | None = None, user: dict | None = None) -> TrialRecord:
+              eval_every: int | None = None, user: dict | None = None, on_digest=None) -> TrialRecord:
     """Train and test one configuration; return its record (status done). `user`: a user's model
     trained instead of the article's (TrialTask.user), on its folder's images or the prepared data
     (`_start`); its record has no collapse diagnosis (that reads the article's hidden layer).
@@ -69,7 +74,9 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
     the gradient noise scale is measured at the start and at each epoch's end (`noise_estimate_at`),
     outside the epochs' clocks and without touching what the trial trains with. With `eval_every`
     (or the trial's own, with a target), the validation curve (catsdogs.training.curve), and a
-    trial with a target stops at the evaluation that reaches it."""
+    trial with a target stops at the evaluation that reaches it. With `on_digest`, the record comes
+    without its weights' digest (`digest_pending`) and `on_digest(digest, error)` gets it from the
+    digest's thread once hashed (`DIGESTS` holds that thread until then)."""
     cfg.check()
     started = time.time()
     backend = backends.current()
@@ -83,7 +90,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
 
     train_ds = backend.train_batches(train, cfg.batch_size, cfg.seed, n_batches=per_epoch * epochs,
                                      cross_epochs=cfg.budget == "steps")
-    evaluate_at = eval_batch_size(cfg.batch_size, user)
+    evaluate_at = eval_batch_size()
     val_ds = backend.eval_batches(val, evaluate_at) if len(val) else None
     test_ds = backend.eval_batches(test, evaluate_at)
 
@@ -102,7 +109,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
         hist = _fit(model, train_ds, val_ds, epochs, per_epoch, timer, curve)
         fit_seconds = time.time() - fit_started
         digest_started = time.perf_counter()
-        digest = start_weights_digest(model)  # hashed while the trial evaluates and tests
+        digest = start_weights_digest(model, then=on_digest)  # hashed while the trial evaluates and tests
         digest_seconds = time.perf_counter() - digest_started
         test_loss, test_acc = model.evaluate(test_ds, verbose=0)
         final = diagnose(step, test_ds)
@@ -112,9 +119,9 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
     history = _history(hist, timer)
     memory = backend.peak_memory()
     waited = time.perf_counter()
-    digest_value = digest()
+    digest_value = digest() if on_digest is None else None
     digest_seconds += time.perf_counter() - waited
-    return TrialRecord(
+    return TrialRecord(digest_pending=on_digest is not None or None,
         status=Status.DONE, test_accuracy=float(test_acc), test_loss=float(test_loss),
         val_accuracy=history[-1].get("val_accuracy") if history else _last(curve, "val_accuracy"),
         **final, **initial, history=history, **_noise_fields(noise_sampling, initial_noise, history), **_curve_fields(curve, cfg),
@@ -128,16 +135,15 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
         env=environment(backend))
 
 
-def eval_batch_size(batch_size: int, user: dict | None = None) -> int:
-    """The batch size a trial validates and tests at: the article's model config.EVAL_BATCH_SIZE
-    whatever it trains at (as the validation curve does), a user's model its training batch size
-    (its memory was sized for that). Evaluation changes no weight and each image's prediction is
-    its own, so accuracies are the same at any batch size (a loss's mean differs in float32
-    rounding only); at batch 8 the test set's 48 images took 6 steps of Keras's per-step overhead,
-    and at 16 the H200 spent half a trial's time outside training in 25-step passes over 400
-    images. One size for all also makes the model as it starts evaluate alike in every trial of a
-    seed (`initial_diagnosis`)."""
-    return int(batch_size) if user else config.EVAL_BATCH_SIZE
+def eval_batch_size() -> int:
+    """The batch size every trial validates and tests at, whatever it trains at (as the
+    validation curve does): config.EVAL_BATCH_SIZE. Evaluation changes no weight and each image's
+    prediction is its own, so accuracies are the same at any batch size (a loss's mean differs in
+    float32 rounding only); at batch 8 the test set's 48 images took 6 steps of Keras's per-step
+    overhead, and at 16 the H200 spent half a trial's time outside training in 25-step passes over
+    400 images. One size for all also makes the model as it starts evaluate alike in every trial
+    of a seed (`initial_diagnosis`), and a model handed in as a user's alike to the built-in one."""
+    return config.EVAL_BATCH_SIZE
 
 
 def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, epochs: int, val, timer: EpochTimer,
@@ -323,46 +329,6 @@ class EpochTimer(keras.callbacks.Callback):
             self.on_epoch({**row, "epochs": self.n_epochs, **{k: float(v) for k, v in (logs or {}).items()}})
 
 
-def diagnose(step: steps.TrainingStep, batches, prefix: str = "") -> dict:
-    """What the model does on every image of `batches` (the test set): whether it predicts one
-    class for all of them (a collapse), and why it might.
-
-    - dog_share: the share of images predicted Dog (logit > 0); 0 or 1 is a collapse;
-    - dead_units: the share of the Dense(128) layer's ReLU units that output 0 for every image.
-      With all 128 dead the logit is the last bias alone, the same for every image, and no
-      gradient reaches the layers below: the model cannot leave the collapse;
-    - logit_abs: the mean |logit|; a large one at step 0 means saturated sigmoids, a first
-      gradient of the largest size, and a first Adam step that can push units dead;
-    - logit_sd: how much the logit varies between images (0 for a constant prediction)."""
-    if step.inspect is None:  # a user's model: no hidden layer of the article's to read
-        return {}
-    hidden, logits = step.inspect.predict(batches, verbose=0)
-    logits = np.asarray(logits, dtype=np.float64).ravel()
-    alive = np.asarray(hidden).reshape(len(logits), -1).max(axis=0) > 0
-    share = float((logits > 0).mean())
-    out = {"dog_share": share, "dead_units": float(1 - alive.mean()),
-           "logit_abs": float(np.abs(logits).mean()), "logit_sd": float(logits.std())}
-    if not prefix:
-        out["collapsed"] = int(share in (0.0, 1.0))
-    return {prefix + k: round(v, 6) if isinstance(v, float) else v for k, v in out.items()}
-
-
-_INITIAL: dict[tuple, dict] = {}  # the last seed's initial diagnoses, by what decides them
-
-
-def initial_diagnosis(step: steps.TrainingStep, cfg: TrialConfig, test_batches) -> dict:
-    """`diagnose` of the model as it starts. Every trial of a seed starts from the same weights
-    (whatever its optimizer or batch size) and tests on the same images at one batch size, so the
-    answer is the same for all of them: made once per seed, model, image size, precision and data
-    set (the last seed's kept: a sweep runs seed-major)."""
-    key = (step.user, cfg.image_size, cfg.precision, cfg.seed, cfg.data, cfg.dataset)
-    if key not in _INITIAL:
-        if any(k[:4] != key[:4] for k in _INITIAL):
-            _INITIAL.clear()
-        _INITIAL[key] = diagnose(step, test_batches, prefix="initial_")
-    return dict(_INITIAL[key])
-
-
 # --- the weights' digest ---------------------------------------------------------------------------
 
 
@@ -371,9 +337,14 @@ def weights_digest(model) -> str:
     return start_weights_digest(model)()
 
 
-def start_weights_digest(model):
+DIGESTS: list[threading.Thread] = []  # digests still being hashed for a trial already answered (`then`)
+
+
+def start_weights_digest(model, then=None):
     """Begin the weights digest off the trial's critical path; return the function that waits for
-    it and gives it.
+    it and gives it. With `then`, the thread also calls `then(digest, None)` when done (or
+    `then(None, error)`), and stays in DIGESTS until it has: the worker waits for them before it
+    ends.
 
     The weights are taken here, as the values they hold now (backends.*.weight_values: a device
     copy on JAX, whose trainer donates the weights' own buffers to the next step it runs; a read
@@ -392,8 +363,13 @@ def start_weights_digest(model):
             box["digest"] = h.hexdigest()
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for it
             box["error"] = exc
+        if then is not None:
+            error = box.get("error")
+            then(box.get("digest"), f"{type(error).__name__}: {error}" if error else None)
 
     thread = threading.Thread(target=digest, name="weights-digest", daemon=True)
+    if then is not None:
+        DIGESTS[:] = [t for t in DIGESTS if t.is_alive()] + [thread]
     thread.start()
 
     def result() -> str:

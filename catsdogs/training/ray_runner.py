@@ -49,7 +49,7 @@ from catsdogs.errors import CatsdogsError
 from catsdogs.messages import TrialRecord, TrialTask
 from catsdogs.schema import Status
 from catsdogs.training import backends
-from catsdogs.training.worker import needs_fresh_worker
+from catsdogs.training.local_slot import needs_fresh_worker
 
 INSTALL_HINT = "install the extra: pip install 'catsdogs[ray]'"
 MAX_RETRIES = 2  # runs again, on a fresh actor, of a trial whose actor or node was lost
@@ -200,6 +200,10 @@ class RaySlot:
                 self.close()  # isolation: the next trial gets a fresh actor
             return record
         return record
+
+    def digest(self, key: str) -> tuple[str | None, str | None]:
+        """Never asked: an actor's trials come with their digest (its digest is not deferred)."""
+        return None, "a Ray slot delivers each trial with its digest"
 
     def stop(self) -> None:
         """From another thread (Ctrl-C): end the running trial now; run() returns it lost."""

@@ -168,7 +168,7 @@ def as_model_input(split: loading.Split, model) -> loading.Split:
 
 def inspection_model(model):
     """The trained model's hidden Dense(128) activations and its logit, from the same weights:
-    what the engine's `diagnose` reads a collapse from."""
+    what catsdogs.training.diagnosis reads a collapse from."""
     hidden = next(layer for layer in reversed(model.layers[:-1]) if isinstance(layer, keras.layers.Dense))
     return keras.Model(model.inputs, [hidden.output, model.outputs[0]], name="inspect")
 

@@ -2,7 +2,7 @@
 
 Each of the sweep's `workers` slots (`Slot`) holds one worker that runs trial after trial,
 reusing decoded data and compiled training steps: a process on this machine (the local runner,
-catsdogs.training.worker.LocalSlot) or a Ray actor (catsdogs.training.ray_runner.RaySlot). A trial
+catsdogs.training.local_slot.LocalSlot) or a Ray actor (catsdogs.training.ray_runner.RaySlot). A trial
 that does not end done takes its worker with it and the slot starts a fresh one. A slot claims, among the trials of the lowest seed still
 pending, first those whose shape its worker has compiled: the order stays seed-major (a sweep
 stopped early still covers the whole figure) while steps are reused. `isolate` gives every trial
@@ -32,13 +32,13 @@ from catsdogs.manifest import require_prepared
 from catsdogs.messages import TrialRecord
 from catsdogs.schema import FINISHED, Status, TrialConfig
 from catsdogs.store import Store, store_path
-from catsdogs.training.worker import LocalSlot
+from catsdogs.training.local_slot import LocalSlot
 
 
 @runtime_checkable
 class Slot(Protocol):
     """One place where a sweep runs trials, one at a time, keeping its worker between them: a
-    worker process on this machine (catsdogs.training.worker.LocalSlot) or a Ray actor
+    worker process on this machine (catsdogs.training.local_slot.LocalSlot) or a Ray actor
     (catsdogs.training.ray_runner.RaySlot). The sweep claims a trial from the store, hands it to
     a slot and records what comes back; only the sweep's own process writes the store."""
 
@@ -52,6 +52,10 @@ class Slot(Protocol):
         says, and its validation curve every `eval_every` training images), reporting each epoch's
         row to `on_epoch`; always its record: done, failed or oom, or lost (its worker lost through
         no fault of the trial: the sweep gives it back)."""
+
+    def digest(self, key: str) -> tuple[str | None, str | None]:
+        """(weights digest, error) of trial `key`, which `run` answered with its digest pending
+        (`digest_pending`: a GPU worker hashes it while the next trial trains); waits for it."""
 
     def stop(self) -> None:
         """From another thread (Ctrl-C): end the running trial now; `run` returns it lost."""
@@ -243,40 +247,75 @@ def _slot_thread(runner: Slot, slot: int, ended: threading.Event, **work) -> Non
 
 def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: _Board, retry_failed,
           noise_sampling, eval_every, on_finished=None) -> None:
-    """Claim, run, record; until nothing is left or the sweep is stopped."""
+    """Claim, run, record; until nothing is left or the sweep is stopped. A trial answered with
+    its weights' digest still being hashed (a GPU worker's: Slot.digest) is held, and recorded
+    once the digest comes, which it does while the next trial runs."""
     tag = f"[w{slot}] " if board.workers > 1 else ""
+    held: tuple | None = None  # (key, record, seconds, label) of the trial whose digest is to come
     with Store(store_path(out)) as store:
-        while not (board.stop.is_set() or board.halt.is_set()):
-            with board.lock:
-                left = [k for k in keys if k not in board.attempted]
-                row = store.claim(claim_order(left, by_key, runner.shapes()), retry_failed=retry_failed)
-                if row is None:
-                    return
-                board.attempted.add(row["key"])
-                board.started += 1
-                position = board.base + board.started
-                eta = board.eta()
-            cfg = by_key[row["key"]]
-            board.log(f"{tag}[{min(position, board.total)}/{board.total}] {cfg.label()}{eta}")
-            t0 = time.time()
-            try:
-                record = runner.run(cfg, data_dir, on_epoch=_epoch_logger(board.log, tag),
-                                    noise_sampling=noise_sampling, eval_every=eval_every)
-            except BaseException:  # no outcome of the trial's (a worker unfit for any trial): run it again later
-                store.release(row["key"])
-                raise
-            if board.stop.is_set() or record.status == Status.LOST:
-                store.release(row["key"])  # interrupted or lost with its worker: to be run again
-                if record.status == Status.LOST and not board.stop.is_set():
-                    board.log(f"{tag}    lost: {record.error or ''}; left pending")
-                continue
-            record_outcome(store, out, row["key"], record)
-            with board.lock:
-                board.durations.append(time.time() - t0)
-                board.finished += 1
-            board.log(f"{tag}{_outcome_line(record, time.time() - t0)}")
-            if on_finished is not None:
-                on_finished()
+        finish = _finisher(runner, store, out, board, tag, on_finished)
+        try:
+            while not (board.stop.is_set() or board.halt.is_set()):
+                with board.lock:
+                    left = [k for k in keys if k not in board.attempted]
+                    row = store.claim(claim_order(left, by_key, runner.shapes()), retry_failed=retry_failed)
+                    if row is None:
+                        return
+                    board.attempted.add(row["key"])
+                    board.started += 1
+                    position = board.base + board.started
+                    eta = board.eta()
+                cfg = by_key[row["key"]]
+                board.log(f"{tag}[{min(position, board.total)}/{board.total}] {cfg.label()}{eta}")
+                t0 = time.time()
+                try:
+                    record = runner.run(cfg, data_dir, on_epoch=_epoch_logger(board.log, tag),
+                                        noise_sampling=noise_sampling, eval_every=eval_every)
+                except BaseException:  # no outcome of the trial's (a worker unfit for any trial): run it again later
+                    store.release(row["key"])
+                    raise
+                held = finish(held)  # its digest came while this trial ran
+                if board.stop.is_set() or record.status == Status.LOST:
+                    store.release(row["key"])  # interrupted or lost with its worker: to be run again
+                    if record.status == Status.LOST and not board.stop.is_set():
+                        board.log(f"{tag}    lost: {record.error or ''}; left pending")
+                    continue
+                held = finish((row["key"], record, time.time() - t0, cfg.label()), wait=not record.digest_pending)
+        finally:
+            finish(held)
+
+
+def _finisher(runner: Slot, store: Store, out: Path, board: _Board, tag: str, on_finished):
+    """finish(held, wait=True): record a finished trial, (key, record, seconds, label), once its
+    weights' digest is in (waited for from its slot when pending); without `wait`, hold it
+    (returned) for a later call. A digest lost with its worker gives the trial back, to be run
+    again. A trial recorded after the next one started is named in its outcome line."""
+    def finish(held, wait: bool = True):
+        if held is None:
+            return None
+        key, record, seconds, label = held
+        late = bool(record.digest_pending)
+        if late:
+            if not wait:
+                return held
+            record.weights_digest, error = runner.digest(key)
+            record.digest_pending = None
+            if record.weights_digest is None:
+                store.release(key)
+                board.log(f"{tag}    {label}: {record.status}, but its weights' digest was lost ({error}); "
+                          "left pending")
+                return None
+        record_outcome(store, out, key, record)
+        with board.lock:
+            board.durations.append(seconds)
+            board.finished += 1
+        line = _outcome_line(record, seconds)
+        board.log(f"{tag}{line.replace('    ', f'    {label}: ', 1) if late else line}")
+        if on_finished is not None:
+            on_finished()
+        return None
+
+    return finish
 
 
 def record_outcome(store: Store, out: Path, key: str, record: TrialRecord) -> None:

@@ -20,10 +20,8 @@ file, never into the channel.
   thread that lives as long as the parent: `_Spawner`), so no orphan trial runs on while the
   next sweep runs it again; Ctrl-C stops them (`kill`).
 - `isolate`: a fresh worker for every task, the engine's old one-process-per-trial behaviour.
-- A sweep runs its trials in slots (catsdogs.training.sweep.Slot); `LocalSlot` is the local
-  runner's: one worker kept from trial to trial, a fresh one for a trial of other process
-  settings or a distribution strategy, and a trial out of memory in a reused worker run again
-  in a fresh one.
+- A sweep runs its trials in slots (catsdogs.training.sweep.Slot); the local runner's,
+  catsdogs.training.local_slot.LocalSlot, keeps one worker from trial to trial.
 - Memory caps (profile, find-batch-size): the worker resets its resident set's high-water
   mark when a task starts, and the parent watches it (VmHWM) and kills the worker the moment
   it goes over the cap. A worker's memory only grows (allocators keep what they freed), so
@@ -44,8 +42,8 @@ from pathlib import Path
 
 from catsdogs import messages
 from catsdogs.errors import CatsdogsError
-from catsdogs.host import oom_kills, proc_status_kb, usable_cores, visible_gpus
-from catsdogs.messages import Task, TrialRecord, TrialTask
+from catsdogs.host import oom_kills, proc_status_kb
+from catsdogs.messages import Task
 from catsdogs.schema import Status
 from catsdogs.training import backends
 from catsdogs.training.spawner import SPAWNER, die_with_parent
@@ -60,15 +58,19 @@ CPUS_ENV = "CATSDOGS_CPUS"  # the cores a worker is pinned to, like "0,1"
 
 def _channel() -> callable:
     """Keep the real stdout for messages and point fd 1 at stderr (the log): a framework that
-    prints must not corrupt the channel."""
+    prints must not corrupt the channel. Messages may come from two threads (a trial's, and a
+    digest's delivered after it: engine.start_weights_digest), each written whole."""
     fd = os.dup(1)
     os.dup2(2, 1)
     out = os.fdopen(fd, "w", buffering=1)
     sys.stdout = sys.stderr
+    lock = threading.Lock()
 
     def send(kind: str, payload: dict | None = None) -> None:
-        out.write(json.dumps({"type": kind, **(payload or {})}, default=str) + "\n")
-        out.flush()
+        line = json.dumps({"type": kind, **(payload or {})}, default=str) + "\n"
+        with lock:
+            out.write(line)
+            out.flush()
 
     return send
 
@@ -103,6 +105,8 @@ def main() -> int:
         send("started")
         record = engine.run_task(task, emit=lambda kind, payload: send(kind, {"payload": payload}))
         send("result", {"record": record.as_dict(), "shapes": steps.STEPS.shapes()})
+    for thread in list(engine.DIGESTS):  # digests still owed for trials already answered
+        thread.join()
     return 0
 
 
@@ -138,8 +142,11 @@ class WorkerUnfit(CatsdogsError):
 class Worker:
     """One worker process: start it, hand it tasks one at a time, stop it."""
 
-    def __init__(self, log_path: Path, env: dict | None = None):
+    def __init__(self, log_path: Path, env: dict | None = None, digests: dict | None = None):
         self.log_path = Path(log_path)
+        # the digests of trials answered with theirs pending (TrialTask.defer_digest), by trial key:
+        # (digest, error), as `digest` messages bring them
+        self.digests = digests if digests is not None else {}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **backends.current().process_env(),
                     **(env or {})}
@@ -192,18 +199,32 @@ class Worker:
         self.device, self.ready = msg.get("device"), True
 
     def _expect(self, *kinds: str, on_message=None) -> dict:
-        """Read messages until one of `kinds`; WorkerDied when the channel closes first."""
+        """Read messages until one of `kinds`; WorkerDied when the channel closes first. A digest
+        delivered for an earlier trial is kept (`digests`), whatever is awaited."""
         for line in self.proc.stdout:
             try:
                 msg = json.loads(line)
             except ValueError:
                 continue
+            if msg.get("type") == "digest":
+                self._keep_digest(msg)
             if msg.get("type") in kinds:
                 return msg
             if on_message:
                 on_message(msg)
         self.proc.wait()
         raise WorkerDied()
+
+    def _keep_digest(self, msg: dict) -> None:
+        d = msg.get("payload") or {}
+        self.digests[d.get("key")] = (d.get("digest"), d.get("error"))
+
+    def wait_digest(self, key: str) -> None:
+        """Wait until the digest of trial `key` (answered with its digest pending) has come, or
+        the worker has ended."""
+        with contextlib.suppress(WorkerDied, OSError, ValueError):
+            while key not in self.digests and self.proc is not None:
+                self._expect("digest")
 
     def run(self, task: Task, on_progress=None, memory_cap_bytes: int | None = None):
         """Run `task` in this worker (started if needed); always its record, with a status.
@@ -302,6 +323,12 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.kill()
             self.proc.wait()
+        with contextlib.suppress(OSError, ValueError):  # what it said on its way out: digests still owed
+            for line in self.proc.stdout:
+                with contextlib.suppress(ValueError):
+                    msg = json.loads(line)
+                    if msg.get("type") == "digest":
+                        self._keep_digest(msg)
         with contextlib.suppress(OSError):
             self.proc.stdout.close()
         self.proc = None
@@ -356,79 +383,6 @@ def run_isolated(task: Task, log_path: Path, env: dict | None = None, on_progres
         return worker.run(task, on_progress, memory_cap_bytes)
     finally:
         worker.close()
-
-
-def needs_fresh_worker(cfg) -> bool:
-    """A distribution strategy sets devices up before the framework starts: a trial of one runs
-    in a worker of its own."""
-    return cfg.strategy != "none"
-
-
-def slot_env(slot: int, workers: int) -> dict:
-    """What worker slot `slot` of `workers` sees: its own GPU, or its share of the cores (its
-    threads, and the cores themselves: pinned, so two workers never fight over one)."""
-    gpus = visible_gpus()
-    if gpus:
-        return {"CUDA_VISIBLE_DEVICES": gpus[slot % len(gpus)]} if workers > 1 else {}
-    if workers == 1:
-        return {}
-    cores = usable_cores()
-    share = max(1, len(cores) // workers)  # N trainers on N x fewer threads, not N x all
-    mine = cores[(slot * share) % len(cores):][:share]
-    return {**backends.current().process_env(threads=share), CPUS_ENV: ",".join(map(str, mine))}
-
-
-# --- a sweep's slot on this machine ------------------------------------------------------------
-
-
-class LocalSlot:
-    """A sweep's slot on this machine (catsdogs.training.sweep.Slot): a worker process kept from
-    trial to trial while their process settings agree, a fresh one for a trial that needs one."""
-
-    def __init__(self, slot: int, workers: int, workdir: Path, isolate: bool = False, env: dict | None = None):
-        self.env = {**slot_env(slot, workers), **(env or {})}
-        self.log_path = Path(workdir) / f"worker-{slot}.log"
-        self.settings = backends.process_env_for()  # the kept worker's process settings
-        self.worker = Worker(self.log_path, {**self.env, **self.settings})  # the kept one, for trials that share it
-        self.running = self.worker  # the one running the current trial (what stop() ends)
-        self.isolate = isolate
-
-    def shapes(self) -> set[str]:
-        return self.worker.shapes if self.worker.alive else set()
-
-    def run(self, cfg, data_dir: Path, on_epoch=None, noise_sampling: dict | None = None,
-            eval_every: int | None = None) -> TrialRecord:
-        task = TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling, eval_every)
-        settings = backends.process_env_for(cfg.deterministic, cfg.tf32)
-        if not (self.isolate or needs_fresh_worker(cfg)):
-            if settings != self.settings:  # a process runs one setting: another gets its own worker
-                self.worker.close()
-                self.settings = settings
-                self.worker = Worker(self.log_path, {**self.env, **settings})
-            self.running = self.worker
-            reused = self.worker.alive and self.worker.tasks > 0
-            record = self.worker.run(task, on_progress=on_epoch)
-            if record.status == Status.OOM and reused:
-                # A reused worker holds what its earlier trials' allocators kept (see
-                # catsdogs.measure.prober): out of memory there is only an answer for a fresh one.
-                record = self.worker.run(task, on_progress=on_epoch)
-            return record
-        # A process of its own, started for this trial and ended with it; the kept worker is
-        # ended too, so the trial has the machine (all GPUs, for mirrored) to itself.
-        self.worker.close()
-        self.running = Worker(self.log_path, {**self.env, **settings, **backends.current().strategy_env(cfg.strategy)})
-        try:
-            return self.running.run(task, on_progress=on_epoch)
-        finally:
-            self.running.close()
-
-    def stop(self) -> None:
-        """From another thread (Ctrl-C): end the trial now; run() returns it as lost."""
-        self.running.kill()
-
-    def close(self) -> None:
-        self.running.close()
-        self.worker.close()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 The worker's process environment (`process_env`) is set before TensorFlow starts, since
 TensorFlow reads its thread counts and allocator choice once, at start-up.
 
+Memory (peaks, the device's budget): catsdogs.training.backends.tensorflow_memory, whose functions
+this module gives as its own.
+
 The CPU allocator. A training step of the article's model allocates the 41M-parameter Dense
 layer's gradient (164 MB at 200 px) and, with Keras's Adam, several temporaries of that size.
 TensorFlow's default CPU allocator hands each to glibc, which serves blocks above its mmap
@@ -20,9 +23,14 @@ import os
 import time
 import weakref
 
-from catsdogs.host import cpu_description, host_memory_bytes, peak_rss_mb, reset_peak_rss
+from catsdogs.host import cpu_description
 from catsdogs.schema import Status
 from catsdogs.training.backends import matmul_rate, seed_states
+from catsdogs.training.backends.tensorflow_memory import compiled_step_bytes as compiled_step_bytes
+from catsdogs.training.backends.tensorflow_memory import device_bytes_in_use as device_bytes_in_use
+from catsdogs.training.backends.tensorflow_memory import memory_budget_bytes as memory_budget_bytes
+from catsdogs.training.backends.tensorflow_memory import peak_memory as peak_memory
+from catsdogs.training.backends.tensorflow_memory import reset_peak_memory as reset_peak_memory
 
 NAME = "tensorflow"
 LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many logical devices
@@ -142,13 +150,14 @@ def train_batches(split, batch_size: int, seed: int, n_batches: int, cross_epoch
     return fixed_prefetch(ds, prefetch)
 
 
-_HOST: dict[int, tuple] = {}  # id(split.images) -> (images, labels) as tensors in host memory
-_EVAL: dict[tuple, object] = {}  # (id(split.images), batch size) -> its evaluation dataset
+# id(split.images) -> (images, labels) as tensors in host memory (at 200 px, 144 MB copied each
+# trial before); (id, batch size) -> the split's evaluation dataset. Dropped with their split.
+_HOST: dict[int, tuple] = {}
+_EVAL: dict[tuple, object] = {}
 
 
 def _host_tensors(split) -> tuple:
-    """The split's images and labels as tensors in host memory (only batches go to a GPU), made
-    once per decoded data set (dropped with it): at 200 px, 144 MB a trial copied otherwise."""
+    """The split as tensors in host memory (only batches go to a GPU), once per decoded data set."""
     import tensorflow as tf
 
     key = id(split.images)
@@ -161,8 +170,7 @@ def _host_tensors(split) -> tuple:
 
 def eval_batches(split, batch_size: int):
     """Every image once, in order, the last batch partial: accuracy over the whole split. One
-    dataset per split and batch size, kept while the split is: a new one for every trial made
-    Keras trace its evaluation again (50 ms a trial at 40 px)."""
+    dataset per split and batch size: a new one each trial cost Keras a trace (50 ms at 40 px)."""
     import tensorflow as tf
 
     key = (id(split.images), int(batch_size))
@@ -357,67 +365,7 @@ def _micro_gradient_function(model, loss):
 
     return gradient
 
-# --- memory ------------------------------------------------------------------------------------
-
-
-def reset_peak_memory() -> None:
-    """Start a new peak: the allocator's statistics, and on Linux the resident set's
-    high-water mark (clear_refs 5), so a worker's next task measures its own peak."""
-    import tensorflow as tf
-
-    for device in ("GPU:0", "CPU:0"):
-        with contextlib.suppress(Exception):
-            tf.config.experimental.reset_memory_stats(device)
-    reset_peak_rss()
-
-
-def peak_memory() -> dict:
-    """{'peak_memory_mb', 'memory_kind', 'allocator_peak_mb'?, 'device_memory_limit_mb'?}: on a
-    GPU TensorFlow's allocator peak and its limit; on the CPU the peak resident set since the
-    last reset (VmHWM), and TensorFlow's CPU allocator peak where it has one (BFC)."""
-    import tensorflow as tf
-
-    if tf.config.list_physical_devices("GPU"):
-        out = {"memory_kind": "gpu"}
-        with contextlib.suppress(Exception):
-            out["peak_memory_mb"] = out["allocator_peak_mb"] = (
-                tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20)
-        with contextlib.suppress(Exception):
-            from tensorflow.python.client import device_lib
-
-            limits = [d.memory_limit for d in device_lib.list_local_devices() if d.device_type == "GPU"]
-            if limits:
-                out["device_memory_limit_mb"] = limits[0] / 2**20
-        return out
-    out = {"peak_memory_mb": peak_rss_mb(), "memory_kind": "cpu-rss"}
-    with contextlib.suppress(Exception):
-        out["allocator_peak_mb"] = tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
-    return out
-
-
-def device_bytes_in_use() -> None:
-    """None: TensorFlow keeps device memory after an out-of-memory error, and no GPU with
-    TensorFlow has shown otherwise to catsdogs, so a probe out of memory ends its worker."""
-    return None
-
-
-def memory_budget_bytes() -> int | None:
-    """What the memory that holds a model is: the GPU's (None: unknown) or the host's."""
-    import tensorflow as tf
-
-    if tf.config.list_physical_devices("GPU"):
-        with contextlib.suppress(Exception):
-            from tensorflow.python.client import device_lib
-
-            limits = [d.memory_limit for d in device_lib.list_local_devices() if d.device_type == "GPU"]
-            return int(limits[0]) if limits else None
-        return None
-    return host_memory_bytes()
-
-
-# TensorFlow offers no memory plan before a step runs: catsdogs.training.costs' analytic model (each
-# tensor's lifetime in TensorFlow's unfused graph) stands for it. See backends.jax.
-compiled_step_bytes = None
+# --- memory (catsdogs.training.backends.tensorflow_memory) -----------------------------------
 
 
 # --- errors ------------------------------------------------------------------------------------

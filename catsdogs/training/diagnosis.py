@@ -1,0 +1,52 @@
+"""What a trained model does on the test images: whether it predicts one class for all of them
+(a collapse), and why it might (`diagnose`); and the same of the model as it starts, once per
+seed (`initial_diagnosis`). Read from the article's hidden Dense layer (steps.inspection_model);
+a user's model has none, and no diagnosis. Runs inside a worker.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from catsdogs.schema import TrialConfig
+from catsdogs.training import steps
+
+
+def diagnose(step: steps.TrainingStep, batches, prefix: str = "") -> dict:
+    """What the model does on every image of `batches` (the test set): whether it predicts one
+    class for all of them (a collapse), and why it might.
+
+    - dog_share: the share of images predicted Dog (logit > 0); 0 or 1 is a collapse;
+    - dead_units: the share of the Dense(128) layer's ReLU units that output 0 for every image.
+      With all 128 dead the logit is the last bias alone, the same for every image, and no
+      gradient reaches the layers below: the model cannot leave the collapse;
+    - logit_abs: the mean |logit|; a large one at step 0 means saturated sigmoids, a first
+      gradient of the largest size, and a first Adam step that can push units dead;
+    - logit_sd: how much the logit varies between images (0 for a constant prediction)."""
+    if step.inspect is None:  # a user's model: no hidden layer of the article's to read
+        return {}
+    hidden, logits = step.inspect.predict(batches, verbose=0)
+    logits = np.asarray(logits, dtype=np.float64).ravel()
+    alive = np.asarray(hidden).reshape(len(logits), -1).max(axis=0) > 0
+    share = float((logits > 0).mean())
+    out = {"dog_share": share, "dead_units": float(1 - alive.mean()),
+           "logit_abs": float(np.abs(logits).mean()), "logit_sd": float(logits.std())}
+    if not prefix:
+        out["collapsed"] = int(share in (0.0, 1.0))
+    return {prefix + k: round(v, 6) if isinstance(v, float) else v for k, v in out.items()}
+
+
+_INITIAL: dict[tuple, dict] = {}  # the last seed's initial diagnoses, by what decides them
+
+
+def initial_diagnosis(step: steps.TrainingStep, cfg: TrialConfig, test_batches) -> dict:
+    """`diagnose` of the model as it starts. Every trial of a seed starts from the same weights
+    (whatever its optimizer or batch size) and tests on the same images at one batch size, so the
+    answer is the same for all of them: made once per seed, model, image size, precision and data
+    set (the last seed's kept: a sweep runs seed-major)."""
+    key = (step.user, cfg.image_size, cfg.precision, cfg.seed, cfg.data, cfg.dataset)
+    if key not in _INITIAL:
+        if any(k[:4] != key[:4] for k in _INITIAL):
+            _INITIAL.clear()
+        _INITIAL[key] = diagnose(step, test_batches, prefix="initial_")
+    return dict(_INITIAL[key])
