@@ -10,9 +10,8 @@ else is faked: the search, the prober's choice of workers, the prediction, the m
 confirmation and the recommendation are catsdogs' own.
 
 Between recorded batch sizes the peak is interpolated on a line (and extended past the largest
-by its last segment's slope), the throughput on log-log axes (flat past either end). Compilation
-costs `a + b B + c B^2` seconds at batch size B, fitted to what the device recorded (each device
-says how).
+by its last segment's slope), the throughput on log-log axes (flat past either end), a probe's
+compilation on a line between the costs each device recorded.
 """
 
 from __future__ import annotations
@@ -39,7 +38,9 @@ class RecordedDevice:
     images_per_second: dict  # batch size -> images/s, as measured
     plan_mb: tuple[float, float]  # XLA's plan of a step: (batch-independent MiB, MiB an image)
     start_seconds: float  # a worker's start (imports, the framework)
-    compile_seconds: tuple[float, float, float]  # (a, b, c): a + b B + c B^2 at batch size B
+    # a probe's cost besides its steps (its step built and compiled: XLA's autotuning grows with the
+    # batch) by batch size, as measured: on a line between them, past the largest at the last slope
+    compile_seconds: dict
     noise: NoiseEstimate  # the noise scale find-batch-size measured there
     noise_seconds: float  # ... and the time its short runs took
 
@@ -84,8 +85,13 @@ class RecordedDevice:
                         + f * (math.log(self.images_per_second[hi]) - math.log(self.images_per_second[lo])))
 
     def compile_time(self, batch: int) -> float:
-        a, b, c = self.compile_seconds
-        return a + b * batch + c * batch * batch
+        sizes = sorted(self.compile_seconds)
+        lo = max((b for b in sizes if b <= batch), default=sizes[0])
+        hi = next((b for b in sizes if b > batch), None)
+        if hi is None:
+            lo, hi = sizes[-2], sizes[-1]
+        slope = (self.compile_seconds[hi] - self.compile_seconds[lo]) / (hi - lo)
+        return max(0.0, self.compile_seconds[lo] + slope * (batch - lo))
 
     def plan_bytes(self, batch: int) -> int:
         state, per_image = self.plan_mb
@@ -94,21 +100,24 @@ class RecordedDevice:
 
 # --- the recorded devices --------------------------------------------------------------------------
 
-# NVIDIA H200, catsdogs 0.15.0, Keras 3.15 on JAX 0.11, the article's model at 200 px, Adam,
-# determinism off, TF32 on (../shared/GPU.md, "catsdogs 0.15.0 on an H200"): the peaks and
-# images/s of `find-batch-size --max 1024` (2,048 from the run without --max), XLA's 75% share
-# of the GPU (107,368 MiB). XLA's plan: 22.09 MiB an image, 469 MiB batch-independent. Costs: a
-# worker's imports 7.2 s (a trial in a fresh process there); compilation 2.5 s + 4.2 ms an image
-# + 1.1 us an image squared, which gives the 53 s the eleven probes of 1 to 1,024 took (one
-# worker's start among them) and the ~48 s each of the plan's two compilations near 4,800 took
-# (109 s for the memory model). The noise scale: B_simple 3 (2 to 4), measured in 15 s.
+# NVIDIA H200, Keras 3.15 on JAX 0.11, the article's model at 200 px, Adam, determinism off, TF32
+# on. Memory and speed from catsdogs 0.15.0 (../shared/GPU.md, "catsdogs 0.15.0 on an H200"): the
+# peaks and images/s of `find-batch-size --max 1024` (2,048 from the run without --max), XLA's 75%
+# share of the GPU (107,368 MiB). XLA's plan: 22.09 MiB an image, 469 MiB batch-independent. Costs:
+# a worker's imports 7.2 s (a trial in a fresh process there); each probe's wall less its timed
+# steps in find-batch-size's first GPU run with its defaults (docs/gpu.md, 2026-11-26, 0.16.0:
+# 1.5 to 3.1 s at 2 to 256, 7.7 s at 512, 14.2 s at 1,200, the first probe 4.4 s with the data's
+# decoding), and 48 s near 4,800 (each of 0.15.0's two plan compilations there). The noise scale:
+# B_simple 3 (2 to 4), measured in 15 s.
 H200 = RecordedDevice(
     name="H200", kind="gpu", backend="jax", image_size=200, train_images=1200, limit_mb=107_368.0,
     peaks_mb={1: 828, 2: 1025, 8: 1246, 16: 1289, 32: 1532, 64: 2218, 128: 3668, 256: 6569, 512: 19029,
               920: 33550, 1024: 23993, 2048: 64262},
     images_per_second={1: 573, 2: 1038, 8: 3575, 16: 6152, 32: 10557, 64: 16497, 128: 23583, 256: 28013,
                        512: 32180, 920: 34832, 1024: 35393, 2048: 35875},
-    plan_mb=(469.0, 22.09), start_seconds=7.2, compile_seconds=(2.5, 0.0042, 1.1e-6),
+    plan_mb=(469.0, 22.09), start_seconds=7.2,
+    compile_seconds={1: 4.4, 2: 3.1, 8: 2.8, 16: 1.6, 32: 1.9, 64: 1.7, 128: 1.5, 256: 1.6, 512: 7.7, 1200: 14.2,
+                     4800: 48.0},
     noise=NoiseEstimate(3.0, 2.0, 4.0, gradient_sq=1.0, trace=3.0, pairs=64, small=1, large=25),
     noise_seconds=15.0)
 
@@ -124,7 +133,7 @@ CPU_64PX = RecordedDevice(
               337: 2024, 346: 2050},
     images_per_second={1: 119.1, 8: 203.4, 16: 229.0, 32: 263.3, 64: 249.4, 128: 295.3, 256: 290.3,
                        296: 292.6, 328: 277.4, 337: 281.4},
-    plan_mb=(64.0, 4.31), start_seconds=3.5, compile_seconds=(1.2, 0.0035, 0.0),
+    plan_mb=(64.0, 4.31), start_seconds=3.5, compile_seconds={1: 1.2, 1000: 4.7},
     noise=NoiseEstimate(15.0, 11.0, 30.0, gradient_sq=1.0, trace=15.0, pairs=64, small=1, large=25),
     noise_seconds=42.0)
 
