@@ -45,6 +45,7 @@ from catsdogs.measure.common import format_bytes, parse_memory
 from catsdogs.measure.find_batch_size import FindSettings, find_batch_size
 
 TARGET_PERCENT = 15.0
+PAST_THE_DATA = 1 << 16  # --max: the device's limit is the question, not the training split's size
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{backend}, {model or data_dir}, cap {format_bytes(cap)}: searching ...", flush=True)
                 name = f"{backend}-{(model or data_dir.name).replace(':', '-')}-{text}"
                 settings = FindSettings(name, mode="binsearch", start=args.start, margin=0.0, optimizer=args.opt,
+                                        max_batch=PAST_THE_DATA,
                                         precision=args.precision, steps=args.steps, memory_cap_bytes=cap,
                                         resolution=args.resolution, model=model, measure_noise=model is None)
                 s = find_batch_size(settings, data_dir, args.out, log=print if args.verbose else (lambda line: None))

@@ -10,9 +10,15 @@ before and after, the pipeline, bookkeeping). Prints the medians per side over t
 reused a compiled step (the first of each shape compiles, and is shown apart), their ratio, and
 whether every trial's weights digest is the same on both sides.
 
+`--split DATA` instead runs the quick plan's trials (seeds 0 to 2) in this process, as a worker
+runs them, with a clock on each part of a trial: training, the validation inside fit, fit's own
+overhead, the step's reset, the data pipelines, the initial and final collapse diagnosis, the
+test evaluation, the digest's wait, and the rest; medians over the trials that reused a step.
+
     git worktree add /tmp/catsdogs-0.15.0 53f39ec
     python scripts/bench_trial_overhead.py --old /tmp/catsdogs-0.15.0 --repeats 3
     python scripts/bench_trial_overhead.py --old /tmp/catsdogs-0.15.0 --backends jax --repeats 2
+    KERAS_BACKEND=jax python scripts/bench_trial_overhead.py --split data/quick
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import sqlite3
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench_engine import HERE, plan_path, run
@@ -46,12 +53,95 @@ def trials(store: Path) -> dict[tuple, dict]:
     return out
 
 
+SPLIT = ("training", "validation", "fit's own", "reset", "pipelines", "initial diagnosis", "test evaluation",
+         "final diagnosis", "digest wait", "rest")
+
+
+def split(data: Path) -> int:
+    """Each part of the quick plan's trials, timed in this process (see the module's docstring)."""
+    import itertools
+
+    from catsdogs.manifest import require_prepared
+    from catsdogs.schema import TrialConfig
+    from catsdogs.training import backends
+
+    backend = backends.current()
+    backend.setup_device(None)
+    backend.start()
+    import keras
+
+    from catsdogs.training import engine, steps
+
+    clocks: dict[str, float] = {}
+    in_fit = [False]
+
+    def timed(owner, name, part, when=lambda: True):
+        original = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                key = part() if callable(part) else part
+                if when():
+                    clocks[key] = clocks.get(key, 0.0) + time.perf_counter() - t0
+        setattr(owner, name, wrapper)
+
+    timed(steps.StepCache, "get", "reset")
+    timed(engine, "initial_diagnosis", "initial diagnosis")
+    timed(engine, "diagnose", "final diagnosis")
+    timed(backend, "train_batches", "pipelines")
+    timed(backend, "eval_batches", "pipelines")
+    timed(keras.Model, "evaluate", "test evaluation", when=lambda: not in_fit[0])  # validation: the epochs' clocks
+    fit = keras.Model.fit
+
+    def fit_clocked(self, *args, **kwargs):
+        in_fit[0] = True
+        try:
+            return fit(self, *args, **kwargs)
+        finally:
+            in_fit[0] = False
+    keras.Model.fit = fit_clocked
+    manifest = require_prepared(data)
+    grids = [(("sgd", "adam"), (8, 32), ("standard",)), (("adam",), (8, 32, 64), ("standard", "augmented"))]
+    configs = list(dict.fromkeys(
+        (o, b, d, s) for s in range(3) for opts, sizes, sets in grids for o, b, d in itertools.product(opts, sizes, sets)))
+    later = []
+    for o, b, d, s in configs:
+        clocks.clear()
+        cfg = TrialConfig(o, b, d, s, epochs=3, image_size=manifest["params"]["size"], data=manifest["fingerprint"][d],
+                          backend=backend.NAME, **backends.process_settings())
+        t0 = time.perf_counter()
+        r = engine.run_trial(cfg, data)
+        wall = time.perf_counter() - t0
+        epochs = sum(e["seconds"] for e in r.history)  # each epoch's training and validation (EpochTimer)
+        parts = {"training": r.train_seconds, "digest wait": r.digest_seconds, **clocks,
+                 "validation": epochs - r.train_seconds, "fit's own": r.fit_seconds - epochs}
+        parts["rest"] = wall - sum(parts.values())
+        if r.step_reused:
+            later.append(parts | {"wall": wall})
+    print(f"{backend.NAME}: {len(later)} trials of the quick plan that reused a step, medians (seconds):")
+    non_training = statistics.median(p["wall"] - p["training"] for p in later)
+    for part in SPLIT:
+        share = "" if part == "training" else f" ({statistics.median(p.get(part, 0.0) for p in later) / non_training:.0%} of the non-training)"
+        print(f"  {part:>18}: {statistics.median(p.get(part, 0.0) for p in later):.4f}{share}")
+    print(f"  {'non-training':>18}: {non_training:.4f}   wall {statistics.median(p['wall'] for p in later):.4f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--old", type=Path, required=True, help="a checkout of the catsdogs to compare with")
+    ap.add_argument("--split", type=Path, default=None, metavar="DATA",
+                    help="time each part of a trial in this process instead, on the quick plan's prepared DATA")
+    ap.add_argument("--old", type=Path, default=None, help="a checkout of the catsdogs to compare with")
     ap.add_argument("--backends", nargs="+", default=["tensorflow", "jax"])
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    if args.split:
+        return split(args.split)
+    if args.old is None:
+        ap.error("--old CHECKOUT is needed (or --split DATA)")
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     data = work / "data"
     print(f"preparing the quick plan's data once in {data} ...", flush=True)

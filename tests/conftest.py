@@ -197,3 +197,16 @@ class InProcessSlot:
 
     def close(self) -> None:
         pass
+
+
+@pytest.fixture(autouse=True)
+def float32_policy_after_each_test():
+    """A trial run in this process sets Keras's global dtype policy to its precision, as a worker
+    does for its process: put float32 back after each test, so the next one's models are built as
+    it expects whatever ran before it. (Only where a test has imported Keras.)"""
+    yield
+    import sys
+
+    if "keras" in sys.modules:
+        sys.modules["keras"].mixed_precision.set_dtype_policy("float32")
+

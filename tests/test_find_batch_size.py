@@ -258,6 +258,53 @@ def test_out_of_memory_in_a_reused_worker_is_asked_again_of_a_fresh_one(fake_wor
     assert final.status == "oom" and final.worker == "fresh" and [w.tasks for w in fake_workers.started] == [1, 0]
 
 
+class GpuWorker(FakeWorker):
+    """A JAX worker on a GPU: out of memory, it recovers in place (its record says how much its
+    allocator kept: `residue`, MiB), and stays alive when nothing was kept, as the real one does
+    (ProbeRecord.keeps_worker)."""
+
+    residue = 0.0
+
+    def start_or_record(self):
+        super().start_or_record()
+        self.device = "gpu"
+
+    def run(self, task, memory_cap_bytes=None):
+        if not self.alive:
+            self.start_or_record()
+        self.tasks += 1
+        fits = 10 + task.batch_size <= self.cap_mb
+        record = ProbeRecord(batch_size=task.batch_size, status="done" if fits else "oom",
+                             memory_kind="gpu-worker", residue_mb=None if fits else self.residue)
+        self.alive = record.keeps_worker()
+        return record
+
+
+def test_jax_on_a_gpu_probes_in_one_worker_until_an_out_of_memory_leaves_something_behind(fake_workers, tmp_path,
+                                                                                        monkeypatch):
+    from catsdogs.measure import prober as prober_module
+
+    monkeypatch.setattr(prober_module, "Worker", GpuWorker)
+    monkeypatch.setattr(prober_module, "visible_gpus", lambda: ["0"])
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    GpuWorker.residue = 0.0
+    # given JAX on a GPU, with fresh workers asked for from 60 up (as a prediction would)
+    with prober_module.Prober(tmp_path, fresh_from=60) as prober:
+        assert prober.in_place
+        # when the probes go up past the limit (90) and back down, the device recovering each time
+        records = [prober.run(probe_task(b)) for b in (8, 64, 95, 80, 92, 85)]
+        # then every probe ran in the one worker, an out-of-memory included and not asked again
+        assert [r.status for r in records] == ["done", "done", "oom", "done", "oom", "done"]
+        assert [r.worker for r in records] == ["fresh"] + ["reused"] * 5
+        assert len(fake_workers.started) == 1
+        # and when an out-of-memory leaves 50 MiB behind, the worker ends and fresh ones come back
+        GpuWorker.residue = 50.0
+        kept = prober.run(probe_task(97))
+        assert kept.status == "oom" and not prober.in_place and kept.worker == "retried"
+        later = prober.run(probe_task(70))
+        assert later.worker == "fresh" and len(fake_workers.started) == 3  # the retry's, and this one's
+
+
 class LinearProber:
     """Stands in for the prober: a probe's peak is what the BFC replay says over a 700 MiB
     runtime (so the prediction is exact), under the prober's cap."""
@@ -351,9 +398,26 @@ def test_a_max_that_everything_fit_is_no_limit_to_measure_the_prediction_against
                                data_dir, tmp_path, log=lines.append)
     # then the prediction is stated, but never "% from the measured 64": 64 is no limit
     assert s["reached_max"] and "percent_apart" not in s["prediction"]
+    assert s["stopped_by"] == "max" and s["search_bound"] == {"batch_size": 64, "by": "max", "train_images": 48}
     predicted = next(ln for ln in lines if "predicts" in ln)
     assert "from the measured" not in predicted
     assert any(ln.startswith("Largest batch size that fits") and "every size up to --max 64 fit" in ln for ln in lines)
+
+
+def test_the_search_is_bounded_by_the_training_split_of_the_prepared_data_or_a_folder_unless_max_says():
+    from catsdogs.measure.find_batch_size import SearchBound
+    from catsdogs.measure.model_check import ProbeData
+
+    # given the prepared data's 1,200 training images, a folder of 537 images (a tenth held out to
+    # test, as a trial on it does), and random images, which bound nothing
+    prepared = {"counts": {"standard": {"train": {"Cat": 600, "Dog": 600}}}}
+    folder = ProbeData(None, [32, 32, 3, 2, "uint8"], "/images", "537 images", count=537)
+    random = ProbeData(None, [32, 32, 3, 2, "uint8"], None, "random images")
+    # then the search stops at the training split, which --max replaces (above it too)
+    assert SearchBound.of(FindSettings(), prepared, None) == SearchBound(1200, "data", 1200)
+    assert SearchBound.of(FindSettings(model="m:f"), None, folder) == SearchBound(483, "data", 483)
+    assert SearchBound.of(FindSettings(model="m:f"), None, random) == SearchBound(None, None, None)
+    assert SearchBound.of(FindSettings(max_batch=4096), prepared, None) == SearchBound(4096, "max", 1200)
 
 
 def measured(b_simple, low, high=None) -> NoiseRun:
@@ -546,6 +610,9 @@ def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_is_not_off_b
     (["--start", "0"], "--start"),
     (["--opt", "adamw"], "--opt"),
     (["--name", "../x"], "--name"),
+    (["--max", "0"], "--max"),
+    (["--max", "12345678901234567890"], "--max"),
+    (["--start", "16", "--max", "8"], "--max 8 is below --start 16"),
 ])
 def test_bad_find_batch_size_options_are_one_line_usage_errors(data_dir, tmp_path, args, message):
     result = CliRunner().invoke(cli, ["find-batch-size", "--data-dir", str(data_dir), "--out",
