@@ -19,7 +19,7 @@ from click.core import ParameterSource
 from catsdogs import __version__, config, model_ref, plans, schema, targets
 from catsdogs.errors import CatsdogsError, Interrupted, SettingError, os_error_line
 from catsdogs.measure.search import MODES as SEARCH_MODES
-from catsdogs.measure.search import FindSettings
+from catsdogs.measure.settings import FindSettings
 from catsdogs.schema import PROTOCOL_FIELDS
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from catsdogs import config
@@ -23,6 +24,29 @@ MANIFEST = "manifest.json"
 FORMAT = 1  # bump when the prepared layout or pixels change, so old folders get rebuilt
 # The folders each data set's fingerprint covers: the augmented set tests on the standard test split.
 FINGERPRINT_DIRS = {"standard": ("standard",), "augmented": ("augmented", "standard/test")}
+
+
+@dataclass(frozen=True)
+class PrepareParams:
+    """What a prepare was asked for: the manifest's `params`, and what must match for a prepared
+    folder to be reused (`key`). Here, beside the manifest, as both the data stage's `prepare` and
+    its `repair` read it."""
+
+    source: str  # as given: URL, path, or "synthetic"
+    sha256: str | None  # the hash the archive must have; None = verification skipped
+    per_class: int
+    split: tuple[int, int, int]
+    size: int
+    seed: int
+
+    def key(self) -> dict:
+        """What must match for an existing prepared folder to be reused."""
+        d = asdict(self)
+        d["split"] = list(self.split)
+        d["format"] = FORMAT
+        d["augment_scale"] = config.AUGMENT_SCALE
+        d["jpeg_quality"] = config.JPEG_QUALITY
+        return d
 
 
 def count_files(root: Path) -> dict:

@@ -24,7 +24,7 @@ from pathlib import Path
 from catsdogs.gradient_noise import NoiseSampling, describe
 from catsdogs.manifest import require_intact
 from catsdogs.measure.noise_run import NOISE_FROM, measure_noise_scale
-from catsdogs.measure.search import FindSettings
+from catsdogs.measure.settings import FindSettings
 
 
 def sampling_of(text: str) -> NoiseSampling:

@@ -92,18 +92,6 @@ def test_step_time_between_probes_is_interpolated_on_log_log_axes_and_never_extr
     assert goodput.step_seconds_at(4, table) is None and goodput.step_seconds_at(64, table) is None
 
 
-@pytest.mark.parametrize("optimizer, b_noise, rule, expected", [
-    ("sgd", 100.0, "paper", 0.01 * (1 + 100 / 32) / (1 + 100 / 128)),
-    ("sgd", None, "linear", 0.01 * 4),
-    ("adam", 100.0, "sqrt", 0.001 * 2),
-    ("adam", None, "sqrt", 0.001 * 2),
-])
-def test_the_learning_rate_follows_the_optimizers_rule(optimizer, b_noise, rule, expected):
-    base = {"sgd": 0.01, "adam": 0.001}[optimizer]
-    lr, name = goodput.learning_rate(optimizer, 128, base, 32, b_noise)
-    assert name == rule and lr == pytest.approx(expected) and rule in goodput.RULES
-
-
 def test_a_margins_size_that_fails_its_confirmation_moves_down_until_one_passes():
     # given peak memory that is not monotonic: 752 fitted in the search, 672 and 664 do not, 656 does
     answers = {672: "oom", 664: "oom", 656: "done"}

@@ -7,7 +7,7 @@ import pytest
 from replay import CPU_64PX, H200, replay
 
 from catsdogs.measure import find_batch_size as findbs
-from catsdogs.measure.search import FindSettings
+from catsdogs.measure.settings import FindSettings
 
 pytest.importorskip("jax")  # the devices recorded run Keras on JAX (the backend module only: no device)
 

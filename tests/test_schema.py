@@ -126,7 +126,7 @@ def test_a_bad_protocol_value_is_a_one_line_usage_error(tmp_path):
 
 
 def test_linear_scaling_is_one_rule_for_trials_and_the_recommendation():
-    from catsdogs.measure.search import linear_scaled_lr
+    from catsdogs.recommendation import linear_scaled_lr
 
     # the recommendation's learning rate is the one a trial with --lr-scaling linear trains with
     for opt, bs in (("adam", 256), ("sgd", 8)):

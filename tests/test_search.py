@@ -12,12 +12,7 @@ import pytest
 
 from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.measure import search as search_module
-from catsdogs.measure.search import (
-    apply_margin,
-    effective_resolution,
-    linear_scaled_lr,
-    search,
-)
+from catsdogs.measure.search import apply_margin, effective_resolution, search
 
 
 def test_the_search_runs_without_a_framework():
@@ -55,13 +50,6 @@ def test_margin_rounds_down_to_a_multiple_of_8_or_a_power_of_two(largest, margin
 def test_a_margin_outside_0_1_is_refused(margin):
     with pytest.raises(ValueError, match="margin"):
         apply_margin(100, margin)
-
-
-def test_linear_scaling_rule_from_keras_defaults_at_32():
-    assert linear_scaled_lr("adam", 32) == pytest.approx(0.001)
-    assert linear_scaled_lr("adam", 64) == pytest.approx(0.002)
-    assert linear_scaled_lr("sgd", 8) == pytest.approx(0.0025)
-    assert linear_scaled_lr("sgd", 256) == pytest.approx(0.08)
 
 
 # --- the search, with a fake probe ---------------------------------------------------------------

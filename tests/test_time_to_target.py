@@ -22,7 +22,7 @@ from catsdogs.analysis.rows import load_trials
 from catsdogs.analysis.summary import summarize
 from catsdogs.cli import cli
 from catsdogs.errors import CatsdogsError, SettingError
-from catsdogs.measure.search import anchor_at
+from catsdogs.recommendation import anchor_at
 from catsdogs.schema import TrialConfig
 
 S_MIN, B_CRIT = 100.0, 16.0

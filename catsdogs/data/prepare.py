@@ -26,7 +26,6 @@ import time
 import uuid
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from catsdogs.manifest import (
     FINGERPRINT_DIRS,
     FORMAT,
     MANIFEST,
+    PrepareParams,
     changed_files,
     count_files,
     fingerprint_of,
@@ -53,25 +53,6 @@ from catsdogs.schema import check_prepare, check_sha256
 WORKERS = os.cpu_count() or 1  # one decode process per core: decoding is the cost
 BATCH = 8  # candidates per task sent to a worker, at most (fewer round trips)
 WINDOW = WORKERS * 16  # candidates in flight, at most (what an early stop may waste)
-
-
-@dataclass(frozen=True)
-class PrepareParams:
-    source: str  # as given: URL, path, or "synthetic"
-    sha256: str | None  # the hash the archive must have; None = verification skipped
-    per_class: int
-    split: tuple[int, int, int]
-    size: int
-    seed: int
-
-    def key(self) -> dict:
-        """What must match for an existing prepared folder to be reused."""
-        d = asdict(self)
-        d["split"] = list(self.split)
-        d["format"] = FORMAT
-        d["augment_scale"] = config.AUGMENT_SCALE
-        d["jpeg_quality"] = config.JPEG_QUALITY
-        return d
 
 
 # --- select, split, write ---------------------------------------------------------------------

@@ -11,16 +11,12 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from catsdogs import config
 from catsdogs.data.images import process_and_write
 from catsdogs.data.source import resolve_source
 from catsdogs.files import write_json_atomic
-from catsdogs.manifest import MANIFEST, file_digests, prepared_files
-
-if TYPE_CHECKING:
-    from catsdogs.data.prepare import PrepareParams
+from catsdogs.manifest import MANIFEST, PrepareParams, file_digests, prepared_files
 
 
 def repair(manifest: dict, changed: list[str], params: PrepareParams, data_dir: Path, log, progress) -> bool:

@@ -60,15 +60,10 @@ from catsdogs.measure.memory_prediction import (
     prediction_record,
 )
 from catsdogs.measure.noise_run import NoiseRun, measure_noise_scale
-from catsdogs.measure.search import (
-    FindSettings,
-    apply_margin,
-    confirm,
-    critical_probe,
-    decide,
-    search,
-)
+from catsdogs.measure.search import apply_margin, confirm, critical_probe, search
+from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import ProbeRecord, ProbeTask, columns
+from catsdogs.recommendation import fastest, recommend
 from catsdogs.schema import Status
 from catsdogs.training import backends
 from catsdogs.training.costs import PLAN_MOST
@@ -120,13 +115,13 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         plan_wait = time.perf_counter() - waiting
         calib = run.probe(CALIBRATION_BATCH, "calibrate")
         predicting = time.perf_counter()
-        pred = predict_first(run, calib, manifest, size, planned, log, user, bound.batch_size)
+        pred = predict_first(run, calib, manifest, size, planned, log, user)
         predict_seconds = plan_wait + time.perf_counter() - predicting
         result, safe, margin_failed = _search(run, noise_run, pred, bound)
     finally:
         run.close()  # (a plan still compiling is not waited for: its worker ends with this process)
-    summary = decide(result, run.probes, safe, settings.optimizer, noise_run.estimate if noise_run else None,
-                     settings.anchor, bound.stopped_by(result))
+    summary = _answer(result, run.probes, safe, settings, noise_run.estimate if noise_run else None,
+                      bound.stopped_by(result))
     summary.update(margin_failed=margin_failed, noise_scale=noise_run.as_json() if noise_run else None,
                    settings=settings.recorded(size, cpu_cap, data_dir,
                                               manifest["fingerprint"][settings.dataset] if manifest else None),
@@ -147,6 +142,24 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
             f"no batch size fits: batch size {first.batch_size} already {first.status}"
             f"{': ' + first.error.splitlines()[0] if first.error else ''} "
             f"(records in {folder / 'find_batch_size.json'})")
+    return summary
+
+
+def _answer(result, probes: list[ProbeRecord], safe: int | None, settings: FindSettings, estimate,
+            stopped_by: str) -> dict:
+    """The measured answer, the margin's size, the fastest and the recommendation with its
+    learning rate (catsdogs.recommendation), as find_batch_size.json holds them."""
+    summary: dict = {"largest_fitting": result.largest_fit, "first_not_fitting": result.first_failure,
+                     "reached_max": result.reached_max, "stopped_by": stopped_by,
+                     "noise_scale": None}  # the caller's, in this place
+    if result.largest_fit is None:
+        return summary
+    summary["margin_batch_size"] = safe
+    summary["fastest"] = fastest(probes)
+    rec = recommend(probes, safe, settings.optimizer, estimate, settings.anchor,
+                    bound_by=stopped_by if safe == result.largest_fit else None) if safe is not None else None
+    if rec:
+        summary["recommendation"] = rec
     return summary
 
 

@@ -6,9 +6,10 @@ lines are the same whether the search just ran or its JSON is read back.
 
 from __future__ import annotations
 
-from catsdogs.goodput import NEAR, RULES
+from catsdogs.goodput import NEAR
 from catsdogs.gradient_noise import NoiseEstimate, describe
 from catsdogs.messages import ProbeRecord
+from catsdogs.recommendation import RULES
 from catsdogs.schema import Status
 
 METHODS = {"bfc": "the step replayed through TensorFlow's allocator", "xla": "XLA's memory plan",

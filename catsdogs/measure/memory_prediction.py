@@ -5,8 +5,8 @@ The article's model: on TensorFlow its step replayed through a model of the BFC 
 (costs.predict_max_batch_size: on the CPU, the pages its growing regions have written),
 arithmetic here; on JAX, whose compiler assigns buffers itself, XLA's plan of the step compiled at
 a few small batch sizes (`BackgroundPlan`, costs.predict_max_batch_size_planned), never near the
-limit. Any other model: a line through the calibration and one fresh probe of at most a few
-hundred images (`predict_line`). The prediction then sets which probes need a fresh worker: every
+limit. Any other model: a line through the calibration and one fresh probe of a fifth of what
+its layers' outputs would fit, never above --max (`predict_line`). The prediction then sets which probes need a fresh worker: every
 probe at or above search.FRESH_SHARE of it (catsdogs.measure.prober says why a reused worker
 cannot answer near the limit, and where it can: JAX on a GPU). This process imports no framework.
 """
@@ -20,12 +20,12 @@ from pathlib import Path
 from catsdogs.measure import model_check
 from catsdogs.measure.common import first_line
 from catsdogs.measure.find_summary import METHODS
-from catsdogs.measure.search import FindSettings, fresh_threshold, percent_apart
+from catsdogs.measure.search import fresh_threshold, percent_apart
+from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import MemoryPlan, MemoryPlanTask, ProbeRecord
 from catsdogs.schema import Status
 from catsdogs.training import backends
 from catsdogs.training.costs import (
-    PLAN_MOST,
     line_second_batch,
     plan_batch_sizes,
     predict_max_batch_size,
@@ -86,7 +86,7 @@ class BackgroundPlan:
 
 
 def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, planned: dict | None, log,
-                   user: model_check.ModelInfo | None = None, bound: int | None = None) -> dict | None:
+                  user: model_check.ModelInfo | None = None) -> dict | None:
     """The prediction before any search probe (`run`: the search's find_batch_size.ProbeRun), from
     the calibration probe: with XLA's plan (JAX),
     or TensorFlow's step replayed through BFC (the article's model, handed in as a user's too, on
@@ -98,7 +98,7 @@ def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, pla
         return None
     cap_bytes, peak_bytes = cap_mb * 2**20, calib.peak_memory_mb * 2**20
     if user is not None and not (user.article_size and manifest):  # the article's layers: its own model, below
-        pred = predict_line(run, calib, cap_mb, user, log, bound)
+        pred = predict_line(run, calib, cap_mb, user, log)
     elif planned is not None:
         pred = predict_max_batch_size_planned(planned, cap_bytes, CALIBRATION_BATCH, peak_bytes)
     elif backends.current().compiled_step_bytes is None:
@@ -118,13 +118,16 @@ def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, pla
     return pred
 
 
-def predict_line(run, calib: ProbeRecord, cap_mb: float, user: model_check.ModelInfo, log,
-                  bound: int | None = None) -> dict | None:
+def predict_line(run, calib: ProbeRecord, cap_mb: float, user: model_check.ModelInfo, log) -> dict | None:
     """A user's model's prediction, either backend: the line through the calibration's peak and a fresh
-    probe's (costs.predict_max_batch_size_line says why), that probe no larger than PLAN_MOST or the
-    search's bound. None, said, when that probe gives no line."""
+    probe's (costs.predict_max_batch_size_line says why), that probe never larger than --max (a
+    probe above the training split is fine for memory: its batches repeat the images). None,
+    said, when that probe gives no line (a model too small for its memory to rise above the
+    run-to-run noise within --max)."""
     cap, first = cap_mb * 2**20, calib.peak_memory_mb * 2**20
-    second = min(line_second_batch(cap, first, user.activation_bytes_per_image or 0.0), PLAN_MOST, bound or PLAN_MOST)
+    second = line_second_batch(cap, first, user.activation_bytes_per_image or 0.0)
+    if run.settings.max_batch is not None:
+        second = min(second, run.settings.max_batch)
     if second <= CALIBRATION_BATCH:
         return None
     probe = run.probe(second, "predict", fresh=True)

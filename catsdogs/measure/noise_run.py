@@ -19,7 +19,7 @@ from catsdogs import config
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling, pool
 from catsdogs.measure import model_check
 from catsdogs.measure.common import first_line
-from catsdogs.measure.search import FindSettings
+from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import TrialRecord, TrialTask
 from catsdogs.schema import Status, TrialConfig, default
 from catsdogs.training import backends

@@ -1,5 +1,6 @@
-"""The batch-size search and the recommendation: pure functions, no framework, no process; and
-find-batch-size's options (`FindSettings`), one default each.
+"""The memory search: the largest batch size that fits, and the margin taken off it. Pure
+functions, no framework, no process. What to train with is catsdogs.recommendation's to decide;
+find-batch-size's options, catsdogs.measure.settings'.
 
 The search (`search`) takes any probe function, so it is tested with a fake device:
 - `power`: double from `start` until a probe does not fit (or `max` is reached; `max` itself is
@@ -23,15 +24,9 @@ The search (`search`) takes any probe function, so it is tested with a fake devi
 The margin (`apply_margin`): `margin` (e.g. 0.1) takes that fraction off the largest size that
 fits, then rounds down to a multiple of 8 (GPU kernels and tensor cores like multiples of 8), or
 to a power of two below 8. The critical batch size is rounded down the same way (`round_batch`)
-and probed when it lies below the margin's size (`critical_probe`).
-
-The recommendation (`decide`) is the size predicted to reach a target soonest among the sizes
-that passed, no larger than the margin's (catsdogs.goodput: the paper's steps times each
-probe's step time), with the limit that binds (memory, speed or statistics) and a learning rate by
-the optimizer's rule: the paper's for SGD with a resolved noise scale, else linear; the square-root
-rule for Adam; anchored at a tuned rate from a store (--from-store) at the tuned batch size nearest the
-recommendation, else at Keras's default (SGD 0.01, Adam 0.001) at the base batch size (32).
-A confirmation that fails moves the margin's size down until one passes (`confirm`).
+and probed when it lies below the margin's size (`critical_probe`), so that the recommendation
+has a probe at the statistics' limit. A confirmation that fails moves the margin's size down
+until one passes (`confirm`).
 """
 
 from __future__ import annotations
@@ -39,24 +34,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from catsdogs import goodput
 from catsdogs.errors import SettingError
 from catsdogs.gradient_noise import NoiseEstimate
-from catsdogs.measure.common import check_settings
-from catsdogs.messages import ProbeRecord
-from catsdogs.model_ref import check_loss
-from catsdogs.schema import (
-    DEFAULT_LR,
-    LIMITS,
-    Status,
-    TrialConfig,
-    check_number,
-    default,
-    learning_rate,
-)
-from catsdogs.training import backends
+from catsdogs.schema import Status
 
 MODES = ("power", "binsearch")
 DEFAULT_START = 8
@@ -78,76 +60,6 @@ FRESH_SHARE = 0.8  # probes at or above this share of the predicted limit run in
 GALLOP_MOST = 0.8  # the largest gallop step above the guess; a prediction further off: doubling
 GUESS_STEP = 0.05  # after the predicted limit, the gallop's first step to its other side (then 10%, 20% ...)
 NEAR_MAX = 0.75  # the doubling goes straight to --max (or the data's bound) from this share of it up
-
-
-@dataclass(frozen=True)
-class FindSettings:
-    """find-batch-size's options, each with its one default (the command line's too)."""
-
-    name: str = "find-batch-size"  # the run: OUT/NAME/find_batch_size.json and .csv
-    mode: str = "binsearch"  # power: double until out of memory; binsearch: then bisect
-    start: int = DEFAULT_START  # the first batch size (halved while it does not fit)
-    max_batch: int | None = None  # the largest to try
-    margin: float = DEFAULT_MARGIN  # taken off the largest that fits, then rounded down
-    optimizer: str = "adam"
-    dataset: str = "standard"
-    precision: str = "float32"
-    steps: int = DEFAULT_STEPS  # timed steps per probe
-    warmup: int = DEFAULT_WARMUP  # untimed steps before them
-    min_seconds: float = DEFAULT_MIN_SECONDS  # and timed for at least this long, its batches repeated
-    memory_cap_bytes: int | None = None  # None: a GPU's memory, or HOST_CAP_FRACTION of the host's available
-    resolution: int | None = None  # the bisection's last gap (None: search.effective_resolution's)
-    isolate: bool = False  # a fresh worker process for every probe
-    measure_noise: bool = True  # the gradient noise scale first (--no-noise-scale: not)
-    seed: int = 0  # the noise scale's short runs: this seed and the next (--seed)
-    anchor: dict | None = None  # tuned learning rates to scale from (--from-store: catsdogs.analysis.anchor)
-    deterministic: bool = True  # every worker's process settings
-    tf32: bool | None = None
-    worker_env: dict | None = None  # more of the workers' environment (the compile cache)
-    model: str | None = None  # a user's model (catsdogs.model_ref; --model), None: the article's
-    loss: str = "auto"  # its loss (--loss)
-    images: Path | None = None  # its images: a folder of class subfolders (--data; None: prepared or random)
-
-    def check(self) -> None:
-        """A SettingError naming the setting, for one no search can run with."""
-        if self.start > LIMITS["batch_size"][0]:
-            raise SettingError(f"must be at most {LIMITS['batch_size'][0]:,}, the largest batch size, got {self.start:,}",
-                               "start")
-        check_settings([self.start], self.optimizer, self.dataset, self.precision, self.steps, self.warmup)
-        if self.mode not in MODES:
-            raise SettingError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}", "mode")
-        if self.max_batch is not None and self.max_batch < 1:
-            raise SettingError(f"--max must be >= 1, got {self.max_batch}", "max")
-        if self.max_batch is not None and self.max_batch < self.start:
-            raise SettingError(f"--max {self.max_batch:,} is below --start {self.start:,}: no size to search", "max")
-        if self.resolution is not None and self.resolution < 1:
-            raise SettingError(f"resolution must be >= 1, got {self.resolution}", "resolution")
-        for key, value in (("max", self.max_batch), ("resolution", self.resolution)):
-            if value is not None and value > LIMITS["batch_size"][0]:
-                raise SettingError(f"must be at most {LIMITS['batch_size'][0]:,}, the largest batch size, got {value:,}",
-                                   key)
-        apply_margin(1, self.margin)  # validates the margin
-        check_number(self.seed, "seed", least=0)
-        check_loss(self.loss)
-        if self.model is not None and self.anchor:
-            raise SettingError("the stores' tuned rates are the article's model's, not this one's", "from_store")
-
-    def environment(self) -> dict:
-        """Every worker's environment: its process settings, and what `worker_env` adds."""
-        return {**(self.worker_env or {}), **backends.process_env_for(self.deterministic, self.tf32)}
-
-    def recorded(self, image_size: int, cpu_cap: int | None, data_dir: Path, data_fingerprint: str | None = None) -> dict:
-        """The settings as find_batch_size.json records them."""
-        return {"name": self.name, "mode": self.mode, "start": self.start, "max": self.max_batch,
-                "margin": self.margin, "optimizer": self.optimizer, "dataset": self.dataset,
-                "precision": self.precision, "steps": self.steps, "warmup": self.warmup, "min_seconds": self.min_seconds,
-                "resolution": self.resolution, "memory_cap_bytes": self.memory_cap_bytes,
-                "noise_scale": self.measure_noise, "seed": self.seed, "anchor": self.anchor,
-                "deterministic": self.deterministic, "tf32": self.tf32, "cpu_cap_bytes_default": cpu_cap,
-                "image_size": image_size, "data_dir": str(Path(data_dir).resolve()),
-                "data_fingerprint": data_fingerprint,
-                **({"model": self.model, "loss": self.loss, "images": str(self.images) if self.images else None}
-                   if self.model is not None else {})}
 
 
 @dataclass
@@ -322,12 +234,6 @@ def critical_probe(estimate: NoiseEstimate | None, safe: int | None) -> int | No
     return size if safe is None or size < safe else None
 
 
-def linear_scaled_lr(optimizer: str, batch_size: int) -> float:
-    """The linear scaling rule from the optimizer's Keras default at the base batch size: the
-    learning rate a trial with `--lr-scaling linear` trains with."""
-    return learning_rate(TrialConfig(optimizer, batch_size, "standard", 0, lr_scaling="linear"))
-
-
 def confirm(probe: Callable[[int], str], safe: int, most: int = MAX_CONFIRMATIONS) -> tuple[int | None, list[int]]:
     """Probe the margin's size; while it does not pass, the next size down on the margin's grid (a
     multiple of 8, a power of two below 8), at most `most` probes: peak memory is not monotonic in
@@ -343,49 +249,6 @@ def confirm(probe: Callable[[int], str], safe: int, most: int = MAX_CONFIRMATION
             break
         size = round_batch(size - 1)
     return None, failed
-
-
-def decide(result: SearchResult, probes: list[ProbeRecord], safe: int | None, optimizer: str,
-           estimate: NoiseEstimate | None, anchor: dict | None = None, stopped_by: str | None = None) -> dict:
-    """The measured answer, the margin's size, the fastest and the recommendation with its
-    learning rate, as find_batch_size.json holds them: the size predicted to reach a target soonest
-    (catsdogs.goodput), its table, and the learning rate by the optimizer's rule, anchored
-    at a tuned rate (`anchor`) or Keras's default (`anchor_at`). `stopped_by`: what ended the
-    search (find_batch_size.SearchBound.stopped_by); where it was the data or --max, a
-    recommendation at the largest size is bound by them, not by memory."""
-    summary: dict = {"largest_fitting": result.largest_fit, "first_not_fitting": result.first_failure,
-                     "reached_max": result.reached_max, "stopped_by": stopped_by,
-                     "noise_scale": None}  # the caller's, in this place
-    if result.largest_fit is None:
-        return summary
-    summary["margin_batch_size"] = safe
-    fits = list(goodput.passed(probes).values())
-    top = max(fits, key=lambda p: p.images_per_second) if fits else None
-    summary["fastest"] = {"batch_size": top.batch_size, "images_per_second": top.images_per_second} if top else None
-    chosen = goodput.choose(probes, safe, estimate) if safe is not None else None
-    if chosen and chosen["binding"] == "memory" and stopped_by in ("data", "max") and safe == result.largest_fit:
-        chosen["binding"] = stopped_by
-    if chosen:
-        base, base_lr, said = anchor_at(chosen["batch_size"], optimizer, anchor)
-        lr, rule = goodput.learning_rate(optimizer, chosen["batch_size"], base_lr, base, chosen["b_noise"])
-        summary["recommendation"] = {
-            **chosen, "learning_rate": lr, "learning_rate_rule": rule, "learning_rate_anchor": said,
-            "linear_learning_rate": linear_scaled_lr(optimizer, chosen["batch_size"]),
-            "base_learning_rate": base_lr, "base_batch_size": base}
-    return summary
-
-
-def anchor_at(batch_size: int, optimizer: str, anchor: dict | None) -> tuple[int, float, str]:
-    """(the batch size, its rate, what the rate is) the learning rate at `batch_size` is scaled
-    from: a tuned rate from a store (--from-store: catsdogs.analysis.anchor), at the tuned batch
-    size nearest `batch_size` on a log scale (the rule then carries it the shortest way); else
-    Keras's default at the base batch size."""
-    if not anchor:
-        return default("base_batch_size"), DEFAULT_LR[optimizer], "Keras's default"
-    rates = {int(b): float(lr) for b, lr in anchor["rates"].items()}
-    base = min(rates, key=lambda b: (abs(math.log(b / batch_size)), b))
-    edge = " (at its grid's edge: the best may lie beyond)" if base in {int(b) for b in anchor.get("edges", [])} else ""
-    return base, rates[base], f"the tuned rate of the {anchor['kind']} sweep {anchor['sweep']!r}{edge}"
 
 
 def fresh_threshold(predicted_max: int) -> int:

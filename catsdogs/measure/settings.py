@@ -1,0 +1,94 @@
+"""find-batch-size's options, each with its one default (the command line's too), checked in one
+place (`FindSettings.check`) and recorded in find_batch_size.json (`recorded`). The search's own
+constants are catsdogs.measure.search's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from catsdogs.errors import SettingError
+from catsdogs.measure.common import check_settings
+from catsdogs.measure.search import (
+    DEFAULT_MARGIN,
+    DEFAULT_MIN_SECONDS,
+    DEFAULT_START,
+    DEFAULT_STEPS,
+    DEFAULT_WARMUP,
+    MODES,
+    apply_margin,
+)
+from catsdogs.model_ref import check_loss
+from catsdogs.schema import LIMITS, check_number
+from catsdogs.training import backends
+
+
+@dataclass(frozen=True)
+class FindSettings:
+    """find-batch-size's options, each with its one default (the command line's too)."""
+
+    name: str = "find-batch-size"  # the run: OUT/NAME/find_batch_size.json and .csv
+    mode: str = "binsearch"  # power: double until out of memory; binsearch: then bisect
+    start: int = DEFAULT_START  # the first batch size (halved while it does not fit)
+    max_batch: int | None = None  # the largest to try
+    margin: float = DEFAULT_MARGIN  # taken off the largest that fits, then rounded down
+    optimizer: str = "adam"
+    dataset: str = "standard"
+    precision: str = "float32"
+    steps: int = DEFAULT_STEPS  # timed steps per probe
+    warmup: int = DEFAULT_WARMUP  # untimed steps before them
+    min_seconds: float = DEFAULT_MIN_SECONDS  # and timed for at least this long, its batches repeated
+    memory_cap_bytes: int | None = None  # None: a GPU's memory, or HOST_CAP_FRACTION of the host's available
+    resolution: int | None = None  # the bisection's last gap (None: search.effective_resolution's)
+    isolate: bool = False  # a fresh worker process for every probe
+    measure_noise: bool = True  # the gradient noise scale first (--no-noise-scale: not)
+    seed: int = 0  # the noise scale's short runs: this seed and the next (--seed)
+    anchor: dict | None = None  # tuned learning rates to scale from (--from-store: catsdogs.analysis.anchor)
+    deterministic: bool = True  # every worker's process settings
+    tf32: bool | None = None
+    worker_env: dict | None = None  # more of the workers' environment (the compile cache)
+    model: str | None = None  # a user's model (catsdogs.model_ref; --model), None: the article's
+    loss: str = "auto"  # its loss (--loss)
+    images: Path | None = None  # its images: a folder of class subfolders (--data; None: prepared or random)
+
+    def check(self) -> None:
+        """A SettingError naming the setting, for one no search can run with."""
+        if self.start > LIMITS["batch_size"][0]:
+            raise SettingError(f"must be at most {LIMITS['batch_size'][0]:,}, the largest batch size, got {self.start:,}",
+                               "start")
+        check_settings([self.start], self.optimizer, self.dataset, self.precision, self.steps, self.warmup)
+        if self.mode not in MODES:
+            raise SettingError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}", "mode")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise SettingError(f"--max must be >= 1, got {self.max_batch}", "max")
+        if self.max_batch is not None and self.max_batch < self.start:
+            raise SettingError(f"--max {self.max_batch:,} is below --start {self.start:,}: no size to search", "max")
+        if self.resolution is not None and self.resolution < 1:
+            raise SettingError(f"resolution must be >= 1, got {self.resolution}", "resolution")
+        for key, value in (("max", self.max_batch), ("resolution", self.resolution)):
+            if value is not None and value > LIMITS["batch_size"][0]:
+                raise SettingError(f"must be at most {LIMITS['batch_size'][0]:,}, the largest batch size, got {value:,}",
+                                   key)
+        apply_margin(1, self.margin)  # validates the margin
+        check_number(self.seed, "seed", least=0)
+        check_loss(self.loss)
+        if self.model is not None and self.anchor:
+            raise SettingError("the stores' tuned rates are the article's model's, not this one's", "from_store")
+
+    def environment(self) -> dict:
+        """Every worker's environment: its process settings, and what `worker_env` adds."""
+        return {**(self.worker_env or {}), **backends.process_env_for(self.deterministic, self.tf32)}
+
+    def recorded(self, image_size: int, cpu_cap: int | None, data_dir: Path, data_fingerprint: str | None = None) -> dict:
+        """The settings as find_batch_size.json records them."""
+        return {"name": self.name, "mode": self.mode, "start": self.start, "max": self.max_batch,
+                "margin": self.margin, "optimizer": self.optimizer, "dataset": self.dataset,
+                "precision": self.precision, "steps": self.steps, "warmup": self.warmup, "min_seconds": self.min_seconds,
+                "resolution": self.resolution, "memory_cap_bytes": self.memory_cap_bytes,
+                "noise_scale": self.measure_noise, "seed": self.seed, "anchor": self.anchor,
+                "deterministic": self.deterministic, "tf32": self.tf32, "cpu_cap_bytes_default": cpu_cap,
+                "image_size": image_size, "data_dir": str(Path(data_dir).resolve()),
+                "data_fingerprint": data_fingerprint,
+                **({"model": self.model, "loss": self.loss, "images": str(self.images) if self.images else None}
+                   if self.model is not None else {})}

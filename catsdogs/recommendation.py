@@ -1,0 +1,91 @@
+"""Which batch size to train with, and at what learning rate: find-batch-size's decision, from what
+it measured (the sizes that fit under the margin, their speed, the gradient noise scale) and
+the time-to-target model (catsdogs.goodput). Pure functions, no framework; the report reads the
+same rules.
+
+The recommendation (`recommend`) is the size predicted to reach a target soonest among the sizes
+that passed, no larger than the margin's (goodput.choose: the paper's steps times each probe's
+step time), with the limit that binds (memory, speed or statistics; the data or --max where the
+search stopped at its bound with room to spare) and a learning rate by the optimizer's rule
+(`learning_rate`): the paper's for SGD with a resolved noise scale, else linear; the square-root
+rule for Adam; anchored at a tuned rate from a store (--from-store) at the tuned batch size
+nearest the recommendation, else at Keras's default (SGD 0.01, Adam 0.001) at the base batch
+size, 32 (`anchor_at`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from catsdogs import goodput
+from catsdogs.gradient_noise import NoiseEstimate, paper_learning_rate
+from catsdogs.messages import ProbeRecord
+from catsdogs.schema import DEFAULT_LR, TrialConfig, default
+from catsdogs.schema import learning_rate as trial_learning_rate
+
+
+def fastest(probes: list[ProbeRecord]) -> dict | None:
+    """{"batch_size", "images_per_second"} of the size that passed fastest per image; None if none did."""
+    fits = list(goodput.passed(probes).values())
+    top = max(fits, key=lambda p: p.images_per_second) if fits else None
+    return {"batch_size": top.batch_size, "images_per_second": top.images_per_second} if top else None
+
+
+def recommend(probes: list[ProbeRecord], safe: int, optimizer: str, estimate: NoiseEstimate | None,
+              anchor: dict | None = None, bound_by: str | None = None) -> dict | None:
+    """The recommendation as find_batch_size.json holds it: the size predicted to reach a target
+    soonest at or below `safe` (goodput.choose, its table and near-best sets), and its learning
+    rate by the optimizer's rule from `anchor_at`'s rate. `bound_by`: "data" or "max" where the
+    search stopped at that bound and `safe` is the largest size it tried, which then binds a
+    recommendation at `safe` in memory's place. None when no size passed."""
+    chosen = goodput.choose(probes, safe, estimate)
+    if not chosen:
+        return None
+    if chosen["binding"] == "memory" and bound_by in ("data", "max"):
+        chosen["binding"] = bound_by
+    base, base_lr, said = anchor_at(chosen["batch_size"], optimizer, anchor)
+    lr, rule = learning_rate(optimizer, chosen["batch_size"], base_lr, base, chosen["b_noise"])
+    return {**chosen, "learning_rate": lr, "learning_rate_rule": rule, "learning_rate_anchor": said,
+            "linear_learning_rate": linear_scaled_lr(optimizer, chosen["batch_size"]),
+            "base_learning_rate": base_lr, "base_batch_size": base}
+
+
+def anchor_at(batch_size: int, optimizer: str, anchor: dict | None) -> tuple[int, float, str]:
+    """(the batch size, its rate, what the rate is) the learning rate at `batch_size` is scaled
+    from: a tuned rate from a store (--from-store: catsdogs.analysis.anchor), at the tuned batch
+    size nearest `batch_size` on a log scale (the rule then carries it the shortest way); else
+    Keras's default at the base batch size."""
+    if not anchor:
+        return default("base_batch_size"), DEFAULT_LR[optimizer], "Keras's default"
+    rates = {int(b): float(lr) for b, lr in anchor["rates"].items()}
+    base = min(rates, key=lambda b: (abs(math.log(b / batch_size)), b))
+    edge = " (at its grid's edge: the best may lie beyond)" if base in {int(b) for b in anchor.get("edges", [])} else ""
+    return base, rates[base], f"the tuned rate of the {anchor['kind']} sweep {anchor['sweep']!r}{edge}"
+
+
+def linear_scaled_lr(optimizer: str, batch_size: int) -> float:
+    """The linear scaling rule from the optimizer's Keras default at the base batch size: the
+    learning rate a trial with `--lr-scaling linear` trains with."""
+    return trial_learning_rate(TrialConfig(optimizer, batch_size, "standard", 0, lr_scaling="linear"))
+
+
+# --- the rules -------------------------------------------------------------------------------------
+
+RULES = {
+    "paper": "the paper's rule for SGD, eps(B) = eps(base) (1 + B_noise/base) / (1 + B_noise/B) (McCandlish et al. 2018)",
+    "linear": "the linear scaling rule, eps(B) = eps(base) B/base (Goyal et al. 2017): SGD's when the noise scale is not resolved",
+    "sqrt": "the square-root rule for Adam, eps(B) = eps(base) sqrt(B/base) (Malladi et al. 2022, the SDE of adaptive methods)",
+}
+
+
+def learning_rate(optimizer: str, batch_size: int, base_lr: float, base_batch: int,
+                  b_noise: float | None) -> tuple[float, str]:
+    """(the learning rate at `batch_size`, its rule's name in RULES), anchored at `base_lr` for
+    `base_batch`: SGD by the paper's rule with a resolved noise scale, else linearly; Adam by the
+    square-root rule, whose SDE argument holds for adaptive methods where the linear one does not."""
+    ratio = batch_size / base_batch
+    if optimizer == "adam":
+        return base_lr * math.sqrt(ratio), "sqrt"
+    if b_noise:
+        return paper_learning_rate(base_lr, base_batch, batch_size, b_noise), "paper"
+    return base_lr * ratio, "linear"

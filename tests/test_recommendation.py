@@ -1,0 +1,30 @@
+"""What to train with: the learning-rate rules the recommendation scales a rate by
+(catsdogs.recommendation). The choice of the size itself is tests/test_goodput.py's and, end to
+end, tests/test_find_batch_size.py's."""
+
+from __future__ import annotations
+
+import pytest
+
+from catsdogs import recommendation
+from catsdogs.recommendation import linear_scaled_lr
+
+
+@pytest.mark.parametrize("optimizer, b_noise, rule, expected", [
+    ("sgd", 100.0, "paper", 0.01 * (1 + 100 / 32) / (1 + 100 / 128)),
+    ("sgd", None, "linear", 0.01 * 4),
+    ("adam", 100.0, "sqrt", 0.001 * 2),
+    ("adam", None, "sqrt", 0.001 * 2),
+])
+def test_the_learning_rate_follows_the_optimizers_rule(optimizer, b_noise, rule, expected):
+    base = {"sgd": 0.01, "adam": 0.001}[optimizer]
+    lr, name = recommendation.learning_rate(optimizer, 128, base, 32, b_noise)
+    assert name == rule and lr == pytest.approx(expected) and rule in recommendation.RULES
+
+
+
+def test_linear_scaling_rule_from_keras_defaults_at_32():
+    assert linear_scaled_lr("adam", 32) == pytest.approx(0.001)
+    assert linear_scaled_lr("adam", 64) == pytest.approx(0.002)
+    assert linear_scaled_lr("sgd", 8) == pytest.approx(0.0025)
+    assert linear_scaled_lr("sgd", 256) == pytest.approx(0.08)
