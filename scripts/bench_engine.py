@@ -16,36 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent.parent
+from harness import HERE, alternate, plan_file, run_catsdogs
 
 
 def run(checkout: Path, plan: Path, data: Path, out: Path, extra: list[str]) -> float:
-    env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "catsdogs", "reproduce", "--config", str(plan), "--data-dir", str(data),
-           "--out", str(out), "--quiet", *extra]
-    t0 = time.perf_counter()
-    # from the checkout itself: `python -m` puts the working directory first on sys.path
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=checkout)
-    seconds = time.perf_counter() - t0
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-        raise SystemExit(f"{checkout}: reproduce failed (exit {proc.returncode})")
-    return seconds
-
-
-def plan_path(checkout: Path, name: str) -> Path:
-    """A built-in plan's file in a checkout: catsdogs/plans/ since 0.6.0, configs/ before."""
-    new = checkout / "catsdogs" / "plans" / f"{name}.toml"
-    return new if new.is_file() else checkout / "configs" / f"{name}.toml"
+    """`reproduce` of `plan` from `checkout` into `out`, quietly: its seconds."""
+    return run_catsdogs(["reproduce", "--config", plan, "--data-dir", data, "--out", out, "--quiet", *extra], checkout)
 
 
 def overheads(store: Path) -> dict[str, list[float]]:
@@ -72,23 +54,25 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     data = work / "data"
     print(f"preparing the plan's data once in {data} ...", flush=True)
-    run(HERE, plan_path(HERE, args.plan), data, work / "warm", [])  # also warms the file cache
+    run(HERE, plan_file(HERE, args.plan), data, work / "warm", [])  # also warms the file cache
     sides = {"new": (HERE, [])}
     if args.isolate:
         sides["new --isolate"] = (HERE, ["--isolate"])
     sides["old"] = (args.old.resolve(), [])
-    times: dict[str, list[float]] = {s: [] for s in sides}
     stores = []
-    for r in range(args.repeats):
-        for side, (checkout, extra) in sides.items():
-            out = work / f"{side.replace(' ', '')}-{r}"
-            seconds = run(checkout, plan_path(checkout, args.plan), data, out, extra)
-            times[side].append(seconds)
-            version = json.loads(sqlite3.connect(out / "results.sqlite").execute(
-                "SELECT env FROM trials LIMIT 1").fetchone()[0]).get("catsdogs")
-            if side == "new":
-                stores.append(out / "results.sqlite")
-            print(f"  round {r + 1}: {side:>14}: {seconds:6.1f} s (catsdogs {version})", flush=True)
+
+    def one(side: str, r: int) -> float:
+        checkout, extra = sides[side]
+        out = work / f"{side.replace(' ', '')}-{r}"
+        seconds = run(checkout, plan_file(checkout, args.plan), data, out, extra)
+        version = json.loads(sqlite3.connect(out / "results.sqlite").execute(
+            "SELECT env FROM trials LIMIT 1").fetchone()[0]).get("catsdogs")
+        if side == "new":
+            stores.append(out / "results.sqlite")
+        print(f"  {side}: catsdogs {version}", flush=True)
+        return seconds
+
+    times = alternate({side: (lambda r, side=side: one(side, r)) for side in sides}, args.repeats)
     over = {"first of its shape": [], "step reused": []}
     for store in stores:
         for k, v in overheads(store).items():

@@ -17,13 +17,14 @@ trial of a shape apart (it compiles the evaluation at its batch size).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+from harness import median_of, table, trial_pair
+
 from catsdogs.manifest import require_prepared
-from catsdogs.schema import Status, TrialConfig
+from catsdogs.schema import TrialConfig
 from catsdogs.training import backends
 from catsdogs.training.local_slot import LocalSlot
 
@@ -52,12 +53,7 @@ def main() -> int:
                     cfg = TrialConfig("sgd", bs, "standard", seed, epochs=args.epochs, lr=LR.get(bs, 0.05),
                                       image_size=manifest["params"]["size"],
                                       data=manifest["fingerprint"]["standard"], backend=backend)
-                    got = {}
-                    for curved in ((False, True) if seed % 2 == 0 else (True, False)):
-                        r = slot.run(cfg, args.data_dir, eval_every=args.eval_every if curved else None)
-                        if r.status != Status.DONE:
-                            sys.exit(f"batch size {bs}, seed {seed}: {r.status}: {r.error}")
-                        got[curved] = r
+                    got = trial_pair(slot, cfg, args.data_dir, seed, eval_every=args.eval_every)
                     on, off = got[True], got[False]
                     rows.append({"bs": bs, "first": seed == 0, "eval": on.eval_seconds, "evals": len(on.curve) - 1,
                                  "train_on": on.train_seconds, "train_off": off.train_seconds,
@@ -68,21 +64,20 @@ def main() -> int:
         finally:
             slot.close()
     print()
-    print("| batch size | evaluations / epoch | training s / epoch (without) | evaluating s / epoch | "
-          "evaluating / training | training with / without | first of its shape: evaluating s | same weights |")
-    print("|---|---|---|---|---|---|---|---|")
-    at_smallest = None
+    at_smallest, lines = None, []
     for bs in args.batch_size:
         mine = [r for r in rows if r["bs"] == bs]
         steady = [r for r in mine if not r["first"]] or mine
-        share = statistics.median(r["eval"] / r["train_off"] for r in steady)
+        share = median_of(steady, lambda r: r["eval"] / r["train_off"])
         at_smallest = share if at_smallest is None else at_smallest
         first = next(r for r in mine if r["first"])
-        print(f"| {bs} | {mine[0]['evals'] / args.epochs:.1f} | "
-              f"{statistics.median(r['train_off'] for r in mine) / args.epochs:.2f} | "
-              f"{statistics.median(r['eval'] for r in steady) / args.epochs:.3f} | {100 * share:.1f}% | "
-              f"{statistics.median(r['train_on'] / r['train_off'] for r in mine):.3f} | {first['eval']:.2f} | "
-              f"{all(r['same'] for r in mine)} |")
+        lines.append([bs, f"{mine[0]['evals'] / args.epochs:.1f}", f"{median_of(mine, 'train_off') / args.epochs:.2f}",
+                      f"{median_of(steady, 'eval') / args.epochs:.3f}", f"{100 * share:.1f}%",
+                      f"{median_of(mine, lambda r: r['train_on'] / r['train_off']):.3f}", f"{first['eval']:.2f}",
+                      all(r["same"] for r in mine)])
+    print(table(["batch size", "evaluations / epoch", "training s / epoch (without)", "evaluating s / epoch",
+                 "evaluating / training", "training with / without", "first of its shape: evaluating s",
+                 "same weights"], lines))
     print(f"\nAt batch {args.batch_size[0]}: {100 * at_smallest:.1f}% (target at most {100 * TARGET:.0f}%: "
           f"{'met' if at_smallest <= TARGET else 'NOT met'}).")
     return 0 if all(r["same"] for r in rows) else 1

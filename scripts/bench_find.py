@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import alternate
+
 TARGET = 60.0  # seconds, the whole answer
 
 
@@ -68,15 +70,18 @@ def main() -> int:
     rows = []
     print(f"{'backend':>10} {'seed':>4} {'wall':>6} {'noise':>6} {'model':>6} {'probes':>7} {'n':>3} {'fresh':>5} "
           f"{'largest':>7}  {'B_simple (95%)':<18} {'rec':>5}")
-    for seed in args.seeds:
-        for backend in args.backends:
-            with tempfile.TemporaryDirectory() as out:
-                r = run_once(backend, args.data_dir, args.memory_limit, seed, Path(out))
-            rows.append(r)
-            noise = noise_text(r)
-            print(f"{backend:>10} {seed:>4} {r['wall']:>6.1f} {r['noise_scale'] or 0:>6.1f} {r['prediction']:>6.1f} "
-                  f"{r['probes']:>7.1f} {r['probes_n']:>3} {r['fresh']:>5} {r['largest']:>7}  {noise:<18} "
-                  f"{r['recommended']!s:>5}{'' if r['resolved'] else ' (unresolved)'}", flush=True)
+    def one(backend: str, turn: int) -> dict:
+        seed = args.seeds[turn]
+        with tempfile.TemporaryDirectory() as out:
+            r = run_once(backend, args.data_dir, args.memory_limit, seed, Path(out))
+        rows.append(r)
+        print(f"{backend:>10} {seed:>4} {r['wall']:>6.1f} {r['noise_scale'] or 0:>6.1f} {r['prediction']:>6.1f} "
+              f"{r['probes']:>7.1f} {r['probes_n']:>3} {r['fresh']:>5} {r['largest']:>7}  {noise_text(r):<18} "
+              f"{r['recommended']!s:>5}{'' if r['resolved'] else ' (unresolved)'}", flush=True)
+        return r
+
+    # the backends alternating, seed after seed
+    alternate({b: (lambda turn, b=b: one(b, turn)) for b in args.backends}, len(args.seeds), log=lambda line: None)
     print()
     for backend in args.backends:
         mine = [r for r in rows if r["backend"] == backend]

@@ -16,15 +16,16 @@ it compiles the measurement's function (JAX) or traces it (TensorFlow).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+from harness import median_of, table, trial_pair
+
 from catsdogs import config
 from catsdogs.gradient_noise import NoiseSampling
 from catsdogs.manifest import require_prepared
-from catsdogs.schema import Status, TrialConfig
+from catsdogs.schema import TrialConfig
 from catsdogs.training import backends
 from catsdogs.training.local_slot import LocalSlot
 
@@ -55,13 +56,7 @@ def main() -> int:
                     cfg = TrialConfig(args.opt, bs, "standard", seed, epochs=args.epochs,
                                       image_size=manifest["params"]["size"],
                                       data=manifest["fingerprint"]["standard"], backend=backend)
-                    order = (False, True) if seed % 2 == 0 else (True, False)
-                    got = {}
-                    for recorded in order:
-                        r = slot.run(cfg, args.data_dir, noise_sampling=sampling.as_dict() if recorded else None)
-                        if r.status != Status.DONE:
-                            sys.exit(f"batch size {bs}, seed {seed}: {r.status}: {r.error}")
-                        got[recorded] = r
+                    got = trial_pair(slot, cfg, args.data_dir, seed, noise_sampling=sampling.as_dict())
                     on, off = got[True], got[False]
                     rows.append({"bs": bs, "seed": seed, "first": first_recorded, "noise": on.noise_seconds,
                                  "train_on": on.train_seconds, "train_off": off.train_seconds,
@@ -76,20 +71,18 @@ def main() -> int:
         finally:
             slot.close()
     print()
-    print("| batch size | trials | training s (without) | measuring s | measuring / training | wall s with / without "
-          "| first of its shape: measuring s | same weights |")
-    print("|---|---|---|---|---|---|---|---|")
-    worst = 0.0
+    worst, lines = 0.0, []
     for bs in args.batch_size:
         mine = [r for r in rows if r["bs"] == bs]
         steady = [r for r in mine if not r["first"]] or mine
-        share = statistics.median(r["noise"] / r["train_off"] for r in steady)
+        share = median_of(steady, lambda r: r["noise"] / r["train_off"])
         worst = max(worst, share) if bs >= 16 else worst
         first = next(r for r in mine if r["first"])
-        print(f"| {bs} | {len(mine)} | {statistics.median(r['train_off'] for r in mine):.2f} | "
-              f"{statistics.median(r['noise'] for r in steady):.2f} | {100 * share:.1f}% | "
-              f"{statistics.median(r['wall_on'] for r in mine):.2f} / {statistics.median(r['wall_off'] for r in mine):.2f} "
-              f"| {first['noise']:.2f} | {all(r['same'] for r in mine)} |")
+        lines.append([bs, len(mine), f"{median_of(mine, 'train_off'):.2f}", f"{median_of(steady, 'noise'):.2f}",
+                      f"{100 * share:.1f}%", f"{median_of(mine, 'wall_on'):.2f} / {median_of(mine, 'wall_off'):.2f}",
+                      f"{first['noise']:.2f}", all(r["same"] for r in mine)])
+    print(table(["batch size", "trials", "training s (without)", "measuring s", "measuring / training",
+                 "wall s with / without", "first of its shape: measuring s", "same weights"], lines))
     print(f"\nThe largest median share at batch sizes 16 and above: {100 * worst:.1f}% "
           f"(target at most {100 * TARGET:.0f}%: {'met' if worst <= TARGET else 'NOT met'}).")
     return 0 if all(r["same"] for r in rows) else 1

@@ -24,7 +24,6 @@ test evaluation, the digest's wait, and the rest; medians over the trials that r
 from __future__ import annotations
 
 import argparse
-import os
 import sqlite3
 import statistics
 import sys
@@ -32,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_engine import HERE, plan_path, run
+from harness import HERE, alternate, plan_file, run_catsdogs
 
 PARTS = ("validation", "setup", "digest wait", "rest")
 
@@ -145,17 +144,18 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     data = work / "data"
     print(f"preparing the quick plan's data once in {data} ...", flush=True)
-    run(HERE, plan_path(HERE, "quick"), data, work / "warm", [])
+    run_catsdogs(["reproduce", "--config", plan_file(HERE, "quick"), "--data-dir", data, "--out", work / "warm",
+                  "--quiet"])
     sides = {"new": HERE, "old": args.old.resolve()}
-    found: dict[tuple[str, str], list[dict]] = {}
-    for r in range(args.repeats):
-        for backend in args.backends:
-            os.environ["KERAS_BACKEND"] = backend
-            for side, checkout in sides.items():
-                out = work / f"{backend}-{side}-{r}"
-                seconds = run(checkout, plan_path(checkout, "quick"), data, out, [])
-                found.setdefault((backend, side), []).append(trials(out / "results.sqlite"))
-                print(f"  round {r + 1}: {backend:>10} {side}: {seconds:5.1f} s", flush=True)
+
+    def quick(backend: str, side: str, r: int) -> dict:
+        out = work / f"{backend}-{side}-{r}"
+        run_catsdogs(["reproduce", "--config", plan_file(sides[side], "quick"), "--data-dir", data, "--out", out,
+                      "--quiet"], sides[side], env={"KERAS_BACKEND": backend})
+        return trials(out / "results.sqlite")
+
+    found = alternate({(b, s): (lambda r, b=b, s=s: quick(b, s, r)) for b in args.backends for s in sides},
+                      args.repeats)
     print(f"\nPer trial, seconds (medians over {args.repeats} runs of the quick plan; trials that reused a step):")
     print(f"{'backend':>10} {'side':>4} {'non-training':>13} " + " ".join(f"{p:>12}" for p in PARTS)
           + f" {'first of a shape':>17}")

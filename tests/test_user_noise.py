@@ -245,8 +245,9 @@ def pictures(tmp_path) -> Path:
 
 
 @pytest.mark.slow
-def test_find_batch_size_measures_a_users_models_noise_scale_on_its_folder(keras_backend, in_a_project, pictures,
-                                                                           tmp_path):
+def test_find_batch_size_measures_a_users_models_noise_scale_on_its_folder(in_a_project, pictures, tmp_path):
+    # (on TensorFlow: what differs by backend, the micro-batch gradients and a trial measuring by them
+    # in a worker, is tested on both above; this is find-batch-size's own part, which runs no framework)
     # when find-batch-size runs the BatchNormalization model on the folder, the search kept short
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["find-batch-size", "--model", "my_models:normed", "--data", str(pictures),
