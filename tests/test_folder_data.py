@@ -113,7 +113,7 @@ def test_profile_and_find_batch_size_run_a_users_model_on_its_folder(three_class
     assert [r["status"] for r in saved["rows"]] == ["done", "done"]
     # and find-batch-size searches on it too
     found = CliRunner().invoke(cli, ["find-batch-size", "--model", "folder_models:three", "--data", str(three_classes),
-                                     "--out", str(out), "--max", "16", "--memory-limit", "1GiB"])
+                                     "--out", str(out), "--max", "16", "--memory-limit", "1GiB", "--no-noise-scale"])
     assert found.exit_code == 0, found.output
     summary = json.loads((out / "find-batch-size" / "find_batch_size.json").read_text())
     assert summary["model"]["data_folder"] == str(three_classes.resolve()) and summary["largest_fitting"] == 16
