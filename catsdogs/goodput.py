@@ -1,5 +1,6 @@
 """Which batch size reaches a target soonest: predicted time to accuracy from the probes' step
-times and the gradient noise scale. Pure functions, no framework.
+times and the gradient noise scale, and the size that holds up whatever B_noise turns out to be
+within its interval. Pure functions, no framework.
 
 The paper's model (McCandlish et al. 2018) puts the optimizer steps to a target at
 S(B) = S_min (1 + B_noise/B); a probe measures the seconds a step takes, t_step(B) = B / (images/s).
@@ -19,25 +20,43 @@ monotonic in the batch size), no larger than the margin's size. Between probed s
 interpolated on log-log axes (`step_seconds_at`), never extrapolated: what the report uses to read
 the prediction at a batch size the search did not probe.
 
-**Unresolved statistics**: a noise scale that is not a number, or whose interval is open above,
-could be anything large, and then T(B) is speed's. So the recommendation falls back to speed
-within memory, and says "statistics could not be resolved": an interval open above never moves
-the answer below speed's.
+**The least worst case** (`worst_cases`, `decide`). B_noise is known only within its interval
+[low, high], or [low, infinity) when the interval is open above. For each candidate B the
+**regret** at b is T(B; b) / min over B' of T(B'; b): how many times the best time B costs if
+B_noise were b. Its worst case over the interval is exact, not sampled: each T(B'; b) is linear
+in b, so the best is a concave piecewise-linear envelope, and on each of its pieces the regret is
+a ratio of two linear functions, monotone in b; the worst case lies at an end of the interval or
+at a crossing of two candidates' lines (infinity's regret is speed's, t_step/B against the best
+per image). The recommendation is the candidate whose worst case is least. Read an open interval
+as B_noise = infinity (0.15.0 did) and a size fast per image can cost 7 times the best should
+B_noise be at the interval's low end; the worst case over the interval prices that risk.
 
-**The near-best set**: every candidate within NEAR (10%) of the best predicted time, at B_noise's
-value and at each end of its interval (the union): how far the answer may move within what the
-measurement allows.
+**Ties** (`TIE`): step times are measured, so predicted times are only as sure as they are. Every
+candidate whose worst case lies within TIE (10%) of the least, widened by the two probes' measured
+step-time spreads (`step_spread`: half the timed steps' interquartile range, relative), is as
+good: the **near-best set**. The
+recommendation is its smallest size, a rule fixed in advance, so that step-time noise cannot move
+the answer between sizes it cannot tell apart; the smallest costs the least memory and the
+fewest images to a target.
+
+**Unresolved statistics**: a noise scale not measured, or undetermined (neither the gradient nor
+the noise clearly positive: not even a lower end), could be anything; then the choice falls back
+to speed within memory, and says what it risks: its regret should B_noise be as small as the base
+batch size (`RISK_AT`), the scale the short runs measured at.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
 from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.messages import ProbeRecord
-from catsdogs.schema import Status
+from catsdogs.schema import Status, default
 
-NEAR = 0.10  # within 10% of the best predicted time: as good (the near-best set)
+TIE = 0.10  # within 10% of the least worst case (plus the step times' spread): a tie, the near-best set
+NEAR = TIE  # (its name before 0.17.0)
+RISK_AT = float(default("base_batch_size"))  # unresolved: what speed's choice risks should B_noise be this small
 
 
 def passed(probes: list[ProbeRecord], at_most: int | None = None) -> dict[int, ProbeRecord]:
@@ -72,39 +91,114 @@ def relative_times(step_seconds: dict[int, float], b_noise: float | None) -> dic
     return {b: v / best for b, v in raw.items()}
 
 
+def interval(estimate: NoiseEstimate | None) -> tuple[float, float] | None:
+    """B_noise's interval as the decision reads it, (low, high) with high math.inf when open above
+    (a lower bound alone included); None when there is not even a lower end."""
+    if not estimate or estimate.low is None:
+        return None
+    return float(estimate.low), math.inf if estimate.high is None else float(estimate.high)
+
+
 def resolved(estimate: NoiseEstimate | None) -> bool:
-    """A noise scale to decide with: a number, with an interval bounded above."""
+    """A noise scale bounded on both sides: a number, with an interval bounded above."""
     return bool(estimate and estimate.b_simple is not None and estimate.low is not None and estimate.high is not None)
 
 
+def statistics_of(estimate: NoiseEstimate | None) -> str:
+    """"resolved" (bounded), "open above" (a lower end only), or "unresolved" (none)."""
+    return "resolved" if resolved(estimate) else "open above" if interval(estimate) else "unresolved"
+
+
+def regret(step_seconds: dict[int, float], b_noise: float) -> dict[int, float]:
+    """T(B; b) / min over B' of T(B'; b) at B_noise = b (math.inf: speed's limit)."""
+    return relative_times(step_seconds, None if math.isinf(b_noise) else b_noise)
+
+
+def worst_cases(step_seconds: dict[int, float], low: float, high: float) -> dict[int, float]:
+    """Each size's worst regret over B_noise in [low, high] (high math.inf: open above), exact: at
+    the ends and at every crossing of two sizes' T(B; b) lines inside (the module says why)."""
+    points = {max(0.0, low), high}
+    sizes = list(step_seconds)
+    for n, a in enumerate(sizes):  # T(B; b) = t + b t/B: two lines cross where their slopes part
+        for c in sizes[n + 1:]:
+            ta, tc = step_seconds[a], step_seconds[c]
+            slope = ta / a - tc / c
+            if slope:
+                b = (tc - ta) / slope
+                if low < b < high:
+                    points.add(b)
+    worst = {b: 1.0 for b in sizes}
+    for b_noise in points:
+        for b, r in regret(step_seconds, b_noise).items():
+            worst[b] = max(worst[b], r)
+    return worst
+
+
+def step_spread(probe: ProbeRecord) -> float:
+    """A probe's relative step-time spread: half its timed steps' interquartile range over their
+    median (0 with fewer than 4 steps timed, or none kept, as in a JSON read back)."""
+    times = sorted(probe.step_times_s or [])
+    if len(times) < 4:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return (q3 - q1) / 2 / statistics.median(times)
+
+
+def decide(step_seconds: dict[int, float], span: tuple[float, float] | None,
+           spread: dict[int, float] | None = None) -> dict:
+    """The choice among `step_seconds`'s sizes: {"batch_size", "worst_case": {size: worst regret over
+    `span`}, "least": the least worst case, "near_best": the sizes tied with it (within TIE plus
+    the two probes' `spread`), "by": "worst case" or "speed"}. The smallest size of
+    the near-best set is chosen. With no `span` (unresolved), speed's: the fastest per image, its
+    ties within TIE, and the regrets at RISK_AT."""
+    spread = spread or {}
+    if span is None:
+        worst = regret(step_seconds, math.inf)
+        risk = regret(step_seconds, RISK_AT)
+    else:
+        worst, risk = worst_cases(step_seconds, *span), None
+    least_size = min(worst, key=lambda b: (worst[b], b))
+    least = worst[least_size]
+    near = sorted(b for b, w in worst.items()
+                  if w <= least * (1 + TIE + spread.get(b, 0.0) + spread.get(least_size, 0.0)))
+    return {"batch_size": near[0], "worst_case": worst, "least": least, "near_best": near,
+            "by": "speed" if span is None else "worst case", "risk": risk}
+
+
 def choose(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None) -> dict | None:
-    """The batch size predicted to reach a target soonest among the candidates (the module says
-    which), with the table it was chosen from: {"batch_size", "binding", "statistics": "resolved" or
-    "unresolved", "b_noise", "table": [{batch_size, images_per_second, step_seconds,
-    relative_steps, relative_time}], "near_best": [...], "near_best_interval": [...]}; None when
-    no size passed."""
+    """The batch size that reaches a target soonest whatever B_noise is within its interval, among
+    the candidates (the module says which), with the table it was chosen from: {"batch_size",
+    "binding", "statistics": "resolved", "open above" or "unresolved", "b_noise" (the estimate, or
+    None), "interval": [low, high or None], "table": [{batch_size, images_per_second,
+    step_seconds, step_spread, relative_steps, relative_time, worst_case}], "near_best": [...],
+    "worst_case", "fastest_worst_case", "risk"}; None when no size passed."""
     candidates = passed(probes, safe)
     if not candidates:
         return None
     step_seconds = {b: b / p.images_per_second for b, p in candidates.items()}
-    ok = resolved(estimate)
-    b_noise = estimate.b_simple if ok else None
-    times = relative_times(step_seconds, b_noise)
-    best = min(times, key=lambda b: (times[b], b))
+    spread = {b: step_spread(p) for b, p in candidates.items()}
+    span = interval(estimate)
+    b_noise = estimate.b_simple if span else None
+    decision = decide(step_seconds, span, spread)
+    best = decision["batch_size"]
+    times = relative_times(step_seconds, b_noise)  # at the estimate itself (speed's without one)
     per_image = relative_times(step_seconds, None)
     speed = min(per_image, key=lambda b: (per_image[b], b))  # the fastest per image
-    largest = max(candidates)
     # what decides: the memory limit, the fastest per image, or else the steps (statistics), which
     # moved the answer off the fastest per image, below it (a larger batch saves too few steps) or
     # above it (a larger batch saves enough steps to be worth its slower images)
-    binding = "memory" if best == largest else "speed" if best == speed else "statistics"
-    scenarios = [b_noise] + ([estimate.low, estimate.high] if ok else [])
-    near_interval = sorted({b for s in scenarios for b, t in relative_times(step_seconds, s).items() if t <= 1 + NEAR})
+    binding = "memory" if best == max(candidates) else "speed" if best == speed else "statistics"
+    worst = decision["worst_case"]
+    risk = decision["risk"]
     return {"batch_size": best, "images_per_second": candidates[best].images_per_second, "binding": binding,
-            "fastest_per_image": speed,
-            "statistics": "resolved" if ok else "unresolved", "b_noise": b_noise,
+            "fastest_per_image": speed, "statistics": statistics_of(estimate), "b_noise": b_noise,
+            "interval": [span[0], None if math.isinf(span[1]) else span[1]] if span else None,
+            "criterion": decision["by"],
             "table": [{"batch_size": b, "images_per_second": candidates[b].images_per_second,
-                       "step_seconds": step_seconds[b], "relative_steps": 1 + b_noise / b if b_noise else 1.0,
-                       "relative_time": times[b]} for b in sorted(candidates)],
-            "near_best": sorted(b for b, t in times.items() if t <= 1 + NEAR),
-            "near_best_interval": near_interval}
+                       "step_seconds": step_seconds[b], "step_spread": round(spread[b], 4),
+                       "relative_steps": 1 + b_noise / b if b_noise else 1.0,
+                       "relative_time": times[b], "worst_case": worst[b]} for b in sorted(candidates)],
+            "worst_case": worst[best], "fastest_worst_case": worst[speed],
+            "least_worst_case": decision["least"],
+            "risk": {"b_noise": RISK_AT, "relative_time": risk[best]} if risk else None,
+            "near_best": decision["near_best"]}

@@ -313,9 +313,46 @@ def pool_by_seed(by_seed: dict, level: float = LEVEL, epoch: int | None = None) 
         return None
     g2 = [float(np.mean([v for m in ms for v in m.pair_gradient_sq])) for ms in clusters.values()]
     trace = [float(np.mean([v for m in ms for v in m.pair_trace])) for ms in clusters.values()]
-    floor = max(m.large or 2 for ms in clusters.values() for m in ms)
-    pooled = from_pairs(g2, trace, floor, level, keep_pairs=False, epoch=epoch)
+    every = [m for ms in clusters.values() for m in ms]
+    floor = max(m.large or 2 for m in every)
+    smalls, larges = {m.small for m in every}, {m.large for m in every}
+    pooled = from_pairs(g2, trace, floor, level, keep_pairs=False, epoch=epoch,
+                        small=smalls.pop() if len(smalls) == 1 else None,
+                        large=larges.pop() if len(larges) == 1 else None)
     return NoiseEstimate(**{**asdict(pooled), "measurements": sum(len(ms) for ms in clusters.values())})
+
+
+def pool_seeds(by_seed: dict, level: float = LEVEL) -> NoiseEstimate | None:
+    """find-batch-size's estimate from a few seeds' measurements ({seed: [NoiseEstimate, ...]}),
+    each seed one cluster **weighted alike**: each seed's own B_simple (the ratio of means over its
+    pairs, `pool`), and their geometric mean, with Student's interval on the logarithms over the
+    seeds (seeds - 1 degrees of freedom).
+
+    Why not `pool_by_seed`'s ratio of the seeds' mean |G|^2 and tr(Sigma): between seeds tr(Sigma)
+    differs up to 100-fold (docs/results.md), so one seed's scale decides that ratio and its
+    interval, and with four seeds the mean tr(Sigma) was often not clearly positive (an interval
+    from 0 to unbounded). Seeds' B_simple scatter log-normally (log sd 0.91 at batch 32, epochs
+    2-3), so the geometric mean and a t interval on the logs cover the seeds' median as they
+    should (tests/test_gradient_noise.py simulates it). A seed whose B_simple is only a lower bound
+    (its |G|^2 not clearly positive) enters at its bound and leaves the interval open above: the
+    truth may lie anywhere higher. A seed undetermined (neither clearly positive) is left out.
+    `pairs` counts the seeds used, `measurements` the measurements. None with fewer than two."""
+    seeds = {seed: pool(ms) for seed, ms in by_seed.items()}
+    values = {seed: e for seed, e in seeds.items() if e is not None and e.value}
+    if len(values) < 2:
+        return None
+    logs = np.log([e.value for e in values.values()])
+    k = len(logs)
+    centre, half = float(logs.mean()), t_quantile((1 + level) / 2, k - 1) * float(logs.std(ddof=1)) / math.sqrt(k)
+    censored = any(e.is_bound for e in values.values())
+    every = [m for ms in by_seed.values() for m in ms if m]
+    smalls, larges = {m.small for m in every}, {m.large for m in every}
+    return NoiseEstimate(math.exp(centre), math.exp(centre - half), None if censored else math.exp(centre + half),
+                         float(np.mean([e.gradient_sq for e in values.values()])),
+                         float(np.mean([e.trace for e in values.values()])), k,
+                         small=smalls.pop() if len(smalls) == 1 else None,
+                         large=larges.pop() if len(larges) == 1 else None,
+                         measurements=sum(e.measurements for e in values.values()))
 
 
 def from_pairs(g2, trace, floor: float, level: float = LEVEL, keep_pairs: bool = True, **about) -> NoiseEstimate:

@@ -44,7 +44,8 @@ def recommend(probes: list[ProbeRecord], safe: int, optimizer: str, estimate: No
     if chosen["binding"] == "memory" and bound_by in ("data", "max"):
         chosen["binding"] = bound_by
     base, base_lr, said = anchor_at(chosen["batch_size"], optimizer, anchor)
-    lr, rule = learning_rate(optimizer, chosen["batch_size"], base_lr, base, chosen["b_noise"])
+    lr, rule = learning_rate(optimizer, chosen["batch_size"], base_lr, base,
+                             chosen["b_noise"] if chosen["statistics"] == "resolved" else None)
     return {**chosen, "learning_rate": lr, "learning_rate_rule": rule, "learning_rate_anchor": said,
             "linear_learning_rate": linear_scaled_lr(optimizer, chosen["batch_size"]),
             "base_learning_rate": base_lr, "base_batch_size": base}

@@ -16,6 +16,7 @@ from catsdogs.analysis.markdown import markdown
 from catsdogs.analysis.plots import make_noise_figure
 from catsdogs.analysis.summary import summarize
 from catsdogs.cli import cli
+from catsdogs.gradient_noise import pool
 from catsdogs.schema import Status, TrialConfig
 
 
@@ -49,16 +50,23 @@ def cell(bs, accs, **kw) -> list[dict]:
 # --- the table --------------------------------------------------------------------------------------
 
 
-def test_the_noise_table_pools_each_epochs_pairs_over_seeds():
+def test_the_noise_table_pools_each_epoch_over_seeds_each_seed_one_cluster():
     # given two seeds of one cell, the second's B_simple four times the first's at every epoch
     trials = [row(seed=0, noise_at=(10.0, 20.0, 40.0, 80.0)), row(seed=1, noise_at=(40.0, 80.0, 160.0, 320.0))]
     table = summarize(trials)["noise"]
     (group,) = table["groups"]
     (series,) = group["series"]
-    # then each epoch's point is the ratio of means over both seeds' 16 pairs, with its interval
+    # then each epoch's point is the ratio of the two seeds' means (of 8 pairs each) ...
     assert [p.epoch for p in series["points"]] == [0, 1, 2, 3]
     assert [p.b_simple for p in series["points"]] == pytest.approx([25.0, 50.0, 100.0, 200.0])
-    assert all(p.low < p.b_simple < p.high and p.pairs == 16 and p.measurements == 2 for p in series["points"])
+    # ... with its interval over the 2 seeds (1 degree of freedom), not over 16 pairs as if independent
+    assert all(p.pairs == 2 and p.measurements == 2 for p in series["points"])
+    by_pairs = pool([m for t in trials for m in critical.measurements(t) if m.epoch == 1], epoch=1)
+    wide = series["points"][1]
+    assert by_pairs.high is not None and (wide.high is None or wide.high - wide.low > by_pairs.high - by_pairs.low)
+    # and a cell of one seed has its pairs to go on
+    (single,) = summarize([trials[0]])["noise"]["groups"][0]["series"]
+    assert single["points"][1].pairs == 8 and single["points"][1].b_simple == pytest.approx(20.0)
     assert group["label"] == "Adam, standard data" and series["label"] == "batch 16"
     assert table["sampling"] == [(1, 16, 8)] and table["missing"] == []
 

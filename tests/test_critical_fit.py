@@ -102,3 +102,42 @@ def test_given_steps_that_hardly_fall_then_the_interval_starts_at_zero_never_bel
     # then Fieller's lower end, negative on its own, is 0: a batch size is never below it
     assert fit.b_crit is not None and fit.low == 0.0 and fit.high > fit.b_crit
     assert fit.describe().endswith("(95% interval 0–14)")
+
+
+# The rate chosen per batch size, as the plan chooses it: 4 rates a batch size, the best second
+# (interior), the others taking 1.25 to 2 times its steps; seeds scattered as the plan measured.
+RATE_PENALTY = {0.02: 1.6, 0.05: 1.0, 0.1: 1.25, 0.2: 2.0}
+
+
+def plan_like_study(rng: random.Random) -> list[tuple[int, float]]:
+    """(batch size, S(B)) as catsdogs.analysis.to_target reads them off one generated `critical`
+    plan: each seed's steps at each rate, the rate chosen by the plan's rule (`_batch_row`)."""
+    from catsdogs.analysis import to_target
+
+    points = []
+    for b, sd in MEASURED["log_sd"].items():
+        truth = MEASURED["s_min"] * (1 + MEASURED["b_crit"] / b)
+        rates = {lr: [{"seed": s, "target_reached": 1, "steps_to_target": truth * k * math.exp(rng.gauss(0, sd))}
+                      for s in range(MEASURED["seeds"])] for lr, k in RATE_PENALTY.items()}
+        points.append((b, to_target._batch_row(b, rates)))
+    return points
+
+
+def test_given_the_rate_chosen_from_the_same_noisy_seeds_then_the_fitted_b_crit_is_not_biased_by_the_choice():
+    # given 400 studies like the plan's, the rate chosen per batch size from 4 and S(B) read off the seeds
+    rng = random.Random(2026)
+    corrected, same_seeds, held_out, covered = [], [], [], 0
+    for _ in range(400):
+        rows = plan_like_study(rng)
+        sizes = [b for b, _ in rows]
+        fit = fit_critical(sizes, [r["steps"] for _, r in rows])
+        corrected.append(fit.b_crit or math.inf)
+        covered += fit.low is None or fit.low <= MEASURED["b_crit"] <= fit.high
+        same_seeds.append(fit_critical(sizes, [r["steps_same_seeds"] for _, r in rows]).b_crit or math.inf)
+        held_out.append(fit_critical(sizes, [r["steps_held_out"] for _, r in rows]).b_crit or math.inf)
+    # then reading S(B) off the seeds that chose the rate is biased low, the held-out reading high,
+    # and their geometric mean, what the report fits, lands within 10% of the truth (17) and covers it
+    assert statistics.median(same_seeds) < 0.9 * MEASURED["b_crit"]
+    assert statistics.median(held_out) > 1.1 * MEASURED["b_crit"]
+    assert abs(statistics.median(corrected) / MEASURED["b_crit"] - 1) <= 0.10
+    assert 0.90 <= covered / 400 <= 0.99

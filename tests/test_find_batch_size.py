@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -428,7 +429,7 @@ def measured(b_simple, low, high=None) -> NoiseRun:
 @pytest.mark.parametrize("optimizer, noise, binding, rule", [
     ("sgd", measured(30.0, 20.0, 45.0), "statistics", "paper"),  # T(B) least near B_noise: statistics binds
     ("adam", measured(30.0, 20.0, 45.0), "statistics", "sqrt"),  # Adam's rule, whatever the noise scale
-    ("sgd", measured(None, 900.0), "memory", "linear"),  # a lower bound only: unresolved, speed's choice
+    ("sgd", measured(None, 900.0), "memory", "linear"),  # a lower bound only: open above, the worst case's
 ])
 def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_dir, tmp_path, monkeypatch,
                                                                         optimizer, noise, binding, rule):
@@ -452,10 +453,15 @@ def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_di
     expected = {"paper": base * (1 + 30 / 32) / (1 + 30 / b), "sqrt": base * (b / 32) ** 0.5, "linear": base * b / 32}
     assert rec["learning_rate"] == pytest.approx(expected[rule])
     if binding == "statistics":
-        assert b == 32 and "statistics binds" in text  # the probed size nearest B_noise = 30
+        # the least worst case over 20 to 45 is at 32, the probed size nearest B_noise; T(B) is flat
+        # there, so the sizes within 10% of it tie, and the smallest of them is recommended
+        worst = {r["batch_size"]: r["worst_case"] for r in rec["table"]}
+        assert min(worst, key=worst.get) == 32 and 32 in rec["near_best"] and b == min(rec["near_best"]) == 16
+        assert "statistics binds" in text and "As good (within 10% of the least worst case" in text
         assert "Critical batch size (the gradient noise scale B_simple after one epoch at batch size 32): 30" in text
     else:
-        assert b == s["margin_batch_size"] and "above 900" in text and "Statistics could not be resolved" in text
+        assert b == s["margin_batch_size"] and "above 900" in text
+        assert "The noise scale's interval is open above: the choice holds for B_noise from 900 to any larger" in text
 
 
 def test_with_a_store_s_tuned_rates_the_learning_rate_is_scaled_from_the_nearest_and_says_so(data_dir, tmp_path,
@@ -465,21 +471,22 @@ def test_with_a_store_s_tuned_rates_the_learning_rate_is_scaled_from_the_nearest
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
     monkeypatch.setattr(prober, "Prober", SqrtSpeedProber)
     monkeypatch.setattr(findbs, "measure_noise_scale", lambda *args, **kwargs: measured(30.0, 20.0, 45.0))
-    # given tuned rates at 8 and 64 (as --from-store hands them over) and a recommendation of 32
+    # given tuned rates at 8 and 64 (as --from-store hands them over) and a recommendation of 24
     anchor = {"store": "s", "sweep": "crit", "kind": "critical", "rates": {8: 0.05, 64: 0.2}, "edges": []}
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", optimizer="sgd", memory_cap_bytes=1000 * 2**20, anchor=anchor),
                                data_dir, tmp_path, log=lines.append)
     rec = s["recommendation"]
-    # then 64, a factor 2 from 32 where 8 is a factor 4, gives the rate, carried to 32 by SGD's rule
-    assert rec["batch_size"] == 32 and rec["base_batch_size"] == 64 and rec["base_learning_rate"] == 0.2
-    assert rec["learning_rate"] == pytest.approx(0.2 * (1 + 30 / 64) / (1 + 30 / 32))
+    # then 64, a factor 2.7 from 24 where 8 is a factor 3, gives the rate, carried to 24 by SGD's rule
+    assert rec["batch_size"] == 24 and rec["base_batch_size"] == 64 and rec["base_learning_rate"] == 0.2
+    assert rec["learning_rate"] == pytest.approx(0.2 * (1 + 30 / 64) / (1 + 30 / 24))
     assert "anchored at the tuned rate of the critical sweep 'crit': 0.2 at batch size 64" in "\n".join(lines)
     assert s["settings"]["anchor"]["sweep"] == "crit"
     assert lines[1].startswith("Learning rate scaled from s: the critical sweep 'crit', tuned at batch sizes 8, 64")
 
 
-def test_the_critical_batch_size_is_probed_and_recommended_when_statistics_binds(data_dir, tmp_path, monkeypatch):
+def test_the_critical_batch_size_is_probed_and_joins_the_choice_when_statistics_binds(data_dir, tmp_path,
+                                                                                     monkeypatch):
     from catsdogs.measure import prober
 
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
@@ -494,11 +501,15 @@ def test_the_critical_batch_size_is_probed_and_recommended_when_statistics_binds
     s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, max_batch=4096), data_dir,
                                tmp_path, log=lines.append)
     # then 48, the critical batch size rounded down, is probed on the search's way up, between 32 and
-    # 64 (so in the worker of the way up, not a fresh one), and recommended
+    # 64 (so in the worker of the way up, not a fresh one), and has the least worst case over 30 to 90
     critical = [p for p in s["probes"] if p["phase"] == "critical"]
     assert [p["batch_size"] for p in critical] == [48]
     assert [p["batch_size"] for p in s["probes"]][:6] == [1, 8, 16, 32, 48, 64]
-    assert s["recommendation"]["batch_size"] == 48 and s["recommendation"]["binding"] == "statistics"
+    rec = s["recommendation"]
+    worst = {r["batch_size"]: r["worst_case"] for r in rec["table"]}
+    assert min(worst, key=worst.get) == 48 and rec["binding"] == "statistics"
+    # and the smallest size tied with it (within 10%) is recommended
+    assert rec["batch_size"] == min(rec["near_best"]) < 48 and all(worst[b] <= 1.1 * worst[48] for b in rec["near_best"])
     # and the statistics were measured before the first probe
     first_probe = next(i for i, ln in enumerate(lines) if ln.startswith("calibrate"))
     assert lines.index("Noise scale: measured") < first_probe
@@ -635,7 +646,8 @@ OWN_LINES = ("Find batch size", "calibrate ", "search ", "confirm ", "critical "
              "Largest batch size", "No batch size fits", "No 10% margin taken", "The step replayed", "XLA's memory plan",
              "That limit is XLA's", "Fastest that fits", "With a ", "Recommendation:", "No recommendation",
              "Noise scale", "Critical batch size", "Learning rate", "Predicted time to a target", "  ",
-             "Within ", "Statistics could not be resolved", "The limit is noisy", "Answered in ")
+             "Within ", "Statistics could not be resolved", "The limit is noisy", "Answered in ",
+             "The noise scale's interval is open above", "Worst case over", "As good (within", "Tune it")
 
 
 @pytest.mark.slow
@@ -665,12 +677,12 @@ def test_a_cap_below_the_runtime_is_an_error_with_the_records_written(data_dir, 
     assert [p["status"] for p in saved["probes"]] == ["oom"]
 
 
-def test_the_noise_scale_pools_epochs_2_and_3_of_two_seeds_and_records_them(tmp_path, monkeypatch):
+def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_seed_one_cluster(tmp_path, monkeypatch):
     from catsdogs import gradient_noise
     from catsdogs.messages import TrialRecord
 
     # given short runs whose B_simple is 400 after their first epoch (the transient) and 20 or 40 after
-    # the second and third, depending on the seed
+    # the second, depending on the seed
     runs, workers = [], []
 
     class OneWorker:  # every short run in one worker, as a sweep's trials share one
@@ -686,23 +698,28 @@ def test_the_noise_scale_pools_epochs_2_and_3_of_two_seeds_and_records_them(tmp_
     def fake_run(task):  # a trial measures only the epochs its sampling asks for
         runs.append((task.config.seed, task.config.epochs, task.config.batch_size))
         sampling = gradient_noise.NoiseSampling(**task.noise_sampling)
-        value = {7: 20.0, 8: 40.0}[task.config.seed]
-        rows = [{"epoch": e, **(gradient_noise.from_pairs([0.9, 1.1] * 16, [0.9 * v, 1.1 * v] * 16, floor=10,
+        value = {7: 20.0, 8: 40.0, 9: 20.0, 10: 40.0}[task.config.seed]
+        rows = [{"epoch": e, **(gradient_noise.from_pairs([0.9, 1.1] * 8, [0.9 * v, 1.1 * v] * 8, floor=10,
                                                           epoch=e).to_record() if sampling.measures(e) else {})}
-                for e, v in ((1, 400.0), (2, value), (3, value))]
+                for e, v in ((1, 400.0), (2, value), (3, value)) if e <= task.config.epochs]
         return TrialRecord(status="done", history=rows, initial_noise=None, noise_seconds=1.0)
 
     monkeypatch.setattr(noise_run, "Worker", OneWorker)
     manifest = {"params": {"size": 32}, "fingerprint": {"standard": "f"}}
     lines: list[str] = []
     run = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
-    # then two runs of 3 epochs at batch 32, seeds 7 and 8, and the estimate is their epochs 2-3 pooled
-    assert runs == [(7, 3, 32), (8, 3, 32)] and len(workers) == 1
-    assert run.estimate.b_simple == pytest.approx(30.0) and run.estimate.measurements == 4
+    # then four runs of 2 epochs at batch 32, seeds 7 to 10, in one worker, and the estimate is the
+    # geometric mean of the seeds' values after epoch 2, its interval over the 4 seeds (3 degrees of
+    # freedom): each seed weighted alike, one cluster
+    assert runs == [(7, 2, 32), (8, 2, 32), (9, 2, 32), (10, 2, 32)] and len(workers) == 1
+    assert run.estimate.b_simple == pytest.approx((20.0 * 40.0) ** 0.5) and run.estimate.measurements == 4
+    spread = gradient_noise.t_quantile(0.975, 3) * float(np.std(np.log([20.0, 40.0] * 2), ddof=1)) / 2
+    assert run.estimate.pairs == 4 and run.estimate.high == pytest.approx(run.estimate.b_simple * math.exp(spread))
     # and nothing was measured before epoch 2; the estimate knows its pairs' sizes (1 and 25 images)
     assert (run.estimate.small, run.estimate.large) == (1, noise_run.NOISE_LARGE)
     saved = run.as_json()
-    assert saved["seeds"] == [7, 8] and saved["from_epoch"] == 2 and saved["epochs"] == 3
+    assert saved["seeds"] == [7, 8, 9, 10] and saved["from_epoch"] == 2 and saved["epochs"] == 2
+    assert saved["clustered"] and any("seeds 7, 8, 9, 10; B_simple" in ln for ln in lines)
     assert FindSettings(seed=7).recorded(32, None, tmp_path)["seed"] == 7
     from catsdogs.errors import SettingError
 

@@ -1,11 +1,13 @@
 """Which batch size reaches a target soonest (catsdogs.goodput): the predicted time to a
-target from the probes' step times and the noise scale, its fallback when the statistics are not
-resolved, the near-best set, the learning-rate rules, and a margin's size that must pass itself
+target from the probes' step times and the noise scale, the least worst case over its interval
+(open ones included), ties and the smallest of them, the fallback when not even a lower end was
+measured, and a margin's size that must pass itself
 (catsdogs.measure.search.confirm). Pure functions with made-up probes: nothing trains here."""
 
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -29,13 +31,16 @@ def noise(value, low, high) -> NoiseEstimate:
 SATURATING = {b: 0.01 * max(1.0, b / 64) ** 0.5 for b in (8, 16, 32, 64, 128, 256)}
 # one whose throughput per image peaks at 64: beyond it a step takes more than proportionally longer
 PEAKED = {b: 0.01 * max(1.0, b / 64) ** 1.5 for b in (8, 16, 32, 64, 128, 256)}
+# docs/results.md's TensorFlow run at 64 px under 2 GiB (0.14.0, seed 0): images/s by batch size
+TF_RUN = {b: b / v for b, v in {1: 116.5, 8: 735.4, 16: 1123.0, 32: 1578.7, 64: 1933.8, 128: 2203.3,
+                                256: 2375.0, 512: 2415.4, 640: 2385.2}.items()}
 
 
 def test_the_optimum_is_where_the_steps_saved_stop_paying_for_the_step_time():
-    # given the saturating device and B_noise 64: T(B) = (1 + 64/B) t(B), least at B = 64
-    chosen = goodput.choose(probes_of(SATURATING), safe=256, estimate=noise(64.0, 40.0, 100.0))
+    # given the saturating device and B_noise 64 known exactly: T(B) = (1 + 64/B) t(B), least at B = 64
+    chosen = goodput.choose(probes_of(SATURATING), safe=256, estimate=noise(64.0, 64.0, 64.0))
     times = {r["batch_size"]: r["relative_time"] for r in chosen["table"]}
-    assert chosen["batch_size"] == 64 and times[64] == 1.0
+    assert chosen["batch_size"] == 64 and times[64] == 1.0 and chosen["worst_case"] == 1.0
     assert times[8] == pytest.approx(9 / 2) and times[256] == pytest.approx(1.25 * 2 / 2)
     assert chosen["table"][0]["relative_steps"] == pytest.approx(9.0)
     # and it is statistics that keeps it below 128 and 256, which are faster per image
@@ -53,27 +58,100 @@ def test_throughput_that_peaks_below_the_memory_limit_lets_speed_bind():
     # image that peaks at 64
     chosen = goodput.choose(probes_of(PEAKED), safe=256, estimate=noise(1000.0, 800.0, 1200.0))
     assert chosen["batch_size"] == 64 and chosen["binding"] == "speed"
-    # while a small B_noise, where a larger batch saves no steps, keeps the saturating device at 64 too
-    small = goodput.choose(probes_of(SATURATING), safe=256, estimate=noise(2.0, 1.0, 3.0))
-    assert small["batch_size"] == 64 and small["binding"] == "statistics"
 
 
-@pytest.mark.parametrize("estimate", [None, noise(None, 30.0, None), noise(40.0, 10.0, None), noise(None, None, None)],
-                         ids=["not-measured", "lower-bound", "open-above", "undetermined"])
-def test_unresolved_statistics_fall_back_to_speed_within_memory_and_say_so(estimate):
-    # given the noise scale missing, a lower bound, or an interval open above: it could be anything large
+def test_sizes_within_ten_percent_of_the_least_worst_case_are_a_tie_and_the_smallest_wins():
+    # given B_noise 2 on the saturating device: 32 takes 3% longer than 64 (2/32 against 2/64 of a step)
+    small = goodput.choose(probes_of(SATURATING), safe=256, estimate=noise(2.0, 2.0, 2.0))
+    worst = {r["batch_size"]: r["worst_case"] for r in small["table"]}
+    assert worst[64] == 1.0 and worst[32] == pytest.approx((1 + 2 / 32) / (1 + 2 / 64))
+    # then 16, 32 and 64 cannot be told apart (all within 10%), and the smallest of them is chosen
+    assert small["near_best"] == [16, 32, 64] and small["batch_size"] == 16
+    assert worst[8] > 1.1 and worst[128] > 1.1  # 8 takes 21% more steps, 128's step 41% longer: no tie
+
+
+def test_a_noisy_probe_widens_the_tie_to_its_step_times_spread():
+    # given a probe of 128 whose timed steps scatter widely: half their interquartile range 30% of the median
+    probes = probes_of(SATURATING)
+    for p in probes:
+        median = p.batch_size / p.images_per_second
+        scatter = 0.6 if p.batch_size == 128 else 0.0
+        p.step_times_s = [median * (1 + scatter * k) for k in (-1, -0.5, 0, 0.5, 1)]
+    chosen = goodput.choose(probes, safe=256, estimate=noise(1000.0, 1000.0, 1000.0))
+    spread = {r["batch_size"]: r["step_spread"] for r in chosen["table"]}
+    assert spread[128] == pytest.approx(0.3) and spread[256] == 0.0
+    # then 128, 27% slower to a target than 256 at B_noise 1,000, lies within 10% plus that spread of
+    # the least: a tie, the smaller chosen, where with quiet steps it is not
+    worst = {r["batch_size"]: r["worst_case"] for r in chosen["table"]}
+    assert 1.1 < worst[128] <= 1.4 and 128 in chosen["near_best"] and chosen["batch_size"] == 128
+    quiet = goodput.choose(probes_of(SATURATING), safe=256, estimate=noise(1000.0, 1000.0, 1000.0))
+    assert 128 not in quiet["near_best"] and quiet["batch_size"] == 256
+
+
+def test_the_worst_case_over_an_interval_is_exact_against_a_dense_scan():
+    # given random step times and intervals, some open above
+    rng = random.Random(0)
+    for _ in range(60):
+        sizes = sorted(rng.sample([1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256, 512], rng.randint(2, 7)))
+        steps = {b: 0.001 * b ** rng.uniform(0.1, 1.2) * rng.uniform(0.8, 1.2) for b in sizes}
+        low = rng.uniform(0.5, 200)
+        high = rng.choice([math.inf, low * rng.uniform(1, 50)])
+        worst = goodput.worst_cases(steps, low, high)
+        top = high if math.isfinite(high) else 1e9
+        scan = [low * (top / low) ** (k / 3000) for k in range(3001)] + ([math.inf] if math.isinf(high) else [])
+        dense = {b: max(goodput.regret(steps, x)[b] for x in scan) for b in sizes}
+        # then the exact worst case is never below what a scan finds, and the scan comes close to it
+        for b in sizes:
+            assert worst[b] >= dense[b] - 1e-9 and worst[b] <= dense[b] * 1.003
+
+
+def test_an_interval_open_above_is_priced_over_its_whole_range_not_read_as_infinity():
+    # given docs/results.md's TensorFlow run (0.14.0, 64 px, 2 GiB): B_simple 50 (20 to unbounded),
+    # throughputs as probed, 640 the margin's size
+    estimate = noise(50.0, 20.0, None)
+    chosen = goodput.choose(probes_of(TF_RUN), safe=640, estimate=estimate)
+    worst = {r["batch_size"]: r["worst_case"] for r in chosen["table"]}
+    # then 512, the fastest per image and 0.15.0's answer, is priced at its worst (B_noise 20): 6.9x
+    assert chosen["fastest_per_image"] == 512 and worst[512] == pytest.approx(6.87, abs=0.01)
+    assert goodput.regret(TF_RUN, 50.0)[512] == pytest.approx(4.48, abs=0.01)
+    # and 64, whose worst case (1.36x) is the least, is recommended, the interval recorded open
+    assert chosen["batch_size"] == 64 and worst[64] == pytest.approx(1.36, abs=0.01)
+    assert chosen["statistics"] == "open above" and chosen["interval"] == [20.0, None]
+    assert chosen["fastest_worst_case"] == worst[512] and chosen["binding"] == "statistics"
+    # and a lower bound alone ("above 20") is the same interval
+    bound = goodput.choose(probes_of(TF_RUN), safe=640, estimate=noise(None, 20.0, None))
+    assert bound["batch_size"] == 64 and bound["b_noise"] is None
+
+
+@pytest.mark.parametrize("estimate", [None, noise(None, None, None)], ids=["not-measured", "undetermined"])
+def test_statistics_without_even_a_lower_end_fall_back_to_speed_and_say_what_that_risks(estimate):
     chosen = goodput.choose(probes_of(PEAKED), safe=128, estimate=estimate)
-    # then the choice is speed's (the fastest per image within memory), never a size below it from statistics
-    assert chosen["statistics"] == "unresolved" and chosen["b_noise"] is None
+    # then the choice is speed's (the fastest per image within memory) and no steps enter the table
+    assert chosen["statistics"] == "unresolved" and chosen["b_noise"] is None and chosen["interval"] is None
     assert chosen["batch_size"] == 64 and chosen["binding"] == "speed"
     assert all(r["relative_steps"] == 1.0 for r in chosen["table"])
+    # and what it risks: its time against the best should B_noise be as small as the base batch size
+    assert chosen["risk"]["b_noise"] == 32 and chosen["risk"]["relative_time"] == pytest.approx(
+        goodput.regret(PEAKED, 32.0)[64])
 
 
-def test_the_near_best_set_widens_over_b_noises_interval():
-    chosen = goodput.choose(probes_of(SATURATING), safe=256, estimate=noise(64.0, 16.0, 256.0))
-    # at B_noise 64: 64 and 128 (1.06) are within 10%; at 16 only 64; at 256, 128 (1.06) and 256
-    assert chosen["near_best"] == [64, 128]
-    assert chosen["near_best_interval"] == [64, 128, 256]
+def test_step_time_noise_within_the_measured_spread_moves_the_answer_only_among_ties():
+    # given the TF run's throughputs measured again and again, each size's median step off by up to
+    # 4%, and each probe's timed steps scattered as much (half their interquartile range 4%)
+    rng = random.Random(1)
+
+    def measured(steps: dict[int, float]) -> list[ProbeRecord]:
+        probes = probes_of(steps)
+        for p in probes:
+            median = p.batch_size / p.images_per_second
+            p.step_times_s = [median * (1 + 0.08 * k) for k in (-1, -0.5, 0, 0.5, 1)]
+        return probes
+    for estimate in (noise(50.0, 20.0, None), noise(28.0, 17.0, 79.0)):
+        quiet = goodput.choose(measured(TF_RUN), safe=640, estimate=estimate)
+        answers = {goodput.choose(measured({b: t * rng.uniform(0.96, 1.04) for b, t in TF_RUN.items()}),
+                                  safe=640, estimate=estimate)["batch_size"] for _ in range(30)}
+        # then every answer is one of the sizes the noiseless run said it cannot tell apart
+        assert answers <= set(quiet["near_best"]) and quiet["batch_size"] in answers
 
 
 def test_only_sizes_whose_last_probe_passed_and_within_the_margin_are_candidates():

@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from catsdogs import gradient_noise
 from catsdogs import gradient_noise as noise
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 
@@ -226,3 +227,48 @@ def test_a_lower_bound_reads_as_one():
     bound = noise.from_pairs([-1.0, -1.1, -0.9, -1.05], [100.0, 101.0, 99.0, 100.5], floor=16)
     assert bound.is_bound and bound.value == 16.0 and bound.describe() == "above 16"
     assert noise.describe(None) == "not measured"
+
+
+def seeds_like_the_articles(rng: np.random.Generator, seeds: int, median: float = 20.0) -> dict:
+    """Measurements of `seeds` seeds as the article's model gives them at batch 32 after epoch 2:
+    each seed's own B_simple log-normal around `median` (log sd 0.91, docs/results.md), its gradient
+    scale differing from seed to seed (up to 100-fold), 16 pairs each with their sampling noise."""
+    by_seed = {}
+    for seed in range(seeds):
+        b = median * math.exp(0.91 * rng.standard_normal())
+        scale = math.exp(1.5 * rng.standard_normal())
+        g2 = scale * (1 + 0.6 * rng.standard_normal(16))
+        trace = scale * b * (1 + 0.3 * rng.standard_normal(16))
+        by_seed[seed] = [gradient_noise.from_pairs(g2, trace, 25, small=1, large=25)]
+    return by_seed
+
+
+def test_four_seeds_weighted_alike_cover_the_seeds_median_as_their_level_says():
+    # given 400 find-batch-size measurements of 4 seeds each, the seeds' B_simple scattered as measured
+    rng = np.random.default_rng(0)
+    covered = {"seeds": 0, "pairs": 0}
+    for _ in range(400):
+        by_seed = seeds_like_the_articles(rng, 4)
+        clustered = gradient_noise.pool_seeds(by_seed)
+        pairwise = gradient_noise.pool([m for ms in by_seed.values() for m in ms])
+        covered["seeds"] += clustered.low <= 20.0 <= clustered.high
+        covered["pairs"] += pairwise.low is not None and pairwise.low <= 20.0 <= (pairwise.high or math.inf)
+    # then the interval over seeds covers the median about 95% of the time, where the pairs pooled as
+    # if independent (0.16.0's find-batch-size) cover it about a third of the time
+    assert 0.90 <= covered["seeds"] / 400 <= 0.99
+    assert covered["pairs"] / 400 < 0.5
+
+
+def test_a_seed_measured_only_as_a_bound_leaves_the_interval_open_above():
+    by_seed = seeds_like_the_articles(np.random.default_rng(1), 4)
+    # given one seed whose |G|^2 estimate is not positive: B_simple "above N" only
+    by_seed[3] = [gradient_noise.from_pairs([-0.1, 0.1] * 8, [5.0, 6.0] * 8, 25, small=1, large=25)]
+    bound = gradient_noise.pool(by_seed[3])
+    assert bound.is_bound
+    pooled = gradient_noise.pool_seeds(by_seed)
+    # then it enters at its bound, the interval has a lower end and no upper one
+    assert pooled.high is None and pooled.low < pooled.b_simple and pooled.pairs == 4
+    values = [gradient_noise.pool(ms).value for ms in by_seed.values()]
+    assert pooled.b_simple == pytest.approx(math.exp(np.mean(np.log(values))))
+    # and one usable seed is not enough for an interval over seeds
+    assert gradient_noise.pool_seeds({0: by_seed[0]}) is None

@@ -43,9 +43,10 @@ def test_on_the_h200_with_its_defaults_the_search_stops_at_the_training_split_wi
     # the memory model's part of the answer at most 10 s
     assert list(summary["prediction"]["planned_bytes"]) == [1, 64, 256]
     assert max(0.0, clock.spent["plan"] - clock.spent["noise"]) <= 10.0
-    # and the recommendation is the recorded run's: 8, with 8 to 32 within 10% of the best
+    # and the recommendation is the recorded run's: 8 (0.16.0 put 8 to 32 within 10% of the best at
+    # B_noise 3; over its interval, 2 to 4, 8 and 16 are within 10% of the least worst case)
     rec = summary["recommendation"]
-    assert rec["batch_size"] == 8 and rec["near_best"] == [8, 16, 32] and rec["binding"] == "statistics"
+    assert rec["batch_size"] == 8 and rec["near_best"] == [8, 16] and rec["binding"] == "statistics"
 
 
 def test_on_the_h200_past_the_data_the_search_finds_the_replays_limit_in_one_worker(monkeypatch, tmp_path):

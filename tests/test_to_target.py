@@ -169,3 +169,30 @@ def test_a_step_of_an_accumulated_trial_is_its_effective_batch():
     (table,) = to_target.tables(trials)
     assert [r["batch_size"] for r in table["rows"]] == [16, 32, 64, 128, 256, 512]
     assert table["fit"].b_crit == pytest.approx(4 * B_CRIT, rel=0.05)  # the paper's curve at 4x the batch
+
+
+def test_a_batch_size_whose_chosen_rate_lies_at_its_grids_edge_leaves_the_fit_and_is_named():
+    trials = [t for t in study() if t["batch_size"] != 4]
+    # given batch 4 whose lowest rate reached the target soonest: its best may lie below the grid
+    trials += [row(4, 0.05, s, paper_steps(4)) for s in range(3)]
+    trials += [row(4, 0.1, s, 2 * paper_steps(4)) for s in range(3)]
+    (table,) = to_target.tables(trials)
+    first = table["rows"][0]
+    assert (first["batch_size"], first["lr"], first["edge"]) == (4, 0.05, True)
+    # then the fit leaves it out and says why, and the interior batch sizes give back the paper's B_crit
+    assert [b for b, _ in table["fit"].points] == [8, 16, 32, 64, 128]
+    assert "batch size 4 out of the fit: the chosen rate lies at its grid's edge" in table["why_no_fit"]
+    assert table["fit"].b_crit == pytest.approx(B_CRIT, rel=0.05)
+
+
+def test_s_of_b_is_read_partly_off_seeds_that_did_not_choose_its_rate():
+    # given batch 8 whose two rates tie on the median but differ seed by seed
+    trials = [row(8, 0.05, s, v) for s, v in enumerate((100.0, 300.0, 200.0))]
+    trials += [row(8, 0.1, s, v) for s, v in enumerate((300.0, 100.0, 200.0))]
+    (table,) = to_target.tables(trials)
+    r = table["rows"][0]
+    # then on the same seeds S is the chosen rate's median, 200; held out, each seed is read at the rate
+    # the other two chose: seed 0 at 0.1 (150 against 250), where it took 300; seed 1 at 0.05, 300;
+    # seed 2 at 0.05 (a tie, the lower rate), 200: their median 300. S is the geometric mean of the two
+    assert r["steps_same_seeds"] == 200.0
+    assert r["steps_held_out"] == 300.0 and r["steps"] == pytest.approx((200.0 * 300.0) ** 0.5)

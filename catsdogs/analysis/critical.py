@@ -4,8 +4,10 @@ tested against the sweep. Pure functions of a sweep's trial rows; no framework.
 **The table** (`noise_table`): each trial recorded with `--noise-scale` has B_simple at the start
 (epoch 0, `initial_noise`) and after each epoch (its history), each from a few pairs. Per cell
 (optimizer, data set, protocol, batch size, learning rate) and epoch, the pairs of all its seeds
-are pooled into one estimate (catsdogs.gradient_noise.pool: the ratio of means over every pair, with
-Fieller's interval; "above N" where the noise dominated). Cells whose finished trials lack the
+are pooled into one estimate with each seed one cluster (catsdogs.gradient_noise.pool_by_seed: the
+ratio of the seeds' means, Fieller's interval over the seeds, not over their pairs as if
+independent; "above N" where the noise dominated); a cell of one seed has only its pairs to go
+on (gradient_noise.pool), and its interval says nothing of other seeds. Cells whose finished trials lack the
 measurement (run before it, or without `--noise-scale`) are listed, with how to get it.
 
 **The claim** (`claims`), as the paper's model predicts it (McCandlish et al. 2018, section 2):
@@ -133,11 +135,12 @@ def noise_table(trials: list[dict], tuned: dict) -> dict:
     for (group, bs, lr), members in sorted(cells.items(), key=lambda kv: (trial_order(kv[1][0]), kv[0][1], kv[0][2])):
         panel = groups.setdefault(group, {"label": _group_label(members[0], many), "series": []})
         many_lrs = len(rates[group]) > 1
-        by_epoch: dict[int, list[dict]] = {}
+        by_epoch: dict[int, dict] = {}
         for t in members:
             for m in measurements(t):
-                by_epoch.setdefault(m.epoch, []).append(m)
-        points = [pool(ms, epoch=e) for e, ms in sorted(by_epoch.items())]
+                by_epoch.setdefault(m.epoch, {}).setdefault(field_of(t, "seed"), []).append(m)
+        points = [pool_by_seed(by_seed, epoch=e) if len(by_seed) > 1 else
+                  pool([m for ms in by_seed.values() for m in ms], epoch=e) for e, by_seed in sorted(by_epoch.items())]
         series = {"label": f"batch {bs}" + (f", lr {lr:g}" if many_lrs else ""), "batch_size": bs, "lr": lr,
                   "seeds": len(members), "points": [p for p in points if p is not None]}
         panel["series"].append(series)

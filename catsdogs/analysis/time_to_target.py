@@ -119,11 +119,20 @@ def compare(table: dict, found: dict) -> dict:
         return {**out, "verdict": "not judged",
                 "why": "find-batch-size's probes cover none of the sweep's batch sizes within its margin"}
     best = min(measured, key=lambda b: (measured[b], b))
-    chosen = min(predicted, key=lambda b: (predicted[b], b))
+    chosen = goodput.decide(predictable, decision_span(rec))["batch_size"]  # find-batch-size's rule, on these sizes
     ratio = measured.get(chosen, math.inf) / measured[best]
     verdict = "met" if ratio <= TARGET_RATIO else "missed"
     return {**out, "recommended": chosen, "best": best, "ratio": ratio, "verdict": verdict,
             "cause": None if verdict == "met" else cause(rows, chosen, best, b_noise)}
+
+
+def decision_span(rec: dict) -> tuple[float, float] | None:
+    """B_noise's interval as find-batch-size decided with it (goodput.interval); a result written
+    before 0.17.0 holds only the estimate it decided at, read as a point."""
+    if "interval" in rec:
+        span = rec["interval"]
+        return (span[0], math.inf if span[1] is None else span[1]) if span else None
+    return (rec["b_noise"], rec["b_noise"]) if rec.get("b_noise") is not None else None
 
 
 def cause(rows: list[dict], chosen: int, best: int, b_noise: float | None) -> str:

@@ -6,11 +6,18 @@ validation target and records its steps to it (catsdogs.targets: interpolated be
 evaluations around the crossing). Per **series** (a context, optimizer, data set, target and
 protocol but for the learning rate) and batch size B:
 
-- **S(B)**: over the learning rates tried at B, the best median over seeds of the steps to the
-  target, a seed that did not reach it counting as infinitely many (so a rate whose median seed
-  missed is never chosen over one that reached it). The chosen rate is marked, and marked again
-  when it is the lowest or highest tried at B: the best rate may then lie outside the grid. A
-  batch size whose best median is not reached leaves the fit and is shown as such;
+- **S(B)**: the steps to the target at B's best learning rate, a seed that did not reach it
+  counting as infinitely many (so a rate whose median seed missed is never chosen over one that
+  reached it). The rate is chosen by the median over seeds, and marked, and marked again when it
+  is the lowest or highest tried at B: the best rate may then lie outside the grid, and that
+  batch size **leaves the fit**, named (the paper's model assumes each batch size's best rate).
+  Choosing the rate and reading S(B) off the same seeds biases S(B) low (the winner's curse: the
+  best of 3-4 noisy medians is lucky); reading each seed at the rate the other seeds chose
+  (leave-one-out) biases it high (a rate chosen on fewer seeds is more often the wrong one).
+  S(B) is the geometric mean of the two (`_batch_row`): in simulation with the `critical` plan's
+  spread, which differs by batch size (tests/test_critical_fit.py), the fitted B_crit's median
+  came within 10% of the truth where the same-seed reading was 10-35% low and leave-one-out
+  20-27% high. A batch size whose median is not reached leaves the fit and is shown as such;
 - **the fit**: S = S_min + E_min/B by weighted least squares on 1/B, B_crit = E_min/S_min with
   Fieller's 95% interval (catsdogs.analysis.critical_fit says how and why not a bootstrap);
 - **B_simple at the target**: the noise scale measured on the smallest batch size's trials, at
@@ -88,7 +95,8 @@ def series_table(members: list[dict], many: bool = False) -> dict:
         b = int(field(t, "batch_size")) * int(field(t, "accumulate", 1))
         by_batch.setdefault(b, {}).setdefault(learning_rate_of(t), []).append(t)
     rows = [_batch_row(b, rates) for b, rates in sorted(by_batch.items())]
-    reached = [r for r in rows if math.isfinite(r["steps"]) and r["steps"] > 0]
+    edges = [r["batch_size"] for r in rows if r["edge"] and math.isfinite(r["steps"]) and r["steps"] > 0]
+    reached = [r for r in rows if math.isfinite(r["steps"]) and r["steps"] > 0 and not r["edge"]]
     fit, why = None, None
     at_start = [r["batch_size"] for r in rows if r["steps"] == 0]
     if len(reached) >= 3:
@@ -98,6 +106,9 @@ def series_table(members: list[dict], many: bool = False) -> dict:
     if at_start:
         why = (why + "; " if why else "") + (f"batch size {', '.join(map(str, at_start))} met it before its first "
                                              "update (too easy a target), out of the fit")
+    if edges:
+        why = (why + "; " if why else "") + (f"batch size {', '.join(map(str, edges))} out of the fit: the chosen rate "
+                                             "lies at its grid's edge, and the best may lie beyond")
     noise = noise_at_target([t for rate in rows[0]["rates"] for t in rate["trials"]]) if rows else None
     protocol = {k: v for k, v in protocol_of(first).items() if k not in ("lr", "until")}
     label = f"{OPTIMIZER_NAMES.get(field(first, 'optimizer'), field(first, 'optimizer'))}, {field(first, 'dataset')}"
@@ -109,7 +120,9 @@ def series_table(members: list[dict], many: bool = False) -> dict:
 
 
 def _batch_row(batch: int, rates: dict[float, list[dict]]) -> dict:
-    """A batch size's rates, each's median steps over its seeds, and the chosen one."""
+    """A batch size's rates, each's median steps over its seeds, the chosen one, and S(B): the
+    geometric mean of the chosen rate's median (`steps_same_seeds`) and the median of each seed
+    read at the rate the other seeds chose (`steps_held_out`); the module says why."""
     tried = []
     for lr, trials in sorted(rates.items()):
         steps = sorted(steps_of(t) for t in trials)
@@ -117,10 +130,28 @@ def _batch_row(batch: int, rates: dict[float, list[dict]]) -> dict:
                       "reached": sum(math.isfinite(s) for s in steps), "trials": trials})
     best = min(tried, key=lambda r: (r["median"], r["lr"]))
     edge = len(tried) > 1 and best["lr"] in (tried[0]["lr"], tried[-1]["lr"])
-    steps = best["median"]
+    held_out = _held_out_steps(rates) if len(tried) > 1 else best["median"]
+    same = best["median"]
+    steps = math.sqrt(same * held_out) if math.isfinite(same) and math.isfinite(held_out) else math.inf
     return {"batch_size": batch, "lr": best["lr"], "edge": edge, "steps": steps,
+            "steps_same_seeds": same, "steps_held_out": held_out,
             "examples": steps * batch if math.isfinite(steps) else math.inf,
             "seeds": best["seeds"], "reached": best["reached"], "rates": tried, "chosen": best["trials"]}
+
+
+def _held_out_steps(rates: dict[float, list[dict]]) -> float:
+    """The median over seeds of each seed's steps at the rate the other seeds' medians chose
+    (leave-one-out: no seed helps choose the rate it is read at); inf when none can be read."""
+    steps = {lr: {int(field(t, "seed")): steps_of(t) for t in trials} for lr, trials in rates.items()}
+    seeds = sorted({seed for by_seed in steps.values() for seed in by_seed})
+    read = []
+    for seed in seeds:
+        others = {lr: [v for s, v in by_seed.items() if s != seed] for lr, by_seed in steps.items()}
+        others = {lr: vs for lr, vs in others.items() if vs and seed in steps[lr]}
+        if others:
+            lr = min(others, key=lambda r: (statistics.median(others[r]), r))
+            read.append(steps[lr][seed])
+    return statistics.median(read) if read else math.inf
 
 
 def noise_at_target(trials: list[dict]) -> NoiseEstimate | None:

@@ -6,7 +6,7 @@ lines are the same whether the search just ran or its JSON is read back.
 
 from __future__ import annotations
 
-from catsdogs.goodput import NEAR
+from catsdogs.goodput import TIE
 from catsdogs.gradient_noise import NoiseEstimate, describe
 from catsdogs.messages import ProbeRecord
 from catsdogs.recommendation import RULES
@@ -37,9 +37,12 @@ def _noise_lines(measured: dict | None, settings: dict, model: dict | None = Non
     if measured:
         shown = describe(NoiseEstimate.from_dict(measured))
         seeds, first = measured.get("seeds"), measured.get("from_epoch")
-        when = (f"over epochs {first}-{measured['epochs']} at batch size {measured['batch_size']}, seeds "
-                f"{' and '.join(map(str, seeds))} pooled" if seeds and first else
-                f"after one epoch at batch size {measured['batch_size']}")
+        epochs = f"epoch {first}" if first == measured["epochs"] else f"epochs {first}-{measured['epochs']}"
+        clustered = len(seeds or []) > 2 or measured.get("clustered")
+        when = (f"after {epochs} at batch size {measured['batch_size']}, seeds "
+                + (f"{', '.join(map(str, seeds[:-1]))} and {seeds[-1]}, each one cluster" if clustered else
+                   f"{' and '.join(map(str, seeds))} pooled")
+                if seeds and first else f"after one epoch at batch size {measured['batch_size']}")
         if measured.get("estimator") == "two-batch":
             when += f", by the two-batch estimator on micro-batches of {measured['small']}"
         return [f"Critical batch size (the gradient noise scale B_simple {when}): {shown}; measured in "
@@ -150,7 +153,42 @@ def summary_lines(summary: dict) -> list[str]:
         lines.append("No recommendation: no size at or below the margin's fit with a throughput measured.")
         return lines
     lines += time_table_lines(rec)
-    b_noise = rec.get("b_noise")
+    lines += _decision_lines(rec, s, measured)
+    lr, base = rec["learning_rate"], rec["base_learning_rate"]
+    anchor = rec.get("learning_rate_anchor", "Keras's default")  # a JSON of 0.11.0 read back has none
+    lines.append(f"Learning rate {lr:.3g}: {RULES[rec['learning_rate_rule']]}, anchored at {anchor}: {base:g} at "
+                 f"batch size {rec['base_batch_size']}.")
+    lines.append(learning_rate_caveat(rec["learning_rate_rule"], anchor, s["optimizer"]))
+    return lines
+
+
+def learning_rate_caveat(rule: str, anchor: str, optimizer: str) -> str:
+    """What the printed rate does not know, said for every rule: a rule carries a rate, it does not
+    tune one; Keras's default is not a tuned rate; Adam's rule scales the rate only."""
+    said = ["Tune it where it matters: a rule carries a rate from its anchor, it does not tune one."]
+    if anchor == "Keras's default":
+        said.append(UNTUNED[optimizer])
+    if rule == "sqrt":
+        said.append("The square-root rule scales the rate only: Adam's betas and epsilon, which Malladi et al. "
+                    "rescale with the batch too, stay at their defaults.")
+    return " ".join(said)
+
+
+# Why an anchor at Keras's default is said, never silent (docs/results.md, "The learning rate tuned
+# per batch size", and the critical plan's chosen rates): on the article's model the tuned plans
+# chose SGD rates 5 to 10 times Keras's 0.01.
+UNTUNED = {"sgd": "Keras's default is not a tuned rate: on the article's model catsdogs's tuned plans chose "
+                  "SGD rates 5 to 10 times it (0.05 to 0.1 at batch 16 to 32), so this one is likely too small; "
+                  "--from-store STORE anchors it at a sweep's tuned rates.",
+           "adam": "Keras's default is not a tuned rate: on the article's model catsdogs's tuned plan chose Adam "
+                   "0.01, ten times it, at batch 16 to 128; --from-store STORE anchors it at a sweep's tuned rates."}
+
+
+def _decision_lines(rec: dict, s: dict, measured: dict | None) -> list[str]:
+    """The recommendation, what binds it, its worst case beside the fastest's, and its ties."""
+    span = rec.get("interval")
+    over = (f"B_noise from {span[0]:.0f} to {'any larger value' if span[1] is None else f'{span[1]:.0f}'}"
+            if span else "")
     why = {"memory": f"memory binds: it is the largest size the {s['margin']:.0%} margin allows, and a larger "
                      "one would reach a target sooner still",
            "data": "the data bind: it is as large as these training images allow, and a larger one would reach "
@@ -158,22 +196,36 @@ def summary_lines(summary: dict) -> list[str]:
            "max": "--max binds: it is the largest size searched, and a larger one may reach a target sooner "
                   "still",
            "speed": "speed binds: throughput per image peaked here, below the memory limit",
-           "statistics": (f"statistics binds: with B_noise {b_noise or 0:.0f}, the steps a batch size saves or costs "
-                          f"outweigh its speed per image (the fastest per image is {rec.get('fastest_per_image')})")
+           "statistics": (f"statistics binds: with {over or 'B_noise ' + format(rec.get('b_noise') or 0, '.0f')}, "
+                          "the steps a batch size saves or costs outweigh its speed per image (the fastest per "
+                          f"image is {rec.get('fastest_per_image')})")
            }[rec["binding"]]
-    if rec.get("statistics") == "unresolved" and measured:
-        lines.append("Statistics could not be resolved (the noise scale is not a number with an interval bounded "
-                     "above): the choice is speed's within memory.")
+    lines = []
+    statistics = rec.get("statistics")
+    if statistics == "unresolved" and measured:
+        risk = rec.get("risk") or {}
+        lines.append("Statistics could not be resolved (not even a lower end of the noise scale was measured): the "
+                     "choice is speed's within memory"
+                     + (f"; should B_noise be as small as {risk['b_noise']:.0f}, it would take "
+                        f"{risk['relative_time']:.1f} times the best time." if risk else "."))
+    elif statistics == "open above":
+        lines.append(f"The noise scale's interval is open above: the choice holds for {over}, its worst case "
+                     "over them the least.")
     lines.append(f"Recommendation: batch size {rec['batch_size']}, {rec['images_per_second']:.1f} images/s ({why}).")
-    near, wide = rec.get("near_best") or [], rec.get("near_best_interval") or []
-    if near:
-        lines.append(f"Within {NEAR:.0%} of the best predicted time: {_sizes(near)}"
-                     + (f"; over B_noise's interval: {_sizes(wide)}." if wide != near else "."))
-    lr, base = rec["learning_rate"], rec["base_learning_rate"]
-    anchor = rec.get("learning_rate_anchor", "Keras's default")  # a JSON of 0.11.0 read back has none
-    lines.append(f"Learning rate {lr:.3g}: {RULES[rec['learning_rate_rule']]}, anchored at {anchor}: {base:g} at "
-                 f"batch size {rec['base_batch_size']}." + ("" if rec["learning_rate_rule"] == "paper" else
-                                                  " Tune it where it matters: a rule is a starting point."))
+    if rec.get("worst_case") is not None and span:
+        fastest = rec.get("fastest_per_image")
+        lines.append(f"Worst case over {over}: {rec['worst_case']:.2f} times the best time"
+                     + (f"; the fastest per image, {fastest}, {rec['fastest_worst_case']:.2f} times."
+                        if fastest != rec["batch_size"] else " (it is the fastest per image too)."))
+    near = rec.get("near_best") or []
+    if near and "worst_case" in rec:
+        what = "least worst case" if span else "best predicted time"
+        lines.append(f"As good (within {TIE:.0%} of the {what}, plus the step times' spread): "
+                     f"{_sizes(near)}" + ("; the smallest is recommended." if len(near) > 1 else "."))
+    elif near:  # a result of 0.16.0 or earlier read back
+        wide = rec.get("near_best_interval") or []
+        lines.append(f"Within {TIE:.0%} of the best predicted time: {_sizes(near)}"
+                     + (f"; over B_noise's interval: {_sizes(wide)}." if wide and wide != near else "."))
     return lines
 
 
@@ -183,17 +235,20 @@ def _sizes(sizes: list[int]) -> str:
 
 def time_table_lines(rec: dict) -> list[str]:
     """The table the recommendation was chosen from: per size that passed, its throughput, the
-    steps and the time to a target relative to the best."""
+    steps and the time to a target relative to the best at B_noise's estimate, and its worst case
+    over B_noise's interval."""
     table = rec.get("table") or []
     if not table:
         return []
+    worst = "worst_case" in table[0] and rec.get("interval")
     steps = "the paper's steps (1 + B_noise/B)" if rec.get("b_noise") else "speed alone (the noise scale unresolved)"
-    lines = [f"Predicted time to a target by batch size: {steps} times each probe's step time, relative to the best:",
-             f"  {'batch':>6} {'images/s':>10} {'steps':>7} {'time':>7}"]
+    lines = [f"Predicted time to a target by batch size: {steps} times each probe's step time, relative to the best"
+             + (", and its worst case over B_noise's interval:" if worst else ":"),
+             f"  {'batch':>6} {'images/s':>10} {'steps':>7} {'time':>7}" + (f" {'worst':>7}" if worst else "")]
     for r in table:
         mark = "  <- recommended" if r["batch_size"] == rec["batch_size"] else ""
         lines.append(f"  {r['batch_size']:>6} {r['images_per_second']:>10.1f} {r['relative_steps']:>7.2f} "
-                     f"{r['relative_time']:>7.2f}{mark}")
+                     f"{r['relative_time']:>7.2f}" + (f" {r['worst_case']:>7.2f}" if worst else "") + mark)
     return lines
 
 

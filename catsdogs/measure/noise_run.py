@@ -1,9 +1,11 @@
 """find-batch-size's statistics: the gradient noise scale B_simple (catsdogs.gradient_noise),
 measured before the search past the first epoch's transient.
 
-Two short runs at the base batch size (32), seeds --seed and the next, each trained 3 epochs as a
-sweep's trial is, in one worker that ends before any probe runs; B_simple measured after epochs 2
-and 3 and pooled (`measure_noise_scale`). The article's model by per-example gradient products,
+Four short runs at the base batch size (32), seeds --seed and the next three, each trained 2
+epochs as a sweep's trial is, in one worker that ends before any probe runs; B_simple measured
+after epoch 2 of each, past the first epoch's transient, and pooled with each seed one cluster
+weighted alike (`measure_noise_scale`: gradient_noise.pool_seeds, the geometric mean of the
+seeds' values, its interval on seeds - 1 degrees of freedom). The article's model by per-example gradient products,
 pairs of 1 and 25 images (`noise_sampling`); a user's model by the two-batch estimator on
 micro-batches (`user_noise_sampling`). Imports no framework: the runs are a worker's.
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from catsdogs import config
-from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling, pool
+from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling, pool_seeds
 from catsdogs.measure import model_check
 from catsdogs.measure.common import first_line
 from catsdogs.measure.settings import FindSettings
@@ -26,15 +28,19 @@ from catsdogs.training import backends
 from catsdogs.training.worker import Worker
 
 # find-batch-size's noise measurement, the one the recommendation rests on: larger pairs than a
-# sweep's, over two short runs, past their first epoch (measure_noise_scale). A pair of 25 images
+# sweep's, over four short runs, past their first epoch (measure_noise_scale). A pair of 25 images
 # gives |G|^2 from 600 products of two examples' gradients where a pair of 10 gives 90: for about
 # the same images, intervals a third as wide (docs/results.md, "The noise scale find-batch-size
-# decides with"; scripts/noise_spread.py).
-NOISE_PAIRS = 2 * config.NOISE_PAIRS  # pairs a measurement: 16, so 64 pooled (2 epochs x 2 seeds)
+# decides with"; scripts/noise_spread.py). What varies most is not the pairs but the seeds: the
+# same protocol measured 28 (17 to 79) at seeds 2-3 and 5 (4 to 6) at seeds 4-5, so each seed is
+# one cluster and the interval is over seeds; four seeds are the fewest whose geometric mean
+# moved less than 2-fold with which four (docs/results.md), paid for with one measurement a seed
+# and 2 epochs a run where 0.16.0 took two and 3 over two seeds.
+NOISE_PAIRS = 2 * config.NOISE_PAIRS  # pairs a measurement: 16, one measurement a seed
 NOISE_LARGE = 25  # images a pair (each its own micro-batch: B_s 1, B_b 25)
-NOISE_EPOCHS = 3  # each short run's epochs: measured after the 2nd and 3rd, past the first's transient
+NOISE_EPOCHS = 2  # each short run's epochs: measured after the 2nd, past the first's transient
 NOISE_FROM = 2  # the first epoch whose measurement counts
-NOISE_SEEDS = 2  # short runs, each its own seed: one seed's trajectory is one draw
+NOISE_SEEDS = 4  # short runs, each its own seed and one cluster: one seed's trajectory is one draw
 # A user's model: the two-batch estimator on ordinary gradients (engine.noise_estimate_at), one
 # gradient computation per micro-batch. Micro-batches of 2, the fewest BatchNormalization can
 # normalize over (a "per-example" gradient is not defined through it), 12 to a pair: 16 pairs of
@@ -63,7 +69,8 @@ class NoiseRun:
         return ({"estimator": self.estimator} if self.estimator else {}) | {"b_simple": e.b_simple, "low": e.low, "high": e.high, "gradient_sq": e.gradient_sq,
                 "trace": e.trace, "epochs": self.epochs, "batch_size": self.batch_size, "pairs": e.pairs, "small": e.small,
                 "large": e.large, "measure_seconds": self.measure_seconds, "seconds": self.seconds,
-                "seeds": self.seeds, "from_epoch": self.from_epoch, "measurements": e.measurements}
+                "seeds": self.seeds, "from_epoch": self.from_epoch, "measurements": e.measurements,
+                "clustered": True}
 
 
 
@@ -83,11 +90,14 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                         log: Callable[[str], None], sampling: NoiseSampling | None = None,
                         probe_data: model_check.ProbeData | None = None) -> NoiseRun | None:
     """B_simple past the first epoch's transient: NOISE_SEEDS short runs at the base batch size
-    (seeds `settings.seed` and on), each trained NOISE_EPOCHS epochs as a sweep's trial is, in a
-    worker of its own, measured after each epoch from NOISE_FROM on (before it, nothing is
-    measured); those measurements, of every seed, pooled into one estimate (gradient_noise.pool: the ratio of means over all their
-    pairs). One epoch at one seed moved it from 3 to 296 with the seed and the backend; later
-    epochs of two seeds steady it. With the wall time (workers' starts included). None, said in
+    (seeds `settings.seed` and on), each trained NOISE_EPOCHS epochs as a sweep's trial is, in one
+    worker, measured after each epoch from NOISE_FROM on (before it, nothing is measured); those
+    measurements pooled into one estimate with each seed one cluster weighted alike
+    (gradient_noise.pool_seeds: the geometric mean of the seeds' B_simple, Student's interval on
+    their logarithms over the seeds). One epoch at one seed moved
+    it from 3 to 296 with the seed and the backend, and two seeds pooled pair by pair gave
+    intervals that covered the truth 18% of the time. With the wall time (the worker's start
+    included). None, said in
     the log, when a run failed. `probe_data`: a user's model (settings.model) trains, on its
     folder or the prepared data, and is measured by the two-batch estimator (`user_noise_sampling`)."""
     base = default("base_batch_size")
@@ -96,10 +106,13 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     seeds = list(range(settings.seed, settings.seed + NOISE_SEEDS))
     how = (f"the two-batch estimator on ordinary gradients, {sampling.pairs} pairs of {sampling.micros} micro-batches "
            f"of {sampling.micro} images" if user else f"{sampling.pairs} pairs of {sampling.micro} and {sampling.large} images")
+    after = (f"epoch {sampling.from_epoch}" if sampling.from_epoch == NOISE_EPOCHS else
+             f"epochs {sampling.from_epoch}-{NOISE_EPOCHS}")
     log(f"Noise scale: {NOISE_EPOCHS} epochs at batch size {base}, seeds {', '.join(map(str, seeds))}; B_simple "
-        f"from {how} after epochs {sampling.from_epoch}-{NOISE_EPOCHS}, pooled ...")
+        f"from {how} after {after}, each seed one cluster ...")
     started = time.perf_counter()
-    measured, measure_seconds = [], 0.0
+    measured: dict[int, list[NoiseEstimate]] = {}
+    measure_seconds = 0.0
     log_path = work / "noise-scale.log"
     worker = Worker(log_path, env)  # one for every seed: a trial trains alike in a fresh worker or a used one
     try:
@@ -118,12 +131,12 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                 log(f"Noise scale not measured: the short run at seed {seed} {record.status}: "
                     f"{first_line(record.error)} (log: {log_path})")
                 return None
-            measured += later
+            measured[seed] = later
             measure_seconds += record.noise_seconds or 0.0
     finally:
         worker.close()
     log_path.unlink(missing_ok=True)
-    estimate = pool(measured)
+    estimate = pool_seeds(measured)
     return NoiseRun(estimate, base, NOISE_EPOCHS, round(measure_seconds, 2),
                     round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
                     estimator="two-batch" if user else None)

@@ -225,12 +225,13 @@ def round_batch(value: float) -> int:
 
 
 def critical_probe(estimate: NoiseEstimate | None, safe: int | None) -> int | None:
-    """The batch size to probe at the critical batch size (rounded down), when the noise scale is
-    resolved (goodput.resolved: unresolved, the recommendation is speed's and has no use for it)
-    and below the memory limit's size (`safe`; None: not known yet, any size); None otherwise."""
-    if not goodput.resolved(estimate):
+    """The batch size to probe at the critical batch size (rounded down): the noise scale's
+    estimate, or its lower end where it is only a bound (goodput.interval: without even that the
+    recommendation is speed's and has no use for it), below the memory limit's size (`safe`;
+    None: not known yet, any size); None otherwise."""
+    if goodput.interval(estimate) is None or not estimate.value:
         return None
-    size = round_batch(estimate.b_simple)
+    size = round_batch(estimate.value)
     return size if safe is None or size < safe else None
 
 
