@@ -232,6 +232,18 @@ class MemoryPlan(Record):
 
 
 @dataclass
+class RangeTestRecord(Record):
+    """A learning-rate range test (catsdogs.training.range_test): each step's rate and its loss."""
+
+    status: Status = Status.FAILED
+    learning_rates: list | None = None
+    losses: list | None = None
+    seconds: float | None = None
+    error: str | None = None
+    traceback: str | None = None
+
+
+@dataclass
 class ModelInfo(Record):
     """A user's model as its worker built it (catsdogs.training.user_model.describe)."""
 
@@ -252,6 +264,7 @@ class ModelInfo(Record):
     flops_unknown: list | None = None  # those layers' kinds
     activation_bytes_per_image: float | None = None  # its layers' outputs, an image's (user_model.activation_bytes)
     article_size: int | None = None  # the image size at which it is the article's model (user_model.article_size)
+    batch_norm: bool | None = None  # it has a BatchNormalization layer (the noise scale's micro-batches: noise_run)
     source: dict | None = None  # the reference as checked: a file's SHA-256 (parent: model_ref.source)
     error: str | None = None
     traceback: str | None = None
@@ -307,6 +320,9 @@ class ProbeTask:
     # data): its images from `data_folder` (--data), else random ones (training.probes.random_split)
     input_spec: list | None = None
     data_folder: str | None = None
+    # timed for its step time alone (find-batch-size's retime): the worker keeps its compiled steps
+    # of other sizes, and the next such probe of this size reuses this one's
+    timing_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -345,8 +361,30 @@ class ModelCheckTask:
     loss: str = "auto"
 
 
-TASKS = {t.KIND: t for t in (TrialTask, ProbeTask, PeakTask, MemoryPlanTask, ModelCheckTask)}
-Task = TrialTask | ProbeTask | PeakTask | MemoryPlanTask | ModelCheckTask
+@dataclass(frozen=True)
+class RangeTestTask:
+    """A learning-rate range test: `steps` steps at `batch_size` from seed `seed`'s initial
+    weights, the rate growing geometrically from `low` to `high` (catsdogs.training.range_test)."""
+
+    KIND: ClassVar[str] = "range"
+    RECORD: ClassVar[type] = RangeTestRecord
+    data_dir: str
+    optimizer: str
+    dataset: str
+    precision: str
+    seed: int
+    batch_size: int
+    low: float
+    high: float
+    steps: int
+    deterministic: bool = True
+    tf32: bool | None = None
+    model: str | None = None  # a user's model (its prepared data only: a --data folder is not read here)
+    loss: str = "auto"
+
+
+TASKS = {t.KIND: t for t in (TrialTask, ProbeTask, PeakTask, MemoryPlanTask, ModelCheckTask, RangeTestTask)}
+Task = TrialTask | ProbeTask | PeakTask | MemoryPlanTask | ModelCheckTask | RangeTestTask
 
 
 def encode(task: Task) -> str:

@@ -1,6 +1,6 @@
 """Which batch size reaches a target soonest (catsdogs.goodput): the predicted time to a
 target from the probes' step times and the noise scale, the least worst case over its interval
-(open ones included), ties and the smallest of them, the fallback when not even a lower end was
+(open ones included), ties and the middle of them, the fallback when not even a lower end was
 measured, and a margin's size that must pass itself
 (catsdogs.measure.search.confirm). Pure functions with made-up probes: nothing trains here."""
 
@@ -60,13 +60,15 @@ def test_throughput_that_peaks_below_the_memory_limit_lets_speed_bind():
     assert chosen["batch_size"] == 64 and chosen["binding"] == "speed"
 
 
-def test_sizes_within_ten_percent_of_the_least_worst_case_are_a_tie_and_the_smallest_wins():
+def test_sizes_within_ten_percent_of_the_least_worst_case_are_a_tie_and_the_middle_one_wins():
     # given B_noise 2 on the saturating device: 32 takes 3% longer than 64 (2/32 against 2/64 of a step)
     small = goodput.choose(probes_of(SATURATING), safe=256, estimate=noise(2.0, 2.0, 2.0))
     worst = {r["batch_size"]: r["worst_case"] for r in small["table"]}
     assert worst[64] == 1.0 and worst[32] == pytest.approx((1 + 2 / 32) / (1 + 2 / 64))
-    # then 16, 32 and 64 cannot be told apart (all within 10%), and the smallest of them is chosen
-    assert small["near_best"] == [16, 32, 64] and small["batch_size"] == 16
+    # then 16, 32 and 64 cannot be told apart (all within 10%), and the middle one is chosen: noise
+    # moves the set at its edges
+    assert small["near_best"] == [16, 32, 64] and small["batch_size"] == 32
+    assert goodput.decide({8: 1.0, 16: 1.0, 32: 1.0, 64: 1.0}, (0.0, 0.0))["batch_size"] == 16  # the lower middle
     assert worst[8] > 1.1 and worst[128] > 1.1  # 8 takes 21% more steps, 128's step 41% longer: no tie
 
 
@@ -184,3 +186,21 @@ def test_a_margins_size_that_fails_its_confirmation_moves_down_until_one_passes(
     size, failed = confirm(lambda b: "oom", 64, most=3)
     assert size is None and failed == [64, 56, 48]
     assert math.isclose(confirm(lambda b: "done", 8)[0], 8)
+
+
+def test_a_size_timed_again_counts_by_its_median_and_a_failed_retime_says_nothing_of_its_memory():
+    # given 16 probed in the search at an unlucky 500 images/s, then timed again at 900 and 1,000,
+    # and 32 whose retime lost its worker
+    probes = [ProbeRecord(batch_size=16, status="done", images_per_second=500.0, phase="search", step_times_s=[0.032] * 4),
+              ProbeRecord(batch_size=32, status="done", images_per_second=1000.0, phase="search"),
+              ProbeRecord(batch_size=16, status="done", images_per_second=900.0, phase="retime", step_times_s=[0.018] * 4),
+              ProbeRecord(batch_size=32, status="failed", phase="retime"),
+              ProbeRecord(batch_size=16, status="done", images_per_second=1000.0, phase="retime", step_times_s=[0.016] * 4)]
+    passed = goodput.passed(probes)
+    # then 16 is one record at the median of its three, its step times all of theirs, and 32 still passed
+    assert passed[16].images_per_second == 900.0 and len(passed[16].step_times_s) == 12
+    assert passed[32].images_per_second == 1000.0
+    # and the sizes timed again are the 5 nearest the least worst case's size (the saturating device
+    # at B_noise 64: 64), whatever their own probe said, if within 3 times the least (below, 8 is 3.3 times)
+    assert goodput.contested(probes_of(SATURATING), 256, noise(64.0, 64.0, 64.0)) == [16, 32, 64, 128, 256]
+    assert goodput.contested(probes_of({8: 0.01, 16: 0.01, 32: 0.01}), 32, noise(100.0, 100.0, 100.0)) == [16, 32]

@@ -18,7 +18,11 @@ The memory cap: on a GPU its memory (or `--memory-limit` as a logical device); o
 probe that goes over: catsdogs.training.worker), and without it 90% of the memory available when
 the search starts. "Fits" means the probe's peak memory stayed under the cap. A margin is taken
 off the largest size that fits where memory stopped the search or came within the margin of the
-cap, and its size confirmed by a probe ("confirm").
+cap, and its size confirmed by a probe ("confirm"). Last, the sizes the recommendation could
+fall on (goodput.contested) are timed again twice, interleaved ("retime"), on the CPU: on a
+shared machine a probe's throughput moved by 20% from one run to the next, more than its own steps
+spread. Not on a GPU, whose synced timers are steady: two calls on the H200 a session apart
+measured 16,081 and 16,112 images/s at batch 64, 34,905 and 34,964 at 1,024 (docs/gpu.md).
 
 The prediction comes first (catsdogs.measure.memory_prediction), after the batch-size-1 probe (the
 calibration) and before the search; on a GPU the search's own probes carry it on (`ProbeRun.guess`).
@@ -43,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from catsdogs import config
+from catsdogs import config, goodput
 from catsdogs.data import folder as folder_data
 from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
@@ -59,7 +63,7 @@ from catsdogs.measure.memory_prediction import (
     predict_first,
     prediction_record,
 )
-from catsdogs.measure.noise_run import NoiseRun, measure_noise_scale
+from catsdogs.measure.noise_run import NoiseRun, measure_noise_scale, user_noise_sampling
 from catsdogs.measure.search import apply_margin, confirm, critical_probe, search
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import ProbeRecord, ProbeTask, columns
@@ -69,6 +73,7 @@ from catsdogs.training import backends
 from catsdogs.training.costs import PLAN_MOST
 
 HOST_CAP_FRACTION = 0.9
+RETIME_ROUNDS = 2  # the contested sizes timed again twice, in alternating order: each size's step time a median of 3
 PROBE_COLUMNS = columns(ProbeRecord, "search")  # find_batch_size.csv, and each probe in the .json
 
 
@@ -109,7 +114,8 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
                 "--data DIR, or prepared data of the model's input size; the recommendation is speed's within memory.")
         elif settings.measure_noise:
             run.prober.prestart()
-            noise_run = measure_noise_scale(data_dir, manifest, settings, work, env, log, probe_data=probe_data)
+            noise_run = measure_noise_scale(data_dir, manifest, settings, work, env, log, probe_data=probe_data,
+                                            sampling=user_noise_sampling(bool(user.batch_norm)) if user else None)
         waiting = time.perf_counter()
         planned = plan.result(log) if plan else None  # before the calibration: no compilation beside its timing
         plan_wait = time.perf_counter() - waiting
@@ -184,6 +190,10 @@ def _search(run: ProbeRun, noise_run: NoiseRun | None, pred: dict | None, bound:
     critical = critical_probe(estimate, safe)
     if critical is not None:
         run.probe(critical, "critical")  # the statistics' limit, so the recommendation can stand on it
+    if safe is not None and not any(p.memory_kind and p.memory_kind.startswith("gpu") for p in run.probes):
+        contested = goodput.contested(run.probes, safe, estimate)
+        if len(contested) > 1:
+            run.retime(contested)
     return result, safe, margin_failed
 
 
@@ -287,13 +297,26 @@ class ProbeRun:
         for p in self.probes:
             if p.batch_size == batch_size:
                 return p
+        return self._run(batch_size, phase, fresh=fresh)
+
+    def retime(self, sizes: list[int], rounds: int = RETIME_ROUNDS) -> None:
+        """`sizes` timed again, `rounds` times in alternating order (largest first, the search's
+        reversed), in one fresh worker (a worker that ran the limit's probes holds memory a small
+        step then has to share the cap with): their step times from probes a minute apart, so that
+        a phase of the machine's load weighs on no size alone (goodput.passed takes each size's
+        median)."""
+        order = [b for r in range(rounds) for b in (sorted(sizes, reverse=True) if r % 2 == 0 else sorted(sizes))]
+        for n, b in enumerate(order):  # each size's compiled step kept for its second look (timing_only)
+            self._run(b, "retime", fresh=n == 0, timing=n > 0)
+
+    def _run(self, batch_size: int, phase: str, fresh: bool = False, timing: bool = False) -> ProbeRecord:
         s = self.settings
         task = ProbeTask(batch_size, str(self.data_dir.resolve()), optimizer=s.optimizer, dataset=s.dataset,
                          precision=s.precision, steps=s.steps, warmup=s.warmup, deterministic=s.deterministic,
                          tf32=s.tf32, min_seconds=s.min_seconds, model=s.model, loss=s.loss,
-                         **(self.probe_data.task_fields() if self.probe_data else {}))
+                         timing_only=phase == "retime", **(self.probe_data.task_fields() if self.probe_data else {}))
         started = time.perf_counter()
-        p = self.prober.run(task, fresh=fresh)
+        p = self.prober.run(task, fresh=fresh, timing=timing)
         p.order, p.phase, p.wall_seconds = len(self.probes) + 1, phase, round(time.perf_counter() - started, 2)
         self.probes.append(p)
         self.log(probe_line(p))

@@ -45,6 +45,8 @@ def _noise_lines(measured: dict | None, settings: dict, model: dict | None = Non
                 if seeds and first else f"after one epoch at batch size {measured['batch_size']}")
         if measured.get("estimator") == "two-batch":
             when += f", by the two-batch estimator on micro-batches of {measured['small']}"
+            if measured.get("batch_norm"):
+                when += " (the model has BatchNormalization: over fewer images its statistics are nothing like training's)"
         return [f"Critical batch size (the gradient noise scale B_simple {when}): {shown}; measured in "
                 f"{measured['seconds']:.0f} s. It grows as training goes on, so this early value is a cautious "
                 "one. It assumes batches drawn with replacement; training draws without, whose noise is smaller "
@@ -221,7 +223,7 @@ def _decision_lines(rec: dict, s: dict, measured: dict | None) -> list[str]:
     if near and "worst_case" in rec:
         what = "least worst case" if span else "best predicted time"
         lines.append(f"As good (within {TIE:.0%} of the {what}, plus the step times' spread): "
-                     f"{_sizes(near)}" + ("; the smallest is recommended." if len(near) > 1 else "."))
+                     f"{_sizes(near)}" + ("; the middle one is recommended." if len(near) > 1 else "."))
     elif near:  # a result of 0.16.0 or earlier read back
         wide = rec.get("near_best_interval") or []
         lines.append(f"Within {TIE:.0%} of the best predicted time: {_sizes(near)}"

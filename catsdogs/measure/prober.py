@@ -113,9 +113,13 @@ class Prober:
         return task.batch_size <= worker.largest_batch or (
             self.fresh_from is not None and task.batch_size >= self.fresh_from)
 
-    def run(self, task: Task, fresh: bool = False):
+    def run(self, task: Task, fresh: bool = False, timing: bool = False):
         """The task's record; a probe's with the cap it ran under, the worker it ran in (and
-        the worker's log kept when it did not end done). `fresh`: in a worker that has run nothing."""
+        the worker's log kept when it did not end done). `fresh`: in a worker that has run nothing.
+        `timing`: a probe run for its step time alone, in the live worker whatever it ran before
+        (its memory then says nothing, and is not asked)."""
+        if timing and self.worker is not None and self.worker.alive:
+            return self._run_once(task, worker=self.worker)[0]
         record, reused = self._run_once(task, fresh=fresh)
         if isinstance(task, ProbeTask) and record.status == Status.OOM and record.residue_mb is not None \
                 and not record.keeps_worker():
@@ -126,8 +130,8 @@ class Prober:
             record.worker = "retried"
         return record
 
-    def _run_once(self, task: Task, fresh: bool = False):
-        worker = self._fresh() if fresh or self.wants_fresh(task) else self.worker
+    def _run_once(self, task: Task, fresh: bool = False, worker: Worker | None = None):
+        worker = worker or (self._fresh() if fresh or self.wants_fresh(task) else self.worker)
         reused = worker.tasks > 0
         if not worker.alive or not worker.ready:
             worker.start_or_record()

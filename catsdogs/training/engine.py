@@ -31,12 +31,21 @@ from catsdogs.data import loading
 from catsdogs.errors import CatsdogsError
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 from catsdogs.host import environment
-from catsdogs.messages import ModelCheckTask, PeakTask, ProbeTask, Task, TrialRecord, TrialTask
+from catsdogs.messages import (
+    ModelCheckTask,
+    PeakTask,
+    ProbeTask,
+    RangeTestTask,
+    Task,
+    TrialRecord,
+    TrialTask,
+)
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.training import backends, steps
 from catsdogs.training.curve import Curve, TargetReached
 from catsdogs.training.diagnosis import diagnose, initial_diagnosis
 from catsdogs.training.probes import run_memory_plan, run_model_check, run_peak, run_probe
+from catsdogs.training.range_test import run_range_test
 
 
 def run_task(task: Task, emit=lambda kind, payload: None):
@@ -57,6 +66,8 @@ def run_task(task: Task, emit=lambda kind, payload: None):
             return run_peak(task)
         if isinstance(task, ModelCheckTask):
             return run_model_check(task)
+        if isinstance(task, RangeTestTask):
+            return run_range_test(task)
         return run_memory_plan(task)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded status
         return task.RECORD(**backends.failure_fields(exc))
@@ -401,7 +412,7 @@ def noise_estimate_at(step: steps.TrainingStep, split, sampling: NoiseSampling, 
     ordinary gradient is formed (backend.micro_gradient_gram: the paper's two-batch estimator, a
     gradient computation per micro-batch), and the Gram matrix of the micro-batches' gradients
     gives the same two squared norms. With BatchNormalization a micro-batch's gradient depends on
-    its other examples: its micro-batches must hold at least 2 (find_batch_size.user_noise_sampling)."""
+    its other examples: its micro-batches hold at least 2, and 8 where the model has it (noise_run.user_noise_sampling)."""
     started = time.perf_counter()
     indices = gradient_noise.draw(len(split), sampling, seed, epoch).reshape(sampling.pairs, sampling.large)
     per_call = max(d for d in range(1, sampling.pairs + 1)  # equal calls: one compiled shape

@@ -60,7 +60,8 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
     kind = backend.start()
     record = ProbeRecord(batch_size=task.batch_size, precision=task.precision, optimizer=task.optimizer,
                          dataset=task.dataset, steps=task.steps, warmup=task.warmup)
-    steps.STEPS.clear()  # an earlier probe's step goes now, so `before` is what the worker holds between probes
+    if not task.timing_only:
+        steps.STEPS.clear()  # an earlier probe's step goes now, so `before` is what the worker holds between probes
     before, peak_before = backend.device_bytes_in_use(), backend.peak_memory().get("peak_memory_mb")
     sampler = NvmlSampler() if kind == "gpu" else None
     try:
@@ -101,7 +102,7 @@ def _timed_steps(task: ProbeTask, record: ProbeRecord, backend, kind: str, sampl
     record.image_size, record.device, record.backend = size, backend.device_description(), backend.NAME
     record.baseline_rss_mb = rss_mb()  # before the model: runtime + data
     user = (task.model, task.loss) if task.model else None
-    step, _ = steps.STEPS.get(cfg, n, backend, keep_others=False, user=user)
+    step, _ = steps.STEPS.get(cfg, n, backend, keep_others=task.timing_only, user=user)
     train = steps.as_model_input(splits["train"], step.model)
     batches = backend.train_batches(train, cfg.batch_size, cfg.seed, n, cross_epochs=True)
     min_seconds = task.min_seconds

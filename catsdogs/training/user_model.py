@@ -121,7 +121,8 @@ def describe(model: keras.Model, choice: LossChoice) -> dict:
             "input_dtype": str(model.inputs[0].dtype), "classes": choice.classes,
             "parameters": int(model.count_params()), "layers": len(model.layers),
             "loss": choice.kind, "from_logits": choice.from_logits, "loss_description": choice.describe(),
-            "dtype_policy": model.dtype_policy.name}
+            "dtype_policy": model.dtype_policy.name,
+            "batch_norm": any(isinstance(layer, keras.layers.BatchNormalization) for layer in _leaf_layers(model))}
 
 
 # Layers whose multiply-adds are counted; every other layer with weights makes the count unknown.
