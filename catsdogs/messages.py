@@ -232,18 +232,6 @@ class MemoryPlan(Record):
 
 
 @dataclass
-class RangeTestRecord(Record):
-    """A learning-rate range test (catsdogs.training.range_test): each step's rate and its loss."""
-
-    status: Status = Status.FAILED
-    learning_rates: list | None = None
-    losses: list | None = None
-    seconds: float | None = None
-    error: str | None = None
-    traceback: str | None = None
-
-
-@dataclass
 class ModelInfo(Record):
     """A user's model as its worker built it (catsdogs.training.user_model.describe)."""
 
@@ -361,30 +349,8 @@ class ModelCheckTask:
     loss: str = "auto"
 
 
-@dataclass(frozen=True)
-class RangeTestTask:
-    """A learning-rate range test: `steps` steps at `batch_size` from seed `seed`'s initial
-    weights, the rate growing geometrically from `low` to `high` (catsdogs.training.range_test)."""
-
-    KIND: ClassVar[str] = "range"
-    RECORD: ClassVar[type] = RangeTestRecord
-    data_dir: str
-    optimizer: str
-    dataset: str
-    precision: str
-    seed: int
-    batch_size: int
-    low: float
-    high: float
-    steps: int
-    deterministic: bool = True
-    tf32: bool | None = None
-    model: str | None = None  # a user's model (its prepared data only: a --data folder is not read here)
-    loss: str = "auto"
-
-
-TASKS = {t.KIND: t for t in (TrialTask, ProbeTask, PeakTask, MemoryPlanTask, ModelCheckTask, RangeTestTask)}
-Task = TrialTask | ProbeTask | PeakTask | MemoryPlanTask | ModelCheckTask | RangeTestTask
+TASKS = {t.KIND: t for t in (TrialTask, ProbeTask, PeakTask, MemoryPlanTask, ModelCheckTask)}
+Task = TrialTask | ProbeTask | PeakTask | MemoryPlanTask | ModelCheckTask
 
 
 def encode(task: Task) -> str:

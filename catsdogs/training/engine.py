@@ -35,7 +35,6 @@ from catsdogs.messages import (
     ModelCheckTask,
     PeakTask,
     ProbeTask,
-    RangeTestTask,
     Task,
     TrialRecord,
     TrialTask,
@@ -45,7 +44,6 @@ from catsdogs.training import backends, steps
 from catsdogs.training.curve import Curve, TargetReached
 from catsdogs.training.diagnosis import diagnose, initial_diagnosis
 from catsdogs.training.probes import run_memory_plan, run_model_check, run_peak, run_probe
-from catsdogs.training.range_test import run_range_test
 
 
 def run_task(task: Task, emit=lambda kind, payload: None):
@@ -66,8 +64,6 @@ def run_task(task: Task, emit=lambda kind, payload: None):
             return run_peak(task)
         if isinstance(task, ModelCheckTask):
             return run_model_check(task)
-        if isinstance(task, RangeTestTask):
-            return run_range_test(task)
         return run_memory_plan(task)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded status
         return task.RECORD(**backends.failure_fields(exc))
