@@ -61,6 +61,7 @@ NEAR = TIE  # (its name before 0.17.0)
 CONTESTED = 3.0  # a size whose worst case is within 3 times the least may be timed again ...
 CONTESTED_MOST = 5  # ... the 5 nearest the least's size, before the decision (`contested`)
 RETIME = "retime"  # the phase of a probe run again for its step time alone
+RETIME_ROOM = 0.75  # ... of a size whose peak left a quarter of its cap free
 RISK_AT = float(default("base_batch_size"))  # unresolved: what speed's choice risks should B_noise be this small
 
 
@@ -91,7 +92,8 @@ def passed(probes: list[ProbeRecord], at_most: int | None = None) -> dict[int, P
 def contested(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None) -> list[int]:
     """The sizes the recommendation could fall on, what find-batch-size times again before it
     decides: the CONTESTED_MOST nearest the least worst case's size on a log scale (itself
-    included), among those whose worst case is within CONTESTED times the least. Chosen by their
+    included), among those whose worst case is within CONTESTED times the least and whose peak
+    left room under the cap (`_room`: near the limit a timing worker would run out of memory). Chosen by their
     batch size, not by how their one noisy probe came out: a probe timed at half its speed in a busy
     moment looks twice as bad, and still gets its second look."""
     candidates = passed(probes, safe)
@@ -99,9 +101,16 @@ def contested(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | No
         return []
     worst = decide({b: b / p.images_per_second for b, p in candidates.items()}, interval(estimate))["worst_case"]
     least = min(worst, key=lambda b: (worst[b], b))
-    near = sorted((b for b, w in worst.items() if w <= CONTESTED * worst[least]),
+    near = sorted((b for b, w in worst.items() if w <= CONTESTED * worst[least] and _room(candidates[b])),
                   key=lambda b: (abs(math.log(b / least)), b))
     return sorted(near[:CONTESTED_MOST])
+
+
+def _room(probe: ProbeRecord) -> bool:
+    """Whether a size left room enough under its cap to be timed again beside the others' steps (a
+    retime worker keeps them all): its peak at most RETIME_ROOM of the cap, or no cap known."""
+    cap = probe.memory_cap_mb or probe.device_memory_limit_mb
+    return not cap or probe.peak_memory_mb is None or probe.peak_memory_mb <= RETIME_ROOM * cap
 
 
 def step_seconds_at(batch: float, step_seconds: dict[int, float]) -> float | None:

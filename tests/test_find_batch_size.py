@@ -576,7 +576,9 @@ def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_is_not_off_b
                             resolution=resolution, measure_noise=False, max_batch=4096)  # past the 48 images
     s = findbs.find_batch_size(settings, data_dir, tmp_path, log=lines.append)
     probes = s["probes"]
-    by_size = {p["batch_size"]: p for p in probes}
+    by_size = {p["batch_size"]: p for p in probes if p["phase"] != "retime"}
+    # sizes timed again were those with room to spare under the cap (a timing worker keeps their steps)
+    assert all(by_size[p["batch_size"]]["peak_memory_mb"] <= 0.75 * cap_mb for p in probes if p["phase"] == "retime")
     largest, above = s["largest_fitting"], s["first_not_fitting"]
     # the found batch size ran under the cap; the next size up (by the resolution) did not
     assert largest is not None and above is not None and 0 < above - largest <= resolution
@@ -601,7 +603,7 @@ def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_is_not_off_b
     assert abs(s["prediction"]["percent_apart"]) <= TOLERANCE_PERCENT, s["prediction"]
     # probes near the predicted limit ran in fresh workers
     fresh_from = s["prediction"]["fresh_from"]
-    assert all(p["worker"] != "reused" for p in probes if p["batch_size"] >= fresh_from)
+    assert all(p["worker"] != "reused" for p in probes if p["batch_size"] >= fresh_from and p["phase"] != "retime")
     rec = s["recommendation"]
     assert by_size[rec["batch_size"]]["status"] == "done" and rec["batch_size"] <= largest
     assert rec["learning_rate"] == pytest.approx(0.001 * (rec["batch_size"] / 32) ** 0.5)  # Adam: the square-root rule
@@ -648,7 +650,8 @@ OWN_LINES = ("Find batch size", "calibrate ", "search ", "confirm ", "critical "
              "That limit is XLA's", "Fastest that fits", "With a ", "Recommendation:", "No recommendation",
              "Noise scale", "Critical batch size", "Learning rate", "Predicted time to a target", "  ",
              "Within ", "Statistics could not be resolved", "The limit is noisy", "Answered in ",
-             "The noise scale's interval is open above", "Worst case over", "As good (within", "Tune it")
+             "The noise scale's interval is open above", "Worst case over", "As good (within", "Tune it",
+             "retime ")
 
 
 @pytest.mark.slow
@@ -751,7 +754,7 @@ def test_the_sizes_the_answer_could_fall_on_are_timed_again_on_the_cpu_so_one_bu
 
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
     monkeypatch.setattr(findbs, "measure_noise_scale", lambda *args, **kwargs: measured(30.0, 20.0, 45.0))
-    settings = FindSettings("fbs", memory_cap_bytes=1000 * 2**20, max_batch=256)
+    settings = FindSettings("fbs", memory_cap_bytes=4000 * 2**20, max_batch=256)  # room: no size near the cap
     monkeypatch.setattr(prober, "Prober", UnluckyProber)
     monkeypatch.setattr(UnluckyProber, "kind", kind)
     monkeypatch.setattr(UnluckyProber, "unlucky", False)

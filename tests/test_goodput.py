@@ -204,3 +204,8 @@ def test_a_size_timed_again_counts_by_its_median_and_a_failed_retime_says_nothin
     # at B_noise 64: 64), whatever their own probe said, if within 3 times the least (below, 8 is 3.3 times)
     assert goodput.contested(probes_of(SATURATING), 256, noise(64.0, 64.0, 64.0)) == [16, 32, 64, 128, 256]
     assert goodput.contested(probes_of({8: 0.01, 16: 0.01, 32: 0.01}), 32, noise(100.0, 100.0, 100.0)) == [16, 32]
+    # but not a size whose peak came within a quarter of its cap: a timing worker keeps every size's step
+    crowded = probes_of(SATURATING)
+    for p in crowded:
+        p.peak_memory_mb, p.memory_cap_mb = 100.0 + p.batch_size * 3, 1000.0  # 256: 868 of 1000 MiB
+    assert goodput.contested(crowded, 256, noise(64.0, 64.0, 64.0)) == [16, 32, 64, 128]

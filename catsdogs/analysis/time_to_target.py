@@ -111,7 +111,8 @@ def compare(table: dict, found: dict) -> dict:
         r["relative"] = r["seconds"] / best_time if best_time else None
         r["predicted_relative"] = predicted.get(r["batch_size"])
     out = {"label": table["label"], "context": table["context"], "target": table["target"], "path": found["path"],
-           "b_noise": b_noise, "statistics": rec.get("statistics"), "own_recommendation": rec.get("batch_size"),
+           "b_noise": b_noise, "statistics": rec.get("statistics"), "interval": rec.get("interval"),
+           "own_recommendation": rec.get("batch_size"),
            "rows": rows, "recommended": None, "best": None, "ratio": None}
     if not measured:
         return {**out, "verdict": "not judged", "why": "no batch size has a measured time to the target"}
@@ -160,11 +161,17 @@ def markdown(compared: dict | None) -> list[str]:
                   "times those trials' own training seconds per update; no prediction in it. Predicted: "
                   "(1 + B_noise/B) × t_step(B) from find-batch-size's noise scale and its probes' step times "
                   "(interpolated on log-log axes between probed sizes, never extrapolated), relative to the best. "
-                  "The recommendation is chosen again among the sweep's batch sizes (least predicted time); "
+                  "The recommendation is chosen again among the sweep's batch sizes by find-batch-size's own rule "
+                  "(the least worst case over B_noise's interval, the middle of its ties); "
                   f"**met** when its measured time is at most {TARGET_RATIO:g}× the measured best's.", "",
                   "![time_to_target](figures/time_to_target.png)", ""]
     for c in compared["rows"]:
-        noise = f"B_noise {c['b_noise']:.0f}" if c["b_noise"] is not None else "the noise scale unresolved (speed alone)"
+        noise = (f"B_noise {c['b_noise']:.0f}" if c["b_noise"] is not None else
+                 "the noise scale only a lower bound" if c["statistics"] == "open above" else
+                 "the noise scale unresolved (speed alone)")
+        if c.get("interval"):
+            low, high = c["interval"]
+            noise += f", {low:.0f} to {'unbounded' if high is None else f'{high:.0f}'}"
         lines += [f"### {c['label']} · {c['target'].describe()} · {c['context']}", "",
                   f"find-batch-size: `{c['path']}` ({noise}; its own recommendation {c['own_recommendation']}).", "",
                   "| batch size | steps | s per step | measured T (s) | measured, relative | predicted, relative |",
