@@ -681,7 +681,8 @@ def test_a_cap_below_the_runtime_is_an_error_with_the_records_written(data_dir, 
     assert [p["status"] for p in saved["probes"]] == ["oom"]
 
 
-def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_seed_one_cluster(tmp_path, monkeypatch):
+def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_seed_one_cluster_at_a_grid_of_rates(tmp_path,
+                                                                                                  monkeypatch):
     from catsdogs import gradient_noise
     from catsdogs.messages import TrialRecord
 
@@ -701,12 +702,19 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_seed_one_cluster
 
     def fake_run(task):  # a trial measures only the epochs its sampling asks for
         runs.append((task.config.seed, task.config.epochs, task.config.batch_size))
+        rates.append(task.config.lr)
         sampling = gradient_noise.NoiseSampling(**task.noise_sampling)
         value = {7: 20.0, 8: 40.0, 9: 20.0, 10: 40.0}[task.config.seed]
-        rows = [{"epoch": e, **(gradient_noise.from_pairs([0.9, 1.1] * 8, [0.9 * v, 1.1 * v] * 8, floor=10,
-                                                          epoch=e).to_record() if sampling.measures(e) else {})}
+        val_loss = {0.001: 0.69, 0.003: 0.62, 0.01: 0.48, 0.03: 0.55, None: 0.6}[task.config.lr]
+        rows = [{"epoch": e, "loss": 0.7, "val_loss": val_loss,
+                 **(gradient_noise.from_pairs([0.9, 1.1] * 8, [0.9 * v, 1.1 * v] * 8, floor=10,
+                                              epoch=e).to_record() if sampling.measures(e) else {})}
                 for e, v in ((1, 400.0), (2, value), (3, value)) if e <= task.config.epochs]
-        return TrialRecord(status="done", history=rows, initial_noise=None, noise_seconds=1.0)
+        return TrialRecord(status="done", history=rows, initial_noise=None, noise_seconds=1.0,
+                           collapsed=int(collapsing == task.config.seed))
+
+    rates: list = []
+    collapsing = None
 
     monkeypatch.setattr(noise_run, "Worker", OneWorker)
     manifest = {"params": {"size": 32}, "fingerprint": {"standard": "f"}}
@@ -724,6 +732,23 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_seed_one_cluster
     saved = run.as_json()
     assert saved["seeds"] == [7, 8, 9, 10] and saved["from_epoch"] == 2 and saved["epochs"] == 2
     assert saved["clustered"] and any("seeds 7, 8, 9, 10; B_simple" in ln for ln in lines)
+    # and without a store's tuned rate the four runs trained at Adam's grid, one rate a seed, and the
+    # least validation loss chose 0.01, inside the grid, as the learning rate's anchor
+    assert rates == [0.001, 0.003, 0.01, 0.03]
+    assert saved["rate_test"]["chosen"] == 0.01 and not saved["rate_test"]["edge"]
+    anchor = findbs.short_run_anchor(saved["rate_test"])
+    assert anchor["rates"] == {32: 0.01} and "the best of the noise scale's short runs" in anchor["said"]
+    # and with a store's tuned rate, no grid: every run at the default rate
+    rates.clear()
+    tuned = {"store": "s", "sweep": "t", "kind": "tuned", "rates": {32: 0.01}, "edges": []}
+    again = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7, anchor=tuned), tmp_path, None,
+                                          lines.append)
+    assert rates == [None] * 4 and again.rate_test is None
+    # and a run that collapsed leaves the noise scale (its gradient is not training's), not the rate test
+    rates.clear()
+    collapsing = 8
+    fewer = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
+    assert fewer.estimate.pairs == 3 and fewer.rate_test["noise_seeds"] == [7, 9, 10]
     assert FindSettings(seed=7).recorded(32, None, tmp_path)["seed"] == 7
     from catsdogs.errors import SettingError
 

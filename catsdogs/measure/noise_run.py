@@ -12,6 +12,7 @@ micro-batches (`user_noise_sampling`). Imports no framework: the runs are a work
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -41,6 +42,15 @@ NOISE_LARGE = 25  # images a pair (each its own micro-batch: B_s 1, B_b 25)
 NOISE_EPOCHS = 2  # each short run's epochs: measured after the 2nd, past the first's transient
 NOISE_FROM = 2  # the first epoch whose measurement counts
 NOISE_SEEDS = 4  # short runs, each its own seed and one cluster: one seed's trajectory is one draw
+# Without a store's tuned rate (--from-store), the four runs train at four rates half a decade
+# apart, one a seed, and the least validation loss after their 2 epochs anchors the learning-rate
+# rule: Keras's default is not a tuned rate (the tuned plans chose SGD 0.1 and Adam 0.01 on the
+# article's model, ten times it), and a ramp of Smith's range test said nothing on this model
+# within a budget that fits (docs/results.md, "The learning rate's anchor"). The grids are the
+# tuned plan's. A run that collapsed (the article's model: every ReLU unit dead) or diverged
+# measures no training gradient and leaves the noise scale; the rest are seeds and rates both, so
+# B_noise's interval over them holds the rates' spread too.
+RATE_GRID = {"sgd": (0.01, 0.03, 0.1, 0.3), "adam": (0.001, 0.003, 0.01, 0.03)}
 # A user's model: the two-batch estimator on ordinary gradients (engine.noise_estimate_at), one
 # gradient computation per micro-batch. Micro-batches of 2, 12 to a pair: 16 pairs of 24 images,
 # about the article's measurement's images (16 of 25), for 192 gradients a measurement.
@@ -70,6 +80,7 @@ class NoiseRun:
     seeds: list[int] | None = None
     from_epoch: int | None = None
     estimator: str | None = None  # a user's model's: "two-batch" (None: the article's per-example products)
+    rate_test: dict | None = None  # the runs' rates and final losses, and the rate chosen (`rate_test`)
 
     def as_json(self) -> dict:
         """As find_batch_size.json's "noise_scale" holds it."""
@@ -78,7 +89,7 @@ class NoiseRun:
                 "trace": e.trace, "epochs": self.epochs, "batch_size": self.batch_size, "pairs": e.pairs, "small": e.small,
                 "large": e.large, "measure_seconds": self.measure_seconds, "seconds": self.seconds,
                 "seeds": self.seeds, "from_epoch": self.from_epoch, "measurements": e.measurements,
-                "clustered": True} | ({"batch_norm": True} if self.estimator == "two-batch" and e.small == BN_NOISE_MICRO
+                "clustered": True, "rate_test": self.rate_test} | ({"batch_norm": True} if self.estimator == "two-batch" and e.small == BN_NOISE_MICRO
                                        else {})
 
 
@@ -122,17 +133,22 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
              f"epochs {sampling.from_epoch}-{NOISE_EPOCHS}")
     log(f"Noise scale: {NOISE_EPOCHS} epochs at batch size {base}, seeds {', '.join(map(str, seeds))}; B_simple "
         f"from {how} after {after}, each seed one cluster ...")
+    rates = None if settings.anchor else RATE_GRID[settings.optimizer]  # a store's tuned rate: no grid needed
+    if rates:
+        log(f"Learning rate: the short runs train at {', '.join(f'{r:g}' for r in rates)}, one a seed; the least "
+            f"validation loss after {NOISE_EPOCHS} epochs anchors the rule.")
     started = time.perf_counter()
     measured: dict[int, list[NoiseEstimate]] = {}
+    losses: list[float | None] = []
     measure_seconds = 0.0
     log_path = work / "noise-scale.log"
     worker = Worker(log_path, env)  # one for every seed: a trial trains alike in a fresh worker or a used one
     try:
-        for seed in seeds:
+        for n, seed in enumerate(seeds):
             cfg = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
                               image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
                               data=manifest["fingerprint"][settings.dataset] if manifest else "",
-                              precision=settings.precision, backend=backends.name(),
+                              precision=settings.precision, backend=backends.name(), lr=rates[n] if rates else None,
                               **backends.process_settings(env or {}))
             task = TrialTask(cfg, str(Path(data_dir).resolve()), sampling.as_dict(), user=user)
             record: TrialRecord = worker.run(task)
@@ -143,15 +159,41 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                 log(f"Noise scale not measured: the short run at seed {seed} {record.status}: "
                     f"{first_line(record.error)} (log: {log_path})")
                 return None
-            measured[seed] = later
+            loss = final_loss(record)
+            losses.append(loss)
+            if loss is not None and not record.collapsed:  # a collapsed or diverged run's gradient is not training's
+                measured[seed] = later
             measure_seconds += record.noise_seconds or 0.0
     finally:
         worker.close()
     log_path.unlink(missing_ok=True)
     estimate = pool_seeds(measured)
+    if estimate is None:
+        log(f"Noise scale not measured: {NOISE_SEEDS - len(measured)} of the {NOISE_SEEDS} short runs collapsed or "
+            "diverged, too few left for an interval over seeds.")
+        return None
     return NoiseRun(estimate, base, NOISE_EPOCHS, round(measure_seconds, 2),
                     round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
-                    estimator="two-batch" if user else None)
+                    estimator="two-batch" if user else None,
+                    rate_test=rate_test(rates, losses, seeds, sorted(measured)) if rates else None)
+
+
+def final_loss(record: TrialRecord) -> float | None:
+    """A short run's last validation loss (its last training loss where it has no validation
+    split, as a --data folder's trial); None when not finite: it diverged."""
+    last = (record.history or [{}])[-1]
+    value = last.get("val_loss", last.get("loss"))
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def rate_test(rates: tuple, losses: list, seeds: list[int], measured: list[int]) -> dict:
+    """What the short runs say of the learning rate: the rate of the least final loss ("chosen";
+    None if every run diverged), whether it lies at the grid's edge, and each run's loss."""
+    finite = [(loss, r) for r, loss in zip(rates, losses, strict=True) if loss is not None]
+    chosen = min(finite)[1] if finite else None
+    return {"rates": list(rates), "losses": losses, "seeds": seeds, "chosen": chosen,
+            "edge": chosen in (rates[0], rates[-1]), "batch_size": default("base_batch_size"),
+            "epochs": NOISE_EPOCHS, "noise_seeds": measured}
 
 
 def _user_task_fields(settings: FindSettings, probe_data: model_check.ProbeData | None) -> dict | None:
