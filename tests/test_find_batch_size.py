@@ -705,7 +705,7 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_seed_one_cluster
         rates.append(task.config.lr)
         sampling = gradient_noise.NoiseSampling(**task.noise_sampling)
         value = {7: 20.0, 8: 40.0, 9: 20.0, 10: 40.0}[task.config.seed]
-        val_loss = {0.001: 0.69, 0.003: 0.62, 0.01: 0.48, 0.03: 0.55, None: 0.6}[task.config.lr]
+        val_loss = chance_loss[task.config.lr]
         rows = [{"epoch": e, "loss": 0.7, "val_loss": val_loss,
                  **(gradient_noise.from_pairs([0.9, 1.1] * 8, [0.9 * v, 1.1 * v] * 8, floor=10,
                                               epoch=e).to_record() if sampling.measures(e) else {})}
@@ -715,6 +715,7 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_seed_one_cluster
 
     rates: list = []
     collapsing = None
+    chance_loss = {0.001: 0.66, 0.003: 0.62, 0.01: 0.48, 0.03: 0.55, None: 0.6}
 
     monkeypatch.setattr(noise_run, "Worker", OneWorker)
     manifest = {"params": {"size": 32}, "fingerprint": {"standard": "f"}}
@@ -749,6 +750,11 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_seed_one_cluster
     collapsing = 8
     fewer = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
     assert fewer.estimate.pairs == 3 and fewer.rate_test["noise_seeds"] == [7, 9, 10]
+    # and so does one no better than chance (ln 2 for the article's two classes): 0.69 at Adam 0.001
+    collapsing = None
+    chance_loss[0.001] = 0.6929
+    at_chance = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
+    assert at_chance.rate_test["noise_seeds"] == [8, 9, 10] and at_chance.rate_test["losses"][0] == 0.6929
     assert FindSettings(seed=7).recorded(32, None, tmp_path)["seed"] == 7
     from catsdogs.errors import SettingError
 

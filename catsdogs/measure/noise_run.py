@@ -47,10 +47,13 @@ NOISE_SEEDS = 4  # short runs, each its own seed and one cluster: one seed's tra
 # rule: Keras's default is not a tuned rate (the tuned plans chose SGD 0.1 and Adam 0.01 on the
 # article's model, ten times it), and a ramp of Smith's range test said nothing on this model
 # within a budget that fits (docs/results.md, "The learning rate's anchor"). The grids are the
-# tuned plan's. A run that collapsed (the article's model: every ReLU unit dead) or diverged
-# measures no training gradient and leaves the noise scale; the rest are seeds and rates both, so
-# B_noise's interval over them holds the rates' spread too.
+# tuned plan's. A run that did not train (collapsed: the article's model with every ReLU unit dead;
+# diverged; or its validation loss no better than the class prior's, LEARNED of ln(classes))
+# measures no training gradient and leaves the noise scale: on JAX such runs at Adam 0.03 took the
+# interval's low end to 0.6 and the recommendation to batch 1. The rest are seeds and rates both,
+# so B_noise's interval over them holds the rates' spread too.
 RATE_GRID = {"sgd": (0.01, 0.03, 0.1, 0.3), "adam": (0.001, 0.003, 0.01, 0.03)}
+LEARNED = 0.98  # a short run trained when its final loss is below this share of chance's, ln(classes)
 # A user's model: the two-batch estimator on ordinary gradients (engine.noise_estimate_at), one
 # gradient computation per micro-batch. Micro-batches of 2, 12 to a pair: 16 pairs of 24 images,
 # about the article's measurement's images (16 of 25), for 192 gradients a measurement.
@@ -137,6 +140,7 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     if rates:
         log(f"Learning rate: the short runs train at {', '.join(f'{r:g}' for r in rates)}, one a seed; the least "
             f"validation loss after {NOISE_EPOCHS} epochs anchors the rule.")
+    chance = math.log(int(probe_data.input_spec[3]) if user and probe_data else 2)  # the class prior's loss
     started = time.perf_counter()
     measured: dict[int, list[NoiseEstimate]] = {}
     losses: list[float | None] = []
@@ -161,7 +165,7 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                 return None
             loss = final_loss(record)
             losses.append(loss)
-            if loss is not None and not record.collapsed:  # a collapsed or diverged run's gradient is not training's
+            if loss is not None and not record.collapsed and loss < LEARNED * chance:  # it trained: its gradient is training's
                 measured[seed] = later
             measure_seconds += record.noise_seconds or 0.0
     finally:
@@ -169,8 +173,8 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     log_path.unlink(missing_ok=True)
     estimate = pool_seeds(measured)
     if estimate is None:
-        log(f"Noise scale not measured: {NOISE_SEEDS - len(measured)} of the {NOISE_SEEDS} short runs collapsed or "
-            "diverged, too few left for an interval over seeds.")
+        log(f"Noise scale not measured: {NOISE_SEEDS - len(measured)} of the {NOISE_SEEDS} short runs did not train "
+            "(collapsed, diverged, or no better than chance), too few left for an interval over seeds.")
         return None
     return NoiseRun(estimate, base, NOISE_EPOCHS, round(measure_seconds, 2),
                     round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
