@@ -319,7 +319,7 @@ def plot_steps(ax, table: dict, color: str = "C0") -> dict:
     reached = [r for r in rows if np.isfinite(r["steps"]) and r["steps"] > 0]
     missed = [r for r in rows if not np.isfinite(r["steps"])]
     points = ax.scatter([r["batch_size"] for r in reached], [r["steps"] for r in reached], color=color, zorder=4,
-                        label="S(B): best median steps over the learning rates")
+                        label="S(B): steps at the best learning rate")
     for r in reached:
         ax.annotate(f"lr {r['lr']:g}{'*' if r['edge'] else ''}", (r["batch_size"], r["steps"]), xytext=(0, 6),
                     textcoords="offset points", ha="center", fontsize=7, color="0.3")

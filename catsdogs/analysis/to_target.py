@@ -102,7 +102,9 @@ def series_table(members: list[dict], many: bool = False) -> dict:
     if len(reached) >= 3:
         fit = fit_critical([r["batch_size"] for r in reached], [r["steps"] for r in reached])
     else:
-        why = f"{len(reached)} batch size{'s' if len(reached) != 1 else ''} reached the target: the fit needs 3"
+        inside = " at a rate inside its grid" if edges else ""
+        why = (f"{len(reached)} batch size{'s' if len(reached) != 1 else ''} reached the target{inside}: "
+               "the fit needs 3")
     if at_start:
         why = (why + "; " if why else "") + (f"batch size {', '.join(map(str, at_start))} met it before its first "
                                              "update (too easy a target), out of the fit")
@@ -218,9 +220,11 @@ def markdown(tables_: list[dict]) -> list[str]:
         return []
     lines = ["## The critical batch size, measured", "",
              "Each trial trained until its target (`--until`); its steps to the target are interpolated "
-             "between the evaluations around the crossing (catsdogs/targets.py). Per batch size, S(B) is the "
-             "best median over seeds among its learning rates (a seed that missed counts as never reaching it; "
-             "*edge*: the chosen rate is the lowest or highest tried, so a better one may lie outside the grid). "
+             "between the evaluations around the crossing (catsdogs/targets.py). Per batch size the rate is the "
+             "one of the best median over seeds (a seed that missed counts as never reaching it), and S(B) the "
+             "geometric mean of that median and of each seed read at the rate the other seeds chose (the first "
+             "is biased low by the choice, the second high; catsdogs/analysis/to_target.py). *edge*: the chosen "
+             "rate is the lowest or highest tried, so a better one may lie outside the grid: out of the fit. "
              "The fit: S = S_min + E_min/B, weighted least squares on 1/B, B_crit = E_min/S_min with Fieller's "
              "95% interval. B_simple: the smallest batch size's trials at every learning rate, measured where "
              "each reached the target, clustered by seed. The claim (McCandlish et al. 2018): B_simple predicts B_crit; "
@@ -229,7 +233,7 @@ def markdown(tables_: list[dict]) -> list[str]:
              "![critical_measured](figures/critical_measured.png)", ""]
     for t in tables_:
         lines += [f"### {t['label']} · {t['target'].describe()} · {t['context']}", "",
-                  "| batch size | chosen lr | median steps | examples | seeds reached | medians by lr |",
+                  "| batch size | chosen lr | S(B) steps | examples | seeds reached | medians by lr |",
                   "|---|---|---|---|---|---|"]
         for r in t["rows"]:
             steps = f"{r['steps']:.0f}" if math.isfinite(r["steps"]) else "not reached"
