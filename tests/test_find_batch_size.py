@@ -681,8 +681,8 @@ def test_a_cap_below_the_runtime_is_an_error_with_the_records_written(data_dir, 
     assert [p["status"] for p in saved["probes"]] == ["oom"]
 
 
-def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_seed_one_cluster_at_a_grid_of_rates(tmp_path,
-                                                                                                  monkeypatch):
+def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_and_one_seed_tries_two_more_rates(
+        tmp_path, monkeypatch):
     from catsdogs import gradient_noise
     from catsdogs.messages import TrialRecord
 
@@ -701,30 +701,29 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_seed_one_cluster
             pass
 
     def fake_run(task):  # a trial measures only the epochs its sampling asks for
-        runs.append((task.config.seed, task.config.epochs, task.config.batch_size))
-        rates.append(task.config.lr)
-        sampling = gradient_noise.NoiseSampling(**task.noise_sampling)
+        runs.append((task.config.seed, task.config.epochs, task.config.batch_size, task.config.lr))
+        sampling = gradient_noise.NoiseSampling(**task.noise_sampling) if task.noise_sampling else None
         value = {7: 20.0, 8: 40.0, 9: 20.0, 10: 40.0}[task.config.seed]
-        val_loss = chance_loss[task.config.lr]
+        val_loss = run_loss.get((task.config.seed, task.config.lr), 0.6)
         rows = [{"epoch": e, "loss": 0.7, "val_loss": val_loss,
                  **(gradient_noise.from_pairs([0.9, 1.1] * 8, [0.9 * v, 1.1 * v] * 8, floor=10,
-                                              epoch=e).to_record() if sampling.measures(e) else {})}
+                                              epoch=e).to_record() if sampling and sampling.measures(e) else {})}
                 for e, v in ((1, 400.0), (2, value), (3, value)) if e <= task.config.epochs]
         return TrialRecord(status="done", history=rows, initial_noise=None, noise_seconds=1.0,
                            collapsed=int(collapsing == task.config.seed))
 
-    rates: list = []
     collapsing = None
-    chance_loss = {0.001: 0.66, 0.003: 0.62, 0.01: 0.48, 0.03: 0.55, None: 0.6}
+    run_loss = {(7, None): 0.62, (7, 0.003): 0.48, (7, 0.01): 0.55}  # Adam at 0.001, 3 and 10 times it
 
     monkeypatch.setattr(noise_run, "Worker", OneWorker)
     manifest = {"params": {"size": 32}, "fingerprint": {"standard": "f"}}
     lines: list[str] = []
     run = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
-    # then four runs of 2 epochs at batch 32, seeds 7 to 10, in one worker, and the estimate is the
-    # geometric mean of the seeds' values after epoch 2, its interval over the 4 seeds (3 degrees of
-    # freedom): each seed weighted alike, one cluster
-    assert runs == [(7, 2, 32), (8, 2, 32), (9, 2, 32), (10, 2, 32)] and len(workers) == 1
+    # then four runs of 2 epochs at batch 32, seeds 7 to 10, at Keras's default rate, in one worker,
+    # and the estimate is the geometric mean of the seeds' values after epoch 2, its interval over the
+    # 4 seeds (3 degrees of freedom): each seed weighted alike, one cluster
+    assert runs[:4] == [(7, 2, 32, None), (8, 2, 32, None), (9, 2, 32, None), (10, 2, 32, None)]
+    assert len(workers) == 1
     assert run.estimate.b_simple == pytest.approx((20.0 * 40.0) ** 0.5) and run.estimate.measurements == 4
     spread = gradient_noise.t_quantile(0.975, 3) * float(np.std(np.log([20.0, 40.0] * 2), ddof=1)) / 2
     assert run.estimate.pairs == 4 and run.estimate.high == pytest.approx(run.estimate.b_simple * math.exp(spread))
@@ -733,28 +732,28 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_seed_one_cluster
     saved = run.as_json()
     assert saved["seeds"] == [7, 8, 9, 10] and saved["from_epoch"] == 2 and saved["epochs"] == 2
     assert saved["clustered"] and any("seeds 7, 8, 9, 10; B_simple" in ln for ln in lines)
-    # and without a store's tuned rate the four runs trained at Adam's grid, one rate a seed, and the
-    # least validation loss chose 0.01, inside the grid, as the learning rate's anchor
-    assert rates == [0.001, 0.003, 0.01, 0.03]
-    assert saved["rate_test"]["chosen"] == 0.01 and not saved["rate_test"]["edge"]
+    # and without a store's tuned rate, seed 7 trained twice more, at 3 and 10 times Adam's default,
+    # and the least validation loss of the three chose 0.003, inside the grid, as the rule's anchor
+    assert runs[4:] == [(7, 2, 32, pytest.approx(0.003)), (7, 2, 32, pytest.approx(0.01))]
+    assert saved["rate_test"]["chosen"] == pytest.approx(0.003) and not saved["rate_test"]["edge"]
+    assert saved["rate_test"]["losses"] == [0.62, 0.48, 0.55]
     anchor = findbs.short_run_anchor(saved["rate_test"])
-    assert anchor["rates"] == {32: 0.01} and "the best of the noise scale's short runs" in anchor["said"]
-    # and with a store's tuned rate, no grid: every run at the default rate
-    rates.clear()
+    assert anchor["rates"] == {32: pytest.approx(0.003)} and "the best of the noise scale's short runs" in anchor["said"]
+    # and with a store's tuned rate, no extra runs
+    runs.clear()
     tuned = {"store": "s", "sweep": "t", "kind": "tuned", "rates": {32: 0.01}, "edges": []}
     again = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7, anchor=tuned), tmp_path, None,
                                           lines.append)
-    assert rates == [None] * 4 and again.rate_test is None
-    # and a run that collapsed leaves the noise scale (its gradient is not training's), not the rate test
-    rates.clear()
+    assert len(runs) == 4 and again.rate_test is None
+    # and a run that collapsed leaves the noise scale (its gradient is not training's)
     collapsing = 8
     fewer = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
     assert fewer.estimate.pairs == 3 and fewer.rate_test["noise_seeds"] == [7, 9, 10]
-    # and so does one no better than chance (ln 2 for the article's two classes): 0.69 at Adam 0.001
+    # and so does one no better than chance (ln 2 for the article's two classes)
     collapsing = None
-    chance_loss[0.001] = 0.6929
+    run_loss[(9, None)] = 0.6929
     at_chance = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
-    assert at_chance.rate_test["noise_seeds"] == [8, 9, 10] and at_chance.rate_test["losses"][0] == 0.6929
+    assert at_chance.rate_test["noise_seeds"] == [7, 8, 10]
     assert FindSettings(seed=7).recorded(32, None, tmp_path)["seed"] == 7
     from catsdogs.errors import SettingError
 

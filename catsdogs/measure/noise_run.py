@@ -24,7 +24,7 @@ from catsdogs.measure import model_check
 from catsdogs.measure.common import first_line
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import TrialRecord, TrialTask
-from catsdogs.schema import Status, TrialConfig, default
+from catsdogs.schema import DEFAULT_LR, Status, TrialConfig, default
 from catsdogs.training import backends
 from catsdogs.training.worker import Worker
 
@@ -42,17 +42,17 @@ NOISE_LARGE = 25  # images a pair (each its own micro-batch: B_s 1, B_b 25)
 NOISE_EPOCHS = 2  # each short run's epochs: measured after the 2nd, past the first's transient
 NOISE_FROM = 2  # the first epoch whose measurement counts
 NOISE_SEEDS = 4  # short runs, each its own seed and one cluster: one seed's trajectory is one draw
-# Without a store's tuned rate (--from-store), the four runs train at four rates half a decade
-# apart, one a seed, and the least validation loss after their 2 epochs anchors the learning-rate
-# rule: Keras's default is not a tuned rate (the tuned plans chose SGD 0.1 and Adam 0.01 on the
-# article's model, ten times it), and a ramp of Smith's range test said nothing on this model
-# within a budget that fits (docs/results.md, "The learning rate's anchor"). The grids are the
-# tuned plan's. A run that did not train (collapsed: the article's model with every ReLU unit dead;
+# Without a store's tuned rate (--from-store), the first seed trains twice more, at 3 and 10 times
+# Keras's default rate, and the least validation loss after 2 epochs of the three anchors the
+# learning-rate rule: Keras's default is not a tuned rate (the tuned plans chose SGD 0.1 and Adam
+# 0.01 on the article's model, ten times it), and a ramp of Smith's range test said nothing on this
+# model within a budget that fits (docs/results.md, "The learning rate's anchor"). Not the noise
+# seeds themselves at four rates: runs at rates that did not train then took B_noise's interval
+# down to 0.6 and the recommendation to batch 1 on JAX. Those two runs measure no noise scale.
+# A noise run that did not train (collapsed: the article's model with every ReLU unit dead;
 # diverged; or its validation loss no better than the class prior's, LEARNED of ln(classes))
-# measures no training gradient and leaves the noise scale: on JAX such runs at Adam 0.03 took the
-# interval's low end to 0.6 and the recommendation to batch 1. The rest are seeds and rates both,
-# so B_noise's interval over them holds the rates' spread too.
-RATE_GRID = {"sgd": (0.01, 0.03, 0.1, 0.3), "adam": (0.001, 0.003, 0.01, 0.03)}
+# measures no training gradient and leaves the noise scale.
+RATE_FACTORS = (3.0, 10.0)
 LEARNED = 0.98  # a short run trained when its final loss is below this share of chance's, ln(classes)
 # A user's model: the two-batch estimator on ordinary gradients (engine.noise_estimate_at), one
 # gradient computation per micro-batch. Micro-batches of 2, 12 to a pair: 16 pairs of 24 images,
@@ -136,25 +136,27 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
              f"epochs {sampling.from_epoch}-{NOISE_EPOCHS}")
     log(f"Noise scale: {NOISE_EPOCHS} epochs at batch size {base}, seeds {', '.join(map(str, seeds))}; B_simple "
         f"from {how} after {after}, each seed one cluster ...")
-    rates = None if settings.anchor else RATE_GRID[settings.optimizer]  # a store's tuned rate: no grid needed
+    rates = None if settings.anchor else [DEFAULT_LR[settings.optimizer] * f for f in (1.0, *RATE_FACTORS)]
     if rates:
-        log(f"Learning rate: the short runs train at {', '.join(f'{r:g}' for r in rates)}, one a seed; the least "
-            f"validation loss after {NOISE_EPOCHS} epochs anchors the rule.")
+        log(f"Learning rate: seed {settings.seed} trains again at {' and '.join(f'{r:g}' for r in rates[1:])}; the "
+            f"least validation loss after {NOISE_EPOCHS} epochs, of those and {rates[0]:g}, anchors the rule.")
     chance = math.log(int(probe_data.input_spec[3]) if user and probe_data else 2)  # the class prior's loss
     started = time.perf_counter()
     measured: dict[int, list[NoiseEstimate]] = {}
     losses: list[float | None] = []
     measure_seconds = 0.0
     log_path = work / "noise-scale.log"
-    worker = Worker(log_path, env)  # one for every seed: a trial trains alike in a fresh worker or a used one
+    worker = Worker(log_path, env)  # one for every run: a trial trains alike in a fresh worker or a used one
+
+    def config(seed: int, lr: float | None = None) -> TrialConfig:
+        return TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
+                           image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
+                           data=manifest["fingerprint"][settings.dataset] if manifest else "",
+                           precision=settings.precision, backend=backends.name(), lr=lr,
+                           **backends.process_settings(env or {}))
     try:
-        for n, seed in enumerate(seeds):
-            cfg = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
-                              image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
-                              data=manifest["fingerprint"][settings.dataset] if manifest else "",
-                              precision=settings.precision, backend=backends.name(), lr=rates[n] if rates else None,
-                              **backends.process_settings(env or {}))
-            task = TrialTask(cfg, str(Path(data_dir).resolve()), sampling.as_dict(), user=user)
+        for seed in seeds:
+            task = TrialTask(config(seed), str(Path(data_dir).resolve()), sampling.as_dict(), user=user)
             record: TrialRecord = worker.run(task)
             later = [NoiseEstimate.from_record(row) for row in record.history or []]
             later = [replace(m, small=sampling.micro, large=sampling.large) for m in later
@@ -164,10 +166,14 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                     f"{first_line(record.error)} (log: {log_path})")
                 return None
             loss = final_loss(record)
-            losses.append(loss)
+            if seed == settings.seed:
+                losses.append(loss)
             if loss is not None and not record.collapsed and loss < LEARNED * chance:  # it trained: its gradient is training's
                 measured[seed] = later
             measure_seconds += record.noise_seconds or 0.0
+        for lr in (rates or [])[1:]:  # the anchor's runs: the first seed again, measuring nothing
+            record = worker.run(TrialTask(config(settings.seed, lr), str(Path(data_dir).resolve()), user=user))
+            losses.append(final_loss(record) if record.status == Status.DONE else None)
     finally:
         worker.close()
     log_path.unlink(missing_ok=True)
@@ -179,7 +185,7 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     return NoiseRun(estimate, base, NOISE_EPOCHS, round(measure_seconds, 2),
                     round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
                     estimator="two-batch" if user else None,
-                    rate_test=rate_test(rates, losses, seeds, sorted(measured)) if rates else None)
+                    rate_test=rate_test(rates, losses, settings.seed, sorted(measured)) if rates else None)
 
 
 def final_loss(record: TrialRecord) -> float | None:
@@ -190,12 +196,12 @@ def final_loss(record: TrialRecord) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
-def rate_test(rates: tuple, losses: list, seeds: list[int], measured: list[int]) -> dict:
-    """What the short runs say of the learning rate: the rate of the least final loss ("chosen";
-    None if every run diverged), whether it lies at the grid's edge, and each run's loss."""
+def rate_test(rates: list, losses: list, seed: int, measured: list[int]) -> dict:
+    """What the short runs of one seed say of the learning rate: the rate of the least final loss
+    ("chosen"; None if every run diverged), whether it lies at the grid's edge, each run's loss."""
     finite = [(loss, r) for r, loss in zip(rates, losses, strict=True) if loss is not None]
     chosen = min(finite)[1] if finite else None
-    return {"rates": list(rates), "losses": losses, "seeds": seeds, "chosen": chosen,
+    return {"rates": list(rates), "losses": losses, "seed": seed, "chosen": chosen,
             "edge": chosen in (rates[0], rates[-1]), "batch_size": default("base_batch_size"),
             "epochs": NOISE_EPOCHS, "noise_seeds": measured}
 
