@@ -61,8 +61,7 @@ def anchor_at(batch_size: int, optimizer: str, anchor: dict | None) -> tuple[int
     rates = {int(b): float(lr) for b, lr in anchor["rates"].items()}
     base = min(rates, key=lambda b: (abs(math.log(b / batch_size)), b))
     edge = " (at its grid's edge: the best may lie beyond)" if base in {int(b) for b in anchor.get("edges", [])} else ""
-    said = anchor.get("said") or f"the tuned rate of the {anchor['kind']} sweep {anchor['sweep']!r}"
-    return base, rates[base], f"{said}{edge}"
+    return base, rates[base], f"the tuned rate of the {anchor['kind']} sweep {anchor['sweep']!r}{edge}"
 
 
 def linear_scaled_lr(optimizer: str, batch_size: int) -> float:
