@@ -741,6 +741,10 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_the_ru
     run_loss[(9, None)] = 0.6929
     at_chance = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
     assert at_chance.trained == [7, 8, 10]
+    # and when fewer than two trained, all four are pooled, an early value, said
+    run_loss.update({(7, None): 0.7, (8, None): 0.7, (10, None): 0.7})
+    early = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
+    assert early.trained == [7, 8, 9, 10] and any("all are pooled, an early value" in ln for ln in lines)
     assert FindSettings(seed=7).recorded(32, None, tmp_path)["seed"] == 7
     from catsdogs.errors import SettingError
 

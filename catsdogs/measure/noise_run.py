@@ -132,6 +132,7 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     chance = math.log(int(probe_data.input_spec[3]) if user and probe_data else 2)  # the class prior's loss
     started = time.perf_counter()
     measured: dict[int, list[NoiseEstimate]] = {}
+    every: dict[int, list[NoiseEstimate]] = {}
     measure_seconds = 0.0
     log_path = work / "noise-scale.log"
     worker = Worker(log_path, env)  # one for every run: a trial trains alike in a fresh worker or a used one
@@ -154,16 +155,20 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                     f"{first_line(record.error)} (log: {log_path})")
                 return None
             loss = final_loss(record)
+            every[seed] = later
             if loss is not None and not record.collapsed and loss < LEARNED * chance:  # it trained: its gradient is training's
                 measured[seed] = later
             measure_seconds += record.noise_seconds or 0.0
     finally:
         worker.close()
     log_path.unlink(missing_ok=True)
+    if len(measured) < 2:  # hardly any trained (data too few or too hard for 2 epochs): an early value, said
+        log(f"Noise scale: {NOISE_SEEDS - len(measured)} of the {NOISE_SEEDS} short runs did not train (collapsed, "
+            "diverged, or no better than chance): all are pooled, an early value.")
+        measured = every
     estimate = pool_seeds(measured)
     if estimate is None:
-        log(f"Noise scale not measured: {NOISE_SEEDS - len(measured)} of the {NOISE_SEEDS} short runs did not train "
-            "(collapsed, diverged, or no better than chance), too few left for an interval over seeds.")
+        log("Noise scale not measured: fewer than two short runs measured one.")
         return None
     return NoiseRun(estimate, base, NOISE_EPOCHS, round(measure_seconds, 2),
                     round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
