@@ -57,7 +57,6 @@ from catsdogs.messages import ProbeRecord
 from catsdogs.schema import Status, default
 
 TIE = 0.10  # within 10% of the least worst case (plus the step times' spread): a tie, the near-best set
-NEAR = TIE  # (its name before 0.17.0)
 CONTESTED = 3.0  # a size whose worst case is within 3 times the least may be timed again ...
 CONTESTED_MOST = 5  # ... the 5 nearest the least's size, before the decision (`contested`)
 RETIME = "retime"  # the phase of a probe run again for its step time alone

@@ -85,8 +85,8 @@ class NoiseRun:
                 "trace": e.trace, "epochs": self.epochs, "batch_size": self.batch_size, "pairs": e.pairs, "small": e.small,
                 "large": e.large, "measure_seconds": self.measure_seconds, "seconds": self.seconds,
                 "seeds": self.seeds, "from_epoch": self.from_epoch, "measurements": e.measurements,
-                "clustered": True, "trained_seeds": self.trained} | ({"batch_norm": True} if self.estimator == "two-batch" and e.small == BN_NOISE_MICRO
-                                       else {})
+                "clustered": True, "trained_seeds": self.trained} | (
+                    {"batch_norm": True} if self.estimator == "two-batch" and e.small == BN_NOISE_MICRO else {})
 
 
 
@@ -135,17 +135,16 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     every: dict[int, list[NoiseEstimate]] = {}
     measure_seconds = 0.0
     log_path = work / "noise-scale.log"
-    worker = Worker(log_path, env)  # one for every run: a trial trains alike in a fresh worker or a used one
+    worker = Worker(log_path, env)  # one for every seed: a trial trains alike in a fresh worker or a used one
 
-    def config(seed: int) -> TrialConfig:
-        return TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
-                           image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
-                           data=manifest["fingerprint"][settings.dataset] if manifest else "",
-                           precision=settings.precision, backend=backends.name(),
-                           **backends.process_settings(env or {}))
     try:
         for seed in seeds:
-            task = TrialTask(config(seed), str(Path(data_dir).resolve()), sampling.as_dict(), user=user)
+            cfg = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
+                              image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
+                              data=manifest["fingerprint"][settings.dataset] if manifest else "",
+                              precision=settings.precision, backend=backends.name(),
+                              **backends.process_settings(env or {}))
+            task = TrialTask(cfg, str(Path(data_dir).resolve()), sampling.as_dict(), user=user)
             record: TrialRecord = worker.run(task)
             later = [NoiseEstimate.from_record(row) for row in record.history or []]
             later = [replace(m, small=sampling.micro, large=sampling.large) for m in later
