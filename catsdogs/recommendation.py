@@ -9,8 +9,9 @@ step time), with the limit that binds (memory, speed or statistics; the data or 
 search stopped at its bound with room to spare) and a learning rate by the optimizer's rule
 (`learning_rate`): the paper's for SGD with a resolved noise scale, else linear; the square-root
 rule for Adam; anchored at a tuned rate from a store (--from-store) at the tuned batch size
-nearest the recommendation, else at Keras's default (SGD 0.01, Adam 0.001) at the base batch
-size, 32 (`anchor_at`).
+nearest the recommendation, else at the best of the noise scale's short runs at 1, 3 and 10
+times Keras's default at the base batch size, 32 (catsdogs.measure.noise_run), else (no noise
+scale measured) at Keras's default itself, said so (`anchor_at`).
 """
 
 from __future__ import annotations
@@ -54,14 +55,16 @@ def recommend(probes: list[ProbeRecord], safe: int, optimizer: str, estimate: No
 def anchor_at(batch_size: int, optimizer: str, anchor: dict | None) -> tuple[int, float, str]:
     """(the batch size, its rate, what the rate is) the learning rate at `batch_size` is scaled
     from: a tuned rate from a store (--from-store: catsdogs.analysis.anchor), at the tuned batch
-    size nearest `batch_size` on a log scale (the rule then carries it the shortest way); else
-    Keras's default at the base batch size."""
+    size nearest `batch_size` on a log scale (the rule then carries it the shortest way), or the
+    short runs' best at the base batch size (`anchor["said"]` says which); else Keras's default
+    at the base batch size."""
     if not anchor:
         return default("base_batch_size"), DEFAULT_LR[optimizer], "Keras's default"
     rates = {int(b): float(lr) for b, lr in anchor["rates"].items()}
     base = min(rates, key=lambda b: (abs(math.log(b / batch_size)), b))
     edge = " (at its grid's edge: the best may lie beyond)" if base in {int(b) for b in anchor.get("edges", [])} else ""
-    return base, rates[base], f"the tuned rate of the {anchor['kind']} sweep {anchor['sweep']!r}{edge}"
+    said = anchor.get("said") or f"the tuned rate of the {anchor['kind']} sweep {anchor['sweep']!r}"
+    return base, rates[base], f"{said}{edge}"
 
 
 def linear_scaled_lr(optimizer: str, batch_size: int) -> float:

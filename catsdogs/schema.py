@@ -235,9 +235,12 @@ class TrialConfig:
     def shape(self) -> tuple:
         """What a compiled training step depends on: every field but the seed, the data set and
         its fingerprint, the number of epochs and a target (where training stops). Trials of one shape
-        share a worker's step."""
+        share a worker's step. Without a warm-up the learning rate is not compiled in either (a
+        variable of the optimizer, set at the step's reset): trials at other rates share the step
+        (find-batch-size's anchor runs); a warm-up's schedule holds its rates as constants."""
+        rate = ("lr", "lr_scaling", "base_batch_size") if not self.warmup_epochs else ()
         return tuple((f.name, getattr(self, f.name)) for f in fields(self)
-                     if f.name not in ("seed", "dataset", "data", "epochs", "until", "eval_every"))
+                     if f.name not in ("seed", "dataset", "data", "epochs", "until", "eval_every", *rate))
 
     def cell(self) -> TrialConfig:
         """The trial's cell: its configuration with seed 0, whatever its seed."""

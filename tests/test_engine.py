@@ -109,10 +109,11 @@ def test_the_digest_is_every_weights_bytes_hashed_in_order_as_before(monkeypatch
 @pytest.mark.slow
 @pytest.mark.xdist_group("engine-alone")
 def test_a_trial_is_bit_identical_alone_or_as_a_later_trial_of_a_worker(keras_backend, data_dir, tmp_path):
-    # given one trial, and a worker that first runs other trials: two of its shape (other
-    # seeds, the other data set) and one of another shape (SGD)
+    # given one trial, and a worker that first runs other trials: two of its shape (another seed
+    # at another learning rate, which builds the step; the other data set) and one of another
+    # shape (SGD)
     target = trial(data_dir, seed=2)
-    before = [trial(data_dir, seed=0), trial(data_dir, optimizer="sgd", seed=2),
+    before = [trial(data_dir, seed=0, lr=0.003), trial(data_dir, optimizer="sgd", seed=2),
               trial(data_dir, seed=1, dataset="augmented")]
     slot = LocalSlot(0, 1, tmp_path / "worker")
     try:
@@ -128,6 +129,7 @@ def test_a_trial_is_bit_identical_alone_or_as_a_later_trial_of_a_worker(keras_ba
     assert in_worker.step_reused and not first.step_reused
     assert outcome(in_worker) == outcome(first)
     assert records[2].step_reused  # the augmented trial reused the standard trials' step
+    assert target.shape() == before[0].shape()  # the rate is no part of the step, set at its reset
     assert outcome(records[0]) != outcome(in_worker)  # another seed: really another trial
 
 

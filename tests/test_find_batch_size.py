@@ -681,8 +681,8 @@ def test_a_cap_below_the_runtime_is_an_error_with_the_records_written(data_dir, 
     assert [p["status"] for p in saved["probes"]] == ["oom"]
 
 
-def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_the_runs_that_trained(tmp_path,
-                                                                                                monkeypatch):
+def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_and_one_seed_tries_two_more_rates(
+        tmp_path, monkeypatch):
     from catsdogs import gradient_noise
     from catsdogs.messages import TrialRecord
 
@@ -713,7 +713,7 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_the_ru
                            collapsed=int(collapsing == task.config.seed))
 
     collapsing = None
-    run_loss: dict = {}  # (seed, lr): a run's validation loss, 0.6 unless given
+    run_loss = {(7, None): 0.62, (7, 0.003): 0.48, (7, 0.01): 0.55}  # Adam at 0.001, 3 and 10 times it
 
     monkeypatch.setattr(noise_run, "Worker", OneWorker)
     manifest = {"params": {"size": 32}, "fingerprint": {"standard": "f"}}
@@ -732,6 +732,19 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_the_ru
     saved = run.as_json()
     assert saved["seeds"] == [7, 8, 9, 10] and saved["from_epoch"] == 2 and saved["epochs"] == 2
     assert saved["clustered"] and any("seeds 7, 8, 9, 10; B_simple" in ln for ln in lines)
+    # and without a store's tuned rate, seed 7 trained twice more, at 3 and 10 times Adam's default,
+    # and the least validation loss of the three chose 0.003, inside the grid, as the rule's anchor
+    assert runs[4:] == [(7, 2, 32, pytest.approx(0.003)), (7, 2, 32, pytest.approx(0.01))]
+    assert saved["rate_test"]["chosen"] == pytest.approx(0.003) and not saved["rate_test"]["edge"]
+    assert saved["rate_test"]["losses"] == [0.62, 0.48, 0.55]
+    anchor = findbs.short_run_anchor(saved["rate_test"])
+    assert anchor["rates"] == {32: pytest.approx(0.003)} and "the best of the noise scale's short runs" in anchor["said"]
+    # and with a store's tuned rate, no extra runs
+    runs.clear()
+    tuned = {"store": "s", "sweep": "t", "kind": "tuned", "rates": {32: 0.01}, "edges": []}
+    again = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7, anchor=tuned), tmp_path, None,
+                                          lines.append)
+    assert len(runs) == 4 and again.rate_test is None
     # and a run that collapsed leaves the noise scale (its gradient is not training's)
     collapsing = 8
     fewer = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
@@ -740,7 +753,7 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_the_ru
     collapsing = None
     run_loss[(9, None)] = 0.6929
     at_chance = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
-    assert at_chance.trained == [7, 8, 10]
+    assert at_chance.trained == [7, 8, 10] and at_chance.rate_test["noise_seeds"] == [7, 8, 10]
     # and when fewer than two trained, all four are pooled, an early value, said
     run_loss.update({(7, None): 0.7, (8, None): 0.7, (10, None): 0.7})
     early = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)

@@ -126,8 +126,9 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         result, safe, margin_failed = _search(run, noise_run, pred, bound)
     finally:
         run.close()  # (a plan still compiling is not waited for: its worker ends with this process)
-    summary = _answer(result, run.probes, safe, settings, noise_run.estimate if noise_run else None,
-                      bound.stopped_by(result))
+    anchor = settings.anchor or short_run_anchor(noise_run.rate_test if noise_run else None)
+    summary = _answer(result, run.probes, safe, replace(settings, anchor=anchor),
+                      noise_run.estimate if noise_run else None, bound.stopped_by(result))
     summary.update(margin_failed=margin_failed, noise_scale=noise_run.as_json() if noise_run else None,
                    settings=settings.recorded(size, cpu_cap, data_dir,
                                               manifest["fingerprint"][settings.dataset] if manifest else None),
@@ -167,6 +168,18 @@ def _answer(result, probes: list[ProbeRecord], safe: int | None, settings: FindS
     if rec:
         summary["recommendation"] = rec
     return summary
+
+
+def short_run_anchor(test: dict | None) -> dict | None:
+    """The learning-rate anchor the noise scale's short runs give (noise_run.rate_test), in the
+    form a store's tuned rates take (recommendation.anchor_at); None when none was chosen."""
+    if not test or test.get("chosen") is None:
+        return None
+    b = test["batch_size"]
+    grid = ", ".join(f"{r:g}" for r in test["rates"])
+    return {"kind": "short-run", "rates": {b: test["chosen"]}, "edges": [b] if test["edge"] else [],
+            "said": f"the best of the noise scale's short runs at {grid} (the least validation loss after "
+                    f"{test['epochs']} epochs at batch size {b})"}
 
 
 def _search(run: ProbeRun, noise_run: NoiseRun | None, pred: dict | None, bound: SearchBound):

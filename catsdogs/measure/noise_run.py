@@ -24,7 +24,7 @@ from catsdogs.measure import model_check
 from catsdogs.measure.common import first_line
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import TrialRecord, TrialTask
-from catsdogs.schema import Status, TrialConfig, default
+from catsdogs.schema import DEFAULT_LR, Status, TrialConfig, default
 from catsdogs.training import backends
 from catsdogs.training.worker import Worker
 
@@ -42,10 +42,18 @@ NOISE_LARGE = 25  # images a pair (each its own micro-batch: B_s 1, B_b 25)
 NOISE_EPOCHS = 2  # each short run's epochs: measured after the 2nd, past the first's transient
 NOISE_FROM = 2  # the first epoch whose measurement counts
 NOISE_SEEDS = 4  # short runs, each its own seed and one cluster: one seed's trajectory is one draw
-# A run that did not train (collapsed: the article's model with every ReLU unit dead; diverged; or
-# its validation loss no better than the class prior's, LEARNED of ln(classes)) measures no
-# training gradient and leaves the noise scale: runs at rates that did not train took B_noise's
-# interval down to 0.6, and the recommendation on JAX to batch 1.
+# Without a store's tuned rate (--from-store), the first seed trains twice more, at 3 and 10 times
+# Keras's default rate, and the least validation loss after 2 epochs of the three anchors the
+# learning-rate rule: Keras's default is not a tuned rate (the tuned plans chose SGD 0.1 and Adam
+# 0.01 on the article's model, ten times it), and a ramp of Smith's range test said nothing on this
+# model within a budget that fits (docs/results.md, "The learning rate's anchor"). Not the noise
+# seeds themselves at four rates: runs at rates that did not train then took B_noise's interval
+# down to 0.6 and the recommendation to batch 1 on JAX. Those two runs measure no noise scale, and
+# cost their training only: a rate is set at a compiled step's reset (TrialConfig.shape).
+# A noise run that did not train (collapsed: the article's model with every ReLU unit dead;
+# diverged; or its validation loss no better than the class prior's, LEARNED of ln(classes))
+# measures no training gradient and leaves the noise scale.
+RATE_FACTORS = (3.0, 10.0)
 LEARNED = 0.98  # a short run trained when its final loss is below this share of chance's, ln(classes)
 # A user's model: the two-batch estimator on ordinary gradients (engine.noise_estimate_at), one
 # gradient computation per micro-batch. Micro-batches of 2, 12 to a pair: 16 pairs of 24 images,
@@ -77,6 +85,7 @@ class NoiseRun:
     from_epoch: int | None = None
     estimator: str | None = None  # a user's model's: "two-batch" (None: the article's per-example products)
     trained: list[int] | None = None  # the seeds whose runs trained, which the estimate pools
+    rate_test: dict | None = None  # the anchor's rates and final losses, and the rate chosen (`rate_test`)
 
     def as_json(self) -> dict:
         """As find_batch_size.json's "noise_scale" holds it."""
@@ -85,9 +94,8 @@ class NoiseRun:
                 "trace": e.trace, "epochs": self.epochs, "batch_size": self.batch_size, "pairs": e.pairs, "small": e.small,
                 "large": e.large, "measure_seconds": self.measure_seconds, "seconds": self.seconds,
                 "seeds": self.seeds, "from_epoch": self.from_epoch, "measurements": e.measurements,
-                "clustered": True, "trained_seeds": self.trained} | (
+                "clustered": True, "trained_seeds": self.trained, "rate_test": self.rate_test} | (
                     {"batch_norm": True} if self.estimator == "two-batch" and e.small == BN_NOISE_MICRO else {})
-
 
 
 def noise_sampling() -> NoiseSampling:
@@ -129,22 +137,28 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
              f"epochs {sampling.from_epoch}-{NOISE_EPOCHS}")
     log(f"Noise scale: {NOISE_EPOCHS} epochs at batch size {base}, seeds {', '.join(map(str, seeds))}; B_simple "
         f"from {how} after {after}, each seed one cluster ...")
+    rates = None if settings.anchor else [DEFAULT_LR[settings.optimizer] * f for f in (1.0, *RATE_FACTORS)]
+    if rates:
+        log(f"Learning rate: seed {settings.seed} trains again at {' and '.join(f'{r:g}' for r in rates[1:])}; the "
+            f"least validation loss after {NOISE_EPOCHS} epochs, of those and {rates[0]:g}, anchors the rule.")
     chance = math.log(int(probe_data.input_spec[3]) if user and probe_data else 2)  # the class prior's loss
     started = time.perf_counter()
     measured: dict[int, list[NoiseEstimate]] = {}
     every: dict[int, list[NoiseEstimate]] = {}
+    losses: list[float | None] = []
     measure_seconds = 0.0
     log_path = work / "noise-scale.log"
-    worker = Worker(log_path, env)  # one for every seed: a trial trains alike in a fresh worker or a used one
+    worker = Worker(log_path, env)  # one for every run: a trial trains alike in a fresh worker or a used one
 
+    def config(seed: int, lr: float | None = None) -> TrialConfig:
+        return TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
+                           image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
+                           data=manifest["fingerprint"][settings.dataset] if manifest else "",
+                           precision=settings.precision, backend=backends.name(), lr=lr,
+                           **backends.process_settings(env or {}))
     try:
         for seed in seeds:
-            cfg = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
-                              image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
-                              data=manifest["fingerprint"][settings.dataset] if manifest else "",
-                              precision=settings.precision, backend=backends.name(),
-                              **backends.process_settings(env or {}))
-            task = TrialTask(cfg, str(Path(data_dir).resolve()), sampling.as_dict(), user=user)
+            task = TrialTask(config(seed), str(Path(data_dir).resolve()), sampling.as_dict(), user=user)
             record: TrialRecord = worker.run(task)
             later = [NoiseEstimate.from_record(row) for row in record.history or []]
             later = [replace(m, small=sampling.micro, large=sampling.large) for m in later
@@ -155,9 +169,15 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                 return None
             loss = final_loss(record)
             every[seed] = later
+            if seed == settings.seed:
+                losses.append(None if record.collapsed else loss)
             if loss is not None and not record.collapsed and loss < LEARNED * chance:  # it trained: its gradient is training's
                 measured[seed] = later
             measure_seconds += record.noise_seconds or 0.0
+        for lr in (rates or [])[1:]:  # the anchor's runs: the first seed again, measuring nothing
+            # (the rate is set at the compiled step's reset: these reuse the noise runs' step)
+            record = worker.run(TrialTask(config(settings.seed, lr), str(Path(data_dir).resolve()), user=user))
+            losses.append(final_loss(record) if record.status == Status.DONE and not record.collapsed else None)
     finally:
         worker.close()
     log_path.unlink(missing_ok=True)
@@ -171,7 +191,8 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
         return None
     return NoiseRun(estimate, base, NOISE_EPOCHS, round(measure_seconds, 2),
                     round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
-                    estimator="two-batch" if user else None, trained=sorted(measured))
+                    estimator="two-batch" if user else None, trained=sorted(measured),
+                    rate_test=rate_test(rates, losses, settings.seed, sorted(measured)) if rates else None)
 
 
 def final_loss(record: TrialRecord) -> float | None:
@@ -180,6 +201,16 @@ def final_loss(record: TrialRecord) -> float | None:
     last = (record.history or [{}])[-1]
     value = last.get("val_loss", last.get("loss"))
     return float(value) if value is not None and math.isfinite(value) else None
+
+
+def rate_test(rates: list, losses: list, seed: int, measured: list[int]) -> dict:
+    """What the short runs of one seed say of the learning rate: the rate of the least final loss
+    ("chosen"; None if every run diverged), whether it lies at the grid's edge, each run's loss."""
+    finite = [(loss, r) for r, loss in zip(rates, losses, strict=True) if loss is not None]
+    chosen = min(finite)[1] if finite else None
+    return {"rates": list(rates), "losses": losses, "seed": seed, "chosen": chosen,
+            "edge": chosen in (rates[0], rates[-1]), "batch_size": default("base_batch_size"),
+            "epochs": NOISE_EPOCHS, "noise_seeds": measured}
 
 
 def _user_task_fields(settings: FindSettings, probe_data: model_check.ProbeData | None) -> dict | None:

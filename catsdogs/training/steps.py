@@ -6,9 +6,9 @@ images and building, compiling and tracing the article's model are the costs it 
   fingerprint before each task, so data re-prepared under a worker is decoded again, never
   used stale;
 - `StepCache`: the compiled training step (`TrainingStep`) of each trial shape it has run
-  (`TrialConfig.shape()`: model, optimizer, batch size and protocol; not the seed or the data
-  set), up to a memory budget. A trial of a known shape gets the weights a freshly built model
-  of its seed has and zeroed optimizer state, so its result is bit-identical to the same trial
+  (`TrialConfig.shape()`: model, optimizer, batch size and protocol; not the seed, the data
+  set or, without a warm-up, the learning rate), up to a memory budget. A trial of a known shape
+  gets the weights a freshly built model of its seed has, zeroed optimizer state and its rate, so its result is bit-identical to the same trial
   in a fresh process (tests/test_engine.py), without building, compiling and tracing again.
 
 One of each per process (`DATA`, `STEPS`). Imported only once the worker's backend has started
@@ -124,6 +124,8 @@ class TrainingStep:
             target.assign(value)
         for v, start in zip(self.model.optimizer.variables, self._opt_start, strict=True):
             v.assign(np.zeros(v.shape, v.dtype) if start is None else start)
+        if not cfg.warmup_epochs:  # the rate is a variable, not in the shape (TrialConfig.shape)
+            self.model.optimizer.learning_rate = learning_rate(cfg)
 
 
 class InitialWeights:
