@@ -765,6 +765,40 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_and_on
         FindSettings(seed=-1).check()
 
 
+def test_the_anchor_tries_the_next_seed_where_no_rate_trained_and_says_when_none_did():
+    from catsdogs.messages import TrialRecord
+
+    # given a first seed that collapsed at SGD's default rate and stayed at chance at 3 and 10
+    # times it, and a next seed that took off at 10 times it
+    learned = noise_run.LEARNED * math.log(2)
+    losses = {(5, 0.03): 0.690, (5, 0.1): 0.693, (6, 0.03): 0.66, (6, 0.1): 0.38}
+    ran = []
+
+    def run(seed, lr):
+        ran.append((seed, lr))
+        return TrialRecord(status="done", history=[{"epoch": 2, "val_loss": losses[(seed, lr)]}], collapsed=0)
+
+    rates, at_default = [0.01, 0.03, 0.1], {5: None, 6: 0.67, 7: 0.5, 8: 0.5}
+    rounds = noise_run.anchor_rounds(run, rates, [5, 6, 7, 8], at_default, learned)
+    # then the next seed tried the two rates too, and no third (one of its runs trained)
+    assert ran == [(5, 0.03), (5, 0.1), (6, 0.03), (6, 0.1)]
+    assert rounds == [{"seed": 5, "losses": [None, 0.690, 0.693]}, {"seed": 6, "losses": [0.67, 0.66, 0.38]}]
+    # and its least loss chose 0.1, at the grid's edge, said so in the anchor
+    test = noise_run.rate_test(rates, rounds, learned, [6, 7, 8])
+    assert (test["chosen"], test["seed"], test["edge"]) == (0.1, 6, True)
+    assert findbs.short_run_anchor(test)["edges"] == [32]
+    # and where no run of either seed trained, no rate is chosen, it is said, and the rule keeps
+    # Keras's default (a loss at chance ranks no rate)
+    losses.update({(6, 0.03): 0.69, (6, 0.1): 0.69})
+    ran.clear()
+    lines: list[str] = []
+    none = noise_run.rate_test(rates, noise_run.anchor_rounds(run, rates, [5, 6, 7, 8], at_default | {6: 0.69}, learned),
+                               learned, [7, 8], lines.append)
+    assert len(ran) == 2 * noise_run.ANCHOR_SEEDS and none["chosen"] is None and none["seed"] is None
+    assert "no short run trained at 0.01, 0.03, 0.1 (seeds 5, 6)" in lines[0]
+    assert findbs.short_run_anchor(none) is None
+
+
 class UnluckyProber(SqrtSpeedProber):
     """SqrtSpeedProber on a device of `kind` whose first probe of 16 ran in a busy moment of the
     machine (with `unlucky`): half its speed."""

@@ -44,7 +44,9 @@ NOISE_FROM = 2  # the first epoch whose measurement counts
 NOISE_SEEDS = 4  # short runs, each its own seed and one cluster: one seed's trajectory is one draw
 # Without a store's tuned rate (--from-store), the first seed trains twice more, at 3 and 10 times
 # Keras's default rate, and the least validation loss after 2 epochs of the three anchors the
-# learning-rate rule: Keras's default is not a tuned rate (the tuned plans chose SGD 0.1 and Adam
+# learning-rate rule; where none of the three trained (whether a run takes off within 2 epochs is
+# the seed's luck on this model: seed 4 collapsed at 0.01 and stayed at chance at 0.03 and 0.1),
+# the next seed tries them, up to ANCHOR_SEEDS; none trained at all, Keras's default, said. Why: Keras's default is not a tuned rate (the tuned plans chose SGD 0.1 and Adam
 # 0.01 on the article's model, ten times it), and a ramp of Smith's range test said nothing on this
 # model within a budget that fits (docs/results.md, "The learning rate's anchor"). Not the noise
 # seeds themselves at four rates: runs at rates that did not train then took B_noise's interval
@@ -54,6 +56,7 @@ NOISE_SEEDS = 4  # short runs, each its own seed and one cluster: one seed's tra
 # diverged; or its validation loss no better than the class prior's, LEARNED of ln(classes))
 # measures no training gradient and leaves the noise scale.
 RATE_FACTORS = (3.0, 10.0)
+ANCHOR_SEEDS = 2
 LEARNED = 0.98  # a short run trained when its final loss is below this share of chance's, ln(classes)
 # A user's model: the two-batch estimator on ordinary gradients (engine.noise_estimate_at), one
 # gradient computation per micro-batch. Micro-batches of 2, 12 to a pair: 16 pairs of 24 images,
@@ -140,12 +143,13 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     rates = None if settings.anchor else [DEFAULT_LR[settings.optimizer] * f for f in (1.0, *RATE_FACTORS)]
     if rates:
         log(f"Learning rate: seed {settings.seed} trains again at {' and '.join(f'{r:g}' for r in rates[1:])}; the "
-            f"least validation loss after {NOISE_EPOCHS} epochs, of those and {rates[0]:g}, anchors the rule.")
+            f"least validation loss after {NOISE_EPOCHS} epochs, of those and {rates[0]:g}, anchors the rule "
+            f"(where none trained, seed {settings.seed + 1} tries them).")
     chance = math.log(int(probe_data.input_spec[3]) if user and probe_data else 2)  # the class prior's loss
     started = time.perf_counter()
     measured: dict[int, list[NoiseEstimate]] = {}
     every: dict[int, list[NoiseEstimate]] = {}
-    losses: list[float | None] = []
+    at_default: dict[int, float | None] = {}  # each seed's final loss at the default rate (None: collapsed, diverged)
     measure_seconds = 0.0
     log_path = work / "noise-scale.log"
     worker = Worker(log_path, env)  # one for every run: a trial trains alike in a fresh worker or a used one
@@ -169,15 +173,13 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                 return None
             loss = final_loss(record)
             every[seed] = later
-            if seed == settings.seed:
-                losses.append(None if record.collapsed else loss)
+            at_default[seed] = None if record.collapsed else loss
             if loss is not None and not record.collapsed and loss < LEARNED * chance:  # it trained: its gradient is training's
                 measured[seed] = later
             measure_seconds += record.noise_seconds or 0.0
-        for lr in (rates or [])[1:]:  # the anchor's runs: the first seed again, measuring nothing
-            # (the rate is set at the compiled step's reset: these reuse the noise runs' step)
-            record = worker.run(TrialTask(config(settings.seed, lr), str(Path(data_dir).resolve()), user=user))
-            losses.append(final_loss(record) if record.status == Status.DONE and not record.collapsed else None)
+        rounds = anchor_rounds(lambda seed, lr: worker.run(TrialTask(config(seed, lr), str(Path(data_dir).resolve()),
+                                                                     user=user)),
+                               rates, seeds, at_default, LEARNED * chance) if rates else []
     finally:
         worker.close()
     log_path.unlink(missing_ok=True)
@@ -192,7 +194,7 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     return NoiseRun(estimate, base, NOISE_EPOCHS, round(measure_seconds, 2),
                     round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
                     estimator="two-batch" if user else None, trained=sorted(measured),
-                    rate_test=rate_test(rates, losses, settings.seed, sorted(measured)) if rates else None)
+                    rate_test=rate_test(rates, rounds, LEARNED * chance, sorted(measured), log) if rates else None)
 
 
 def final_loss(record: TrialRecord) -> float | None:
@@ -203,12 +205,40 @@ def final_loss(record: TrialRecord) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
-def rate_test(rates: list, losses: list, seed: int, measured: list[int]) -> dict:
-    """What the short runs of one seed say of the learning rate: the rate of the least final loss
-    ("chosen"; None if every run diverged), whether it lies at the grid's edge, each run's loss."""
-    finite = [(loss, r) for r, loss in zip(rates, losses, strict=True) if loss is not None]
-    chosen = min(finite)[1] if finite else None
-    return {"rates": list(rates), "losses": losses, "seed": seed, "chosen": chosen,
+def anchor_rounds(run: Callable[[int, float], TrialRecord], rates: list, seeds: list[int],
+                  at_default: dict[int, float | None], learned: float) -> list[dict]:
+    """The anchor's runs, measuring nothing: the first seed at each rate but the default (its
+    loss there is the noise run's, `at_default`), the next seed too where none of the first's
+    trained, up to ANCHOR_SEEDS. A rate is set at the compiled step's reset: the runs reuse the
+    noise runs' step and cost their training alone."""
+    rounds = []
+    for seed in seeds[:ANCHOR_SEEDS]:
+        losses = [at_default[seed]]
+        for lr in rates[1:]:
+            record = run(seed, lr)
+            losses.append(final_loss(record) if record.status == Status.DONE and not record.collapsed else None)
+        rounds.append({"seed": seed, "losses": losses})
+        if any(loss is not None and loss < learned for loss in losses):
+            break
+    return rounds
+
+
+def rate_test(rates: list, rounds: list[dict], learned: float, measured: list[int],
+              log: Callable[[str], None] = lambda line: None) -> dict:
+    """What the anchor's short runs say of the learning rate: in the first round (a seed's runs
+    at `rates`) where a run trained (its final loss below `learned`), the rate of the least loss
+    ("chosen", that round's "seed" and "losses"); whether it lies at the grid's edge. None chosen,
+    said, where no run trained in any round: a loss at chance ranks no rate."""
+    chosen_round = next((r for r in rounds if any(loss is not None and loss < learned for loss in r["losses"])), None)
+    chosen = None
+    if chosen_round is None:
+        grid = ", ".join(f"{r:g}" for r in rates)
+        log(f"Learning rate: no short run trained at {grid} (seeds {', '.join(str(r['seed']) for r in rounds)}): "
+            "the rule is anchored at Keras's default, untuned.")
+    else:
+        chosen = min((loss, r) for r, loss in zip(rates, chosen_round["losses"], strict=True) if loss is not None)[1]
+    return {"rates": list(rates), "rounds": rounds, "seed": chosen_round and chosen_round["seed"],
+            "losses": chosen_round and chosen_round["losses"], "chosen": chosen,
             "edge": chosen in (rates[0], rates[-1]), "batch_size": default("base_batch_size"),
             "epochs": NOISE_EPOCHS, "noise_seeds": measured}
 
