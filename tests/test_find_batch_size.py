@@ -768,10 +768,11 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_and_on
 def test_the_anchor_tries_the_next_seed_where_no_rate_trained_and_says_when_none_did():
     from catsdogs.messages import TrialRecord
 
-    # given a first seed that collapsed at SGD's default rate and stayed at chance at 3 and 10
-    # times it, and a next seed that took off at 10 times it
-    learned = noise_run.LEARNED * math.log(2)
-    losses = {(5, 0.03): 0.690, (5, 0.1): 0.693, (6, 0.03): 0.66, (6, 0.1): 0.38}
+    # given a first seed that collapsed at SGD's default rate and barely moved at 3 and 10 times
+    # it (0.675, the loss that had chosen 0.03 by the noise of an untrained run), and a next seed
+    # that took off at 10 times it
+    learned = noise_run.ANCHOR_LEARNED * math.log(2)
+    losses = {(5, 0.03): 0.675, (5, 0.1): 0.693, (6, 0.03): 0.66, (6, 0.1): 0.38}
     ran = []
 
     def run(seed, lr):
@@ -782,7 +783,7 @@ def test_the_anchor_tries_the_next_seed_where_no_rate_trained_and_says_when_none
     rounds = noise_run.anchor_rounds(run, rates, [5, 6, 7, 8], at_default, learned)
     # then the next seed tried the two rates too, and no third (one of its runs trained)
     assert ran == [(5, 0.03), (5, 0.1), (6, 0.03), (6, 0.1)]
-    assert rounds == [{"seed": 5, "losses": [None, 0.690, 0.693]}, {"seed": 6, "losses": [0.67, 0.66, 0.38]}]
+    assert rounds == [{"seed": 5, "losses": [None, 0.675, 0.693]}, {"seed": 6, "losses": [0.67, 0.66, 0.38]}]
     # and its least loss chose 0.1, at the grid's edge, said so in the anchor
     test = noise_run.rate_test(rates, rounds, learned, [6, 7, 8])
     assert (test["chosen"], test["seed"], test["edge"]) == (0.1, 6, True)
