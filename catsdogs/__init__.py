@@ -1,3 +1,3 @@
 """catsdogs: which batch size should I train with, and what does it cost?"""
 
-__version__ = "0.17.0"
+__version__ = "0.18.0"
