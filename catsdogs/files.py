@@ -54,3 +54,29 @@ def write_json_atomic(path: Path | str, obj, indent: int | None = 1, fsync: bool
     with atomic_path(path, fsync=fsync) as tmp:
         tmp.write_text(json.dumps(obj, indent=indent, default=str), encoding="utf-8")
     return Path(path)
+
+
+def new_or_ours(path: Path | str, option: str, ours: Callable[[Path], bool], what: str) -> Path:
+    """`path` as a file catsdogs may write at a user's word: a new name in an existing folder, or a
+    regular file that `ours` recognises as one catsdogs wrote (`what` names it). Anything else (a
+    device, a folder, a symbolic link, another program's file) is refused in one line, untouched: a
+    rename over it would replace it. A SettingError (a usage error) naming `option`."""
+    from catsdogs.errors import SettingError
+
+    path = Path(path)
+    if not str(path).strip() or path.name in ("", ".", ".."):
+        raise SettingError(f"{option} needs a file name, got {str(path)!r}", option.lstrip("-").replace("-", "_"))
+    key = option.lstrip("-").replace("-", "_")
+    if path.is_symlink():
+        raise SettingError(f"{option} {path} is a symbolic link: give a new file name (catsdogs replaces only "
+                           f"{what} it wrote)", key)
+    if path.exists():
+        if not path.is_file():
+            raise SettingError(f"{option} {path} exists and is not a regular file: give a new file name", key)
+        if not ours(path):
+            raise SettingError(f"{option} {path} exists and is not {what} catsdogs wrote: give a new file name, "
+                               "or move it aside", key)
+    if not path.parent.is_dir():
+        raise SettingError(f"{option} {path}: no folder {path.parent}", key)
+    return path
+

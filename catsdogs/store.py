@@ -89,6 +89,23 @@ CREATE TABLE IF NOT EXISTS sweep_trials (
 """
 
 
+def is_store_copy(path: Path) -> bool:
+    """Whether `path` is a SQLite file holding a catsdogs store's three tables (a store, or a copy
+    `Store.export_copy` wrote): what `report --export-store` may replace. Read only."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                return False
+        db = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            db.close()
+    except (OSError, sqlite3.Error):
+        return False
+    return {"trials", "sweeps", "sweep_trials"} <= tables
+
+
 class StoreError(CatsdogsError):
     """The results store cannot be used: not a catsdogs store, damaged, or on a disk that is full
     or read-only. One line naming the file; the file is left as it was."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sqlite3
+import stat
 import subprocess
 import sys
 from dataclasses import asdict
@@ -317,3 +318,33 @@ def test_an_export_that_cannot_be_written_names_the_copy_not_the_store(data_dir,
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert result.output.startswith("Error: cannot write the copy /proc/catsdogs-copy.sqlite")
     assert (tmp_path / "results.sqlite").read_bytes() == before
+
+
+def test_an_export_never_replaces_what_catsdogs_did_not_write(data_dir, tmp_path):
+    # given a store, a text file of the user's, a link to it, a FIFO standing in for a device
+    # (/dev/null as root was turned into a regular file), and an earlier export
+    grid = grid_of(data_dir)
+    sweep.run_sweep("s", grid, data_dir, tmp_path, log=lambda _: None, slots=InstantSlot)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    link = tmp_path / "link.sqlite"
+    link.symlink_to(notes)
+    fifo = tmp_path / "device"
+    os.mkfifo(fifo)
+    earlier = tmp_path / "copy.sqlite"
+
+    def export(target: str):
+        return CliRunner().invoke(cli, ["report", "--out", str(tmp_path), "--name", "s", "--export-store", target])
+
+    assert export(str(earlier)).exit_code == 0
+    # when each is given to --export-store, and an empty name
+    for target, said in ((notes, "is not a store copy catsdogs wrote"), (link, "is a symbolic link"),
+                         (fifo, "is not a regular file"),
+                         ("", "needs a file name")):
+        result = export(str(target))
+        # then each is refused in one line, a usage error, and left as it was
+        assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output, (target, result.output)
+    assert notes.read_text() == "mine" and link.is_symlink() and stat.S_ISFIFO(fifo.stat().st_mode)
+    # and a copy catsdogs wrote is replaced
+    assert export(str(earlier)).exit_code == 0
+

@@ -30,10 +30,10 @@ from catsdogs.analysis.summary import summarize
 from catsdogs.analysis.tables import status_counts
 from catsdogs.analysis.time_to_target import load_find_results
 from catsdogs.errors import CatsdogsError, SettingError
-from catsdogs.files import write_text_atomic
+from catsdogs.files import new_or_ours, write_text_atomic
 from catsdogs.plotting import save_figure
 from catsdogs.schema import UNFINISHED, Status
-from catsdogs.store import Store, store_path
+from catsdogs.store import Store, is_store_copy, store_path
 
 
 def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = None,
@@ -117,8 +117,7 @@ def export_store(out: Path | str, path: Path | str, log: Callable[[str], None] =
         raise CatsdogsError(f"no results store at {source}: run `catsdogs sweep` first (or give the --out it used)")
     if path.resolve() in {source.resolve(), *(source.with_name(source.name + x).resolve() for x in ("-wal", "-shm"))}:
         raise SettingError(f"--export-store {path} is the store itself: give another file", "export_store")
-    if not path.parent.is_dir():
-        raise SettingError(f"--export-store {path}: no folder {path.parent}", "export_store")
+    path = new_or_ours(path, "--export-store", is_store_copy, "a store copy")
     with Store(source, read_only=True) as store:
         store.export_copy(path)
     log(f"store: {source} (with its write-ahead log) copied to {path}")
