@@ -224,7 +224,7 @@ def test_sweep_tensorboard_exports_each_trial_as_it_finishes(prepared_data, tmp_
     # and both runs end done, read back by TensorBoard's reader
     from tensorboard.plugins.hparams import api_pb2, metadata
 
-    runs = [p for p in (out / "two" / "tensorboard").iterdir() if p.name != tensorboard_export.EXPERIMENT]
+    runs = [p for p in (out / "two" / "tensorboard").iterdir() if p.is_dir() and p.name != tensorboard_export.EXPERIMENT]
     statuses = [metadata.parse_session_end_info_plugin_data(
         read(run).PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_END_INFO_TAG]).status for run in runs]
     assert statuses == [api_pb2.STATUS_SUCCESS] * 2
@@ -245,3 +245,56 @@ def test_exporting_loads_no_framework_where_tensorflow_is_installed(store, tmp_p
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
     assert len(list((tmp_path / "tb").rglob("events.out.tfevents.*"))) == 4
+
+
+def _export_from_process(store: Path, out: Path, start) -> None:
+    start.wait()
+    tensorboard_export.export(load_trials(store, "grid"), out)
+
+
+@pytest.mark.slow
+def test_exports_started_together_never_collide_and_each_run_holds_one_session(store, tmp_path):
+    import multiprocessing
+
+    # given four processes exporting the same sweep into one folder at the same moment (two
+    # `report --tensorboard`, or a report beside `sweep --tensorboard`)
+    out = tmp_path / "tb"
+    context = multiprocessing.get_context("fork")
+    start = context.Event()
+    procs = [context.Process(target=_export_from_process, args=(store, out, start)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join(60)
+    # then every one succeeded, each run holds one event file (its session logged once), and no
+    # temporary folder is left
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    runs = [d for d in out.iterdir() if d.is_dir()]
+    assert len(runs) == 4 and all(len(list(d.glob("events.out.tfevents.*"))) == 1 for d in runs)
+    assert not [p for p in out.iterdir() if p.name.endswith((".tmp", ".old"))]
+
+
+def test_a_run_left_with_two_sessions_is_written_again(store, tmp_path):
+    # given an export, and a run holding a second event file (two exports of 0.17.0 raced there)
+    out = tmp_path / "tb"
+    tensorboard_export.export(load_trials(store, "grid"), out)
+    run = next(d for d in out.iterdir() if d.is_dir() and d.name.startswith("adam"))
+    (run / "events.out.tfevents.0.twice").write_bytes(next(run.glob("events.out.tfevents.*")).read_bytes())
+    # when exported again, nothing changed in the store
+    result = tensorboard_export.export(load_trials(store, "grid"), out)
+    # then that run alone is written again, with one event file
+    assert result["written"] == 1 and len(list(run.glob("events.out.tfevents.*"))) == 1
+
+
+def test_a_failed_export_is_said_and_the_sweep_goes_on(store, tmp_path):
+    # given `sweep --tensorboard` whose folder cannot be made (a file stands where it goes)
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "grid" / "tensorboard").write_text("not a folder")
+    lines: list[str] = []
+    on_finished = tensorboard_export.live(True, tmp_path, "grid", lines.append)
+    # when a trial finishes and the export runs
+    on_finished()
+    # then nothing is raised into the sweep, and one warning says how to export again
+    assert len(lines) == 1 and lines[0].startswith("Warning: TensorBoard export to")
+    assert "the sweep goes on" in lines[0] and "--tensorboard` exports it again" in lines[0]

@@ -28,13 +28,16 @@ store's: catsdogs.analysis.rows.load_trials); imports no framework.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import shutil
 import sys
 import threading
 import time
 import types
+import uuid
 from pathlib import Path
 
 from catsdogs.analysis.rows import field, load_trials
@@ -53,6 +56,7 @@ EPOCH_SCALARS = ("loss", "accuracy", "val_loss", "val_accuracy", "noise_scale")
 CURVE_SCALARS = ("val_loss", "val_accuracy")
 STAMP = "catsdogs-trial.sha256"  # in each run: the digest of the row it was written from
 EXPERIMENT = "experiment"  # the experiment's run (a folder of its own, beside the trials')
+LOCK = ".catsdogs-export.lock"  # in the folder: one export at a time
 HINT = "TensorBoard export needs the tensorboard package: pip install 'catsdogs[tensorboard]'"
 
 
@@ -97,21 +101,32 @@ def digest(trial: dict) -> str:
 
 
 def export(trials: list[dict], folder: Path) -> dict:
-    """Write the sweep's runs under `folder`; {"written", "unchanged", "runs"} (see the module)."""
+    """Write the sweep's runs under `folder`; {"written", "unchanged", "runs"} (see the module).
+    One export of a folder at a time, across processes (two reports, or a report beside a sweep,
+    each wait for the other's lock), so a run never holds two exports' event files."""
     tb = _tb()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = 0
-    for trial in trials:
-        run = folder / run_name(trial)
-        stamp = digest(trial)
-        if (run / STAMP).is_file() and (run / STAMP).read_text() == stamp:
-            continue
-        _replace(run, lambda tmp, t=trial, s=stamp: _write_trial(tb, tmp, t, s))
-        written += 1
-    if written or not (folder / EXPERIMENT).is_dir():
-        _replace(folder / EXPERIMENT, lambda tmp: _write_experiment(tb, tmp, trials))
+    with open(folder / LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when the process dies
+        for trial in trials:
+            run = folder / run_name(trial)
+            stamp = digest(trial)
+            if _current(run, stamp):
+                continue
+            _replace(run, lambda tmp, t=trial, s=stamp: _write_trial(tb, tmp, t, s))
+            written += 1
+        if written or not (folder / EXPERIMENT).is_dir():
+            _replace(folder / EXPERIMENT, lambda tmp: _write_experiment(tb, tmp, trials))
     return {"written": written, "unchanged": len(trials) - written, "runs": len(trials)}
+
+
+def _current(run: Path, stamp: str) -> bool:
+    """Whether `run` holds the trial of digest `stamp`, whole: its stamp and one event file (two,
+    left by concurrent exports of 0.17.0 and earlier, logged the session twice: written again)."""
+    return ((run / STAMP).is_file() and (run / STAMP).read_text() == stamp
+            and len(list(run.glob("events.out.tfevents.*"))) == 1)
 
 
 def check_installed() -> None:
@@ -138,24 +153,30 @@ def live(enabled: bool, out: Path, name: str, log=print):
     lock, folder = threading.Lock(), Path(out) / name / "tensorboard"
 
     def on_finished() -> None:
+        # a side output: its failure is said and the sweep goes on (the report exports it again)
         with lock:
-            export_trials(load_trials(store_path(out), name), folder, log)
+            try:
+                export_trials(load_trials(store_path(out), name), folder, log)
+            except (CatsdogsError, OSError) as exc:
+                log(f"Warning: TensorBoard export to {folder} failed ({exc}); the sweep goes on: "
+                    f"`catsdogs report --out {out} --name {name} --tensorboard` exports it again")
 
     return on_finished
 
 
 def _replace(target: Path, write) -> None:
     """`write(tmp)` into a fresh folder beside `target`, then put it in target's place."""
-    tmp = target.with_name(f".{target.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    unique = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this process's own, whatever else writes
+    tmp, old = target.with_name(f".{target.name}.{unique}.tmp"), target.with_name(f".{target.name}.{unique}.old")
     tmp.mkdir(parents=True)
-    write(tmp)
-    old = target.with_name(f".{target.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        target.rename(old)
-    tmp.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        write(tmp)
+        if target.exists():
+            target.rename(old)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_trial(tb, folder: Path, trial: dict, stamp: str) -> None:
