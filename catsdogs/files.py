@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -50,10 +51,23 @@ def write_text_atomic(path: Path | str, text: str) -> Path:
 
 
 def write_json_atomic(path: Path | str, obj, indent: int | None = 1, fsync: bool = False) -> Path:
-    """JSON, atomically; `fsync` for the marks of finished work (a prepare's manifest)."""
+    """Strict JSON, atomically (a value that is not finite, NaN or infinity, written as null, which
+    every JSON reader takes; Python's NaN is not JSON); `fsync` for the marks of finished work (a
+    prepare's manifest)."""
     with atomic_path(path, fsync=fsync) as tmp:
-        tmp.write_text(json.dumps(obj, indent=indent, default=str), encoding="utf-8")
+        tmp.write_text(json.dumps(finite_or_null(obj), indent=indent, default=str, allow_nan=False), encoding="utf-8")
     return Path(path)
+
+
+def finite_or_null(obj):
+    """`obj` with every float that is not finite replaced by None, through dicts, lists and tuples."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite_or_null(v) for v in obj]
+    return obj
 
 
 def new_or_ours(path: Path | str, option: str, ours: Callable[[Path], bool], what: str) -> Path:

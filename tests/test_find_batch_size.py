@@ -758,6 +758,11 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_and_on
     run_loss.update({(7, None): 0.7, (8, None): 0.7, (10, None): 0.7})
     early = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
     assert early.trained == [7, 8, 9, 10] and any("all are pooled, an early value" in ln for ln in lines)
+    # and a model whose loss is NaN in every run has no noise scale, and the log says why
+    run_loss.update({(seed, None): math.nan for seed in (7, 8, 9, 10)})
+    nan = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
+    assert nan is None and lines[-1].startswith("Noise scale not measured: the loss was not finite (NaN or infinite) "
+                                                "in 4 of the 4 short runs")
     assert FindSettings(seed=7).recorded(32, None, tmp_path)["seed"] == 7
     from catsdogs.errors import SettingError
 

@@ -176,7 +176,8 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                     f"{first_line(record.error)} (log: {log_path})")
                 return None
             loss = final_loss(record)
-            every[seed] = later
+            if loss is not None:  # a loss that is not finite measured a gradient of NaN, or of a diverged model
+                every[seed] = later
             at_default[seed] = None if record.collapsed else loss
             if loss is not None and not record.collapsed and loss < LEARNED * chance:  # it trained: its gradient is training's
                 measured[seed] = later
@@ -187,18 +188,31 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     finally:
         worker.close()
     log_path.unlink(missing_ok=True)
-    if len(measured) < 2:  # hardly any trained (data too few or too hard for 2 epochs): an early value, said
-        log(f"Noise scale: {NOISE_SEEDS - len(measured)} of the {NOISE_SEEDS} short runs did not train (collapsed, "
-            "diverged, or no better than chance): all are pooled, an early value.")
-        measured = every
-    estimate = pool_seeds(measured)
-    if estimate is None:
+    measured = pooled_seeds(measured, every, DEFAULT_LR[settings.optimizer], log)
+    estimate = pool_seeds(measured) if measured else None
+    if measured and estimate is None:
         log("Noise scale not measured: fewer than two short runs measured one.")
+    if estimate is None:
         return None
     return NoiseRun(estimate, base, NOISE_EPOCHS, round(measure_seconds, 2),
                     round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
                     estimator="two-batch" if user else None, trained=sorted(measured),
                     rate_test=rate_test(rates, rounds, ANCHOR_LEARNED * chance, sorted(measured), log) if rates else None)
+
+
+def pooled_seeds(trained: dict, finite: dict, rate: float, log: Callable[[str], None]) -> dict:
+    """The seeds' measurements the estimate pools: those of the runs that trained; where fewer than
+    two did (data too few or too hard for 2 epochs), every run whose loss was finite, an early
+    value, said; none (said) where fewer than two losses were finite: a NaN model has no noise scale."""
+    if len(finite) < 2:
+        log(f"Noise scale not measured: the loss was not finite (NaN or infinite) in {NOISE_SEEDS - len(finite)} of "
+            f"the {NOISE_SEEDS} short runs: the model diverges, or computes NaN, at learning rate {rate:g}.")
+        return {}
+    if len(trained) < 2:
+        log(f"Noise scale: {NOISE_SEEDS - len(trained)} of the {NOISE_SEEDS} short runs did not train (collapsed, "
+            "diverged, or no better than chance): all are pooled, an early value.")
+        return finite
+    return trained
 
 
 def final_loss(record: TrialRecord) -> float | None:
