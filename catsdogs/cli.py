@@ -559,13 +559,14 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
 
     data_dir = data_dir or config.default_data_dir()
     anchor = anchor_for(from_store, opt, dataset, data_dir) if from_store is not None else None
+    if max_batch is not None and click.get_current_context().get_parameter_source("start").name == "DEFAULT":
+        start = min(start, max_batch)  # --max alone: the search starts no higher (a --start given is checked)
     settings = FindSettings(name=name, mode=mode, start=start, max_batch=max_batch, margin=margin, optimizer=opt,
                             dataset=dataset, precision=precision, steps=steps, memory_cap_bytes=memory_limit,
                             resolution=resolution, isolate=isolate, measure_noise=measure_noise, seed=seed,
                             anchor=anchor, deterministic=deterministic is not False, tf32=tf32,
                             worker_env=worker_env(compile_cache), model=model, loss=loss, images=images)
     run(settings, data_dir, out, log=click.echo)
-    return 0
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -672,7 +673,6 @@ def list_plans(plan):
         click.echo(plan.text, nl=False)
         return 0
     click.echo("\n".join(plans.listing()))
-    return 0
 
 
 main = cli

@@ -25,9 +25,11 @@ from catsdogs.schema import DEFAULT_LR, TrialConfig, default
 from catsdogs.schema import learning_rate as trial_learning_rate
 
 
-def fastest(probes: list[ProbeRecord]) -> dict | None:
-    """{"batch_size", "images_per_second"} of the size that passed fastest per image; None if none did."""
-    fits = list(goodput.passed(probes).values())
+def fastest(probes: list[ProbeRecord], bound: int | None = None) -> dict | None:
+    """{"batch_size", "images_per_second"} of the size that passed fastest per image, no larger than
+    `bound` (the search's: a user's model's memory probe may lie above the training images, which
+    no batch can be trained on); None if none did."""
+    fits = [p for p in goodput.passed(probes).values() if bound is None or p.batch_size <= bound]
     top = max(fits, key=lambda p: p.images_per_second) if fits else None
     return {"batch_size": top.batch_size, "images_per_second": top.images_per_second} if top else None
 

@@ -464,6 +464,28 @@ def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_di
         assert "The noise scale's interval is open above: the choice holds for B_noise from 900 to any larger" in text
 
 
+def test_fewer_training_images_than_the_noise_runs_batch_skip_the_noise_scale_and_say_why(prepared_data, tmp_path,
+                                                                                         monkeypatch):
+    from catsdogs.measure import prober
+
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setattr(prober, "Prober", SqrtSpeedProber)
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the noise scale's short runs were started")
+
+    monkeypatch.setattr(findbs, "measure_noise_scale", no_run)
+    # given prepared data of 24 training images, fewer than the noise runs' batch of 32
+    lines: list[str] = []
+    s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20), prepared_data(SIZE, (12, 4, 4)),
+                               tmp_path, log=lines.append)
+    # then no short run was started, the output says why, and every size printed is trainable there
+    assert any(ln.startswith("Noise scale: not measured: its short runs train at batch size 32, more than the 24 "
+                             "training images") for ln in lines)
+    assert s["noise_scale"] is None and s["largest_fitting"] <= 24 and s["fastest"]["batch_size"] <= 24
+    assert s["recommendation"]["batch_size"] <= 24
+
+
 def test_with_a_store_s_tuned_rates_the_learning_rate_is_scaled_from_the_nearest_and_says_so(data_dir, tmp_path,
                                                                                               monkeypatch):
     from catsdogs.measure import prober
@@ -849,3 +871,17 @@ def test_the_sizes_the_answer_could_fall_on_are_timed_again_on_the_cpu_so_one_bu
     table = {r["batch_size"]: r["images_per_second"] for r in s["recommendation"]["table"]}
     assert table[16] == pytest.approx(100.0 * 16 ** 0.5)  # the median of its three: the two steady ones
     assert s["recommendation"]["batch_size"] == steady["recommendation"]["batch_size"]
+
+
+def test_max_alone_starts_the_search_no_higher_and_a_start_above_a_max_is_refused(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(findbs, "find_batch_size", lambda settings, *a, **k: seen.append(settings))
+    # given --max 4 alone (the default --start is 8)
+    ok = CliRunner().invoke(cli, ["find-batch-size", "--max", "4", "--data-dir", str(tmp_path), "--out", str(tmp_path)])
+    # then the search starts at 4, not refused for a --start the user never gave
+    assert ok.exit_code == 0, ok.output
+    assert FindSettings().start == 8 and (seen[0].start, seen[0].max_batch) == (4, 4)
+    # and a --start the user gave above --max is a usage error naming both (checked before any work)
+    monkeypatch.undo()
+    bad = CliRunner().invoke(cli, ["find-batch-size", "--start", "8", "--max", "4", "--data-dir", str(tmp_path)])
+    assert bad.exit_code == 2 and "--max 4 is below --start 8" in bad.output

@@ -28,3 +28,16 @@ def test_linear_scaling_rule_from_keras_defaults_at_32():
     assert linear_scaled_lr("adam", 64) == pytest.approx(0.002)
     assert linear_scaled_lr("sgd", 8) == pytest.approx(0.0025)
     assert linear_scaled_lr("sgd", 256) == pytest.approx(0.08)
+
+
+def test_the_fastest_is_none_of_the_sizes_above_the_answer():
+    from catsdogs.messages import ProbeRecord
+
+    # given a search bounded by 5 training images, and a user's model's memory probe at 136 (above
+    # the data: its batches repeat the images), the fastest per image
+    probes = [ProbeRecord(batch_size=1, status="done", images_per_second=80.0),
+              ProbeRecord(batch_size=136, status="done", images_per_second=760.0),
+              ProbeRecord(batch_size=5, status="done", images_per_second=280.0)]
+    # then the fastest that fits is the fastest up to the answer, 5, a size these data can train
+    assert recommendation.fastest(probes, 5) == {"batch_size": 5, "images_per_second": 280.0}
+    assert recommendation.fastest(probes)["batch_size"] == 136  # (unbounded: every size that passed)

@@ -68,7 +68,7 @@ from catsdogs.measure.search import apply_margin, confirm, critical_probe, searc
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import ProbeRecord, ProbeTask, columns
 from catsdogs.recommendation import fastest, recommend
-from catsdogs.schema import Status
+from catsdogs.schema import Status, default
 from catsdogs.training import backends
 from catsdogs.training.costs import PLAN_MOST
 
@@ -112,6 +112,9 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         if settings.measure_noise and user and not probe_data.real:
             log("Noise scale: not measured: it needs real images (random ones carry no signal to measure): give "
                 "--data DIR, or prepared data of the model's input size; the recommendation is speed's within memory.")
+        elif settings.measure_noise and bound.train_images is not None and bound.train_images < default("base_batch_size"):
+            log(f"Noise scale: not measured: its short runs train at batch size {default('base_batch_size')}, more than "
+                f"the {bound.train_images:,} training images; the recommendation is speed's within memory and the data.")
         elif settings.measure_noise:
             run.prober.prestart()
             noise_run = measure_noise_scale(data_dir, manifest, settings, work, env, log, probe_data=probe_data,
@@ -162,7 +165,7 @@ def _answer(result, probes: list[ProbeRecord], safe: int | None, settings: FindS
     if result.largest_fit is None:
         return summary
     summary["margin_batch_size"] = safe
-    summary["fastest"] = fastest(probes)
+    summary["fastest"] = fastest(probes, result.largest_fit)  # none above the answer (a prediction probe may be)
     rec = recommend(probes, safe, settings.optimizer, estimate, settings.anchor,
                     bound_by=stopped_by if safe == result.largest_fit else None) if safe is not None else None
     if rec:

@@ -55,7 +55,7 @@ def _noise_lines(measured: dict | None, settings: dict, model: dict | None = Non
         return ["Critical batch size: not measured: random images have no gradient signal to measure "
                 "(--data DIR, or prepared data of the model's input size, gives it real ones)."]
     if settings.get("noise_scale"):
-        return ["Critical batch size: not measured (the short run failed; see above)."]
+        return ["Critical batch size: not measured (the noise scale's line above says why)."]
     return []
 
 
