@@ -113,12 +113,14 @@ def test_an_unresolved_noise_scale_predicts_by_speed_alone_and_is_judged_all_the
     assert c["rows"][0]["predicted_relative"] == pytest.approx(8.0)
 
 
-def test_a_result_of_another_optimizer_backend_or_data_matches_no_series_and_is_listed(tmp_path):
+def test_a_result_of_another_model_optimizer_backend_or_data_matches_no_series_and_is_listed(tmp_path):
     (table,) = tables(build_store(tmp_path, "crit", critical_study()))
+    user = found(16.0, path="mine")  # a user's model (--model) on the sweep's own data, size and optimizer
+    user["settings"] = {**user["settings"], "model": "mymodels:build"}
     others = [found(16.0, opt="adam", path="a"), found(16.0, backend="jax", path="b"), found(16.0, data="x", path="c"),
-              {**found(16.0, path="old"), "backend": None}]  # a result from before 0.13.0 records no backend
+              {**found(16.0, path="old"), "backend": None}, user]  # a result from before 0.13.0 records no backend
     compared = time_to_target.comparisons([table], others)
-    assert compared["rows"] == [] and compared["unmatched"] == ["a", "b", "c", "old"]
+    assert compared["rows"] == [] and compared["unmatched"] == ["a", "b", "c", "old", "mine"]
 
 
 def test_a_target_met_before_the_first_update_has_no_time_and_is_never_the_best(tmp_path):

@@ -90,7 +90,7 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
             ratio = f"T(recommended {c['recommended']})/T(best {c['best']}) {c['ratio']:.2f}" if c["ratio"] is not None else c["why"]
             log(f"time to the target ({c['label']}, {c['context']}) against {c['path']}: {ratio}, {c['verdict']}")
     for path in timed["unmatched"]:
-        log(f"time to the target: {path} matches no series of {name!r} (another optimizer, data, size or backend)")
+        log(f"time to the target: {path} matches no series of {name!r} (another model, optimizer, data, size or backend)")
     for ctx in summary["claims"]:
         verdicts = [r["verdict"] for r in ctx["results"]]
         log(f"claims ({ctx['context']}): " + ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts)))

@@ -60,13 +60,17 @@ def identity_of_series(table: dict) -> dict:
     """What a find-batch-size result must share with a series to be held against it."""
     t = table["rows"][0]["chosen"][0] if table["rows"] and table["rows"][0]["chosen"] else {}
     return {"optimizer": field(t, "optimizer"), "dataset": field(t, "dataset"), "image_size": field(t, "image_size"),
-            "precision": field(t, "precision", "float32"), "backend": setting_of(t, "backend"), "data": field(t, "data")}
+            "precision": field(t, "precision", "float32"), "backend": setting_of(t, "backend"), "data": field(t, "data"),
+            "model": None}  # a sweep trains the article's model
 
 
 def identity_of_result(found: dict) -> dict:
+    """A result's identity as `identity_of_series`'s; "model": a user's model (--model), never the
+    article's series, whatever else it shares with one (its data, its image size)."""
     s = found.get("settings") or {}
     return {"optimizer": s.get("optimizer"), "dataset": s.get("dataset"), "image_size": s.get("image_size"),
-            "precision": s.get("precision"), "backend": found.get("backend"), "data": s.get("data_fingerprint")}
+            "precision": s.get("precision"), "backend": found.get("backend"), "data": s.get("data_fingerprint"),
+            "model": s.get("model")}
 
 
 def comparisons(tables: list[dict], found: list[dict]) -> dict:
@@ -191,7 +195,7 @@ def markdown(compared: dict | None) -> list[str]:
                          + (f"; {c['cause']}." if c.get("cause") else "."))
         lines.append("")
     if compared["unmatched"]:
-        lines += ["find-batch-size results that match no series of this sweep (another optimizer, data, image "
+        lines += ["find-batch-size results that match no series of this sweep (another model, optimizer, data, image "
                   "size or backend): " + ", ".join(f"`{p}`" for p in compared["unmatched"]) + ".", ""]
     return lines
 
