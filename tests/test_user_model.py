@@ -114,6 +114,12 @@ def test_a_loss_named_against_the_last_layers_width_is_refused():
         user_model.choose_loss(head(layers.Dense(1)), "sparse-categorical")
 
 
+def exiting(project: Path) -> None:
+    """Given: two modules of the user's that call sys.exit, one at its import, one in its function."""
+    (project / "exits_at_import.py").write_text("import sys\nsys.exit(3)\n")
+    (project / "exits_in_function.py").write_text("import sys\n\ndef make():\n    sys.exit('bye')\n")
+
+
 def test_what_is_not_a_model_of_images_is_refused_in_one_line(in_a_project):
     with pytest.raises(CatsdogsError, match="returned list, not a Keras model"):
         user_model.build("my_models:not_a_model")
@@ -123,6 +129,12 @@ def test_what_is_not_a_model_of_images_is_refused_in_one_line(in_a_project):
         user_model.build("no_such_module:f")
     with pytest.raises(CatsdogsError, match="my_models has no function nothing"):
         user_model.build("my_models:nothing")
+    # a module that exits, at its import or in its function, is named with its own exit
+    exiting(in_a_project)
+    with pytest.raises(CatsdogsError, match=r"importing exits_at_import exited: sys.exit\(3\)"):
+        user_model.build("exits_at_import:make")
+    with pytest.raises(CatsdogsError, match=r"make\(\) exited: sys.exit\('bye'\)"):
+        user_model.build("exits_in_function:make")
     (in_a_project / "bad.keras").write_text("not a zip")
     with pytest.raises(CatsdogsError, match="not a Keras model Keras can load"):
         user_model.build(str(in_a_project / "bad.keras"))
@@ -272,8 +284,10 @@ def test_profile_runs_a_users_model_on_the_prepared_data_or_random_images(in_a_p
     ("my_models:not_a_model", "my_models:not_a_model: returned list, not a Keras model"),
     ("no_such_module:make", "cannot import no_such_module: ModuleNotFoundError"),
     ("my_models:flat", "its input has shape (10,)"),
+    ("exits_at_import:make", "importing exits_at_import exited: sys.exit(3)"),  # not CUDA's cuInit, nor exit 1
 ])
 def test_a_model_that_cannot_be_used_is_a_usage_error_in_one_line(in_a_project, data_dir, tmp_path, model, words):
+    exiting(in_a_project)
     result = CliRunner().invoke(cli, ["profile", "--data-dir", str(data_dir), "--out", str(tmp_path / "out"),
                                       "--model", model, "--batch-size", "2"])
     assert result.exit_code == 2, result.output

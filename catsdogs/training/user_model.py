@@ -36,6 +36,8 @@ def build(ref: str) -> keras.Model:
         module_name, function_name = ref.split(":")
         try:
             module = importlib.import_module(module_name)
+        except SystemExit as exc:  # the module's own exit, not a crash of the worker (nor CUDA's)
+            raise CatsdogsError(f"--model {ref}: importing {module_name} exited: sys.exit({exc.code!r})") from None
         except Exception as exc:  # noqa: BLE001 - an import that fails, however, is the user's module
             raise CatsdogsError(f"--model {ref}: cannot import {module_name}: {_one_line(exc)}") from None
         function = getattr(module, function_name, None)
@@ -43,6 +45,8 @@ def build(ref: str) -> keras.Model:
             raise CatsdogsError(f"--model {ref}: {module_name} has no function {function_name}")
         try:
             model = function()
+        except SystemExit as exc:
+            raise CatsdogsError(f"--model {ref}: {function_name}() exited: sys.exit({exc.code!r})") from None
         except Exception as exc:  # noqa: BLE001
             raise CatsdogsError(f"--model {ref}: {function_name}() raised {_one_line(exc)}") from None
     check(model, ref)
