@@ -51,6 +51,23 @@ def test_images_are_decoded_resized_and_labelled_by_class_and_what_does_not_deco
     assert grey.split.images.shape == (9, 8, 8, 1) and grey.split.images.dtype == np.float32
 
 
+def test_a_16_bit_grey_png_is_read_as_keras_reads_it_not_washed_out(tmp_path):
+    # given 16-bit grey PNGs: mid-grey (32,768), black, and white (65,535), beside an 8-bit image
+    for name, value in (("mid", 32768), ("black", 0), ("white", 65535)):
+        (tmp_path / "deep").mkdir(exist_ok=True)
+        Image.fromarray(np.full((6, 6), value, np.uint16)).save(tmp_path / "deep" / f"{name}.png")
+    assert Image.open(tmp_path / "deep" / "mid.png").mode.startswith("I")  # 16 bits, as Pillow opens it
+    image(tmp_path / "flat" / "a.png", 6, 6)
+    # when read in colour and in grey
+    colour = folder.load(folder.scan(tmp_path), 6, 6, 3)
+    grey = folder.load(folder.scan(tmp_path), 6, 6, 1)
+    # then each is its top byte, as Keras's decode_png gives 8 bits (mid-grey 128, not clipped to 255)
+    names = colour.split.files
+    for loaded in (colour, grey):
+        values = {n: int(loaded.split.images[names.index(f"deep/{n}.png")].max()) for n in ("mid", "black", "white")}
+        assert values == {"mid": 128, "black": 0, "white": 255}
+
+
 @pytest.mark.parametrize("make, words", [
     (lambda r: r / "missing", "is not a folder"),
     (lambda r: (image(r / "only" / "a.png", 8, 8), r)[1], "holds 1 class folder; a classifier needs at least 2"),

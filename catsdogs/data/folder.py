@@ -91,7 +91,7 @@ def load(folder: Folder, height: int, width: int, channels: int, dtype: str = "u
     def decode(i: int) -> None:
         try:
             with Image.open(folder.root / paths[i][1]) as img:
-                img = img.convert("RGB" if channels == 3 else "L").resize((width, height), Image.BILINEAR)
+                img = eight_bit(img).convert("RGB" if channels == 3 else "L").resize((width, height), Image.BILINEAR)
                 images[i] = np.asarray(img).reshape(height, width, channels)
             ok[i] = True
         except Exception:  # noqa: BLE001 - whatever Pillow raises, the file does not decode: counted below
@@ -108,6 +108,16 @@ def load(folder: Folder, height: int, width: int, channels: int, dtype: str = "u
     chosen = images[kept] if "int" in dtype else images[kept].astype(np.float32)
     return Loaded(Split(chosen, labels, [paths[i][1] for i in kept]),
                   [paths[i][1] for i in np.flatnonzero(~ok)])
+
+
+def eight_bit(img: Image.Image) -> Image.Image:
+    """A 16-bit grey image (Pillow's modes I;16 and I) as 8 bits the way Keras's decode_png gives it,
+    its top byte (32,768 -> 128), where Pillow's own conversion clips every value above 255 to white.
+    Any other image as it is (Pillow reads 16-bit colour PNGs as 8-bit RGB already)."""
+    if not (img.mode.startswith("I;16") or img.mode == "I"):
+        return img
+    values = np.asarray(img).astype(np.int64)
+    return Image.fromarray((np.clip(values, 0, 65535) >> 8).astype(np.uint8), "L")
 
 
 # A trial on a user's folder (the noise scale's short runs) tests on this share of it, drawn once
