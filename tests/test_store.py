@@ -187,6 +187,9 @@ def test_a_sweep_whose_trials_failed_says_so_again_and_names_retry_failed(data_d
     retried: list[str] = []
     counts = sweep.run_sweep("s", grid, data_dir, tmp_path, log=retried.append, slots=InstantSlot, retry_failed=True)
     assert counts[Status.DONE] == 2 and not any("--retry-failed" in line for line in retried)
+    # and none of them is said to have finished already (they had failed)
+    assert retried[0] == "Sweep s: 2 of 2 trials failed or ran out of memory before, and run again, as asked."
+    assert not any("already finished" in line for line in retried)
 
 
 CLAIM_AND_DIE = """

@@ -35,14 +35,16 @@ CURVE = [{"step": 0, "examples": 0, "train_seconds": 0.0, "val_loss": 0.70, "val
 
 @pytest.fixture
 def store(tmp_path) -> Path:
-    """Given: a sweep of three trials: Adam done with two epochs' history, SGD out of memory, one pending."""
+    """Given: a sweep of three trials: Adam done with two epochs' history (run to a target), SGD out of memory,
+    one pending."""
     path = tmp_path / "results.sqlite"
     with Store(path) as s:
-        keys = s.register_sweep("grid", {}, [config("adam", 32, 0), config("sgd", 64, 0), config("sgd", 32, 1)])
+        until = {"until": "val_loss=0.49", "eval_every": 256}  # the first trial runs to a target
+        keys = s.register_sweep("grid", {}, [config("adam", 32, 0) | until, config("sgd", 64, 0), config("sgd", 32, 1)])
         s.claim([keys[0]])
         s.finish(keys[0], TrialRecord(status="done", test_accuracy=0.64, test_loss=0.63, train_seconds=2.0,
                                       images_per_second=600.0, collapsed=0, learning_rate=0.001, history=HISTORY,
-                                      curve=CURVE))
+                                      curve=CURVE, steps_to_target=96.0))
         s.claim([keys[1]])
         s.finish(keys[1], TrialRecord(status="oom", error="ResourceExhaustedError: OOM"))
     return path
@@ -76,6 +78,9 @@ def test_every_trial_is_a_run_with_its_hyperparameters_scalars_and_status(store,
     assert [(e.step, round(e.value, 4)) for e in done.Scalars("epoch/val_accuracy")] == [(1, 0.55), (2, 0.63)]
     assert [e.value for e in done.Scalars("epoch/noise_scale")] == [pytest.approx(41.5)]
     assert done.Scalars("test_accuracy")[0].value == pytest.approx(0.64)
+    # and what tells trials run to a target apart: their epochs, and the steps they took to it
+    assert start.hparams["epochs"].number_value == 2 and done.Scalars("steps_to_target")[0].value == 96.0
+    assert start.hparams["until"].string_value == "val_loss=0.49" and start.hparams["eval_every"].number_value == 256
     # and its --eval-every curve by training images seen
     assert [(e.step, round(e.value, 4)) for e in done.Scalars("curve/val_loss")] == [(0, 0.70), (256, 0.66)]
     # and each session ends with its status: done a success, out of memory a failure, pending running
@@ -88,7 +93,8 @@ def test_every_trial_is_a_run_with_its_hyperparameters_scalars_and_status(store,
         read(out / tensorboard_export.EXPERIMENT).PluginTagToContent(metadata.PLUGIN_NAME)[metadata.EXPERIMENT_TAG])
     infos = {i.name: i for i in experiment.hparam_infos}
     assert list(infos["optimizer"].domain_discrete) == ["adam", "sgd"]
-    assert {m.name.tag for m in experiment.metric_infos} >= {"test_accuracy", "epoch/val_accuracy"}
+    assert {m.name.tag for m in experiment.metric_infos} >= {"test_accuracy", "epoch/val_accuracy", "steps_to_target"}
+    assert {"epochs", "until", "eval_every"} <= set(infos)
 
 
 def test_an_unchanged_store_writes_no_event_file_again_and_a_changed_trial_only_its_own(store, tmp_path):

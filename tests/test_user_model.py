@@ -337,3 +337,16 @@ def test_the_stores_tuned_rates_are_refused_for_a_users_model():
     with pytest.raises(SettingError) as e:
         FindSettings(model="my_models:grey", anchor={"rates": {"32": 0.001}}).check()
     assert e.value.key == "from_store"
+
+
+def test_a_small_models_flops_are_shown_not_rounded_to_nothing():
+    from catsdogs.measure.model_check import describe
+    from catsdogs.messages import ModelInfo
+
+    def line(flops: float) -> str:
+        return describe(ModelInfo(status="done", name="m", input_shape=[8, 8, 1], parameters=251, layers=3,
+                                  loss_description="binary", train_flops_per_image=flops))
+
+    # given a 251-parameter model's 45,600 FLOPs an image, and the article's 160 million
+    assert "0.0456 MFLOPs an image" in line(45_600) and "160.0 MFLOPs an image" in line(160e6)
+    assert "1,234.6 MFLOPs" in line(1_234.56e6)

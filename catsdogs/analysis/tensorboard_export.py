@@ -47,9 +47,10 @@ from catsdogs.store import store_path
 # The hyperparameters, as the HParams table shows them: (the row's field, its kind).
 HPARAMS = (("optimizer", str), ("batch_size", float), ("dataset", str), ("learning_rate", float),
            ("lr_scaling", str), ("warmup_epochs", float), ("budget", str), ("accumulate", float),
-           ("precision", str), ("seed", float), ("backend", str), ("deterministic", bool))
+           ("precision", str), ("seed", float), ("backend", str), ("deterministic", bool),
+           ("epochs", float), ("until", str), ("eval_every", float))  # a target's trials differ by these
 # A trial's final metrics (the table's metric columns), each a scalar of its own tag.
-METRICS = ("test_accuracy", "test_loss", "train_seconds", "images_per_second", "collapsed")
+METRICS = ("test_accuracy", "test_loss", "train_seconds", "images_per_second", "collapsed", "steps_to_target")
 # Per epoch, from the trial's history: tagged epoch/NAME.
 EPOCH_SCALARS = ("loss", "accuracy", "val_loss", "val_accuracy", "noise_scale")
 # The validation curve of --eval-every, where recorded: tagged curve/NAME, step = training images seen.

@@ -126,9 +126,15 @@ def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None) -> Pro
                      "images show)")
 
 
+def _mega(flops: float) -> str:
+    """Millions, readable at any size: 1,234.6, 12.3, 0.0456 (a small model's is no "0.0")."""
+    m = flops / 1e6
+    return f"{m:,.1f}" if m >= 1 else f"{m:.3g}"
+
+
 def describe(info: ModelInfo) -> str:
     """One line: the model, its size and its loss."""
-    flops = (f"{info.train_flops_per_image / 1e6:,.1f} MFLOPs an image a training step" if info.train_flops_per_image
+    flops = (f"{_mega(info.train_flops_per_image)} MFLOPs an image a training step" if info.train_flops_per_image
              else f"FLOPs not counted (layers {', '.join(info.flops_unknown or [])}: no MFU)")
     return (f"model {info.name}: {info.parameters:,} parameters, {info.layers} layers, input "
             f"{' x '.join(map(str, info.input_shape))}, {flops}; {info.loss_description}")

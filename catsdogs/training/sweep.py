@@ -146,7 +146,10 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
         csv_path = store.export_csv(name, sweep_dir / "results.csv")
         counts = store.counts(keys)
     total = len(keys)
-    already = sum(counts[s] for s in FINISHED)
+    retried = counts[Status.FAILED] + counts[Status.OOM] if retry_failed else 0  # run again: not finished here
+    already = sum(counts[s] for s in FINISHED) - retried
+    if retried:
+        log(f"Sweep {name}: {retried} of {total} trials failed or ran out of memory before, and run again, as asked.")
     if already:
         not_again = counts[Status.FAILED] + counts[Status.OOM] if not retry_failed else 0
         why = (f" ({not_again} of them failed or ran out of memory, and are not run again: {RETRY_HINT})"
