@@ -127,6 +127,8 @@ def test_profile_and_find_batch_size_run_a_users_model_on_its_folder(three_class
     assert "on 9 images of 3 classes (ant, bee, cow)" in result.output and "1 file that did not decode" in result.output
     saved = json.loads((out / "profile" / "profile.json").read_text())
     assert saved["settings"]["data_folder"] == str(three_classes.resolve()) and saved["settings"]["image_count"] == 9
+    assert "(bee/broken.jpg: every name in the JSON)" in result.output
+    assert saved["settings"]["undecodable_files"] == ["bee/broken.jpg"]  # named, not only counted
     assert [r["status"] for r in saved["rows"]] == ["done", "done"]
     # and find-batch-size searches on it too
     found = CliRunner().invoke(cli, ["find-batch-size", "--model", "folder_models:three", "--data", str(three_classes),

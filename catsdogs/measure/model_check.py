@@ -82,6 +82,7 @@ class ProbeData:
     said: str
     count: int | None = None  # the folder's images that decode
     undecodable: int | None = None
+    undecodable_files: list | None = None  # their names, relative to the folder
 
     @property
     def real(self) -> bool:
@@ -94,7 +95,7 @@ class ProbeData:
 
     def record(self) -> dict:
         return {"input_spec": self.input_spec, "data_folder": self.folder, "image_count": self.count,
-                "undecodable": self.undecodable,
+                "undecodable": self.undecodable, "undecodable_files": self.undecodable_files,
                 "random_images": bool(self.input_spec and not self.folder)}
 
 
@@ -111,10 +112,11 @@ def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None) -> Pro
                                f"{info.classes} ({info.loss_description})", "data")
         loaded = folder_data.load(found, height, width, channels, info.input_dtype)
         n = len(loaded.undecodable)
-        left = f"; {n} file{'s' if n != 1 else ''} that did not decode left out" if n else ""
+        left = (f"; {n} file{'s' if n != 1 else ''} that did not decode left out ({', '.join(loaded.undecodable[:3])}"
+                f"{', ...' if n > 3 else ''}: every name in the JSON)") if n else ""
         return ProbeData(None, spec, str(found.root), f"{len(loaded.split):,} images of {len(found.classes)} classes "
                          f"({', '.join(found.classes)}) in {found.root}, resized to {height} x {width}{left}",
-                         len(loaded.split), len(loaded.undecodable))
+                         len(loaded.split), len(loaded.undecodable), list(loaded.undecodable))
     manifest = load_manifest(Path(data_dir))
     size = manifest["params"]["size"] if manifest else None
     if manifest and (height, width, channels) == (size, size, 3):
