@@ -697,8 +697,10 @@ def test_the_command_prints_only_its_own_lines_on_either_backend(keras_backend, 
 def test_a_cap_below_the_runtime_is_an_error_with_the_records_written(data_dir, tmp_path):
     result = CliRunner().invoke(cli, ["find-batch-size", "--data-dir", str(data_dir), "--out", str(tmp_path),
                                       "--memory-limit", "200MiB", "--start", "1", "--name", "tiny", "--no-noise-scale"])
-    assert result.exit_code == 1, result.output
-    assert "no batch size fits" in result.output
+    # then a usage error naming --memory-limit (exit 2: a value below what batch size 1 needs), its
+    # records written all the same
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--memory-limit'" in result.output and "no batch size fits" in result.output
     saved = json.loads((tmp_path / "tiny" / "find_batch_size.json").read_text())
     assert [p["status"] for p in saved["probes"]] == ["oom"]
 

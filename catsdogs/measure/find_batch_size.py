@@ -49,7 +49,7 @@ from pathlib import Path
 
 from catsdogs import config, goodput
 from catsdogs.data import folder as folder_data
-from catsdogs.errors import CatsdogsError
+from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.files import write_json_atomic
 from catsdogs.host import host_memory_available, versions
 from catsdogs.manifest import require_intact
@@ -148,10 +148,13 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         log(line)
     if result.largest_fit is None:
         first = run.probes[0]
-        raise CatsdogsError(
-            f"no batch size fits: batch size {first.batch_size} already {first.status}"
-            f"{': ' + first.error.splitlines()[0] if first.error else ''} "
-            f"(records in {folder / 'find_batch_size.json'})")
+        message = (f"no batch size fits: batch size {first.batch_size} already {first.status}"
+                   f"{': ' + first.error.splitlines()[0] if first.error else ''} "
+                   f"(records in {folder / 'find_batch_size.json'})")
+        if first.status == Status.OOM and settings.memory_cap_bytes is not None:  # the user's cap, below the runtime
+            raise SettingError(f"{format_bytes(settings.memory_cap_bytes)} is below what batch size "
+                               f"{first.batch_size} needs: {message}", "memory_limit")
+        raise CatsdogsError(message)
     return summary
 
 

@@ -261,4 +261,4 @@ def time_lines(summary: dict) -> list[str]:
         return []
     noise = f"the noise scale {t['noise_scale']:.0f} s, " if t.get("noise_scale") is not None else ""
     return [f"Answered in {t['total']:.0f} s: {noise}the memory model {t['prediction']:.0f} s, "
-            f"{len(summary['probes'])} probes {t['probes']:.0f} s (their workers' starts included)."]
+            f"{len(summary['probes'])} probe{'s' if len(summary['probes']) != 1 else ''} {t['probes']:.0f} s (their workers' starts included)."]

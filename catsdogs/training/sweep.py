@@ -146,15 +146,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
         csv_path = store.export_csv(name, sweep_dir / "results.csv")
         counts = store.counts(keys)
     total = len(keys)
-    retried = counts[Status.FAILED] + counts[Status.OOM] if retry_failed else 0  # run again: not finished here
-    already = sum(counts[s] for s in FINISHED) - retried
-    if retried:
-        log(f"Sweep {name}: {retried} of {total} trials failed or ran out of memory before, and run again, as asked.")
-    if already:
-        not_again = counts[Status.FAILED] + counts[Status.OOM] if not retry_failed else 0
-        why = (f" ({not_again} of them failed or ran out of memory, and are not run again: {RETRY_HINT})"
-               if not_again else "")
-        log(f"Sweep {name}: {already} of {total} trials already finished{why}, resuming.")
+    already = _say_finished(name, counts, total, retry_failed, log)
     how = "a fresh worker process per trial" if isolate else "long-lived worker processes"
     log(f"Sweep {name}: {total} trials, {workers} at a time in {how}; results in {store_path(out)} "
         f"and {csv_path}")
@@ -246,6 +238,21 @@ def _slot_thread(runner: Slot, slot: int, ended: threading.Event, **work) -> Non
         board.halt.set()  # the other slots finish and record the trial they run, then claim nothing
     finally:
         ended.set()
+
+
+def _say_finished(name: str, counts: dict, total: int, retry_failed: bool, log) -> int:
+    """The trials a resumed sweep will not run again, said (those that failed or ran out of memory
+    either run again, as asked, or are named with how to run them): their count."""
+    failed = counts[Status.FAILED] + counts[Status.OOM]
+    retried = failed if retry_failed else 0  # run again: not finished here
+    already = sum(counts[s] for s in FINISHED) - retried
+    if retried:
+        log(f"Sweep {name}: {retried} of {total} trials failed or ran out of memory before, and run again, as asked.")
+    if already:
+        why = (f" ({failed} of them failed or ran out of memory, and are not run again: {RETRY_HINT})"
+               if failed and not retry_failed else "")
+        log(f"Sweep {name}: {already} of {total} trials already finished{why}, resuming.")
+    return already
 
 
 def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: _Board, retry_failed,
