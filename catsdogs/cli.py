@@ -8,7 +8,6 @@ is one line and exit 1. No tracebacks.
 
 from __future__ import annotations
 
-import re
 import sqlite3
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import click
 from click.core import ParameterSource
 
 from catsdogs import __version__, config, model_ref, plans, schema, targets
+from catsdogs.cli_args import expand_variadic, refuse_repeats
 from catsdogs.errors import CatsdogsError, Interrupted, SettingError, os_error_line
 from catsdogs.measure.search import MODES as SEARCH_MODES
 from catsdogs.measure.settings import FindSettings
@@ -61,36 +61,13 @@ class OneLineErrors(click.Group):
 
 class Command(click.Command):
     """A catsdogs command: `--opt adam sgd` means `--opt adam --opt sgd` for options declared
-    multiple=True (click has no variadic options; rewriting the arguments before click parses
-    them keeps every other behaviour click's own), and a SettingError from the library becomes a
-    usage error naming the option its key stands for."""
+    multiple=True, an option of one value given twice is refused (catsdogs.cli_args), and a
+    SettingError from the library becomes a usage error naming the option its key stands for."""
 
     def parse_args(self, ctx, args):
-        return super().parse_args(ctx, self.expand_variadic(args))
-
-    def expand_variadic(self, args: list[str]) -> list[str]:
-        """`--opt adam sgd` as `--opt adam --opt sgd`, for each option that takes several values."""
-        names = {n for p in self.params if isinstance(p, click.Option) and p.multiple for n in p.opts}
-        out: list[str] = []
-        current = None  # the variadic option whose values we are reading
-        for i, a in enumerate(args):
-            if a == "--":
-                out += args[i:]
-                break
-            if a in names:
-                nxt = args[i + 1] if i + 1 < len(args) else None
-                current = a if nxt is not None and _is_value(nxt) else None
-                if current is None:
-                    out.append(a)  # no value follows: click reports it
-            elif a.startswith("--") and a.split("=", 1)[0] in names:
-                current = a.split("=", 1)[0]
-                out += [current, a.split("=", 1)[1]]
-            elif current and _is_value(a):
-                out += [current, a]
-            else:
-                current = None
-                out.append(a)
-        return out
+        options = [p for p in self.params if isinstance(p, click.Option)]
+        refuse_repeats(ctx, options, args)
+        return super().parse_args(ctx, expand_variadic(options, args))
 
     def invoke(self, ctx):
         try:
@@ -120,10 +97,6 @@ class TrainingCommand(Command):
 
         backends.current()  # a CatsdogsError: one line, exit 1
         return super().invoke(ctx)
-
-
-def _is_value(arg: str) -> bool:
-    return not arg.startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", arg) is not None
 
 
 def given(ctx: click.Context, name: str) -> bool:

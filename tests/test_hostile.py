@@ -327,3 +327,16 @@ def test_a_killed_worker_is_reported_without_an_unrelated_log_line():
     assert _last_error_line("x\nTraceback (most recent call last):\n  File a\nModuleNotFoundError: No module "
                             "named 'nonesuch'\n") == "ModuleNotFoundError: No module named 'nonesuch'"
     assert _last_error_line("epoch 3/5\ncuInit: CUDA error\n") == ""
+
+
+@pytest.mark.parametrize("args, said", [
+    (["sweep", "--until", "val_loss=0.5", "--until", "val_loss=0.4"], "--until given 2 times (val_loss=0.5, val_loss=0.4)"),
+    (["find-batch-size", "--seed", "1", "--seed=2"], "--seed given 2 times (1, 2)"),
+    (["report", "--name", "a", "--name", "b"], "--name given 2 times (a, b)"),
+])
+def test_an_option_of_one_value_given_twice_is_refused_not_the_last_kept(args, said, tmp_path):
+    # given an option that takes one value, twice, with two values (click kept the last without a word)
+    result = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "out")])
+    # then a usage error names it and both values, and nothing was written
+    assert result.exit_code == 2 and said in result.output and "give it once" in result.output, result.output
+    assert not (tmp_path / "out").exists()

@@ -14,6 +14,7 @@ import click
 import pytest
 
 from catsdogs.cli import cli
+from catsdogs.cli_args import expand_variadic, refuse_repeats
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "catsdogs"
@@ -214,7 +215,9 @@ def test_every_documented_command_line_parses(where, args):
     sub = click.Context(command, info_name=name, parent=ctx)
     parser = command.make_parser(sub)
     try:
-        opts, leftover, _ = parser.parse_args(command.expand_variadic(rest))
+        options = [p for p in command.params if isinstance(p, click.Option)]
+        refuse_repeats(sub, options, rest)
+        opts, leftover, _ = parser.parse_args(expand_variadic(options, rest))
     except click.UsageError as e:
         pytest.fail(f"{where}: {e.format_message()}")
     assert not leftover, f"{where}: left over {leftover}"
