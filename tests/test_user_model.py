@@ -107,6 +107,27 @@ def test_the_loss_is_read_from_the_last_layers_width_and_activation(end, kind, l
     assert loss.get_config()["from_logits"] is logits and metrics[0].name == "accuracy"
 
 
+@pytest.mark.parametrize("end, said", [
+    ((layers.Dense(1, activation="softmax"),), "a softmax over 1 unit, which is always 1"),
+    ((layers.Dense(1), layers.Softmax()), "a softmax over 1 unit, which is always 1"),
+    ((layers.Dense(2, activation="sigmoid"),), "sigmoids over 2 units, each a probability of its own"),
+    ((layers.Dense(3), layers.Lambda(lambda x: keras.ops.softmax(x))), "ends in Lambda"),
+])
+@pytest.mark.parametrize("loss", ["auto", "binary", "sparse-categorical"])
+def test_an_ending_no_loss_reads_with_confidence_is_refused_naming_loss(end, said, loss):
+    # given a model whose last layer would have been misread (a softmax of one unit as logits, two
+    # sigmoids as a softmax's logits, a softmax inside a Lambda as logits and given a second one)
+    with pytest.raises(CatsdogsError) as e:
+        user_model.choose_loss(head(*end), loss)
+    # then it is refused, naming --loss, whatever the loss asked for
+    assert str(e.value).startswith(f"--loss {loss}: ") and said in str(e.value)
+
+
+def test_dropout_and_reshaping_at_the_end_pass_the_activation_on():
+    choice = user_model.choose_loss(head(layers.Dense(4, activation="softmax"), layers.Dropout(0.2), layers.Flatten()))
+    assert (choice.kind, choice.from_logits) == ("sparse-categorical", False)
+
+
 def test_a_loss_named_against_the_last_layers_width_is_refused():
     with pytest.raises(CatsdogsError, match="--loss binary: needs a last layer of width 1; this model's is 5"):
         user_model.choose_loss(head(layers.Dense(5)), "binary")

@@ -91,7 +91,8 @@ class LossChoice:
 def choose_loss(model: keras.Model, loss: str = "auto") -> LossChoice:
     """The loss by the last layer's width and activation, or as `loss` names it (checked against it)."""
     width = int(model.outputs[0].shape[-1])
-    last = _last_activation(model)
+    last, hidden = _last_activation(model)
+    _check_ending(width, last, hidden, loss)
     if loss == "auto":
         kind = "binary" if width == 1 else "sparse-categorical"
         said = f"the last layer's width is {width}"
@@ -105,6 +106,20 @@ def choose_loss(model: keras.Model, loss: str = "auto") -> LossChoice:
     from_logits = last != probability
     why = f"{said}, {'a ' + probability if not from_logits else 'no ' + probability} at its end"
     return LossChoice(kind, from_logits, 2 if kind == "binary" else width, why)
+
+
+def _check_ending(width: int, last: str, hidden: str | None, loss: str) -> None:
+    """A CatsdogsError naming --loss for an ending no loss trains right: a softmax over one unit
+    (always 1), sigmoids over several (not one class among them), or values no rule can read."""
+    if hidden:
+        raise CatsdogsError(f"--loss {loss}: the model ends in {hidden}, whose output catsdogs cannot read as "
+                            "probabilities or logits: end it in a Dense, Activation or Softmax layer")
+    if width == 1 and last == "softmax":
+        raise CatsdogsError(f"--loss {loss}: the model ends in a softmax over 1 unit, which is always 1 (nothing "
+                            "to learn): end it in a sigmoid, or no activation, for two classes")
+    if width > 1 and last == "sigmoid":
+        raise CatsdogsError(f"--loss {loss}: the model ends in sigmoids over {width} units, each a probability of "
+                            f"its own, not one class among {width}: end it in a softmax, or no activation")
 
 
 def loss_and_metrics(choice: LossChoice):
@@ -203,20 +218,30 @@ def _positions(shape) -> int:
     return math.prod(shape[:-1]) if shape is not None and len(shape) > 1 else 1
 
 
-def _last_activation(model: keras.Model) -> str:
-    """The name of the activation the model ends with ('' when none can be told): a layer's
-    `activation`, a Softmax layer's own, or a nested model's last."""
+# Layers that pass their input's values on as they are (or nearly, while training): the model's
+# output is then what came before them.
+PASS_THROUGH = (keras.layers.Dropout, keras.layers.GaussianNoise, keras.layers.GaussianDropout,
+                keras.layers.AlphaDropout, keras.layers.ActivityRegularization, keras.layers.Flatten,
+                keras.layers.Reshape, keras.layers.Identity, keras.layers.InputLayer)
+
+
+def _last_activation(model: keras.Model) -> tuple[str, str | None]:
+    """(the name of the activation the model ends with, '' for none: logits; the layer that
+    hides it, or None): a layer's `activation`, a Softmax layer's own, or a nested model's last. A
+    layer of no weights whose values catsdogs cannot tell (a Lambda, a custom layer) hides it."""
     for layer in reversed(model.layers):
         if isinstance(layer, keras.layers.Softmax):
-            return "softmax"
+            return "softmax", None
         if isinstance(layer, keras.Model):
             return _last_activation(layer)
         activation = getattr(layer, "activation", None)
         if activation is not None:
-            return getattr(activation, "__name__", "")
+            return getattr(activation, "__name__", ""), None
         if layer.weights:  # a layer with weights and no activation: the output is its, a logit
-            return ""
-    return ""
+            return "", None
+        if not isinstance(layer, PASS_THROUGH):
+            return "", f"{type(layer).__name__} {layer.name!r}"
+    return "", None
 
 
 def _one_line(exc: BaseException) -> str:
