@@ -140,3 +140,22 @@ def test_profile_and_find_batch_size_run_a_users_model_on_its_folder(three_class
     refused = CliRunner().invoke(cli, ["profile", "--model", "folder_models:two", "--data", str(three_classes),
                                        "--out", str(out), "--batch-size", "4"])
     assert refused.exit_code == 2 and "holds 3 classes, more than the model's 2" in refused.output
+
+
+def test_the_folder_is_decoded_once_by_the_parent_and_the_workers_read_that_copy(three_classes, tmp_path):
+    from catsdogs.measure import model_check
+    from catsdogs.messages import ModelInfo
+    from catsdogs.training import steps
+
+    # given a user's model of 16 x 12 colour input and float dtype, and its --data folder
+    info = ModelInfo(status="done", input_shape=[16, 12, 3], classes=3, input_dtype="float32")
+    # when the parent checks the folder with a work folder to write in
+    data = model_check.data_for(info, tmp_path, three_classes, tmp_path / "work")
+    # then the probes and short runs are told to read the decoded copy, the records still name the folder
+    assert data.task_fields()["data_folder"] == data.decoded and data.decoded.endswith(".decoded.npz")
+    assert data.record()["data_folder"] == str(three_classes.resolve())
+    # and a worker reading it gets what decoding the folder itself gives, cast for the model
+    copy = steps.DataCache().load_folder(data.decoded, [16, 12, 3, 3, "float32"])
+    direct = folder.load(folder.scan(three_classes), 16, 12, 3, dtype="float32").split
+    assert copy.images.dtype == np.float32 and np.array_equal(copy.images, direct.images)
+    assert copy.labels.tolist() == direct.labels.tolist() and copy.files == direct.files

@@ -110,6 +110,27 @@ def load(folder: Folder, height: int, width: int, channels: int, dtype: str = "u
                   [paths[i][1] for i in np.flatnonzero(~ok)])
 
 
+DECODED_SUFFIX = ".decoded.npz"  # a folder decoded once by the parent, read by the workers
+
+
+def save_decoded(split: Split, path: Path) -> Path:
+    """The decoded images (uint8, as `load` gives them), their labels and names, in one file the
+    workers read instead of decoding the folder again: the decoder's own memory (a 12,000-pixel
+    PNG's, thousands of files' handles) then never counts in a probe's peak. Written whole or not."""
+    from catsdogs.files import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, images=split.images, labels=split.labels, files=np.asarray(split.files, dtype=str))
+    return path
+
+
+def load_decoded(path: Path, dtype: str = "uint8") -> Split:
+    """`save_decoded`'s file as a Split, cast for a model of float input as `load` casts."""
+    with np.load(path) as saved:
+        images = saved["images"] if "int" in dtype else saved["images"].astype(np.float32)
+        return Split(images, saved["labels"], saved["files"].tolist())
+
+
 def eight_bit(img: Image.Image) -> Image.Image:
     """A 16-bit grey image (Pillow's modes I;16 and I) as 8 bits the way Keras's decode_png gives it,
     its top byte (32,768 -> 128), where Pillow's own conversion clips every value above 255 to white.

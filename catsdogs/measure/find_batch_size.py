@@ -129,6 +129,8 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         result, safe, margin_failed = _search(run, noise_run, pred, bound)
     finally:
         run.close()  # (a plan still compiling is not waited for: its worker ends with this process)
+        if probe_data and probe_data.decoded:  # the folder's decoded copy: the workers are done with it
+            Path(probe_data.decoded).unlink(missing_ok=True)
     anchor = settings.anchor or short_run_anchor(noise_run.rate_test if noise_run else None)
     summary = _answer(result, run.probes, safe, replace(settings, anchor=anchor),
                       noise_run.estimate if noise_run else None, bound.stopped_by(result))
@@ -278,7 +280,7 @@ def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dic
         check_memory_floor(settings.memory_cap_bytes, size, settings.optimizer, settings.precision)
         return settings, manifest, size, None, None
     ref, user = model_check.check_user_model(settings.model, settings.loss, work / "model-check.log", env)
-    probe_data = model_check.data_for(user, data_dir, Path(settings.images) if settings.images else None)
+    probe_data = model_check.data_for(user, data_dir, Path(settings.images) if settings.images else None, work)
     log(f"Your {model_check.describe(user)}; on {probe_data.said}.")
     return replace(settings, model=ref), probe_data.manifest, user.input_shape[0], user, probe_data
 

@@ -83,6 +83,7 @@ class ProbeData:
     count: int | None = None  # the folder's images that decode
     undecodable: int | None = None
     undecodable_files: list | None = None  # their names, relative to the folder
+    decoded: str | None = None  # the folder decoded once, the file the workers read (folder_data.save_decoded)
 
     @property
     def real(self) -> bool:
@@ -91,7 +92,7 @@ class ProbeData:
 
     def task_fields(self) -> dict:
         """The probes' (ProbeTask) fields."""
-        return {"input_spec": self.input_spec, "data_folder": self.folder}
+        return {"input_spec": self.input_spec, "data_folder": self.decoded or self.folder}
 
     def record(self) -> dict:
         return {"input_spec": self.input_spec, "data_folder": self.folder, "image_count": self.count,
@@ -99,10 +100,12 @@ class ProbeData:
                 "random_images": bool(self.input_spec and not self.folder)}
 
 
-def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None) -> ProbeData:
+def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None, work: Path | None = None) -> ProbeData:
     """The folder's images (--data), checked and decoded once here: its classes against the
-    model's, and every file, so a folder the probes cannot use is one line before any probe;
-    else the prepared data when they are the model's input; else random images."""
+    model's, and every file, so a folder the probes cannot use is one line before any probe (and,
+    with `work`, the decoded images saved there for the workers: no probe decodes, so no probe's
+    memory holds the decoder's); else the prepared data when they are the model's input; else
+    random images."""
     height, width, channels = info.input_shape
     spec = [height, width, channels, info.classes, info.input_dtype]
     if folder is not None:
@@ -110,13 +113,17 @@ def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None) -> Pro
         if len(found.classes) > info.classes:
             raise SettingError(f"{folder} holds {len(found.classes)} classes, more than the model's "
                                f"{info.classes} ({info.loss_description})", "data")
-        loaded = folder_data.load(found, height, width, channels, info.input_dtype)
+        loaded = folder_data.load(found, height, width, channels)  # uint8: the workers cast for their model
+        decoded = None
+        if work is not None:
+            name = f"{folder_data.fingerprint(found)}-{height}x{width}x{channels}{folder_data.DECODED_SUFFIX}"
+            decoded = str(folder_data.save_decoded(loaded.split, Path(work) / name))
         n = len(loaded.undecodable)
         left = (f"; {n} file{'s' if n != 1 else ''} that did not decode left out ({', '.join(loaded.undecodable[:3])}"
                 f"{', ...' if n > 3 else ''}: every name in the JSON)") if n else ""
         return ProbeData(None, spec, str(found.root), f"{len(loaded.split):,} images of {len(found.classes)} classes "
                          f"({', '.join(found.classes)}) in {found.root}, resized to {height} x {width}{left}",
-                         len(loaded.split), len(loaded.undecodable), list(loaded.undecodable))
+                         len(loaded.split), len(loaded.undecodable), list(loaded.undecodable), decoded)
     manifest = load_manifest(Path(data_dir))
     size = manifest["params"]["size"] if manifest else None
     if manifest and (height, width, channels) == (size, size, 3):

@@ -135,7 +135,7 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
     model_check.check_options(model, loss, images, precision)
     if model is not None:
         model, user = model_check.check_user_model(model, loss, work / "model-check.log", env)
-        probe_data = model_check.data_for(user, data_dir, images)
+        probe_data = model_check.data_for(user, data_dir, images, work)
         manifest, size = probe_data.manifest, user.input_shape[0]
     else:
         manifest = require_intact(Path(data_dir))
@@ -156,9 +156,11 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
     prober = probers.Prober(work, memory_cap_bytes, isolate=isolate, env=env)
     try:
         peak, rows = _probe_all(prober, batch_sizes, data_dir, settings, folder / "profile.csv",
-                                measure_peak, log)
+                                measure_peak, log, decoded=probe_data.decoded if probe_data else None)
     finally:
         prober.close()
+        if probe_data and probe_data.decoded:  # the folder's decoded copy: the probes are done with it
+            Path(probe_data.decoded).unlink(missing_ok=True)
     figures = save_profile_figures(rows, folder / "figures", reference=user is None)
     doc = {"settings": settings, "peak": peak and peak.as_dict(), "rows": rows, "versions": versions(),
            "data": {k: manifest[k] for k in ("params", "source", "fingerprint")} if manifest else None}
@@ -172,8 +174,9 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
 
 
 def _probe_all(prober, batch_sizes, data_dir, settings: dict, csv_path: Path, measure_peak: bool,
-               log) -> tuple[PeakRecord | None, list[dict]]:
-    """The matmul peak, then each batch size's probe; the CSV rewritten after each probe."""
+               log, decoded: str | None = None) -> tuple[PeakRecord | None, list[dict]]:
+    """The matmul peak, then each batch size's probe; the CSV rewritten after each probe. `decoded`:
+    a --data folder's decoded copy, which the probes read in its place (model_check.data_for)."""
     peak = None
     if measure_peak:
         peak = prober.run(PeakTask(settings["precision"], settings["peak_seconds"]))
@@ -190,7 +193,7 @@ def _probe_all(prober, batch_sizes, data_dir, settings: dict, csv_path: Path, me
                          warmup=settings["warmup"], min_seconds=settings.get("min_seconds"),
                          deterministic=settings["deterministic"], tf32=settings["tf32"],
                          model=settings.get("model"), loss=settings.get("loss", "auto"),
-                         input_spec=settings.get("input_spec"), data_folder=settings.get("data_folder"))
+                         input_spec=settings.get("input_spec"), data_folder=decoded or settings.get("data_folder"))
         row = profile_row(prober.run(task), peak, settings["image_size"])
         rows.append(row)
         write_csv(rows, csv_path, PROFILE_COLUMNS)

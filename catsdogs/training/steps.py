@@ -70,7 +70,14 @@ class DataCache:
 
     def load_folder(self, root: str, spec: list) -> loading.Split:
         """A user's image folder (--data) decoded at a model's input `spec` ([height, width,
-        channels, classes, dtype]); decoded again when a file changed (folder.fingerprint)."""
+        channels, classes, dtype]); decoded again when a file changed (folder.fingerprint). `root`
+        may be the parent's decoded copy of it (folder_data.save_decoded), read as it is."""
+        if root.endswith(folder_data.DECODED_SUFFIX):
+            key = (root, *map(str, spec))
+            stamp = str(Path(root).stat().st_mtime_ns)
+            if key not in self._folders or self._folders[key][0] != stamp:
+                self._folders[key] = (stamp, folder_data.load_decoded(Path(root), spec[4]))
+            return self._folders[key][1]
         found = folder_data.scan(Path(root))
         stamp, key = folder_data.fingerprint(found), (str(found.root), *map(str, spec))
         cached = self._folders.get(key)
