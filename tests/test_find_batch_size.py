@@ -887,3 +887,36 @@ def test_max_alone_starts_the_search_no_higher_and_a_start_above_a_max_is_refuse
     monkeypatch.undo()
     bad = CliRunner().invoke(cli, ["find-batch-size", "--start", "8", "--max", "4", "--data-dir", str(tmp_path)])
     assert bad.exit_code == 2 and "--max 4 is below --start 8" in bad.output
+
+
+def test_ctrl_c_keeps_the_finished_probes_marked_interrupted_and_no_older_answer_stands(data_dir, tmp_path,
+                                                                                       monkeypatch):
+    from catsdogs.analysis.time_to_target import load_find_results
+    from catsdogs.errors import CatsdogsError, Interrupted
+    from catsdogs.measure import prober
+
+    class CtrlCAt32(SqrtSpeedProber):
+        def run(self, task, fresh=False, timing=False):
+            if task.batch_size == 32:
+                raise KeyboardInterrupt
+            return super().run(task, fresh, timing)
+
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setattr(prober, "Prober", CtrlCAt32)
+    # given an earlier run's answer under the same name
+    older = tmp_path / "fbs" / "find_batch_size.json"
+    older.parent.mkdir()
+    older.write_text(json.dumps({"settings": {"optimizer": "adam"}, "recommendation": {"batch_size": 512}}))
+    # when a search is stopped by Ctrl-C at batch size 32
+    lines: list[str] = []
+    with pytest.raises(Interrupted):
+        findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, measure_noise=False), data_dir,
+                               tmp_path, log=lines.append)
+    # then the probes that finished are kept, marked interrupted, without an answer, said so
+    saved = json.loads(older.read_text())
+    assert saved["interrupted"] and [p["batch_size"] for p in saved["probes"]] == [1, 8, 16]
+    assert "recommendation" not in saved and lines[-1].startswith("Interrupted: 3 finished probes kept in")
+    # and the report holds no interrupted run against a sweep, nor the older answer it replaced
+    assert load_find_results(tmp_path) == []
+    with pytest.raises(CatsdogsError, match="interrupted"):
+        load_find_results(tmp_path, [older])

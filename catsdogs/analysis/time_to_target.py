@@ -48,6 +48,8 @@ def load_find_results(out: Path | str, given: list[Path] | None = None) -> list[
             data = json.loads(Path(path).read_text())
             if not isinstance(data, dict) or "settings" not in data:
                 raise ValueError("not a find_batch_size.json: it has no settings")
+            if data.get("interrupted"):
+                raise ValueError("its run was interrupted (Ctrl-C) before an answer: run it again")
         except (OSError, ValueError) as e:
             if given:
                 raise CatsdogsError(f"cannot read find-batch-size's result {path}: {e}") from None

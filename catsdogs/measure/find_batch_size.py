@@ -44,12 +44,12 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from catsdogs import config, goodput
 from catsdogs.data import folder as folder_data
-from catsdogs.errors import CatsdogsError, SettingError
+from catsdogs.errors import CatsdogsError, Interrupted, SettingError
 from catsdogs.files import write_json_atomic
 from catsdogs.host import host_memory_available, versions
 from catsdogs.manifest import require_intact
@@ -108,17 +108,7 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         # The statistics first, in a worker of its own that ends before any probe runs (the first
         # probe's worker imports its framework meanwhile): the probes' memory is not touched, and
         # the search can then probe the critical batch size on its way up.
-        noise_run = None
-        if settings.measure_noise and user and not probe_data.real:
-            log("Noise scale: not measured: it needs real images (random ones carry no signal to measure): give "
-                "--data DIR, or prepared data of the model's input size; the recommendation is speed's within memory.")
-        elif settings.measure_noise and bound.train_images is not None and bound.train_images < default("base_batch_size"):
-            log(f"Noise scale: not measured: its short runs train at batch size {default('base_batch_size')}, more than "
-                f"the {bound.train_images:,} training images; the recommendation is speed's within memory and the data.")
-        elif settings.measure_noise:
-            run.prober.prestart()
-            noise_run = measure_noise_scale(data_dir, manifest, settings, work, env, log, probe_data=probe_data,
-                                            sampling=user_noise_sampling(bool(user.batch_norm)) if user else None)
+        noise_run = _noise_scale(run, bound, data_dir, manifest, user, probe_data) if settings.measure_noise else None
         waiting = time.perf_counter()
         planned = plan.result(log) if plan else None  # before the calibration: no compilation beside its timing
         plan_wait = time.perf_counter() - waiting
@@ -127,6 +117,8 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         pred = predict_first(run, calib, manifest, size, planned, log, user)
         predict_seconds = plan_wait + time.perf_counter() - predicting
         result, safe, margin_failed = _search(run, noise_run, pred, bound)
+    except KeyboardInterrupt:
+        keep_interrupted(folder, settings, run.probes, log)
     finally:
         run.close()  # (a plan still compiling is not waited for: its worker ends with this process)
         if probe_data and probe_data.decoded:  # the folder's decoded copy: the workers are done with it
@@ -158,6 +150,37 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
                                f"{first.batch_size} needs: {message}", "memory_limit")
         raise CatsdogsError(message)
     return summary
+
+
+def _noise_scale(run: ProbeRun, bound: SearchBound, data_dir: Path, manifest: dict | None, user,
+                 probe_data: model_check.ProbeData | None) -> NoiseRun | None:
+    """The noise scale's short runs (noise_run), or None, said, where they cannot measure one: a
+    user's model on random images (no signal), or fewer training images than their batch."""
+    settings, log, base = run.settings, run.log, default("base_batch_size")
+    if user and not probe_data.real:
+        log("Noise scale: not measured: it needs real images (random ones carry no signal to measure): give "
+            "--data DIR, or prepared data of the model's input size; the recommendation is speed's within memory.")
+        return None
+    if bound.train_images is not None and bound.train_images < base:
+        log(f"Noise scale: not measured: its short runs train at batch size {base}, more than the "
+            f"{bound.train_images:,} training images; the recommendation is speed's within memory and the data.")
+        return None
+    run.prober.prestart()
+    return measure_noise_scale(data_dir, manifest, settings, run.work, run.env, log, probe_data=probe_data,
+                               sampling=user_noise_sampling(bool(user.batch_norm)) if user else None)
+
+
+def keep_interrupted(folder: Path, settings: FindSettings, probes: list[ProbeRecord], log) -> None:
+    """Ctrl-C: the probes that finished kept, in find_batch_size.json and .csv marked
+    "interrupted" with no answer (an older run's of the same name is replaced: never taken for this
+    one's, and the report holds no interrupted run against a sweep); then Interrupted."""
+    kept = [p.view("search") for p in probes]
+    write_json_atomic(folder / "find_batch_size.json", {"interrupted": True, "settings": asdict(settings),
+                                                        "probes": kept, "versions": versions()}, indent=2)
+    write_csv(kept, folder / "find_batch_size.csv", PROBE_COLUMNS)
+    log(f"Interrupted: {len(kept)} finished probe{'s' if len(kept) != 1 else ''} kept in {folder / 'find_batch_size.json'}"
+        " (marked interrupted, no answer); the same command runs the search again.")
+    raise Interrupted() from None
 
 
 def _answer(result, probes: list[ProbeRecord], safe: int | None, settings: FindSettings, estimate,
@@ -306,6 +329,7 @@ class ProbeRun:
     def __init__(self, settings: FindSettings, data_dir: Path, work: Path, cpu_cap: int | None, env: dict, log,
                  probe_data: model_check.ProbeData | None = None):
         self.settings, self.data_dir, self.log = settings, Path(data_dir), log
+        self.work, self.env = work, env  # (the noise scale's short runs write and start there too)
         self.probe_data = probe_data  # a user's model's: its images, or random ones (model_check.data_for)
         self.probes: list[ProbeRecord] = []
         self.prober = probers.Prober(work, settings.memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=settings.isolate,
