@@ -160,6 +160,8 @@ def test_the_report_finds_the_result_under_out_draws_the_figure_and_states_the_r
     assert "## Time to the target: measured, and find-batch-size's prediction" in text
     assert "| 32 **best** *recommended* | 150 | 0.0100 | 1.5 | 1.00 | 1.00 |" in text
     assert any("T(recommended 32)/T(best 32) 1.00, met" in line for line in lines)
+    # and figures drawn (the measured critical batch size's too) are never said to be none
+    assert "critical_measured" in paths["figures"] and not any(line.startswith("no figure") for line in lines)
 
 
 def test_the_figure_has_a_panel_per_comparison_with_best_and_recommended_marked(tmp_path):

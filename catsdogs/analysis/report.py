@@ -97,7 +97,7 @@ def report(name: str, out: Path | str = config.DEFAULT_OUT, note: str | None = N
     for ctx in summary["critical"]:
         log(f"critical batch size ({ctx['context']}): "
             + "; ".join(f"{r['series']}: {r['verdict_text']}" for r in ctx["results"]))
-    if not summary["figures"]:
+    if not paths["figures"]:  # none drawn: the article's, nor the collapse, noise or critical ones
         log(f"no figure: none of the {len(trials)} trials of {name!r} belongs to one")
     if summary["unused"]:
         log(f"{len(summary['unused'])} trials are in no figure (listed in results.md)")

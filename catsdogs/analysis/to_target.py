@@ -103,8 +103,8 @@ def series_table(members: list[dict], many: bool = False) -> dict:
         fit = fit_critical([r["batch_size"] for r in reached], [r["steps"] for r in reached])
     else:
         inside = " at a rate inside its grid" if edges else ""
-        why = (f"{len(reached)} batch size{'s' if len(reached) != 1 else ''} reached the target{inside}: "
-               "the fit needs 3")
+        why = (f"{len(reached)} batch size{'s' if len(reached) != 1 else ''} can enter the fit (the target "
+               f"reached after an update{inside}): it needs 3")
     if at_start:
         why = (why + "; " if why else "") + (f"batch size {', '.join(map(str, at_start))} met it before its first "
                                              "update (too easy a target), out of the fit")
