@@ -351,3 +351,19 @@ def test_an_export_never_replaces_what_catsdogs_did_not_write(data_dir, tmp_path
     # and a copy catsdogs wrote is replaced
     assert export(str(earlier)).exit_code == 0
 
+
+
+def test_a_csv_that_cannot_be_written_is_a_warning_and_the_result_is_stored(data_dir, tmp_path):
+    grid = grid_of(data_dir)
+    with Store(tmp_path / "results.sqlite") as store:
+        # given a trial of sweep "s" finishing, and a file standing where the sweep's CSV folder goes
+        (key,) = register(store, grid[:1], name="s")
+        store.claim([key])
+        (tmp_path / "s").write_text("not a folder")
+        lines: list[str] = []
+        # when its outcome is recorded
+        sweep.record_outcome(store, tmp_path, key, TrialRecord(status=Status.DONE, test_accuracy=0.5), lines.append)
+        # then the store holds it, and the CSV's failure is one warning, not the sweep's end
+        assert [t["status"] for t in store.trials("s")] == [Status.DONE]
+    assert len(lines) == 1 and lines[0].startswith(f"Warning: {tmp_path / 's' / 'results.csv'} not written")
+    assert lines[0].endswith("the result is in the store, and the sweep goes on")

@@ -64,6 +64,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from catsdogs.files import temporary_sibling
+
 CLASS_NAMES = ("Cat", "Dog")  # the same folder names as config.CLASSES
 
 # What the returned dict says about each special member.
@@ -159,7 +161,7 @@ def make_synthetic_archive(
     kinds[LICENSE_NAME] = "license-pdf"
     kinds[README_NAME] = "readme"
 
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_sibling(path)  # this process's own: two prepares at once never share it
     try:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
             for directory in ("PetImages/", *(f"PetImages/{c}/" for c in CLASS_NAMES)):

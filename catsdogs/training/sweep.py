@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from catsdogs.errors import Interrupted, SettingError
+from catsdogs.errors import Interrupted, SettingError, os_error_line
 from catsdogs.files import write_json_atomic
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 from catsdogs.host import versions
@@ -315,7 +315,7 @@ def _finisher(runner: Slot, store: Store, out: Path, board: _Board, tag: str, on
                 board.log(f"{tag}    {label}: {record.status}, but its weights' digest was lost ({error}); "
                           "left pending")
                 return None
-        record_outcome(store, out, key, record)
+        record_outcome(store, out, key, record, board.log)
         with board.lock:
             board.durations.append(seconds)
             board.finished += 1
@@ -328,12 +328,18 @@ def _finisher(runner: Slot, store: Store, out: Path, board: _Board, tag: str, on
     return finish
 
 
-def record_outcome(store: Store, out: Path, key: str, record: TrialRecord) -> None:
+def record_outcome(store: Store, out: Path, key: str, record: TrialRecord, log=print) -> None:
     """A finished trial into the store, and into the results.csv of every sweep that lists it:
-    another sweep sharing the trial may have ended already, and its CSV must have it too."""
+    another sweep sharing the trial may have ended already, and its CSV must have it too. A CSV is
+    a side output: one that cannot be written is a warning, and the sweep goes on (the store holds
+    the result; `catsdogs report` writes the CSV again)."""
     store.finish(key, record)
     for listed in store.sweeps_of(key):
-        store.export_csv(listed, Path(out) / listed / "results.csv")
+        try:
+            store.export_csv(listed, Path(out) / listed / "results.csv")
+        except OSError as exc:
+            log(f"Warning: {Path(out) / listed / 'results.csv'} not written ({os_error_line(exc)}); the result is in "
+                "the store, and the sweep goes on")
 
 
 def _epoch_logger(log, tag: str = ""):
