@@ -48,8 +48,9 @@ def data_dir(prepared_data) -> Path:
 
 
 def ray_sweep(data_dir, out, name, *extra):
+    seeds = [] if "--seeds" in extra else ["--seeds", "1"]  # (an option given twice is refused)
     return ["sweep", "--runner", "ray", "--data-dir", str(data_dir), "--out", str(out), "--name", name,
-            "--opt", "adam", "--epochs", "1", "--seeds", "1", *extra]
+            "--opt", "adam", "--epochs", "1", *seeds, *extra]
 
 
 def csv_rows(out: Path, name: str) -> list[dict]:
