@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from harness import alternate, median_of, table
+
 from catsdogs.store import Store
 
 BACKENDS = ("tensorflow", "jax")
+FIGURES = ("command_s", "fit_s", "train_s", "setup_s")
 
 
 def one_trial(backend: str, data_dir: Path, epochs: int, batch_size: int) -> dict:
@@ -48,21 +50,22 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=32)
     a = ap.parse_args()
-    runs = []
-    for r in range(a.repeats):
-        for backend in BACKENDS:
-            run = one_trial(backend, a.data_dir, a.epochs, a.batch_size)
-            runs.append(run)
-            print(f"repeat {r + 1} {backend:10s} command {run['command_s']:6.1f} s  fit {run['fit_s']:6.1f} s  "
-                  f"train steps {run['train_s']:6.1f} s  build {run['setup_s']:5.1f} s  "
-                  f"test accuracy {run['accuracy']:.4f}", flush=True)
-    print(f"\n{runs[0]['device']}; Adam, batch {a.batch_size}, {a.epochs} epochs; medians of {a.repeats}:")
-    medians = {b: {k: statistics.median(x[k] for x in runs if x["backend"] == b)
-                   for k in ("command_s", "fit_s", "train_s", "setup_s")} for b in BACKENDS}
-    print(f"{'':12s}{'tensorflow':>12s}{'jax':>12s}{'jax / tf':>10s}")
-    for k in ("command_s", "fit_s", "train_s", "setup_s"):
-        tf, jx = medians["tensorflow"][k], medians["jax"][k]
-        print(f"{k:12s}{tf:12.1f}{jx:12.1f}{jx / tf if tf else float('nan'):10.2f}")
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    runs = alternate({b: (lambda r, b=b: one_trial(b, a.data_dir, a.epochs, a.batch_size)) for b in BACKENDS},
+                     a.repeats, log)
+    for backend in BACKENDS:
+        for r, run in enumerate(runs[backend]):
+            log(f"repeat {r + 1} {backend:10s} command {run['command_s']:6.1f} s  fit {run['fit_s']:6.1f} s  "
+                f"train steps {run['train_s']:6.1f} s  build {run['setup_s']:5.1f} s  "
+                f"test accuracy {run['accuracy']:.4f}")
+    print(f"\n{runs['tensorflow'][0]['device']}; Adam, batch {a.batch_size}, {a.epochs} epochs; medians of {a.repeats}:")
+    medians = {b: {k: median_of(runs[b], k) for k in FIGURES} for b in BACKENDS}
+    rows = [(k, f"{medians['tensorflow'][k]:.1f}", f"{medians['jax'][k]:.1f}",
+             f"{medians['jax'][k] / medians['tensorflow'][k]:.2f}" if medians["tensorflow"][k] else "") for k in FIGURES]
+    print(table(("", "tensorflow", "jax", "jax / tf"), rows))
 
 
 if __name__ == "__main__":
