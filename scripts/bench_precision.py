@@ -11,9 +11,10 @@ of each precision and their ratios.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 from pathlib import Path
+
+from harness import alternate, median_of, table
 
 from catsdogs.measure.profile import profile
 
@@ -27,29 +28,32 @@ def main() -> None:
     ap.add_argument("--fp16", action="store_true", help="also mixed_float16")
     args = ap.parse_args()
     precisions = ["float32", "mixed_bfloat16"] + (["mixed_float16"] if args.fp16 else [])
-    runs: dict = {(p, b): [] for p in precisions for b in args.batch_sizes}
     with tempfile.TemporaryDirectory() as out:
-        for r in range(args.rounds):
-            for p in precisions if r % 2 == 0 else reversed(precisions):
-                rows = profile(f"{p}-{r}", args.batch_sizes, args.data_dir, Path(out), precision=p,
-                               steps=args.steps, measure_peak=False, log=lambda *a: None)
-                for row in rows:
-                    runs[(p, row["batch_size"])].append(row)
-    print(f"{'batch':>5} {'precision':>15} {'images/s':>10} {'peak MB':>9} {'speed x':>8} {'memory x':>9}")
+        def side(p: str):
+            return lambda r: profile(f"{p}-{r}", args.batch_sizes, args.data_dir, Path(out), precision=p,
+                                     steps=args.steps, measure_peak=False, log=lambda *a: None)
+        rounds = alternate({p: side(p) for p in precisions}, args.rounds)
+    runs = {(p, row["batch_size"]): [] for p in precisions for row in rounds[p][0]}
+    for p in precisions:
+        for rows in rounds[p]:
+            for row in rows:
+                runs[(p, row["batch_size"])].append(row)
+    out_rows, last = [], None
     for b in args.batch_sizes:
-        base = runs[("float32", b)]
-        base_ips = statistics.median(r["images_per_second"] for r in base if r["status"] == "done")
-        base_mem = statistics.median(r["peak_memory_mb"] for r in base if r["status"] == "done")
+        base = [r for r in runs[("float32", b)] if r["status"] == "done"]
         for p in precisions:
             done = [r for r in runs[(p, b)] if r["status"] == "done"]
-            if not done:
-                print(f"{b:>5} {p:>15} {'(no run finished)':>20}")
+            if not done or not base:
+                out_rows.append((b, p, "(no run finished)", "", "", ""))
                 continue
-            ips = statistics.median(r["images_per_second"] for r in done)
-            mem = statistics.median(r["peak_memory_mb"] for r in done)
-            print(f"{b:>5} {p:>15} {ips:>10.1f} {mem:>9.0f} {ips / base_ips:>8.2f} {mem / base_mem:>9.2f}")
-    print(f"medians of {args.rounds} rounds, {args.steps} timed steps each; peak memory: "
-          f"{done[0].get('memory_kind')}; device: {done[0].get('device')}")
+            last = done[0]
+            ips, mem = median_of(done, "images_per_second"), median_of(done, "peak_memory_mb")
+            out_rows.append((b, p, f"{ips:.1f}", f"{mem:.0f}", f"{ips / median_of(base, 'images_per_second'):.2f}",
+                             f"{mem / median_of(base, 'peak_memory_mb'):.2f}"))
+    print(table(("batch", "precision", "images/s", "peak MB", "speed x", "memory x"), out_rows))
+    if last:
+        print(f"medians of {args.rounds} rounds, {args.steps} timed steps each; peak memory: "
+              f"{last.get('memory_kind')}; device: {last.get('device')}")
 
 
 if __name__ == "__main__":
