@@ -12,26 +12,21 @@ event too). The target: the second run compiles at most 10% of what the first co
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sqlite3
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from harness import run_catsdogs, table
 
 TARGET = 0.10
 
 
 def run(work: Path, out: str, config: str, cache: Path | None) -> dict:
-    env = {**os.environ, "KERAS_BACKEND": "jax", "CATSDOGS_COMPILE_CACHE": str(cache) if cache else "off"}
-    cmd = [sys.executable, "-m", "catsdogs", "reproduce", "--config", config, "--out", str(work / out), "--quiet"]
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    env = {"KERAS_BACKEND": "jax", "CATSDOGS_COMPILE_CACHE": str(cache) if cache else "off"}
+    wall = run_catsdogs(["reproduce", "--config", config, "--data-dir", work / "data", "--out", work / out, "--quiet"],
+                        env=env)  # (the data in the work folder, as a run from there would put them)
     with sqlite3.connect(work / out / "results.sqlite") as db:
         compiles, hits, trials = db.execute("SELECT sum(compiles), sum(compile_cache_hits), count(*) FROM trials").fetchone()
     return {"run": out, "wall": wall, "compiles": compiles or 0, "hits": hits or 0, "trials": trials}
@@ -53,10 +48,8 @@ def main() -> int:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     print(f"plan {args.config}, KERAS_BACKEND=jax; each run into a fresh --out")
-    print("| run | trials | XLA compilations | cache loads | wall s |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['run']} | {r['trials']} | {r['compiles']} | {r['hits']} | {r['wall']:.1f} |")
+    print(table(("run", "trials", "XLA compilations", "cache loads", "wall s"),
+                [(r["run"], r["trials"], r["compiles"], r["hits"], f"{r['wall']:.1f}") for r in rows]))
     cold, warm = rows[0]["compiles"], rows[1]["compiles"]
     share = warm / cold if cold else 0.0
     print(f"\nThe warm run compiled {100 * share:.0f}% of what the cold run compiled "
