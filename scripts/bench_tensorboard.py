@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import table
+
 from catsdogs.analysis import tensorboard_export
 from catsdogs.analysis.rows import load_trials
 from catsdogs.messages import TrialRecord
@@ -50,21 +52,23 @@ def main(argv: list[str] | None = None) -> int:
             for i, key in enumerate(keys[:-1]):
                 finish(store, key, 0.6 + 0.001 * i)
 
+        rows = []
+
         def timed(label: str) -> None:
             started = time.perf_counter()
             result = tensorboard_export.export(load_trials(path, "big"), folder)
             files = len(list(folder.rglob("events.out.tfevents.*")))
-            print(f"{label:<32} {time.perf_counter() - started:6.2f} s  written {result['written']:>4}  "
-                  f"unchanged {result['unchanged']:>4}  event files {files}")
+            rows.append((label, f"{time.perf_counter() - started:.2f}", result["written"], result["unchanged"], files))
 
         timed(f"first export ({len(keys)} trials)")
         before = {p: p.stat().st_mtime_ns for p in folder.rglob("events.out.tfevents.*")}
         timed("unchanged store")
         same = before == {p: p.stat().st_mtime_ns for p in folder.rglob("events.out.tfevents.*")}
-        print(f"  no event file written again: {'yes' if same else 'NO'}")
         with Store(path) as store:
             finish(store, keys[-1], 0.7)
         timed("one trial finished since")
+    print(table(("export", "seconds", "written", "unchanged", "event files"), rows))
+    print(f"no event file written again by the unchanged store's export: {'yes' if same else 'NO'}")
     return 0 if same else 1
 
 
