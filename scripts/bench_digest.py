@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import statistics
 import sys
 import time
 from pathlib import Path
+
+from harness import spread, table
 
 TARGET = 0.05  # seconds a trial, at most
 
@@ -80,15 +81,14 @@ def main() -> int:
         side["digest"].append(held["seconds"] if old else record.digest_seconds)
         print(f"  trial {i} ({'before' if old else 'now'}): wall {record.wall_seconds:.2f} s, digest held it "
               f"{side['digest'][-1]:.3f} s", flush=True)
-    print("\n| digest | trials | median trial wall s | median seconds the digest held a trial |")
-    print("|---|---|---|---|")
-    for name, side in (("before: on the trial's thread", before), ("now: in a thread, during evaluate", now)):
-        print(f"| {name} | {len(side['wall'])} | {statistics.median(side['wall']):.2f} | "
-              f"{statistics.median(side['digest']):.3f} |")
-    added = statistics.median(now["digest"])
+    sides = (("before: on the trial's thread", before), ("now: in a thread, during evaluate", now))
+    print("\n" + table(("digest", "trials", "median trial wall s (least-most)", "median seconds the digest held a trial"),
+                       [(name, len(side["wall"]), "{:.2f} ({:.2f}-{:.2f})".format(*spread(side["wall"])),
+                         f"{spread(side['digest'])[0]:.3f}") for name, side in sides]))
+    added = spread(now["digest"])[0]
     print(f"\nThe digest now adds {added:.3f} s a trial (target at most {TARGET} s: "
           f"{'met' if added <= TARGET else 'NOT met'}); the median wall time went from "
-          f"{statistics.median(before['wall']):.2f} to {statistics.median(now['wall']):.2f} s.")
+          f"{spread(before['wall'])[0]:.2f} to {spread(now['wall'])[0]:.2f} s.")
     return 0
 
 
