@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import alternate, median_of, table
+
 
 def prepare_data(data_dir: Path, size: int, per_class: int) -> None:
     from catsdogs.data.prepare import prepare
@@ -86,28 +88,25 @@ def main() -> int:
           f"{args.per_class} images/class, {args.epochs} epochs; data in {data_dir}")
     prepare_data(data_dir, args.size, args.per_class)
 
-    walls: dict[int, list[float]] = {1: [], 2: []}
-    stats: dict[int, list[dict]] = {1: [], 2: []}
-    for i in range(args.repeat):
-        for workers in ((1, 2) if i % 2 == 0 else (2, 1)):
+    def side(workers: int):
+        def one(i: int) -> dict:
             out = work / f"out-w{workers}-{i}"
             load = os.getloadavg()[0]
             wall = run_sweep(data_dir, out, workers, args.epochs, args.runner)
-            walls[workers].append(wall)
-            stats[workers].append(trial_stats(out))
-            print(f"  --workers {workers}: {wall:6.1f} s   (load average before: {load:.1f})")
+            print(f"  --workers {workers}: {wall:6.1f} s   (load average before: {load:.1f})", flush=True)
+            return {"sweep": wall, **trial_stats(out)}
+        return one
 
-    t1, t2 = statistics.median(walls[1]), statistics.median(walls[2])
-    s1 = {k: statistics.median(s[k] for s in stats[1]) for k in stats[1][0]}
-    s2 = {k: statistics.median(s[k] for s in stats[2]) for k in stats[2][0]}
+    runs = alternate({1: side(1), 2: side(2)}, args.repeat, log=lambda line: None)  # A B A B
+    t1, t2 = median_of(runs[1], "sweep"), median_of(runs[2], "sweep")
+    s1 = {k: median_of(runs[1], k) for k in ("wall", "train", "ips")}
+    s2 = {k: median_of(runs[2], k) for k in ("wall", "train", "ips")}
     threads2 = max(1, cores // 2)
     print()
-    print(f"wall time, --workers 1: {t1:.1f} s; --workers 2: {t2:.1f} s; "
-          f"ratio (1 worker / 2 workers): {t1 / t2:.2f}x")
-    print(f"per trial, --workers 1 ({cores} threads):  {s1['wall']:.1f} s in the trial, "
-          f"{s1['train']:.1f} s training, {s1['ips']:.0f} images/s")
-    print(f"per trial, --workers 2 ({threads2} thread(s) each): {s2['wall']:.1f} s in the trial, "
-          f"{s2['train']:.1f} s training, {s2['ips']:.0f} images/s")
+    print(f"ratio of wall times (1 worker / 2 workers): {t1 / t2:.2f}x")
+    print(table(("--workers", "threads each", "sweep wall s", "a trial's wall s", "its training s", "images/s"),
+                [(1, cores, f"{t1:.1f}", f"{s1['wall']:.1f}", f"{s1['train']:.1f}", f"{s1['ips']:.0f}"),
+                 (2, threads2, f"{t2:.1f}", f"{s2['wall']:.1f}", f"{s2['train']:.1f}", f"{s2['ips']:.0f}")]))
     print()
     print(explain(t1, t2, s1, s2, cores))
     if not args.keep and args.work is None:
