@@ -36,10 +36,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
+
+from harness import median_of, spread, table
 
 from catsdogs.measure.common import format_bytes, parse_memory
 from catsdogs.measure.find_batch_size import FindSettings, find_batch_size
@@ -97,23 +98,22 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n{'Models ' + ', '.join(args.models) if args.models else 'Article' + chr(39) + 's model'}, {args.opt}, {args.precision}, bisected to a gap of {args.resolution}, "
           f"{args.repeats} searches a row (median, and the least to the most apart); device: {rows[0]['device']}\n")
-    print("| model | backend | image size | cap | measured (next) | predicted | apart: median (spread) "
-          "| model's MiB/image | probes (fresh) | time |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    ok, worst = True, 0.0
+    ok, worst, out_rows = True, 0.0, []
     for key in dict.fromkeys((r["model"], r["backend"], r["image_size"], r["cap"]) for r in rows):
         group = [r for r in rows if (r["model"], r["backend"], r["image_size"], r["cap"]) == key]
         aparts = [r["apart"] for r in group if r["apart"] is not None]
-        median = statistics.median(aparts) if len(aparts) == len(group) else None
+        median, least, most = spread(aparts) if len(aparts) == len(group) else (None, None, None)
         ok &= median is not None and abs(median) <= TARGET_PERCENT
         worst = max(worst, abs(median)) if median is not None else worst
-        apart = f"{median:+.1f}% ({min(aparts):+.1f} to {max(aparts):+.1f})" if median is not None else "n/a"
+        apart = f"{median:+.1f}% ({least:+.1f} to {most:+.1f})" if median is not None else "n/a"
         measured = "/".join(str(r["measured"]) for r in group)
         predicted = "/".join(dict.fromkeys(str(r["predicted"]) for r in group))  # a line's moves with its probes
         r = group[0]
-        print(f"| {r['model']} | {r['backend']} | {r['image_size']} px | {r['cap']} | {measured} ({r['not_fitting']}) | "
-              f"{predicted} | {apart} | {r['per_image_mib']:.2f} | {r['probes']} ({r['fresh_probes']}) | "
-              f"{statistics.median(x['seconds'] for x in group):.0f} s |")
+        out_rows.append((r["model"], r["backend"], f"{r['image_size']} px", r["cap"], f"{measured} ({r['not_fitting']})",
+                         predicted, apart, f"{r['per_image_mib']:.2f}", f"{r['probes']} ({r['fresh_probes']})",
+                         f"{median_of(group, 'seconds'):.0f} s"))
+    print(table(("model", "backend", "image size", "cap", "measured (next)", "predicted", "apart: median (spread)",
+                 "model's MiB/image", "probes (fresh)", "time"), out_rows))
     print(f"\nmedian within {TARGET_PERCENT:.0f}% everywhere: {'yes' if ok else 'no'} (worst median {worst:.1f}%)")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_memory_model.json").write_text(json.dumps(rows, indent=2))
