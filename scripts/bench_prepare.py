@@ -29,12 +29,13 @@ import hashlib
 import os
 import resource
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 import zipfile
 from pathlib import Path
+
+from harness import alternate, median_of, spread, table
 
 from catsdogs import config
 from catsdogs.data.prepare import WORKERS, prepare
@@ -126,42 +127,37 @@ def main(argv=None) -> int:
     print(f"source: {pets}; per class {args.per_class}, split {','.join(map(str, args.split))}, "
           f"size {args.size}: {n_images} images per run")
 
-    times: dict[str, list[float]] = {"prepare": [], "article loop": []}
-    cpu: dict[str, list[float]] = {"prepare": [], "article loop": []}
-    chosen = None
     outputs = workdir / f"outputs-{os.getpid()}"
-    last: dict[str, Path] = {}
-    for r in range(args.repeats):
-        order = ["prepare", "article loop"] if r % 2 == 0 else ["article loop", "prepare"]
-        if chosen is None:
-            order = ["prepare", "article loop"]  # the loop needs prepare's choice
-        for side in order:
+    state: dict = {"chosen": None, "last": {}}
+
+    def side(name: str):
+        def one(r: int) -> dict:
             # A fresh folder per run, all deleted at the end: on ext4, creating files soon
             # after deleting thousands is markedly slower (it skips recently freed inodes),
             # which would tax whichever side ran after a clean-up.
-            out = outputs / f"{side.replace(' ', '-')}-{r + 1}"
-            if side == "prepare":
+            out = outputs / f"{name.replace(' ', '-')}-{r + 1}"
+            if name == "prepare":
                 seconds, cpu_s, manifest, detail = run_prepare(pets, out, args)
-                chosen = manifest["chosen"]
-            else:
-                seconds, cpu_s = run_article_loop(pets, out, chosen, args.size)
+                state["chosen"] = manifest["chosen"]
+            else:  # after prepare in every round (A B A B): the loop needs prepare's choice
+                seconds, cpu_s = run_article_loop(pets, out, state["chosen"], args.size)
                 detail = ""
-            last[side] = out
-            times[side].append(seconds)
-            cpu[side].append(cpu_s)
-            print(f"  run {r + 1}: {side:12s} {seconds:7.2f} s  {n_images / seconds:7.1f} images/s"
+            state["last"][name] = out
+            print(f"  run {r + 1}: {name:12s} {seconds:7.2f} s  {n_images / seconds:7.1f} images/s"
                   f"  (CPU {cpu_s:6.2f} s, {1000 * cpu_s / n_images:.2f} ms per image{detail}; "
                   f"load {os.getloadavg()[0]:.1f})", flush=True)
+            return {"seconds": seconds, "cpu": cpu_s}
+        return one
 
-    same = tree_digest(last["prepare"]) == tree_digest(last["article loop"])
+    runs = alternate({name: side(name) for name in ("prepare", "article loop")}, args.repeats, log=lambda line: None)
+    same = tree_digest(state["last"]["prepare"]) == tree_digest(state["last"]["article loop"])
     shutil.rmtree(outputs, ignore_errors=True)
-    rate = {side: n_images / statistics.median(ts) for side, ts in times.items()}
-    best = {side: n_images / min(ts) for side, ts in times.items()}
-    ms = {side: 1000 * statistics.median(cs) / n_images for side, cs in cpu.items()}
+    rate = {name: n_images / median_of(rs, "seconds") for name, rs in runs.items()}
+    best = {name: n_images / spread(r["seconds"] for r in rs)[1] for name, rs in runs.items()}
+    ms = {name: 1000 * median_of(rs, "cpu") / n_images for name, rs in runs.items()}
     ratio = rate["prepare"] / rate["article loop"]
-    for side in ("prepare", "article loop"):
-        print(f"{side + ':':13s} {rate[side]:7.1f} images/s (best {best[side]:.1f}), "
-              f"{ms[side]:.2f} CPU ms per image (medians of {args.repeats})")
+    print(table(("side", "images/s (median)", "best", f"CPU ms per image (medians of {args.repeats})"),
+                [(name, f"{rate[name]:.1f}", f"{best[name]:.1f}", f"{ms[name]:.2f}") for name in runs]))
     print(f"ratio: {ratio:.2f}x on {affinity} cores (of the best runs: "
           f"{best['prepare'] / best['article loop']:.2f}x); outputs byte-identical: {same}")
     # Wall-clock ratios need idle cores (other work on the machine shows in the load average
