@@ -32,11 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from harness import spread
+from harness import table as markdown_table
 
 from catsdogs.host import cpu_name
 
@@ -425,12 +427,12 @@ def summary(side: str, r: dict, args) -> str:
         return (f"train {r['train_s']:.1f} s ({r['train_cpu_s']:.1f} CPU), fit {r['fit_s']:.1f} s, "
                 f"trial {r['work_s']:.1f} s ({r['work_cpu_s']:.1f} CPU), process {r['process_wall_s']:.1f} s, "
                 f"{r['batches']} batches, test acc {r['test_accuracy']:.3f}")
-    return (f"median {statistics.median(r['times_s']) * 1e3:.0f} ms wall, "
-            f"{statistics.median(r['cpu_s']) * 1e3:.0f} ms CPU per {r['n']}^2 matmul")
+    return (f"median {med(r['times_s']) * 1e3:.0f} ms wall, "
+            f"{med(r['cpu_s']) * 1e3:.0f} ms CPU per {r['n']}^2 matmul")
 
 
 def med(xs):
-    return statistics.median(xs)
+    return spread(xs)[0]
 
 
 def _steady(r: dict, key: str) -> list[float]:
@@ -586,10 +588,7 @@ def table(args, res: dict, variants: list[str], minutes: float) -> int:
           f"medians of {args.repeats} repeat(s), each side in its own process; imports excluded unless "
           f"stated; ratio = how many times ours is faster; load average at the end {load:.1f}; "
           f"bench took {minutes:.1f} min")
-    w = max(len(r[0]) for r in rows) + 2
-    print(f"{'':<{w}}{'ours':>14}{'article way':>14}{'ratio':>10}")
-    for name, a, b, c in rows:
-        print(f"{name:<{w}}{a:>14}{b:>14}{c:>10}")
+    print(markdown_table(("", "ours", "article way", "ratio"), rows))
     print()
     found = []
     if po:
