@@ -42,7 +42,11 @@ def expand_variadic(options: list[click.Option], args: list[str]) -> list[str]:
 
 def refuse_repeats(ctx: click.Context, options: list[click.Option], args: list[str]) -> None:
     """A usage error for an option of one value given twice with two values: `--until val_loss=0.5
-    --until val_loss=0.4` ran to 0.4 without a word. The same value twice is no contradiction."""
+    --until val_loss=0.4` ran to 0.4 without a word. The same value twice is no contradiction (two
+    spellings of one value, `8G` and `8192M`, are refused too: the words are compared). Not while
+    click completes a word (resilient parsing) or where --help is asked for: help comes first."""
+    if ctx.resilient_parsing or "--help" in args[: args.index("--") if "--" in args else len(args)]:
+        return
     single = {n: p for p in options if not p.multiple and not p.is_flag for n in p.opts}
     seen: dict[str, list[str]] = {}
     for i, a in enumerate(args):

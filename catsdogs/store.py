@@ -90,13 +90,19 @@ CREATE TABLE IF NOT EXISTS sweep_trials (
 
 
 def is_store_copy(path: Path) -> bool:
-    """Whether `path` is a SQLite file holding a catsdogs store's three tables (a store, or a copy
-    `Store.export_copy` wrote): what `report --export-store` may replace. Read only."""
+    """Whether `path` is a copy `Store.export_copy` wrote: a SQLite file holding a catsdogs store's
+    three tables, not in WAL mode and with no log beside it (a live store, another --out's, is in
+    WAL mode: replacing it would lose a running sweep's results). What `report --export-store` may
+    replace. Read only."""
+    path = Path(path)
+    if any(path.with_name(path.name + x).exists() for x in ("-wal", "-shm")):
+        return False
     try:
         with open(path, "rb") as f:
-            if f.read(16) != b"SQLite format 3\x00":
-                return False
-        db = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+            header = f.read(20)
+        if header[:16] != b"SQLite format 3\x00" or header[18:20] != b"\x01\x01":  # 2, 2: WAL mode
+            return False
+        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
         try:
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         finally:

@@ -159,3 +159,8 @@ def test_the_folder_is_decoded_once_by_the_parent_and_the_workers_read_that_copy
     direct = folder.load(folder.scan(three_classes), 16, 12, 3, dtype="float32").split
     assert copy.images.dtype == np.float32 and np.array_equal(copy.images, direct.images)
     assert copy.labels.tolist() == direct.labels.tolist() and copy.files == direct.files
+    # and a copy left by a run that died (its process gone) is removed by the next run; this one's stays
+    orphan = tmp_path / "work" / f"999999999-f-16x12x3{folder.DECODED_SUFFIX}"
+    orphan.write_bytes(b"left by a killed run")
+    again = model_check.data_for(info, tmp_path, three_classes, tmp_path / "work")
+    assert not orphan.exists() and Path(again.decoded).exists() and again.decoded.startswith(str(tmp_path))

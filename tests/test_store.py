@@ -348,6 +348,11 @@ def test_an_export_never_replaces_what_catsdogs_did_not_write(data_dir, tmp_path
         # then each is refused in one line, a usage error, and left as it was
         assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output, (target, result.output)
     assert notes.read_text() == "mine" and link.is_symlink() and stat.S_ISFIFO(fifo.stat().st_mode)
+    # and so is another --out's live store (WAL mode: a sweep may be writing it)
+    other = tmp_path / "other"
+    sweep.run_sweep("s", grid, data_dir, other, log=lambda _: None, slots=InstantSlot)
+    live = export(str(other / "results.sqlite"))
+    assert live.exit_code == 2 and "is not a store copy catsdogs wrote" in live.output
     # and a copy catsdogs wrote is replaced
     assert export(str(earlier)).exit_code == 0
 

@@ -304,3 +304,27 @@ def test_a_failed_export_is_said_and_the_sweep_goes_on(store, tmp_path):
     # then nothing is raised into the sweep, and one warning says how to export again
     assert len(lines) == 1 and lines[0].startswith("Warning: TensorBoard export to")
     assert "the sweep goes on" in lines[0] and "--tensorboard` exports it again" in lines[0]
+
+
+def test_an_export_killed_mid_way_leaves_nothing_the_next_one_keeps(store, tmp_path):
+    # given an export, and the temporary folders of one killed mid-way (kill -9: no clean-up ran)
+    out = tmp_path / "tb"
+    tensorboard_export.export(load_trials(store, "grid"), out)
+    (out / ".adam_run.123-abcd.tmp").mkdir()
+    (out / ".adam_run.123-abcd.tmp" / "events.out.tfevents.1.x").write_bytes(b"half")
+    (out / ".sgd_run.123-abcd.old").mkdir()
+    # when exported again
+    tensorboard_export.export(load_trials(store, "grid"), out)
+    # then they are gone (TensorBoard would show them as runs)
+    assert not [p for p in out.iterdir() if p.name.endswith((".tmp", ".old"))]
+
+
+def test_a_run_of_an_older_export_format_is_written_again(store, tmp_path, monkeypatch):
+    # given an export made by the format before this one
+    out = tmp_path / "tb"
+    monkeypatch.setattr(tensorboard_export, "EXPORT_FORMAT", tensorboard_export.EXPORT_FORMAT - 1)
+    tensorboard_export.export(load_trials(store, "grid"), out)
+    monkeypatch.undo()
+    # then this format writes every run again (to gain what it added), and the next export none
+    assert tensorboard_export.export(load_trials(store, "grid"), out)["written"] == 3
+    assert tensorboard_export.export(load_trials(store, "grid"), out)["written"] == 0

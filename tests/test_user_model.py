@@ -123,9 +123,19 @@ def test_an_ending_no_loss_reads_with_confidence_is_refused_naming_loss(end, sai
     assert str(e.value).startswith(f"--loss {loss}: ") and said in str(e.value)
 
 
-def test_dropout_and_reshaping_at_the_end_pass_the_activation_on():
+def test_keras_own_layers_at_the_end_pass_the_activation_on():
     choice = user_model.choose_loss(head(layers.Dense(4, activation="softmax"), layers.Dropout(0.2), layers.Flatten()))
     assert (choice.kind, choice.from_logits) == ("sparse-categorical", False)
+    # an all-convolutional classifier: a 1x1 convolution to the classes, then global pooling: logits
+    conv = keras.Sequential([keras.Input((8, 8, 3)), layers.Conv2D(3, 1), layers.GlobalAveragePooling2D()])
+    assert user_model.choose_loss(conv).from_logits
+
+    class Mine(layers.Layer):  # a layer of the user's own: what it outputs cannot be told
+        def call(self, x):
+            return x
+
+    with pytest.raises(CatsdogsError, match="ends in Mine"):
+        user_model.choose_loss(head(layers.Dense(3), Mine()))
 
 
 def test_a_loss_named_against_the_last_layers_width_is_refused():

@@ -97,8 +97,14 @@ def hparams_of(trial: dict) -> dict:
     return out
 
 
+EXPORT_FORMAT = 2  # what a run holds: 2 added epochs, until, eval_every and steps_to_target (0.18.0)
+
+
 def digest(trial: dict) -> str:
-    return hashlib.sha256(json.dumps(trial, sort_keys=True, default=str).encode()).hexdigest()
+    """The stamp of a run: its trial's row, and the format it was written in (a run of an older
+    format is written again, so it gains what the format added)."""
+    blob = json.dumps({"trial": trial, "format": EXPORT_FORMAT}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def export(trials: list[dict], folder: Path) -> dict:
@@ -111,6 +117,8 @@ def export(trials: list[dict], folder: Path) -> dict:
     written = 0
     with open(folder / LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when the process dies
+        for stale in [*folder.glob(".*.tmp"), *folder.glob(".*.old")]:  # an export killed mid-way
+            shutil.rmtree(stale, ignore_errors=True)  # (none is live: the lock is ours)
         for trial in trials:
             run = folder / run_name(trial)
             stamp = digest(trial)
@@ -174,7 +182,12 @@ def _replace(target: Path, write) -> None:
         write(tmp)
         if target.exists():
             target.rename(old)
-        tmp.rename(target)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if old.exists():  # the run as it was, rather than none
+                old.rename(target)
+            raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)

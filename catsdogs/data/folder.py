@@ -124,6 +124,25 @@ def save_decoded(split: Split, path: Path) -> Path:
     return path
 
 
+def remove_orphaned_copies(work: Path) -> None:
+    """The decoded copies in `work` whose process (the number their name begins with) is gone: a
+    run killed, or stopped before it could delete its own."""
+    for path in Path(work).glob(f"*{DECODED_SUFFIX}"):
+        pid = path.name.split("-", 1)[0]
+        if not pid.isdigit() or not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
 def load_decoded(path: Path, dtype: str = "uint8") -> Split:
     """`save_decoded`'s file as a Split, cast for a model of float input as `load` casts."""
     with np.load(path) as saved:

@@ -209,7 +209,7 @@ def short_run_anchor(test: dict | None) -> dict | None:
     b = test["batch_size"]
     grid = ", ".join(f"{r:g}" for r in test["rates"])
     return {"kind": "short-run", "rates": {b: test["chosen"]}, "edges": [b] if test["edge"] else [],
-            "said": f"the best of the noise scale's short runs at {grid} (the least validation loss after "
+            "said": f"the best of the noise scale's short runs at {grid} (the least final loss after "
                     f"{test['epochs']} epochs at batch size {b})"}
 
 

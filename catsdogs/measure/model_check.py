@@ -16,6 +16,7 @@ again in each probe's worker, which keeps it: twice in all.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,9 +116,10 @@ def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None, work: 
                                f"{info.classes} ({info.loss_description})", "data")
         loaded = folder_data.load(found, height, width, channels)  # uint8: the workers cast for their model
         decoded = None
-        if work is not None:
-            name = f"{folder_data.fingerprint(found)}-{height}x{width}x{channels}{folder_data.DECODED_SUFFIX}"
-            decoded = str(folder_data.save_decoded(loaded.split, Path(work) / name))
+        if work is not None:  # this process's own copy (two runs of one name never share it)
+            folder_data.remove_orphaned_copies(Path(work))
+            name = f"{os.getpid()}-{folder_data.fingerprint(found)}-{height}x{width}x{channels}"
+            decoded = str(folder_data.save_decoded(loaded.split, Path(work) / f"{name}{folder_data.DECODED_SUFFIX}"))
         n = len(loaded.undecodable)
         left = (f"; {n} file{'s' if n != 1 else ''} that did not decode left out ({', '.join(loaded.undecodable[:3])}"
                 f"{', ...' if n > 3 else ''}: every name in the JSON)") if n else ""

@@ -128,12 +128,11 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     worker, measured after each epoch from NOISE_FROM on (before it, nothing is measured); those
     measurements pooled into one estimate with each seed one cluster weighted alike
     (gradient_noise.pool_seeds: the geometric mean of the seeds' B_simple, Student's interval on
-    their logarithms over the seeds). One epoch at one seed moved
-    it from 3 to 296 with the seed and the backend, and two seeds pooled pair by pair gave
-    intervals that covered the truth 18% of the time. With the wall time (the worker's start
-    included). None, said in
-    the log, when a run failed. `probe_data`: a user's model (settings.model) trains, on its
-    folder or the prepared data, and is measured by the two-batch estimator (`user_noise_sampling`)."""
+    their logarithms over the seeds). One epoch at one seed moved it from 3 to 296 with the seed
+    and the backend, and two seeds pooled pair by pair gave intervals that covered the truth 18%
+    of the time. With the wall time (the worker's start included). None, said in the log, when a
+    run failed. `probe_data`: a user's model (settings.model) trains, on its folder or the
+    prepared data, and is measured by the two-batch estimator (`user_noise_sampling`)."""
     base = default("base_batch_size")
     user = _user_task_fields(settings, probe_data)
     sampling = sampling or (user_noise_sampling() if user else noise_sampling())
@@ -146,12 +145,14 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
         f"from {how} after {after}, each seed one cluster ...")
     rates = None if settings.anchor else [DEFAULT_LR[settings.optimizer] * f for f in (1.0, *RATE_FACTORS)]
     if rates:
+        which = "training loss (a --data folder has no validation split)" if getattr(probe_data, "folder", None) \
+            else "validation loss"
         log(f"Learning rate: seed {settings.seed} trains again at {' and '.join(f'{r:g}' for r in rates[1:])}; the "
-            f"least validation loss after {NOISE_EPOCHS} epochs, of those and {rates[0]:g}, anchors the rule "
+            f"least {which} after {NOISE_EPOCHS} epochs, of those and {rates[0]:g}, anchors the rule "
             f"(where none trained, seed {settings.seed + 1} tries them).")
     chance = math.log(int(probe_data.input_spec[3]) if user and probe_data else 2)  # the class prior's loss
     started = time.perf_counter()
-    measured: dict[int, list[NoiseEstimate]] = {}
+    measured: dict[int, list[NoiseEstimate]] = {}  # the runs that trained; `every`: those of a finite loss
     every: dict[int, list[NoiseEstimate]] = {}
     at_default: dict[int, float | None] = {}  # each seed's final loss at the default rate (None: collapsed, diverged)
     measure_seconds = 0.0

@@ -218,17 +218,19 @@ def _positions(shape) -> int:
     return math.prod(shape[:-1]) if shape is not None and len(shape) > 1 else 1
 
 
-# Layers that pass their input's values on as they are (or nearly, while training): the model's
-# output is then what came before them.
-PASS_THROUGH = (keras.layers.Dropout, keras.layers.GaussianNoise, keras.layers.GaussianDropout,
-                keras.layers.AlphaDropout, keras.layers.ActivityRegularization, keras.layers.Flatten,
-                keras.layers.Reshape, keras.layers.Identity, keras.layers.InputLayer)
+def _hides_its_output(layer) -> bool:
+    """Whether a layer of no weights and no activation makes the model's output unreadable: a
+    Lambda, or a layer of the user's own class, may compute anything (a softmax inside a Lambda was
+    read as logits and given a second one). Keras's own (Dropout, Flatten, pooling, Average, ReLU
+    ...) pass on what came before them, logits or probabilities: an all-convolutional classifier
+    ends in global pooling."""
+    return isinstance(layer, keras.layers.Lambda) or not type(layer).__module__.startswith("keras.")
 
 
 def _last_activation(model: keras.Model) -> tuple[str, str | None]:
     """(the name of the activation the model ends with, '' for none: logits; the layer that
     hides it, or None): a layer's `activation`, a Softmax layer's own, or a nested model's last. A
-    layer of no weights whose values catsdogs cannot tell (a Lambda, a custom layer) hides it."""
+    layer of no weights whose values catsdogs cannot tell (`_hides_its_output`) hides it."""
     for layer in reversed(model.layers):
         if isinstance(layer, keras.layers.Softmax):
             return "softmax", None
@@ -239,7 +241,7 @@ def _last_activation(model: keras.Model) -> tuple[str, str | None]:
             return getattr(activation, "__name__", ""), None
         if layer.weights:  # a layer with weights and no activation: the output is its, a logit
             return "", None
-        if not isinstance(layer, PASS_THROUGH):
+        if _hides_its_output(layer):
             return "", f"{type(layer).__name__} {layer.name!r}"
     return "", None
 
