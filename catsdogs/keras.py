@@ -1,0 +1,109 @@
+"""The gradient noise scale in your own training: a Keras callback (issue 48's item 2).
+
+    import catsdogs.keras
+
+    noise = catsdogs.keras.GradientNoiseScale((x_train, y_train))
+    model.fit(x_train, y_train, epochs=5, callbacks=[noise])
+    noise.history            # [{"epoch": 1, "b_simple": 41.5, "low": 20.3, "high": 190.2, ...}, ...]
+
+After every `every`-th epoch it measures B_simple (McCandlish et al. 2018) at the model's current
+weights with the estimator find-batch-size uses for a model of one's own (catsdogs.gradient_noise,
+the two-batch estimator on ordinary gradients: `pairs` large batches of `micros` micro-batches of
+`micro` images, drawn with replacement from the data you hand it, by a generator of its own) and
+writes it into the epoch's `logs` (`b_simple`, `b_simple_low`, `b_simple_high`: NaN where the
+interval has no end), so Keras's `History`, `CSVLogger` and `TensorBoard` callbacks record it.
+
+It changes nothing the model trains: the gradients are taken statelessly from the variables'
+values (BatchNormalization's statistics and a dropout's seed move in no variable), its batches
+come from its own generator, and no weight, optimizer slot or metric is touched; the weights after
+`fit` are the same, bit for bit, with and without it (tests/test_keras_callback.py, both backends).
+Its cost is a gradient a micro-batch: `pairs * micros` gradients each time it measures
+(scripts/bench_callback.py times it against the training it rides on).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+import keras
+import numpy as np
+
+from catsdogs import gradient_noise
+from catsdogs.errors import CatsdogsError
+from catsdogs.gradient_noise import NoiseSampling
+
+# find-batch-size's measurement of a model of one's own (catsdogs.measure.noise_run): 16 pairs of
+# 12 micro-batches of 2 images; 8 images a micro-batch where the model has BatchNormalization.
+PAIRS, MICROS, MICRO, BN_MICROS, BN_MICRO = 16, 12, 2, 6, 8
+
+
+class GradientNoiseScale(keras.callbacks.Callback):
+    """B_simple after every `every`-th epoch of `fit`, from `data` = (images, labels), the
+    training data or a sample of it, as the model takes them. `loss`: the loss to differentiate
+    (default: the one the model was compiled with). `seed`: the measurement's own generator."""
+
+    def __init__(self, data, every: int = 1, pairs: int = PAIRS, micros: int | None = None,
+                 micro: int | None = None, loss=None, seed: int = 0):
+        super().__init__()
+        try:
+            images, labels = data
+        except (TypeError, ValueError):
+            raise CatsdogsError("GradientNoiseScale(data): give (images, labels), two arrays of one length") from None
+        self.images, self.labels = np.asarray(images), np.asarray(labels)
+        if len(self.images) != len(self.labels):
+            raise CatsdogsError(f"GradientNoiseScale(data): {len(self.images)} images but {len(self.labels)} labels")
+        if not isinstance(every, int) or every < 1:
+            raise CatsdogsError(f"GradientNoiseScale(every={every!r}): a whole number of epochs, at least 1")
+        self.every, self.pairs, self.seed, self._loss = every, pairs, seed, loss
+        self._micro, self._micros = micro, micros
+        self.history: list[dict] = []  # one row a measurement: epoch, b_simple, low, high, seconds
+        self._cache: dict = {}  # the backend's compiled gradient function, kept between epochs
+
+    def sampling(self) -> NoiseSampling:
+        """What one measurement draws: find-batch-size's, unless given (micro-batches of 8 with
+        BatchNormalization, where a micro-batch normalises over its own images)."""
+        batch_norm = any(isinstance(layer, keras.layers.BatchNormalization) for layer in _leaves(self.model))
+        micro = self._micro or (BN_MICRO if batch_norm else MICRO)
+        micros = self._micros or (BN_MICROS if batch_norm else MICROS)
+        sampling = NoiseSampling(micro=micro, micros=micros, pairs=self.pairs)
+        sampling.check()
+        if len(self.images) < micro:
+            raise CatsdogsError(f"GradientNoiseScale: {len(self.images)} images, fewer than a micro-batch of {micro}")
+        return sampling
+
+    def measure(self, epoch: int) -> gradient_noise.NoiseEstimate:
+        """B_simple at the model's current weights (`epoch` seeds the draw, as in a sweep)."""
+        from catsdogs.training import backends
+
+        started = time.perf_counter()
+        sampling = self.sampling()
+        index = gradient_noise.draw(len(self.images), sampling, self.seed, epoch).reshape(-1)
+        loss = self._loss or self.model.loss
+        loss = keras.losses.get(loss) if isinstance(loss, str) else loss
+        if loss is None or isinstance(loss, list | dict):
+            raise CatsdogsError("GradientNoiseScale: the model has no single loss to differentiate: compile it with "
+                                "one, or give loss=")
+        gram = backends.current().micro_gradient_gram(self.model, loss, self.images[index], self.labels[index],
+                                                      sampling.micro, sampling.micros, cache=self._cache)
+        small, large = gradient_noise.norms_from_gram(gram, 1)
+        estimate = gradient_noise.estimate(small, large, sampling.micro, sampling.large, epoch=epoch)
+        return replace(estimate, seconds=round(time.perf_counter() - started, 4))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self.every:
+            return
+        e = self.measure(epoch + 1)
+        row = {"epoch": epoch + 1, "b_simple": e.b_simple, "low": e.low, "high": e.high, "seconds": e.seconds}
+        self.history.append(row)
+        if logs is not None:  # numbers only: History and CSVLogger take NaN where an end is open
+            for key, value in (("b_simple", e.b_simple), ("b_simple_low", e.low), ("b_simple_high", e.high)):
+                logs[key] = math.nan if value is None else float(value)
+
+
+def _leaves(model):
+    """Every layer of `model`, nested models' own included."""
+    for layer in model.layers:
+        yield from _leaves(layer) if isinstance(layer, keras.Model) else (layer,)
+

@@ -1,0 +1,65 @@
+"""catsdogs.keras.GradientNoiseScale in a user's own `fit`: B_simple in the epoch's logs, and
+nothing the model trains changed by it, on each backend."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+# One fit of a small model with dropout on random images, in a process of the backend's own: the
+# weights' digest, the History's b_simple, and the callback's own rows.
+FIT = r"""
+import hashlib, json, sys
+import keras, numpy as np
+import catsdogs.keras
+
+def fit(with_callback):
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (96, 12, 12, 3)).astype("float32")
+    y = (x.mean(axis=(1, 2, 3)) > 127).astype("float32")
+    model = keras.Sequential([keras.Input((12, 12, 3)), keras.layers.Rescaling(1 / 255.0),
+                              keras.layers.Conv2D(4, 3, activation="relu"), keras.layers.Flatten(),
+                              keras.layers.Dropout(0.3), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    noise = catsdogs.keras.GradientNoiseScale((x, y), pairs=4) if with_callback else None
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[noise] if noise else [])
+    digest = hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in model.get_weights())).hexdigest()
+    return digest, history.history.get("b_simple"), noise.history if noise else None
+
+plain, with_noise = fit(False), fit(True)
+print(json.dumps({"plain": plain[0], "with": with_noise[0], "logged": with_noise[1], "rows": with_noise[2]}))
+"""
+
+
+@pytest.mark.slow
+def test_the_callback_logs_b_simple_and_changes_nothing_the_model_trains(keras_backend, tmp_path):
+    # given a small model with dropout fitted twice from one seed, without and with the callback
+    out = subprocess.run([sys.executable, "-c", FIT], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "KERAS_BACKEND": keras_backend})
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # then the weights are the same to the bit
+    assert result["with"] == result["plain"]
+    # and each epoch's logs (the History) hold B_simple, as the callback's own rows do
+    rows = result["rows"]
+    assert [r["epoch"] for r in rows] == [1, 2] and len(result["logged"]) == 2
+    for logged, row in zip(result["logged"], rows, strict=True):
+        assert (math.isnan(logged) and row["b_simple"] is None) or logged == pytest.approx(row["b_simple"])
+        assert row["low"] is not None and row["seconds"] > 0
+
+
+def test_bad_data_is_one_line_of_the_documented_error():
+    from catsdogs.errors import CatsdogsError
+    from catsdogs.keras import GradientNoiseScale
+
+    with pytest.raises(CatsdogsError, match="give \\(images, labels\\)"):
+        GradientNoiseScale([1, 2, 3])
+    with pytest.raises(CatsdogsError, match="4 images but 3 labels"):
+        GradientNoiseScale(([0] * 4, [0] * 3))
+    with pytest.raises(CatsdogsError, match="every=0"):
+        GradientNoiseScale(([0] * 4, [0] * 4), every=0)
