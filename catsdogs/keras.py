@@ -7,9 +7,12 @@
     noise.history            # [{"epoch": 1, "b_simple": 41.5, "low": 20.3, "high": 190.2, ...}, ...]
 
 After every `every`-th epoch it measures B_simple (McCandlish et al. 2018) at the model's current
-weights with the estimator find-batch-size uses for a model of one's own (catsdogs.gradient_noise,
-the two-batch estimator on ordinary gradients: `pairs` large batches of `micros` micro-batches of
-`micro` images, drawn with replacement from the data you hand it, by a generator of its own) and
+weights with the estimator find-batch-size uses, by find-batch-size's own code
+(catsdogs.training.engine.noise_estimate_at): for a model of the article's kind (a chain of Dense
+and Conv2D layers, one logit, binary cross-entropy from it) per-example gradient products over
+`pairs` batches of 25 images; for any other model the two-batch estimator on ordinary gradients,
+`pairs` large batches of `micros` micro-batches of `micro` images; each drawn with replacement
+from the data you hand it, by a generator of its own; and
 writes it into the epoch's `logs` (`b_simple`, `b_simple_low`, `b_simple_high`: NaN where the
 interval has no end), so Keras's `History`, `CSVLogger` and `TensorBoard` callbacks record it.
 
@@ -17,15 +20,15 @@ It changes nothing the model trains: the gradients are taken statelessly from th
 values (BatchNormalization's statistics and a dropout's seed move in no variable), its batches
 come from its own generator, and no weight, optimizer slot or metric is touched; the weights after
 `fit` are the same, bit for bit, with and without it (tests/test_keras_callback.py, both backends).
-Its cost is a gradient a micro-batch: `pairs * micros` gradients each time it measures
-(scripts/bench_callback.py times it against the training it rides on).
+Its cost: about a training step of 400 images a measurement for the article's kind, a gradient a
+micro-batch (`pairs * micros`) for any other (scripts/bench_callback.py times it against the
+training it rides on).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import replace
+from types import SimpleNamespace
 
 import keras
 import numpy as np
@@ -35,8 +38,9 @@ from catsdogs.errors import CatsdogsError
 from catsdogs.gradient_noise import NoiseSampling
 
 # find-batch-size's measurement of a model of one's own (catsdogs.measure.noise_run): 16 pairs of
-# 12 micro-batches of 2 images; 8 images a micro-batch where the model has BatchNormalization.
-PAIRS, MICROS, MICRO, BN_MICROS, BN_MICRO = 16, 12, 2, 6, 8
+# 12 micro-batches of 2 images; 8 images a micro-batch where the model has BatchNormalization. Of
+# a model of the article's kind: 16 pairs of 1 and 25 images, from per-example products.
+PAIRS, MICROS, MICRO, BN_MICROS, BN_MICRO, ARTICLE_LARGE = 16, 12, 2, 6, 8, 25
 
 
 class GradientNoiseScale(keras.callbacks.Callback):
@@ -74,22 +78,24 @@ class GradientNoiseScale(keras.callbacks.Callback):
         return sampling
 
     def measure(self, epoch: int) -> gradient_noise.NoiseEstimate:
-        """B_simple at the model's current weights (`epoch` seeds the draw, as in a sweep)."""
-        from catsdogs.training import backends
+        """B_simple at the model's current weights (`epoch` seeds the draw, as in a sweep), by
+        find-batch-size's own code (catsdogs.training.engine.noise_estimate_at): per-example
+        products for a model of the article's kind, else the two-batch estimator."""
+        from catsdogs.data.loading import Split
+        from catsdogs.training import backends, engine
 
-        started = time.perf_counter()
-        sampling = self.sampling()
-        index = gradient_noise.draw(len(self.images), sampling, self.seed, epoch).reshape(-1)
         loss = self._loss or self.model.loss
         loss = keras.losses.get(loss) if isinstance(loss, str) else loss
         if loss is None or isinstance(loss, list | dict):
             raise CatsdogsError("GradientNoiseScale: the model has no single loss to differentiate: compile it with "
                                 "one, or give loss=")
-        gram = backends.current().micro_gradient_gram(self.model, loss, self.images[index], self.labels[index],
-                                                      sampling.micro, sampling.micros, cache=self._cache)
-        small, large = gradient_noise.norms_from_gram(gram, 1)
-        estimate = gradient_noise.estimate(small, large, sampling.micro, sampling.large, epoch=epoch)
-        return replace(estimate, seconds=round(time.perf_counter() - started, 4))
+        article = self._micro is None and self._micros is None and articles_kind(self.model, loss)
+        sampling = NoiseSampling(micro=1, micros=ARTICLE_LARGE, pairs=self.pairs) if article else self.sampling()
+        # engine's view of a trained model: the article's (user None) or any other, its loss, its cache
+        step = SimpleNamespace(user=None if article else ("callback", "auto"), model=self.model, loss=loss,
+                               gram_functions=self._cache)
+        return engine.noise_estimate_at(step, Split(self.images, self.labels, []), sampling, self.seed, epoch,
+                                        backends.current())
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every:
@@ -100,6 +106,24 @@ class GradientNoiseScale(keras.callbacks.Callback):
         if logs is not None:  # numbers only: History and CSVLogger take NaN where an end is open
             for key, value in (("b_simple", e.b_simple), ("b_simple_low", e.low), ("b_simple_high", e.high)):
                 logs[key] = math.nan if value is None else float(value)
+
+
+def articles_kind(model, loss) -> bool:
+    """Whether find-batch-size's per-example products cover `model` (catsdogs.training.per_example):
+    a chain of Dense and Conv2D layers and the weightless layers it knows, one logit out, and
+    binary cross-entropy from it. Its cost is about a training step a measurement, where the
+    two-batch estimator's is a gradient for each of its micro-batches."""
+    from catsdogs.training import per_example
+
+    if not isinstance(model, keras.Sequential) or not isinstance(loss, keras.losses.BinaryCrossentropy):
+        return False
+    try:
+        per_example.tapped_layers(model)
+    except ValueError:
+        return False
+    last = model.layers[-1]
+    return (loss.get_config().get("from_logits") is True and int(model.outputs[0].shape[-1]) == 1
+            and isinstance(last, keras.layers.Dense) and getattr(last.activation, "__name__", "") == "linear")
 
 
 def _leaves(model):

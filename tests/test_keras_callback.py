@@ -17,22 +17,30 @@ import hashlib, json, sys
 import keras, numpy as np
 import catsdogs.keras
 
-def fit(with_callback):
+def fit(kind, with_callback):
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     x = rng.integers(0, 255, (96, 12, 12, 3)).astype("float32")
     y = (x.mean(axis=(1, 2, 3)) > 127).astype("float32")
+    # "dropout": the two-batch estimator's kind of model; "article": a chain per-example products cover
+    end = [keras.layers.Flatten(), keras.layers.Dropout(0.3)] if kind == "dropout" else \
+        [keras.layers.MaxPooling2D(), keras.layers.Flatten()]
     model = keras.Sequential([keras.Input((12, 12, 3)), keras.layers.Rescaling(1 / 255.0),
-                              keras.layers.Conv2D(4, 3, activation="relu"), keras.layers.Flatten(),
-                              keras.layers.Dropout(0.3), keras.layers.Dense(1)])
+                              keras.layers.Conv2D(4, 3, activation="relu"), *end, keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss=keras.losses.BinaryCrossentropy(from_logits=True))
     noise = catsdogs.keras.GradientNoiseScale((x, y), pairs=4) if with_callback else None
     history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[noise] if noise else [])
     digest = hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in model.get_weights())).hexdigest()
-    return digest, history.history.get("b_simple"), noise.history if noise else None
+    loss = model.loss
+    return (digest, history.history.get("b_simple"), noise.history if noise else None,
+            catsdogs.keras.articles_kind(model, loss))
 
-plain, with_noise = fit(False), fit(True)
-print(json.dumps({"plain": plain[0], "with": with_noise[0], "logged": with_noise[1], "rows": with_noise[2]}))
+out = {}
+for kind in ("dropout", "article"):
+    plain, with_noise = fit(kind, False), fit(kind, True)
+    out[kind] = {"plain": plain[0], "with": with_noise[0], "logged": with_noise[1], "rows": with_noise[2],
+                 "articles_kind": with_noise[3]}
+print(json.dumps(out))
 """
 
 
@@ -42,15 +50,18 @@ def test_the_callback_logs_b_simple_and_changes_nothing_the_model_trains(keras_b
     out = subprocess.run([sys.executable, "-c", FIT], capture_output=True, text=True, timeout=300,
                          env={**__import__("os").environ, "KERAS_BACKEND": keras_backend})
     assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    # then the weights are the same to the bit
-    assert result["with"] == result["plain"]
-    # and each epoch's logs (the History) hold B_simple, as the callback's own rows do
-    rows = result["rows"]
-    assert [r["epoch"] for r in rows] == [1, 2] and len(result["logged"]) == 2
-    for logged, row in zip(result["logged"], rows, strict=True):
-        assert (math.isnan(logged) and row["b_simple"] is None) or logged == pytest.approx(row["b_simple"])
-        assert row["low"] is not None and row["seconds"] > 0
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    # (the model with dropout is measured by the two-batch estimator, the chain by per-example products)
+    assert (results["dropout"]["articles_kind"], results["article"]["articles_kind"]) == (False, True)
+    for result in results.values():
+        # then the weights are the same to the bit
+        assert result["with"] == result["plain"]
+        # and each epoch's logs (the History) hold B_simple, as the callback's own rows do
+        rows = result["rows"]
+        assert [r["epoch"] for r in rows] == [1, 2] and len(result["logged"]) == 2
+        for logged, row in zip(result["logged"], rows, strict=True):
+            assert (math.isnan(logged) and row["b_simple"] is None) or logged == pytest.approx(row["b_simple"])
+            assert row["low"] is not None and row["seconds"] > 0
 
 
 def test_bad_data_is_one_line_of_the_documented_error():
