@@ -77,10 +77,9 @@ def new_or_ours(path: Path | str, option: str, ours: Callable[[Path], bool], wha
     rename over it would replace it. A SettingError (a usage error) naming `option`."""
     from catsdogs.errors import SettingError
 
-    path = Path(path)
+    path, key = Path(path), option.lstrip("-").replace("-", "_")
     if not str(path).strip() or path.name in ("", ".", ".."):
-        raise SettingError(f"{option} needs a file name, got {str(path)!r}", option.lstrip("-").replace("-", "_"))
-    key = option.lstrip("-").replace("-", "_")
+        raise SettingError(f"{option} needs a file name, got {str(path)!r}", key)
     if path.is_symlink():
         raise SettingError(f"{option} {path} is a symbolic link: give a new file name (catsdogs replaces only "
                            f"{what} it wrote)", key)

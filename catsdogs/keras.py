@@ -36,11 +36,7 @@ import numpy as np
 from catsdogs import gradient_noise
 from catsdogs.errors import CatsdogsError
 from catsdogs.gradient_noise import NoiseSampling
-
-# find-batch-size's measurement of a model of one's own (catsdogs.measure.noise_run): 16 pairs of
-# 12 micro-batches of 2 images; 8 images a micro-batch where the model has BatchNormalization. Of
-# a model of the article's kind: 16 pairs of 1 and 25 images, from per-example products.
-PAIRS, MICROS, MICRO, BN_MICROS, BN_MICRO, ARTICLE_LARGE = 16, 12, 2, 6, 8, 25
+from catsdogs.measure.noise_run import NOISE_PAIRS, noise_sampling, user_noise_sampling
 
 
 class GradientNoiseScale(keras.callbacks.Callback):
@@ -48,7 +44,7 @@ class GradientNoiseScale(keras.callbacks.Callback):
     training data or a sample of it, as the model takes them. `loss`: the loss to differentiate
     (default: the one the model was compiled with). `seed`: the measurement's own generator."""
 
-    def __init__(self, data, every: int = 1, pairs: int = PAIRS, micros: int | None = None,
+    def __init__(self, data, every: int = 1, pairs: int = NOISE_PAIRS, micros: int | None = None,
                  micro: int | None = None, loss=None, seed: int = 0):
         super().__init__()
         try:
@@ -66,12 +62,14 @@ class GradientNoiseScale(keras.callbacks.Callback):
         self._cache: dict = {}  # the backend's compiled gradient function, kept between epochs
 
     def sampling(self) -> NoiseSampling:
-        """What one measurement draws: find-batch-size's, unless given (micro-batches of 8 with
-        BatchNormalization, where a micro-batch normalises over its own images)."""
-        batch_norm = any(isinstance(layer, keras.layers.BatchNormalization) for layer in _leaves(self.model))
-        micro = self._micro or (BN_MICRO if batch_norm else MICRO)
-        micros = self._micros or (BN_MICROS if batch_norm else MICROS)
-        sampling = NoiseSampling(micro=micro, micros=micros, pairs=self.pairs)
+        """What one measurement of the two-batch estimator draws: find-batch-size's for a model of
+        one's own (catsdogs.measure.noise_run.user_noise_sampling: larger micro-batches with
+        BatchNormalization, where a micro-batch normalises over its own images), unless given."""
+        from catsdogs.training.user_model import has_batch_norm
+
+        own = user_noise_sampling(has_batch_norm(self.model))
+        micro = self._micro or own.micro
+        sampling = NoiseSampling(micro=micro, micros=self._micros or own.micros, pairs=self.pairs)
         sampling.check()
         if len(self.images) < micro:
             raise CatsdogsError(f"GradientNoiseScale: {len(self.images)} images, fewer than a micro-batch of {micro}")
@@ -90,7 +88,9 @@ class GradientNoiseScale(keras.callbacks.Callback):
             raise CatsdogsError("GradientNoiseScale: the model has no single loss to differentiate: compile it with "
                                 "one, or give loss=")
         article = self._micro is None and self._micros is None and articles_kind(self.model, loss)
-        sampling = NoiseSampling(micro=1, micros=ARTICLE_LARGE, pairs=self.pairs) if article else self.sampling()
+        articles = noise_sampling()  # find-batch-size's for the article's model: pairs of 1 and 25 images
+        sampling = (NoiseSampling(micro=articles.micro, micros=articles.micros, pairs=self.pairs) if article
+                    else self.sampling())
         # engine's view of a trained model: the article's (user None) or any other, its loss, its cache
         step = SimpleNamespace(user=None if article else ("callback", "auto"), model=self.model, loss=loss,
                                gram_functions=self._cache)
@@ -124,10 +124,4 @@ def articles_kind(model, loss) -> bool:
     last = model.layers[-1]
     return (loss.get_config().get("from_logits") is True and int(model.outputs[0].shape[-1]) == 1
             and isinstance(last, keras.layers.Dense) and getattr(last.activation, "__name__", "") == "linear")
-
-
-def _leaves(model):
-    """Every layer of `model`, nested models' own included."""
-    for layer in model.layers:
-        yield from _leaves(layer) if isinstance(layer, keras.Model) else (layer,)
 

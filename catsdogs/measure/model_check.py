@@ -10,8 +10,9 @@ built or used is a SettingError naming the option (`--model`, or `--loss`): a us
 class: catsdogs.data.folder), else the prepared data where the model takes their images (size x
 size x 3), else random images of the model's input shape and labels of its classes. Memory and
 speed do not depend on what the pixels show, so they need no real data; the output says which it
-used. A folder is decoded here to check it (every file, its classes against the model's) and
-again in each probe's worker, which keeps it: twice in all.
+used. A folder is decoded once, here, to check it (every file, its classes against the model's);
+the decoded images are saved in the run's work folder, and each worker reads that copy, so no
+probe's memory holds the decoder's.
 """
 
 from __future__ import annotations

@@ -46,9 +46,10 @@ NOISE_SEEDS = 4  # short runs, each its own seed and one cluster: one seed's tra
 # Keras's default rate, and the least validation loss after 2 epochs of the three anchors the
 # learning-rate rule; where none of the three trained (whether a run takes off within 2 epochs is
 # the seed's luck on this model: seed 4 collapsed at 0.01 and stayed at chance at 0.03 and 0.1),
-# the next seed tries them, up to ANCHOR_SEEDS; none took off at all, Keras's default, said. Why: Keras's default is not a tuned rate (the tuned plans chose SGD 0.1 and Adam
-# 0.01 on the article's model, ten times it), and a ramp of Smith's range test said nothing on this
-# model within a budget that fits (docs/results.md, "The learning rate's anchor"). Not the noise
+# the next seed tries them, up to ANCHOR_SEEDS; none took off at all, Keras's default, said. Why:
+# Keras's default is not a tuned rate (the tuned plans chose SGD 0.1 and Adam 0.01 on the article's
+# model, ten times it), and a ramp of Smith's range test said nothing on this model within a budget
+# that fits (docs/results.md, "The learning rate's anchor"). Not the noise
 # seeds themselves at four rates: runs at rates that did not train then took B_noise's interval
 # down to 0.6 and the recommendation to batch 1 on JAX. Those two runs measure no noise scale, and
 # cost their training only: a rate is set at a compiled step's reset (TrialConfig.shape).
@@ -237,9 +238,14 @@ def anchor_rounds(run: Callable[[int, float], TrialRecord], rates: list, seeds: 
             record = run(seed, lr)
             losses.append(final_loss(record) if record.status == Status.DONE and not record.collapsed else None)
         rounds.append({"seed": seed, "losses": losses})
-        if any(loss is not None and loss < learned for loss in losses):
+        if _took_off(losses, learned):
             break
     return rounds
+
+
+def _took_off(losses: list[float | None], learned: float) -> bool:
+    """Whether any of a round's runs took off: a final loss (finite, not collapsed) below `learned`."""
+    return any(loss is not None and loss < learned for loss in losses)
 
 
 def rate_test(rates: list, rounds: list[dict], learned: float, measured: list[int],
@@ -248,7 +254,7 @@ def rate_test(rates: list, rounds: list[dict], learned: float, measured: list[in
     at `rates`) where a run trained (its final loss below `learned`), the rate of the least loss
     ("chosen", that round's "seed" and "losses"); whether it lies at the grid's edge. None chosen,
     said, where no run trained in any round: a loss at chance ranks no rate."""
-    chosen_round = next((r for r in rounds if any(loss is not None and loss < learned for loss in r["losses"])), None)
+    chosen_round = next((r for r in rounds if _took_off(r["losses"], learned)), None)
     chosen = None
     if chosen_round is None:
         grid = ", ".join(f"{r:g}" for r in rates)

@@ -141,7 +141,13 @@ def describe(model: keras.Model, choice: LossChoice) -> dict:
             "parameters": int(model.count_params()), "layers": len(model.layers),
             "loss": choice.kind, "from_logits": choice.from_logits, "loss_description": choice.describe(),
             "dtype_policy": model.dtype_policy.name,
-            "batch_norm": any(isinstance(layer, keras.layers.BatchNormalization) for layer in _leaf_layers(model))}
+            "batch_norm": has_batch_norm(model)}
+
+
+def has_batch_norm(model: keras.Model) -> bool:
+    """Whether any layer of `model`, nested models' included, is a BatchNormalization: then a
+    micro-batch's gradient depends on its other images (the noise scale's micro-batches grow)."""
+    return any(isinstance(layer, keras.layers.BatchNormalization) for layer in _leaf_layers(model))
 
 
 # Layers whose multiply-adds are counted; every other layer with weights makes the count unknown.
