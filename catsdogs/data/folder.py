@@ -185,3 +185,51 @@ def holdout(split: Split, share: float = TEST_SHARE) -> tuple[Split, Split]:
         return Split(split.images[rows], split.labels[rows], [split.files[i] for i in rows])
 
     return take(train), take(test)
+
+
+def from_arrays(x, y, shape: tuple[int, int, int] | None = None, classes: int | None = None) -> Split:
+    """A user's images given as numpy arrays (the Python API's `data=(x, y)`) as the Split a
+    folder decodes to: `x` (n, height, width, channels), kept uint8 when it is, else float32 as
+    given (the model sees exactly what it would in the user's own `fit`); `y` the class indices
+    (n,) or (n, 1). A SettingError naming `data` for arrays no probe could train on: not numeric,
+    of two lengths, not four-dimensional, not the model's input `shape`, a non-finite pixel, a
+    label that is not a whole number in 0 .. `classes` - 1, or fewer than two classes."""
+    try:
+        x, y = np.asarray(x), np.asarray(y)
+    except Exception as exc:  # noqa: BLE001 - whatever numpy says of a ragged or odd object
+        raise SettingError(f"(x, y) do not read as numpy arrays: {exc}", "data") from None
+    if x.dtype.kind not in "uif" or y.dtype.kind not in "uif":
+        raise SettingError(f"images and labels must be numbers, got {x.dtype} and {y.dtype}", "data")
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise SettingError(f"labels must be class indices of shape (n,), got shape {y.shape} (one-hot labels: "
+                           "give y.argmax(axis=1))", "data")
+    if x.ndim != 4 or len(x) != len(y) or len(x) == 0:
+        raise SettingError(f"images of shape (n, height, width, channels) and as many labels, got {x.shape} and "
+                           f"{len(y):,} labels", "data")
+    if shape is not None and tuple(x.shape[1:]) != tuple(shape):
+        raise SettingError(f"images of {' x '.join(map(str, x.shape[1:]))}, the model takes "
+                           f"{' x '.join(map(str, shape))}", "data")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise SettingError(f"{int((~np.isfinite(x)).any(axis=(1, 2, 3)).sum()):,} images hold a NaN or "
+                           "infinite value", "data")
+    if not np.all(np.isfinite(y)) or np.any(y != np.round(y)) or y.min() < 0 \
+            or (classes is not None and y.max() >= classes):
+        bad = y[~np.isfinite(y) | (y != np.round(y)) | (y < 0) | (y >= (classes or np.inf))][:1]
+        upto = f" in 0 .. {classes - 1} (the model's classes)" if classes else ""
+        raise SettingError(f"labels must be whole numbers{upto}, got {bad[0].item()!r}" if bad.size else
+                           f"labels must be whole numbers{upto}", "data")
+    if len(np.unique(y)) < 2:
+        raise SettingError("the labels name one class; a classifier needs at least 2", "data")
+    images = x if x.dtype == np.uint8 else x.astype(np.float32)
+    return Split(images, y.astype(np.float32), [f"x[{i}]" for i in range(len(x))])
+
+
+def digest(split: Split) -> str:
+    """A digest of a Split's pixels and labels: what arrays a result was measured on."""
+    h = hashlib.sha256()
+    for a in (split.images, split.labels):
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]

@@ -78,9 +78,10 @@ PROBE_COLUMNS = columns(ProbeRecord, "search")  # find_batch_size.csv, and each 
 
 
 def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(config.DEFAULT_OUT),
-                    log: Callable[[str], None] = print) -> dict:
+                    log: Callable[[str], None] = print, arrays: tuple | None = None) -> dict:
     """Measure the noise scale, predict, search, recommend; write OUT/NAME/find_batch_size.json and
-    .csv; return the summary (what the .json holds).
+    .csv; return the summary (what the .json holds). `arrays`: a user's model's images and labels
+    as numpy arrays (x, y) instead of a folder (the Python API's).
 
     Raises SettingError for impossible settings, CatsdogsError when the data is not prepared or
     when not even batch size 1 fits (after writing the records)."""
@@ -88,7 +89,7 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     folder = Path(out) / settings.name
     work = folder / ".work"
     env = settings.environment()
-    settings, manifest, size, user, probe_data = _model_and_data(settings, data_dir, work, env, log)
+    settings, manifest, size, user, probe_data = _model_and_data(settings, data_dir, work, env, log, arrays)
     bound = SearchBound.of(settings, manifest, probe_data)
     folder.mkdir(parents=True, exist_ok=True)
     cpu_cap = None
@@ -261,7 +262,7 @@ class SearchBound:
 
     @classmethod
     def of(cls, settings: FindSettings, manifest: dict | None, probe_data: model_check.ProbeData | None) -> SearchBound:
-        if probe_data is not None and probe_data.folder:
+        if probe_data is not None and probe_data.own:
             train = folder_data.train_count(probe_data.count or 0) or None
         elif manifest:
             train = sum(manifest["counts"][settings.dataset]["train"].values())
@@ -292,7 +293,7 @@ def _seconds(started: float, noise_run: NoiseRun | None, predict_seconds: float,
             "total": round(time.perf_counter() - started, 2)}
 
 
-def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dict, log):
+def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dict, log, arrays=None):
     """(the settings with the model's canonical reference, the prepared data's manifest or None,
     the image size, the user's model's ModelInfo or None, what its probes run on or None): a
     user's model is built and checked in a worker first (catsdogs.measure.model_check)."""
@@ -303,7 +304,7 @@ def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dic
         check_memory_floor(settings.memory_cap_bytes, size, settings.optimizer, settings.precision)
         return settings, manifest, size, None, None
     ref, user = model_check.check_user_model(settings.model, settings.loss, work / "model-check.log", env)
-    probe_data = model_check.data_for(user, data_dir, Path(settings.images) if settings.images else None, work)
+    probe_data = model_check.data_for(user, data_dir, Path(settings.images) if settings.images else None, work, arrays)
     log(f"Your {model_check.describe(user)}; on {probe_data.said}.")
     return replace(settings, model=ref), probe_data.manifest, user.input_shape[0], user, probe_data
 

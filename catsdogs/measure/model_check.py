@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from catsdogs import model_ref
 from catsdogs.data import folder as folder_data
 from catsdogs.errors import CatsdogsError, SettingError
@@ -86,11 +88,17 @@ class ProbeData:
     undecodable: int | None = None
     undecodable_files: list | None = None  # their names, relative to the folder
     decoded: str | None = None  # the folder decoded once, the file the workers read (folder_data.save_decoded)
+    arrays: str | None = None  # the Python API's numpy arrays instead of a folder: their digest
+
+    @property
+    def own(self) -> bool:
+        """The user's own images (a folder, or numpy arrays), split by `folder_data.holdout`."""
+        return bool(self.folder or self.arrays)
 
     @property
     def real(self) -> bool:
-        """Real images (a folder, or the prepared data), not random ones: what the noise scale needs."""
-        return bool(self.folder or self.manifest)
+        """Real images (the user's, or the prepared data), not random ones: what the noise scale needs."""
+        return bool(self.own or self.manifest)
 
     def task_fields(self) -> dict:
         """The probes' (ProbeTask) fields."""
@@ -99,17 +107,31 @@ class ProbeData:
     def record(self) -> dict:
         return {"input_spec": self.input_spec, "data_folder": self.folder, "image_count": self.count,
                 "undecodable": self.undecodable, "undecodable_files": self.undecodable_files,
-                "random_images": bool(self.input_spec and not self.folder)}
+                "random_images": bool(self.input_spec and not self.own),
+                **({"data_arrays": self.arrays} if self.arrays else {})}
 
 
-def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None, work: Path | None = None) -> ProbeData:
+def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None, work: Path | None = None,
+             arrays: tuple | None = None) -> ProbeData:
     """The folder's images (--data), checked and decoded once here: its classes against the
     model's, and every file, so a folder the probes cannot use is one line before any probe (and,
     with `work`, the decoded images saved there for the workers: no probe decodes, so no probe's
-    memory holds the decoder's); else the prepared data when they are the model's input; else
+    memory holds the decoder's); or the Python API's numpy `arrays` (x, y), checked against the
+    model and saved there alike; else the prepared data when they are the model's input; else
     random images."""
     height, width, channels = info.input_shape
     spec = [height, width, channels, info.classes, info.input_dtype]
+    if arrays is not None:
+        split = folder_data.from_arrays(*arrays, shape=(height, width, channels), classes=info.classes)
+        digest = folder_data.digest(split)
+        decoded = None
+        if work is not None:
+            folder_data.remove_orphaned_copies(Path(work))
+            name = f"{os.getpid()}-arrays-{digest}-{height}x{width}x{channels}"
+            decoded = str(folder_data.save_decoded(split, Path(work) / f"{name}{folder_data.DECODED_SUFFIX}"))
+        k = len(np.unique(split.labels))
+        return ProbeData(None, spec, None, f"{len(split):,} images of {k} classes (numpy arrays, {split.images.dtype}), "
+                         f"{height} x {width}", len(split), 0, [], decoded, digest)
     if folder is not None:
         found = folder_data.scan(folder)
         if len(found.classes) > info.classes:

@@ -146,8 +146,8 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
         f"from {how} after {after}, each seed one cluster ...")
     rates = None if settings.anchor else [DEFAULT_LR[settings.optimizer] * f for f in (1.0, *RATE_FACTORS)]
     if rates:
-        which = "training loss (a --data folder has no validation split)" if getattr(probe_data, "folder", None) \
-            else "validation loss"
+        which = ("validation loss" if not getattr(probe_data, "own", False) else "training loss (a --data folder "
+                 "has no validation split)" if probe_data.folder else "training loss (the arrays have no validation split)")
         log(f"Learning rate: seed {settings.seed} trains again at {' and '.join(f'{r:g}' for r in rates[1:])}; the "
             f"least {which} after {NOISE_EPOCHS} epochs, of those and {rates[0]:g}, anchors the rule "
             f"(where none trained, seed {settings.seed + 1} tries them).")

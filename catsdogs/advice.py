@@ -1,0 +1,137 @@
+"""find-batch-size's answer as a Python value: `BatchSizeAdvice`, what `catsdogs.find_batch_size`
+returns, read from the summary the command writes as find_batch_size.json (the store is the
+contract: the advice holds that summary whole and reads its fields from it, so `to_json` and
+`from_json` round-trip the file, and an advice loaded from an older run's file is the same value
+the run returned).
+
+The fields a training script needs are named on the value (`batch_size`, `learning_rate`,
+`largest_fitting`, `fastest`, `noise_scale` ...); everything else the file holds is in
+`summary`. `plot(ax)` draws the predicted time to a target by batch size on a matplotlib axis.
+No framework is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from catsdogs.errors import CatsdogsError
+from catsdogs.files import finite_or_null
+
+
+@dataclass(frozen=True, eq=False)
+class BatchSizeAdvice:
+    """Which batch size to train with, and why: find-batch-size's answer.
+
+    Example:
+        >>> advice = catsdogs.find_batch_size(model, (x, y), memory_limit="4GiB")
+        >>> advice.batch_size, advice.learning_rate
+        (24, 0.0026)
+        >>> model.fit(x, y, batch_size=advice.batch_size)
+    """
+
+    batch_size: int | None  # the recommendation: the least predicted time to a target (None: nothing fits)
+    learning_rate: float | None  # for it, by `learning_rate_rule` from the anchor the summary names
+    learning_rate_rule: str | None  # "linear" (SGD), "sqrt" (Adam), ...
+    binding: str | None  # what set the recommendation: "statistics", "speed", "memory", "data", "max"
+    largest_fitting: int | None  # the largest batch size that fits in memory (measured)
+    stopped_by: str | None  # what ended the search: "memory", "data", "max" or "failures"
+    margin_batch_size: int | None  # the largest, less the safety margin, confirmed by a probe
+    fastest: int | None  # the batch size of the most images a second, of those that fit
+    noise_scale: float | None  # B_simple, the gradient noise scale (None: not measured)
+    noise_interval: tuple[float | None, float | None] | None  # its 95% interval (None above: open)
+    near_best: tuple[int, ...]  # the sizes whose worst-case time is within 10% of the recommendation's
+    table: tuple[dict, ...] = field(repr=False)  # each probed size: step time, predicted relative time ...
+    summary: dict = field(repr=False)  # find_batch_size.json, whole
+
+    @classmethod
+    def from_summary(cls, summary: dict) -> BatchSizeAdvice:
+        """The advice in a find_batch_size.json summary (what catsdogs.measure.find_batch_size returns)."""
+        if not isinstance(summary, dict) or "largest_fitting" not in summary:
+            raise CatsdogsError("not find-batch-size's answer: no 'largest_fitting' in it")
+        if summary.get("interrupted"):
+            raise CatsdogsError("an interrupted find-batch-size run holds no answer: run it again")
+        rec = summary.get("recommendation") or {}
+        noise = summary.get("noise_scale") or {}
+        interval = (noise.get("low"), noise.get("high")) if noise.get("b_simple") is not None else None
+        return cls(batch_size=rec.get("batch_size", summary.get("margin_batch_size")),
+                   learning_rate=rec.get("learning_rate"), learning_rate_rule=rec.get("learning_rate_rule"),
+                   binding=rec.get("binding"), largest_fitting=summary["largest_fitting"],
+                   stopped_by=summary.get("stopped_by"), margin_batch_size=summary.get("margin_batch_size"),
+                   fastest=(summary.get("fastest") or {}).get("batch_size"), noise_scale=noise.get("b_simple"),
+                   noise_interval=interval, near_best=tuple(rec.get("near_best") or ()),
+                   table=tuple(rec.get("table") or ()), summary=summary)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The summary as find_batch_size.json holds it (strict JSON: no NaN)."""
+        return json.dumps(finite_or_null(self.summary), indent=indent)
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> BatchSizeAdvice:
+        """The advice from find_batch_size.json's text, or from the file at a Path."""
+        if isinstance(source, Path):
+            try:
+                source = source.read_text()
+            except OSError as exc:
+                raise CatsdogsError(f"cannot read {source}: {exc.strerror or exc}") from None
+        try:
+            summary = json.loads(source)
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise CatsdogsError(f"not find-batch-size's JSON: {exc}") from None
+        return cls.from_summary(summary)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, BatchSizeAdvice) and self.to_json() == other.to_json()
+
+    __hash__ = None  # a value of mutable parts: compared, never hashed
+
+    def __repr__(self) -> str:
+        def num(v) -> str:
+            return "open" if v is None else f"{v:.3g}"
+
+        parts = [f"batch_size={self.batch_size}"]
+        if self.learning_rate is not None:
+            parts.append(f"learning_rate={self.learning_rate:.3g} ({self.learning_rate_rule} rule)")
+        if self.binding:
+            parts.append(f"binding={self.binding!r}")
+        parts.append(f"largest_fitting={self.largest_fitting} ({self.stopped_by})")
+        if self.fastest is not None:
+            parts.append(f"fastest={self.fastest}")
+        if self.noise_scale is not None:
+            low, high = self.noise_interval or (None, None)
+            parts.append(f"noise_scale={self.noise_scale:.3g} [{num(low)}, {num(high)}]")
+        return f"BatchSizeAdvice({', '.join(parts)})"
+
+    def plot(self, ax=None):
+        """The predicted time to a target by batch size, relative to the least (log axes): at the
+        noise scale's estimate, and its worst case over the interval; the recommendation ringed.
+        Draws on `ax` (a new figure's when None) and returns it."""
+        if ax is None:
+            from matplotlib.figure import Figure
+
+            ax = Figure(figsize=(6, 4), layout="constrained").subplots()
+        rows = [r for r in self.table if r.get("relative_time") is not None and math.isfinite(r["relative_time"])]
+        if not rows:
+            ax.text(0.5, 0.5, "no predicted times: the noise scale was not measured", ha="center",
+                    va="center", transform=ax.transAxes)
+            return ax
+        sizes = [r["batch_size"] for r in rows]
+        ax.plot(sizes, [r["relative_time"] for r in rows], "o-", label=f"at B_noise {self.noise_scale:.3g}")
+        worst = [r for r in rows if r.get("worst_case") is not None]
+        if worst:
+            ax.plot([r["batch_size"] for r in worst], [r["worst_case"] for r in worst], "s--", color="0.4",
+                    markersize=4, label="worst case over its interval")
+        chosen = next((r for r in rows if r["batch_size"] == self.batch_size), None)
+        if chosen:
+            ax.scatter([chosen["batch_size"]], [chosen.get("worst_case") or chosen["relative_time"]], s=220,
+                       facecolors="none", edgecolors="C3", linewidths=1.6, zorder=5,
+                       label=f"recommended: {self.batch_size}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("predicted time to a target / the least")
+        ax.grid(True, alpha=0.25)
+        ax.legend(fontsize=8, frameon=False)
+        return ax

@@ -1,0 +1,295 @@
+"""catsdogs from Python: the commands as functions a training script or a notebook calls.
+
+    import catsdogs
+    advice = catsdogs.find_batch_size(model, (x, y), memory_limit="4GiB")
+    model.fit(x, y, batch_size=advice.batch_size)
+
+Each function does what its command does, with the command's defaults (one default per setting:
+`FindSettings` and the plans hold them), writes the same files under `out`, and returns what the
+command prints as a value. A setting no run can use, data that cannot be trained on, a model
+that cannot be used: a `CatsdogsError` (`SettingError` for a setting, which names the keyword
+argument) of one line, raised before anything is written; nothing calls `sys.exit`.
+
+A model travels to the worker processes that measure it (every probe runs in one, so an
+out-of-memory ends a worker, never the caller) as the CLI's `--model` does: a path to a
+`.keras` file, or "package.module:function". A live `keras.Model` is saved once to a `.keras`
+file in the run's work folder and deleted after (its SHA-256 recorded): custom layers must be
+registered (`@keras.saving.register_keras_serializable()`) to load there. A function is named by
+its module where the workers can import it (a module under the working directory or installed),
+else called once here and its model saved alike. Numpy arrays travel as the decoded copy a
+folder is decoded to (catsdogs.data.folder.from_arrays): exactly the pixels given.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from catsdogs import config
+from catsdogs.advice import BatchSizeAdvice
+from catsdogs.errors import CatsdogsError, SettingError
+from catsdogs.model_ref import FUNCTION
+
+__all__ = ["BatchSizeAdvice", "CatsdogsError", "SettingError", "find_batch_size", "profile", "report", "sweep"]
+
+# the command line's option -> the keyword argument that sets it here, for an error's first word
+_KEYWORDS = {"opt": "optimizer", "max": "max_batch_size", "data": "data", "model": "model", "loss": "loss",
+             "memory_limit": "memory_limit", "from_store": "from_store", "batch_size": "batch_sizes",
+             "start": "start", "seed": "seed", "precision": "precision"}
+
+
+def find_batch_size(model=None, data=None, *, memory_limit: int | str | None = None, optimizer: str = "adam",
+                    max_batch_size: int | None = None, seed: int = 0, precision: str = "float32",
+                    noise_scale: bool = True, loss: str = "auto", from_store: str | Path | None = None,
+                    name: str = "find-batch-size", out: str | Path = config.DEFAULT_OUT,
+                    data_dir: str | Path | None = None, log: Callable[[str], None] | None = print,
+                    **search: object) -> BatchSizeAdvice:
+    """The largest batch size that fits, the fastest, the gradient noise scale and the batch size
+    to train with: `catsdogs find-batch-size`, returning its answer (also written to
+    OUT/NAME/find_batch_size.json).
+
+    model: a `keras.Model`, a function that builds one, a PATH.keras or "module:function"; None:
+        the article's model on the prepared data (`data_dir`).
+    data: a folder of class subfolders, or numpy arrays `(x, y)` (x of the model's input shape,
+        y class indices); None: the prepared data where they are the model's input, else random
+        images (memory and speed only: the noise scale needs real images).
+    memory_limit: bytes, or "4GiB"; None: a GPU's memory, on the CPU 90% of what is available.
+    search: the command's other settings by FindSettings' names (mode, start, margin, steps,
+        resolution, isolate, deterministic, tf32).
+    log: where the progress lines go (None: nowhere).
+
+    Example:
+        >>> advice = catsdogs.find_batch_size(model, (x_train, y_train), memory_limit="2GiB")
+        >>> advice.batch_size, advice.learning_rate
+    """
+    from catsdogs.measure.find_batch_size import find_batch_size as run
+    from catsdogs.measure.settings import FindSettings
+
+    unknown = sorted(set(search) - {"mode", "start", "margin", "steps", "resolution", "isolate", "deterministic",
+                                    "tf32"})
+    if unknown:
+        raise TypeError(f"find_batch_size() got unexpected keyword arguments: {', '.join(unknown)}")
+    with _said_as_keywords():
+        data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
+        images, arrays = _data(data, model)
+        work = Path(out) / name / ".work"
+        settings = FindSettings(name=name, optimizer=optimizer, max_batch=max_batch_size, seed=seed,
+                                precision=precision, measure_noise=bool(noise_scale), loss=loss, images=images,
+                                memory_cap_bytes=_memory_limit(memory_limit), **search)
+        if max_batch_size is not None and "start" not in search:
+            settings = replace(settings, start=min(settings.start, max_batch_size))
+        settings.check()
+        if from_store is not None:
+            from catsdogs.analysis.anchor import anchor_for
+
+            settings = replace(settings, anchor=anchor_for(Path(from_store), optimizer, settings.dataset, data_dir))
+        ref, saved = _model_reference(model, work, precision)
+        try:
+            summary = run(replace(settings, model=ref), data_dir, Path(out), log=log or _quiet, arrays=arrays)
+        finally:
+            if saved is not None:
+                saved.unlink(missing_ok=True)
+    return BatchSizeAdvice.from_summary(summary)
+
+
+def profile(model=None, batch_sizes: Sequence[int] = (4, 8, 16, 32, 64, 128, 256, 512, 1024), data=None, *,
+            memory_limit: int | str | None = None, optimizer: str = "adam", precision: str = "float32",
+            steps: int = 20, warmup: int = 2, loss: str = "auto", name: str = "profile",
+            out: str | Path = config.DEFAULT_OUT, data_dir: str | Path | None = None,
+            log: Callable[[str], None] | None = print) -> list[dict]:
+    """Throughput, memory and utilization at each batch size: `catsdogs profile`, returning its rows
+    (OUT/NAME/profile.csv's, one a batch size, in the order given). `model` and `data` as for
+    `find_batch_size`, `data` a folder only.
+
+    Example:
+        >>> rows = catsdogs.profile(model, [16, 64, 256], memory_limit="2GiB")
+        >>> [(r["batch_size"], r["images_per_second"]) for r in rows]
+    """
+    from catsdogs.measure.profile import profile as run
+
+    with _said_as_keywords():
+        images, arrays = _data(data, model)
+        if arrays is not None:
+            raise SettingError("profile reads a folder of images (or none: memory and speed do not depend on "
+                               "what the images show)", "data")
+        work = Path(out) / name / ".work"
+        ref, saved = _model_reference(model, work, precision)
+        try:
+            return run(name, list(batch_sizes), Path(data_dir) if data_dir is not None else config.default_data_dir(),
+                       Path(out), optimizer=optimizer, precision=precision, steps=steps, warmup=warmup,
+                       memory_cap_bytes=_memory_limit(memory_limit), model=ref, loss=loss, images=images,
+                       log=log or _quiet)
+        finally:
+            if saved is not None:
+                saved.unlink(missing_ok=True)
+
+
+def sweep(plan: str | dict | None = None, *, data_dir: str | Path | None = None, out: str | Path = config.DEFAULT_OUT,
+          workers: int | None = None, overwrite: bool = False, log: Callable[[str], None] | None = print,
+          **grid: object) -> dict:
+    """Train the article's model over a plan's grids: `catsdogs sweep`, resumable (finished trials
+    are kept; `overwrite` runs them again). `plan`: a plan's name or TOML file (`catsdogs plans`
+    lists them), or None for one grid of the keyword arguments (`optimizer`, `batch_size`,
+    `dataset`, `epochs`, `seeds` ... as a plan's keys), which override a named plan's too. Returns
+    the status counts ({"done": 6, "failed": 0, "oom": 0, "trials": 6}).
+
+    Example:
+        >>> catsdogs.sweep(optimizer=["adam", "sgd"], batch_size=[16, 32], epochs=2, seeds=1)
+    """
+    from catsdogs import plans
+    from catsdogs.training.study import run_plan
+
+    with _said_as_keywords():
+        base = plans.load(plan) if isinstance(plan, str) else plans.command_line_plan()
+        top = {k: grid.pop(k) for k in list(grid) if k in ("seeds", "name", "target_ci", "max_seeds", "noise_scale",
+                                                          "eval_every", "max_epochs")}
+        unknown = sorted(set(grid) - set(plans.GRID_KEYS))
+        if unknown:
+            raise TypeError(f"sweep() got unexpected keyword arguments: {', '.join(unknown)}")
+        chosen = plans.with_overrides(base, top, {k: list(v) if isinstance(v, tuple) else v for k, v in grid.items()})
+        return run_plan(chosen, plans.data_dir(chosen, Path(data_dir) if data_dir is not None else None), Path(out),
+                        workers=workers, overwrite=overwrite, log=log or _quiet)
+
+
+def report(name: str = "sweep", *, out: str | Path = config.DEFAULT_OUT, note: str | None = None,
+           log: Callable[[str], None] | None = print) -> dict:
+    """A sweep's figures and tables: `catsdogs report`; returns their paths
+    ({"figures": {...}, "results_md": path, "summary_csv": path}).
+
+    Example:
+        >>> catsdogs.report("sweep")["results_md"]
+    """
+    from catsdogs.analysis.report import report as run
+
+    with _said_as_keywords():
+        return run(name, Path(out), note=note, log=log or _quiet)
+
+
+# --- what the functions share -------------------------------------------------------------------
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+class _said_as_keywords:
+    """A SettingError's message begun with the keyword argument it names, as the CLI begins it
+    with the option: "max_batch_size: --max 4 is below --start 8 ..."."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, SettingError) and exc.key and not getattr(exc, "_keyword", False):
+            keyword = _KEYWORDS.get(exc.key, exc.key)
+            said = str(exc)
+            new = SettingError(said if said.startswith(f"{keyword}:") else f"{keyword}: {said}", exc.key)
+            new._keyword = True
+            raise new from None
+        return False
+
+
+def _memory_limit(value) -> int | None:
+    """Bytes from an int, a float or a "4GiB"; a SettingError for anything else, or one not finite."""
+    from catsdogs.measure.common import check_memory_limit, parse_memory
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SettingError(f"a number of bytes or a size like '4GiB', got {type(value).__name__}", "memory_limit")
+    if isinstance(value, str):
+        return check_memory_limit(parse_memory(value))
+    if not math.isfinite(value) or value < 1:
+        raise SettingError(f"a positive, finite number of bytes, got {value!r}", "memory_limit")
+    return check_memory_limit(int(value))
+
+
+def _data(data, model) -> tuple[Path | None, tuple | None]:
+    """(a folder, numpy arrays) from `data`: a path, or a pair (x, y)."""
+    if data is None:
+        return None, None
+    if model is None:
+        raise SettingError("your own images go with your own model: give `model` too (the article's model "
+                           "trains on the prepared data)", "data")
+    if isinstance(data, (str, os.PathLike)):
+        return Path(data), None
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        from catsdogs.data.folder import from_arrays
+
+        shape, classes = _model_io(model)  # a live model's, known here; any other's checked in data_for
+        from_arrays(*data, shape=shape, classes=classes)  # before any worker starts or file is written
+        return None, tuple(data)
+    raise SettingError(f"a folder of class subfolders or numpy arrays (x, y), got {type(data).__name__}", "data")
+
+
+def _model_io(model) -> tuple[tuple | None, int | None]:
+    """A live keras.Model's input shape (height, width, channels) and classes; (None, None) for
+    a reference, whose model is built in a worker."""
+    if not _is_keras_model(model):
+        return None, None
+    try:
+        shape, width = tuple(model.input_shape[1:]), model.output_shape[-1]
+    except (AttributeError, TypeError, IndexError, ValueError):  # several inputs or outputs: model_check says
+        return None, None
+    return (shape if len(shape) == 3 and None not in shape else None), (None if width is None else max(2, width))
+
+
+def _model_reference(model, work: Path, precision: str) -> tuple[str | None, Path | None]:
+    """(the reference the workers build the model from, the file saved for it here or None)."""
+    if model is None or isinstance(model, (str, os.PathLike)):
+        return (None if model is None else os.fspath(model)), None
+    if not _is_keras_model(model) and callable(model):
+        ref = _importable(model)
+        if ref is not None:
+            return ref, None
+        try:
+            model = model()
+        except CatsdogsError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's function, however it fails
+            raise SettingError(f"{getattr(model, '__name__', 'the function')}() raised {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''}", "model") from None
+    if not _is_keras_model(model):
+        raise SettingError(f"a keras.Model, a function that builds one, a PATH.keras or 'module:function', got "
+                           f"{type(model).__name__}", "model")
+    if precision != "float32":
+        raise SettingError(f"a keras.Model keeps the precision it was built with, so precision={precision!r} "
+                           "would not reach it: pass a function that builds it from a module the workers can "
+                           "import (built under the policy there), or use float32", "precision")
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / f"{os.getpid()}-{uuid.uuid4().hex[:8]}-model.keras"
+    try:
+        model.save(path)
+    except Exception as exc:  # noqa: BLE001 - Keras's own reason: an unbuilt model, an unsavable layer
+        path.unlink(missing_ok=True)
+        raise SettingError(f"cannot save the model for the workers: {str(exc).splitlines()[0]}", "model") from None
+    return str(path), path
+
+
+def _is_keras_model(obj) -> bool:
+    keras = sys.modules.get("keras")  # a keras.Model exists only where the caller imported Keras
+    return keras is not None and isinstance(obj, keras.Model)
+
+
+def _importable(function) -> str | None:
+    """"module:function" where a worker (started in the working directory) imports the very
+    function: its module a file under the working directory or installed, not __main__."""
+    module, name = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
+    if not module or module == "__main__" or not FUNCTION.match(f"{module}:{name}"):
+        return None
+    try:
+        found = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - not importable by name here: not by a worker either
+        return None
+    origin = getattr(found, "__file__", None)
+    if getattr(found, name, None) is not function or not origin:
+        return None
+    here, site = Path.cwd().resolve(), [Path(p).resolve() for p in sys.path if "site-packages" in p]
+    path = Path(origin).resolve()
+    return f"{module}:{name}" if any(path.is_relative_to(p) for p in (here, *site)) else None

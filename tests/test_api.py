@@ -1,0 +1,172 @@
+"""catsdogs from Python (catsdogs.api): find_batch_size on a live keras.Model and numpy arrays, the
+BatchSizeAdvice it returns, and hostile inputs refused in one line before anything is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import catsdogs
+from catsdogs.cli import cli
+from catsdogs.data import folder as folder_data
+
+STORED = Path(__file__).parent / "data" / "find_batch_size.json"  # an answer of 0.19.0's API, written by the run
+
+
+def small_model(classes: int = 3, size: int = 16):
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((size, size, 3)), layers.Rescaling(1 / 255), layers.Conv2D(4, 3),
+                             layers.ReLU(), layers.GlobalAveragePooling2D(), layers.Dense(classes)], name="small")
+
+
+def coloured(per_class: int = 40, size: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """Three classes told apart by their colour, with noise; sorted by class, as a folder reads them."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.clip(rng.normal(60 + 70 * k, 40, (per_class, size, size, 3)), 0, 255).astype(np.uint8)
+                        for k in range(3)])
+    return x, np.repeat(np.arange(3), per_class)
+
+
+# --- the advice -----------------------------------------------------------------------------------------
+
+
+def test_the_advice_reads_find_batch_size_json_and_writes_it_back_unchanged():
+    # given a find_batch_size.json an API run wrote
+    text = STORED.read_text()
+    # when it is read as advice and written again
+    advice = catsdogs.BatchSizeAdvice.from_json(text)
+    again = catsdogs.BatchSizeAdvice.from_json(advice.to_json())
+    # then the fields a training script needs are the file's, and the round trip loses nothing
+    saved = json.loads(text)
+    assert advice.batch_size == saved["recommendation"]["batch_size"]
+    assert advice.learning_rate == saved["recommendation"]["learning_rate"]
+    assert advice.largest_fitting == saved["largest_fitting"] and advice.fastest == saved["fastest"]["batch_size"]
+    assert advice.noise_scale == saved["noise_scale"]["b_simple"]
+    assert advice.noise_interval == (saved["noise_scale"]["low"], saved["noise_scale"]["high"])
+    assert json.loads(advice.to_json()) == saved and again == advice
+    assert catsdogs.BatchSizeAdvice.from_json(STORED) == advice  # a Path reads the file
+
+
+def test_the_advice_says_itself_in_one_readable_line():
+    advice = catsdogs.BatchSizeAdvice.from_json(STORED)
+    text = repr(advice)
+    assert text.startswith(f"BatchSizeAdvice(batch_size={advice.batch_size}, learning_rate=")
+    assert f"largest_fitting={advice.largest_fitting} ({advice.stopped_by})" in text and "\n" not in text
+
+
+def test_the_advice_plots_the_predicted_time_on_the_axis_it_is_given():
+    from matplotlib.figure import Figure
+
+    advice = catsdogs.BatchSizeAdvice.from_json(STORED)
+    ax = Figure().subplots()
+    assert advice.plot(ax) is ax
+    # then the estimate's line and the worst case's, one point a probed size, and the recommendation ringed
+    estimate, worst = ax.get_lines()
+    assert list(estimate.get_xdata()) == [r["batch_size"] for r in advice.table]
+    assert list(worst.get_ydata()) == [r["worst_case"] for r in advice.table]
+    assert ax.get_xscale() == "log" and f"recommended: {advice.batch_size}" in ax.get_legend_handles_labels()[1]
+
+
+@pytest.mark.parametrize("text, said", [("{}", "no 'largest_fitting'"), ("[1]", "no 'largest_fitting'"),
+                                        ("not json", "not find-batch-size's JSON"),
+                                        ('{"interrupted": true, "largest_fitting": null}', "interrupted")])
+def test_what_is_not_an_answer_is_no_advice(text, said):
+    with pytest.raises(catsdogs.CatsdogsError, match=said):
+        catsdogs.BatchSizeAdvice.from_json(text)
+
+
+# --- hostile inputs: one line, the keyword named, nothing written ----------------------------------------
+
+
+def hostile_cases():
+    x, y = coloured(4)
+    return [
+        (dict(model=42, data=None), "model: a keras.Model, a function that builds one"),
+        (dict(model="nothing.keras"), "model: no such file: nothing.keras"),
+        (dict(model=small_model, data=(x, y[:-1])), r"data: images of shape \(n, height, width, channels\) and as many"),
+        (dict(model=small_model(), data=(x, y + 1)), r"data: labels must be whole numbers in 0 .. 2 \(the model's "
+                                                     r"classes\), got 3"),
+        (dict(model=small_model(), data=(x[:, :8], y)), "data: images of 8 x 16 x 3, the model takes 16 x 16 x 3"),
+        (dict(model=small_model(), data=(x.astype("float32") * np.nan, y)), "data: 12 images hold a NaN"),
+        (dict(model=small_model(), data=(x, np.eye(3)[y])), r"data: labels must be class indices .* y.argmax"),
+        (dict(model=small_model(), data=(x, y), memory_limit=float("inf")), "memory_limit: a positive, finite"),
+        (dict(model=small_model(), data=(x, y), memory_limit="lots"), "memory_limit: not a memory size"),
+        (dict(model=None, data=(x, y)), "data: your own images go with your own model"),
+        (dict(model=small_model(), data=(x, y), optimizer="rmsprop"), "optimizer: "),
+        (dict(model=small_model(), data=(x, y), max_batch_size=4, start=8), "max_batch_size: --max 4 is below"),
+        (dict(model=small_model(), data=(x, y), precision="mixed_float16"), "precision: a keras.Model keeps"),
+    ]
+
+
+@pytest.mark.parametrize("kwargs, said", hostile_cases(), ids=lambda v: str(v)[:40] if isinstance(v, str) else None)
+def test_a_hostile_input_raises_the_documented_error_in_one_line_and_writes_nothing(tmp_path, kwargs, said):
+    # when find_batch_size is called with it
+    with pytest.raises(catsdogs.CatsdogsError, match=said) as caught:
+        catsdogs.find_batch_size(**kwargs, out=tmp_path / "out", data_dir=tmp_path / "none", log=None)
+    # then the error is one line, and no run folder (nor a half-written answer) was left
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_keyword_is_a_type_error_as_python_says_it():
+    with pytest.raises(TypeError, match="unexpected keyword arguments: batchsize"):
+        catsdogs.find_batch_size(small_model(), batchsize=8)
+
+
+def test_importing_catsdogs_loads_none_of_the_api_until_it_is_used():
+    # (the workers import catsdogs: the API's modules load on first use, `catsdogs.find_batch_size`)
+    import importlib
+    import sys
+
+    for name in [m for m in sys.modules if m in ("catsdogs", "catsdogs.api")]:
+        del sys.modules[name]
+    fresh = importlib.import_module("catsdogs")
+    assert "catsdogs.api" not in sys.modules
+    assert fresh.find_batch_size is importlib.import_module("catsdogs.api").find_batch_size
+
+
+# --- the same answer as the command line -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_live_model_and_arrays_give_the_command_lines_answer_for_its_saved_model_and_folder(tmp_path,
+                                                                                           monkeypatch):
+    # given a small model saved to .keras, and its images as numpy arrays and as a folder of PNGs
+    # (lossless, in the folder's order: class folders, then file names)
+    monkeypatch.chdir(tmp_path)
+    model, (x, y) = small_model(), coloured()
+    model.save(tmp_path / "small.keras")
+    for i, (image, label) in enumerate(zip(x, y, strict=True)):
+        (tmp_path / "pics" / f"c{label}").mkdir(parents=True, exist_ok=True)
+        from PIL import Image
+
+        Image.fromarray(image).save(tmp_path / "pics" / f"c{label}" / f"{i:04d}.png")
+    common = ["--memory-limit", "1GiB", "--max", "16", "--data-dir", str(tmp_path / "none")]
+    # when the command line measures the file on the folder, and the API the live model on the arrays
+    result = CliRunner().invoke(cli, ["find-batch-size", "--model", "small.keras", "--data", "pics", "--out", "cli",
+                                      *common])
+    assert result.exit_code == 0, result.output
+    advice = catsdogs.find_batch_size(model, (x, y), memory_limit="1GiB", max_batch_size=16, out="api",
+                                      data_dir=tmp_path / "none", log=None)
+    told = catsdogs.BatchSizeAdvice.from_json(Path("cli/find-batch-size/find_batch_size.json"))
+    # then the memory limit and the noise scale are the same, seed for seed
+    assert (advice.largest_fitting, advice.stopped_by) == (told.largest_fitting, told.stopped_by) == (16, "max")
+    for key in ("b_simple", "low", "high", "gradient_sq", "trace", "seeds"):
+        assert advice.summary["noise_scale"][key] == told.summary["noise_scale"][key], key
+    # and so the recommendation, up to the sizes the step times' spread cannot tell apart
+    assert advice.batch_size in {told.batch_size, *told.near_best}
+    assert told.batch_size in {advice.batch_size, *advice.near_best}
+    assert advice.learning_rate_rule == told.learning_rate_rule
+    # and the JSON holds the same keys, the arrays named by their digest where the folder is by its path
+    assert set(advice.summary) == set(told.summary)
+    assert advice.summary["model"]["data_arrays"] == folder_data.digest(folder_data.from_arrays(x, y))
+    assert told.summary["model"]["data_folder"] == str(tmp_path / "pics")
+    assert advice.summary["model"]["image_count"] == told.summary["model"]["image_count"] == 120
+    assert not list(Path("api/find-batch-size/.work").glob("*.keras"))  # the saved model deleted after
