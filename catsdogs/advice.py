@@ -43,6 +43,8 @@ class BatchSizeAdvice:
     noise_scale: float | None  # B_simple, the gradient noise scale (None: not measured)
     noise_interval: tuple[float | None, float | None] | None  # its 95% interval (None above: open)
     near_best: tuple[int, ...]  # the sizes whose worst-case time is within 10% of the recommendation's
+    eval_batch_size: int | None  # an evaluation batch that fits: the largest training one (no gradients held)
+    accumulation: dict | None  # for an effective batch kept: {"effective_batch_size", "micro_batch_size", "steps"}
     table: tuple[dict, ...] = field(repr=False)  # each probed size: step time, predicted relative time ...
     summary: dict = field(repr=False)  # find_batch_size.json, whole
 
@@ -62,6 +64,8 @@ class BatchSizeAdvice:
                    stopped_by=summary.get("stopped_by"), margin_batch_size=summary.get("margin_batch_size"),
                    fastest=(summary.get("fastest") or {}).get("batch_size"), noise_scale=noise.get("b_simple"),
                    noise_interval=interval, near_best=tuple(rec.get("near_best") or ()),
+                   eval_batch_size=(summary.get("hand_off") or {}).get("eval_batch_size", summary["largest_fitting"]),
+                   accumulation=(summary.get("hand_off") or {}).get("accumulation"),
                    table=tuple(rec.get("table") or ()), summary=summary)
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -102,6 +106,9 @@ class BatchSizeAdvice:
         if self.noise_scale is not None:
             low, high = self.noise_interval or (None, None)
             parts.append(f"noise_scale={self.noise_scale:.3g} [{num(low)}, {num(high)}]")
+        if self.accumulation:
+            a = self.accumulation
+            parts.append(f"accumulation={a['steps']} x {a['micro_batch_size']} = {a['effective_batch_size']}")
         return f"BatchSizeAdvice({', '.join(parts)})"
 
     def plot(self, ax=None):

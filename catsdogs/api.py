@@ -22,6 +22,7 @@ folder is decoded to (catsdogs.data.folder.from_arrays): exactly the pixels give
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import os
@@ -41,9 +42,33 @@ __all__ = ["BatchSizeAdvice", "CatsdogsError", "SettingError", "find_batch_size"
 # the command line's option -> the keyword argument that sets it here, for an error's first word
 _KEYWORDS = {"opt": "optimizer", "max": "max_batch_size", "data": "data", "model": "model", "loss": "loss",
              "memory_limit": "memory_limit", "from_store": "from_store", "batch_size": "batch_sizes",
-             "start": "start", "seed": "seed", "precision": "precision"}
+             "start": "start", "seed": "seed", "precision": "precision",
+             "effective_batch": "effective_batch"}
 
 
+SEARCH = ("mode", "start", "margin", "steps", "resolution", "dataset", "isolate", "deterministic", "tf32", "worker_env",
+          "effective_batch")
+
+
+def _keyword_errors(function):
+    """The function with a SettingError's message begun with the keyword argument it names, as the
+    CLI begins it with the option ("max_batch_size: --max 4 is below --start 8 ..."); the command
+    line calls the function itself (`__wrapped__`), and names the option."""
+
+    @functools.wraps(function)
+    def said(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except SettingError as exc:
+            if not exc.key:
+                raise
+            keyword, text = _KEYWORDS.get(exc.key, exc.key), str(exc)
+            raise SettingError(text if text.startswith(f"{keyword}:") else f"{keyword}: {text}", exc.key) from None
+
+    return said
+
+
+@_keyword_errors
 def find_batch_size(model=None, data=None, *, memory_limit: int | str | None = None, optimizer: str = "adam",
                     max_batch_size: int | None = None, seed: int = 0, precision: str = "float32",
                     noise_scale: bool = True, loss: str = "auto", from_store: str | Path | None = None,
@@ -61,7 +86,8 @@ def find_batch_size(model=None, data=None, *, memory_limit: int | str | None = N
         images (memory and speed only: the noise scale needs real images).
     memory_limit: bytes, or "4GiB"; None: a GPU's memory, on the CPU 90% of what is available.
     search: the command's other settings by FindSettings' names (mode, start, margin, steps,
-        resolution, isolate, deterministic, tf32).
+        resolution, dataset, isolate, deterministic, tf32, worker_env; effective_batch: a batch to
+        keep, whose gradient-accumulation plan the advice gives).
     log: where the progress lines go (None: nowhere).
 
     Example:
@@ -71,41 +97,40 @@ def find_batch_size(model=None, data=None, *, memory_limit: int | str | None = N
     from catsdogs.measure.find_batch_size import find_batch_size as run
     from catsdogs.measure.settings import FindSettings
 
-    unknown = sorted(set(search) - {"mode", "start", "margin", "steps", "resolution", "isolate", "deterministic",
-                                    "tf32"})
+    unknown = sorted(set(search) - set(SEARCH))
     if unknown:
         raise TypeError(f"find_batch_size() got unexpected keyword arguments: {', '.join(unknown)}")
-    with _said_as_keywords():
-        data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
-        images, arrays = _data(data, model)
-        work = Path(out) / name / ".work"
-        settings = FindSettings(name=name, optimizer=optimizer, max_batch=max_batch_size, seed=seed,
-                                precision=precision, measure_noise=bool(noise_scale), loss=loss, images=images,
-                                memory_cap_bytes=_memory_limit(memory_limit), **search)
-        if max_batch_size is not None and "start" not in search:
-            settings = replace(settings, start=min(settings.start, max_batch_size))
-        settings.check()
-        if from_store is not None:
-            from catsdogs.analysis.anchor import anchor_for
+    data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
+    images, arrays = _data(data, model)
+    settings = FindSettings(name=name, optimizer=optimizer, max_batch=max_batch_size, seed=seed, precision=precision,
+                            measure_noise=bool(noise_scale), loss=loss, images=images,
+                            memory_cap_bytes=_memory_limit(memory_limit), **search)
+    if max_batch_size is not None and "start" not in search:  # max alone: the search starts no higher
+        settings = replace(settings, start=min(settings.start, max_batch_size))
+    if from_store is not None:
+        from catsdogs.analysis.anchor import anchor_for
 
-            settings = replace(settings, anchor=anchor_for(Path(from_store), optimizer, settings.dataset, data_dir))
-        ref, saved = _model_reference(model, work, precision)
-        try:
-            summary = run(replace(settings, model=ref), data_dir, Path(out), log=log or _quiet, arrays=arrays)
-        finally:
-            if saved is not None:
-                saved.unlink(missing_ok=True)
+        settings = replace(settings, anchor=anchor_for(Path(from_store), optimizer, settings.dataset, data_dir))
+    replace(settings, model=None if model is None else "a:given").check()  # (it reads only whether there is one)
+    ref, saved = _model_reference(model, Path(out) / name / ".work", precision)
+    try:
+        summary = run(replace(settings, model=ref), data_dir, Path(out), log=log or _quiet, arrays=arrays)
+    finally:
+        if saved is not None:
+            saved.unlink(missing_ok=True)
     return BatchSizeAdvice.from_summary(summary)
 
 
+@_keyword_errors
 def profile(model=None, batch_sizes: Sequence[int] = (4, 8, 16, 32, 64, 128, 256, 512, 1024), data=None, *,
             memory_limit: int | str | None = None, optimizer: str = "adam", precision: str = "float32",
             steps: int = 20, warmup: int = 2, loss: str = "auto", name: str = "profile",
             out: str | Path = config.DEFAULT_OUT, data_dir: str | Path | None = None,
-            log: Callable[[str], None] | None = print) -> list[dict]:
+            log: Callable[[str], None] | None = print, **probe: object) -> list[dict]:
     """Throughput, memory and utilization at each batch size: `catsdogs profile`, returning its rows
     (OUT/NAME/profile.csv's, one a batch size, in the order given). `model` and `data` as for
-    `find_batch_size`, `data` a folder only.
+    `find_batch_size`, `data` a folder only; `probe`: the command's other settings (dataset,
+    min_seconds, isolate, deterministic, tf32, worker_env).
 
     Example:
         >>> rows = catsdogs.profile(model, [16, 64, 256], memory_limit="2GiB")
@@ -113,23 +138,26 @@ def profile(model=None, batch_sizes: Sequence[int] = (4, 8, 16, 32, 64, 128, 256
     """
     from catsdogs.measure.profile import profile as run
 
-    with _said_as_keywords():
-        images, arrays = _data(data, model)
-        if arrays is not None:
-            raise SettingError("profile reads a folder of images (or none: memory and speed do not depend on "
-                               "what the images show)", "data")
-        work = Path(out) / name / ".work"
-        ref, saved = _model_reference(model, work, precision)
-        try:
-            return run(name, list(batch_sizes), Path(data_dir) if data_dir is not None else config.default_data_dir(),
-                       Path(out), optimizer=optimizer, precision=precision, steps=steps, warmup=warmup,
-                       memory_cap_bytes=_memory_limit(memory_limit), model=ref, loss=loss, images=images,
-                       log=log or _quiet)
-        finally:
-            if saved is not None:
-                saved.unlink(missing_ok=True)
+    unknown = sorted(set(probe) - {"dataset", "min_seconds", "isolate", "deterministic", "tf32", "worker_env"})
+    if unknown:
+        raise TypeError(f"profile() got unexpected keyword arguments: {', '.join(unknown)}")
+    images, arrays = _data(data, model)
+    if arrays is not None:
+        raise SettingError("profile reads a folder of images (or none: memory and speed do not depend on "
+                           "what the images show)", "data")
+    work = Path(out) / name / ".work"
+    ref, saved = _model_reference(model, work, precision)
+    try:
+        return run(name, list(batch_sizes), Path(data_dir) if data_dir is not None else config.default_data_dir(),
+                   Path(out), optimizer=optimizer, precision=precision, steps=steps, warmup=warmup,
+                   memory_cap_bytes=_memory_limit(memory_limit), model=ref, loss=loss, images=images,
+                   log=log or _quiet, **probe)
+    finally:
+        if saved is not None:
+            saved.unlink(missing_ok=True)
 
 
+@_keyword_errors
 def sweep(plan: str | dict | None = None, *, data_dir: str | Path | None = None, out: str | Path = config.DEFAULT_OUT,
           workers: int | None = None, overwrite: bool = False, log: Callable[[str], None] | None = print,
           **grid: object) -> dict:
@@ -145,30 +173,36 @@ def sweep(plan: str | dict | None = None, *, data_dir: str | Path | None = None,
     from catsdogs import plans
     from catsdogs.training.study import run_plan
 
-    with _said_as_keywords():
-        base = plans.load(plan) if isinstance(plan, str) else plans.command_line_plan()
-        top = {k: grid.pop(k) for k in list(grid) if k in ("seeds", "name", "target_ci", "max_seeds", "noise_scale",
-                                                          "eval_every", "max_epochs")}
-        unknown = sorted(set(grid) - set(plans.GRID_KEYS))
-        if unknown:
-            raise TypeError(f"sweep() got unexpected keyword arguments: {', '.join(unknown)}")
-        chosen = plans.with_overrides(base, top, {k: list(v) if isinstance(v, tuple) else v for k, v in grid.items()})
-        return run_plan(chosen, plans.data_dir(chosen, Path(data_dir) if data_dir is not None else None), Path(out),
-                        workers=workers, overwrite=overwrite, log=log or _quiet)
+    base = plans.load(plan) if isinstance(plan, str) else plans.command_line_plan()
+    top = {k: grid.pop(k) for k in list(grid) if k in ("seeds", "name", "target_ci", "max_seeds", "noise_scale",
+                                                      "eval_every", "max_epochs")}
+    unknown = sorted(set(grid) - set(plans.GRID_KEYS))
+    if unknown:
+        raise TypeError(f"sweep() got unexpected keyword arguments: {', '.join(unknown)}")
+    chosen = plans.with_overrides(base, top, {k: list(v) if isinstance(v, tuple) else v for k, v in grid.items()})
+    return run_plan(chosen, plans.data_dir(chosen, Path(data_dir) if data_dir is not None else None), Path(out),
+                    workers=workers, overwrite=overwrite, log=log or _quiet)
 
 
+@_keyword_errors
 def report(name: str = "sweep", *, out: str | Path = config.DEFAULT_OUT, note: str | None = None,
-           log: Callable[[str], None] | None = print) -> dict:
+           find_results: Sequence[str | Path] | None = None, tensorboard: bool = False,
+           export_store: str | Path | None = None, log: Callable[[str], None] | None = print) -> dict:
     """A sweep's figures and tables: `catsdogs report`; returns their paths
-    ({"figures": {...}, "results_md": path, "summary_csv": path}).
+    ({"figures": {...}, "results_md": path, "summary_csv": path}). `find_results`: find-batch-size's
+    answers to hold against it (default: every OUT/*/find_batch_size.json); `tensorboard`: the
+    sweep exported for TensorBoard's HParams dashboard; `export_store`: the store copied to one file.
 
     Example:
         >>> catsdogs.report("sweep")["results_md"]
     """
+    from catsdogs.analysis.report import export_store as export
     from catsdogs.analysis.report import report as run
 
-    with _said_as_keywords():
-        return run(name, Path(out), note=note, log=log or _quiet)
+    if export_store is not None:
+        export(Path(out), Path(export_store), log=log or _quiet)
+    return run(name, Path(out), note=note, log=log or _quiet,
+               find_results=list(find_results) if find_results else None, tensorboard=tensorboard)
 
 
 # --- what the functions share -------------------------------------------------------------------
@@ -176,23 +210,6 @@ def report(name: str = "sweep", *, out: str | Path = config.DEFAULT_OUT, note: s
 
 def _quiet(line: str) -> None:
     pass
-
-
-class _said_as_keywords:
-    """A SettingError's message begun with the keyword argument it names, as the CLI begins it
-    with the option: "max_batch_size: --max 4 is below --start 8 ..."."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if isinstance(exc, SettingError) and exc.key and not getattr(exc, "_keyword", False):
-            keyword = _KEYWORDS.get(exc.key, exc.key)
-            said = str(exc)
-            new = SettingError(said if said.startswith(f"{keyword}:") else f"{keyword}: {said}", exc.key)
-            new._keyword = True
-            raise new from None
-        return False
 
 
 def _memory_limit(value) -> int | None:
@@ -214,11 +231,11 @@ def _data(data, model) -> tuple[Path | None, tuple | None]:
     """(a folder, numpy arrays) from `data`: a path, or a pair (x, y)."""
     if data is None:
         return None, None
+    if isinstance(data, (str, os.PathLike)):
+        return Path(data), None  # (without a model: model_check.check_options says so)
     if model is None:
         raise SettingError("your own images go with your own model: give `model` too (the article's model "
                            "trains on the prepared data)", "data")
-    if isinstance(data, (str, os.PathLike)):
-        return Path(data), None
     if isinstance(data, (tuple, list)) and len(data) == 2:
         from catsdogs.data.folder import from_arrays
 

@@ -468,12 +468,12 @@ def profile(batch_size, steps, warmup, min_seconds, model, images, loss, name, o
     peak (MFU), peak memory (on a GPU also NVML's utilization and memory, with the `nvml`
     extra). Out of memory is a recorded outcome. Writes OUT/NAME/profile.csv and figures (PNG,
     SVG) in OUT/NAME/figures/."""
-    from catsdogs.measure.profile import profile as run
+    from catsdogs.api import profile as run
 
-    rows = run(name, batch_size, data_dir or config.default_data_dir(), out, optimizer=opt, dataset=dataset,
-               precision=precision, steps=steps, warmup=warmup, memory_cap_bytes=memory_limit,
-               min_seconds=min_seconds, isolate=isolate, deterministic=deterministic is not False, tf32=tf32,
-               worker_env=worker_env(compile_cache), model=model, loss=loss, images=images, log=click.echo)
+    rows = run.__wrapped__(model, batch_size, images, memory_limit=memory_limit, optimizer=opt, precision=precision,
+                           steps=steps, warmup=warmup, loss=loss, name=name, out=out, data_dir=data_dir,
+                           log=click.echo, dataset=dataset, min_seconds=min_seconds, isolate=isolate,
+                           deterministic=deterministic is not False, tf32=tf32, worker_env=worker_env(compile_cache))
     return 1 if any(r["status"] == schema.Status.FAILED for r in rows) else 0
 
 
@@ -513,12 +513,16 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
                    "steps) or the tuned plan (best validation accuracy), at the tuned batch size nearest the "
                    "recommendation, same optimizer, data set and image size. Default: Keras's default rate at "
                    "batch size 32.")
+@click.option("--effective-batch", type=int, default=None, metavar="N",
+              help="A batch size your training keeps (a recipe's): where it does not fit, the plan of "
+                   "gradient accumulation that keeps it (micro-batches that fit, so many a step), in the "
+                   "output and the JSON's hand_off.")
 @MODEL_OPTIONS
 @name_option(FIND.name, "Name of the run: OUT/NAME/find_batch_size.json and .csv.")
 @MEASUREMENT_OPTIONS
-def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, seed, from_store, model, images,
-                    loss, name, opt, dataset, precision, memory_limit, deterministic, tf32, data_dir, out, isolate,
-                    compile_cache):
+def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, seed, from_store, effective_batch,
+                    model, images, loss, name, opt, dataset, precision, memory_limit, deterministic, tf32, data_dir, out,
+                    isolate, compile_cache):
     """The largest batch size that fits, the fastest, the critical one, and which to train with.
 
     Every probe is a few steps of the sweep's own training step at one batch size; one that
@@ -527,19 +531,16 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
     predicted to reach a target soonest (its steps by the noise scale times its step time),
     naming the limit that binds (memory, speed, statistics), with a learning rate by the optimizer's
     rule. Without --memory-limit a GPU's own memory is the cap, on the CPU 90% of what is available."""
-    from catsdogs.analysis.anchor import anchor_for
-    from catsdogs.measure.find_batch_size import find_batch_size as run
+    from catsdogs.api import find_batch_size as run
 
-    data_dir = data_dir or config.default_data_dir()
-    anchor = anchor_for(from_store, opt, dataset, data_dir) if from_store is not None else None
-    if max_batch is not None and click.get_current_context().get_parameter_source("start").name == "DEFAULT":
-        start = min(start, max_batch)  # --max alone: the search starts no higher (a --start given is checked)
-    settings = FindSettings(name=name, mode=mode, start=start, max_batch=max_batch, margin=margin, optimizer=opt,
-                            dataset=dataset, precision=precision, steps=steps, memory_cap_bytes=memory_limit,
-                            resolution=resolution, isolate=isolate, measure_noise=measure_noise, seed=seed,
-                            anchor=anchor, deterministic=deterministic is not False, tf32=tf32,
-                            worker_env=worker_env(compile_cache), model=model, loss=loss, images=images)
-    run(settings, data_dir, out, log=click.echo)
+    search = dict(mode=mode, margin=margin, steps=steps, resolution=resolution, dataset=dataset, isolate=isolate,
+                  deterministic=deterministic is not False, tf32=tf32, worker_env=worker_env(compile_cache),
+                  effective_batch=effective_batch)
+    if max_batch is None or click.get_current_context().get_parameter_source("start").name != "DEFAULT":
+        search["start"] = start  # (--max alone: the search starts no higher than it)
+    run.__wrapped__(model, images, memory_limit=memory_limit, optimizer=opt, max_batch_size=max_batch, seed=seed,
+                    precision=precision, noise_scale=measure_noise, loss=loss, from_store=from_store, name=name,
+                    out=out, data_dir=data_dir, log=click.echo, **search)
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -574,12 +575,10 @@ def report(name, out, title_note, export_store, find_results, tensorboard):
     OUT/NAME/summary.csv. Failed, out-of-memory and unfinished trials are counted and shown,
     never dropped. Safe to run while a sweep is running: it opens the store read-only and changes
     nothing in it."""
-    from catsdogs.analysis.report import export_store as export
-    from catsdogs.analysis.report import report as run
+    from catsdogs.api import report as run
 
-    if export_store is not None:
-        export(out, export_store, log=click.echo)
-    run(name, out, note=title_note, log=click.echo, find_results=list(find_results) or None, tensorboard=tensorboard)
+    run.__wrapped__(name, out=out, note=title_note, find_results=list(find_results) or None, tensorboard=tensorboard,
+                    export_store=export_store, log=click.echo)
 
 
 # --- reproduce ------------------------------------------------------------------------------

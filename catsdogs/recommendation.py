@@ -95,3 +95,19 @@ def learning_rate(optimizer: str, batch_size: int, base_lr: float, base_batch: i
     if b_noise:
         return paper_learning_rate(base_lr, base_batch, batch_size, b_noise), "paper"
     return base_lr * ratio, "linear"
+
+
+def hand_off(batch_size: int | None, largest: int | None, safe: int | None, effective: int | None = None) -> dict:
+    """What a training run takes from the answer: the batch size to train with (the
+    recommendation, which fits by construction); the evaluation batch size that fits, the largest
+    training batch (evaluation holds no gradients nor optimizer state, so at least that fits: a
+    floor, not measured above it); and for an effective batch the user keeps (a recipe's,
+    --effective-batch) the gradient-accumulation plan: `steps` micro-batches of `micro_batch_size`,
+    no larger than the margin's size, whose product is the effective batch exactly (a prime one
+    larger than what fits accumulates micro-batches of 1). Accumulation never makes training
+    sooner: k micro-steps cost k step times for fewer steps to a target by at most k."""
+    plan = None
+    if effective is not None and safe:
+        steps = next(k for k in range(math.ceil(effective / safe), effective + 1) if effective % k == 0)
+        plan = {"effective_batch_size": effective, "micro_batch_size": effective // steps, "steps": steps}
+    return {"batch_size": batch_size, "eval_batch_size": largest, "accumulation": plan}

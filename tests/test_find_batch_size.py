@@ -877,7 +877,8 @@ def test_the_sizes_the_answer_could_fall_on_are_timed_again_on_the_cpu_so_one_bu
 
 def test_max_alone_starts_the_search_no_higher_and_a_start_above_a_max_is_refused(tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(findbs, "find_batch_size", lambda settings, *a, **k: seen.append(settings))
+    monkeypatch.setattr(findbs, "find_batch_size",
+                        lambda settings, *a, **k: seen.append(settings) or {"largest_fitting": None})
     # given --max 4 alone (the default --start is 8)
     ok = CliRunner().invoke(cli, ["find-batch-size", "--max", "4", "--data-dir", str(tmp_path), "--out", str(tmp_path)])
     # then the search starts at 4, not refused for a --start the user never gave

@@ -41,3 +41,26 @@ def test_the_fastest_is_none_of_the_sizes_above_the_answer():
     # then the fastest that fits is the fastest up to the answer, 5, a size these data can train
     assert recommendation.fastest(probes, 5) == {"batch_size": 5, "images_per_second": 280.0}
     assert recommendation.fastest(probes)["batch_size"] == 136  # (unbounded: every size that passed)
+
+
+@pytest.mark.parametrize("effective, safe, plan", [
+    (128, 128, (128, 1)),  # fits: one batch a step
+    (512, 128, (128, 4)),  # four micro-batches of the margin's size
+    (300, 128, (100, 3)),  # the fewest micro-batches that fit and divide it: 3 x 100, not 3 x 128
+    (256, 96, (64, 4)),  # 3 does not divide 256: the next that does
+    (131, 64, (1, 131)),  # a prime above what fits: micro-batches of 1, said as such
+])
+def test_an_effective_batch_is_kept_exactly_by_micro_batches_that_fit(effective, safe, plan):
+    # when a user keeps an effective batch and the margin's size is `safe`
+    got = recommendation.hand_off(24, safe + 8, safe, effective)
+    # then micro-batch x steps is the effective batch, the micro-batch fits, and the fewest steps do it
+    a = got["accumulation"]
+    assert (a["micro_batch_size"], a["steps"]) == plan
+    assert a["micro_batch_size"] * a["steps"] == a["effective_batch_size"] == effective
+    assert a["micro_batch_size"] <= safe
+    # and training's own batch and the evaluation's are the answer's
+    assert (got["batch_size"], got["eval_batch_size"]) == (24, safe + 8)
+
+
+def test_no_effective_batch_no_accumulation_plan():
+    assert recommendation.hand_off(24, 64, 56) == {"batch_size": 24, "eval_batch_size": 64, "accumulation": None}

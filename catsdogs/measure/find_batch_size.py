@@ -67,7 +67,7 @@ from catsdogs.measure.noise_run import NoiseRun, measure_noise_scale, user_noise
 from catsdogs.measure.search import apply_margin, confirm, critical_probe, search
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import ProbeRecord, ProbeTask, columns
-from catsdogs.recommendation import fastest, recommend
+from catsdogs.recommendation import fastest, hand_off, recommend
 from catsdogs.schema import Status, default
 from catsdogs.training import backends
 from catsdogs.training.costs import PLAN_MOST
@@ -199,6 +199,8 @@ def _answer(result, probes: list[ProbeRecord], safe: int | None, settings: FindS
                     bound_by=stopped_by if safe == result.largest_fit else None) if safe is not None else None
     if rec:
         summary["recommendation"] = rec
+    summary["hand_off"] = hand_off(rec["batch_size"] if rec else safe, result.largest_fit, safe,
+                                   settings.effective_batch)
     return summary
 
 

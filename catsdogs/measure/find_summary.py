@@ -161,6 +161,13 @@ def summary_lines(summary: dict) -> list[str]:
     lines.append(f"Learning rate {lr:.3g}: {RULES[rec['learning_rate_rule']]}, anchored at {anchor}: {base:g} at "
                  f"batch size {rec['base_batch_size']}.")
     lines.append(learning_rate_caveat(rec["learning_rate_rule"], anchor, s["optimizer"]))
+    plan = (summary.get("hand_off") or {}).get("accumulation")
+    if plan:
+        m, k, e = plan["micro_batch_size"], plan["steps"], plan["effective_batch_size"]
+        lines.append(f"Effective batch {e:,}: " + (f"fits as one batch (the margin's size is {summary['margin_batch_size']:,})."
+                     if k == 1 else f"accumulate {k} micro-batches of {m:,} a step ({m:,} x {k} = {e:,}; the "
+                     f"margin's size is {summary['margin_batch_size']:,}): each step costs {k} step times of "
+                     f"{m:,}, which no fewer steps repay, so train at {rec['batch_size']:,} unless the recipe needs {e:,}."))
     return lines
 
 

@@ -51,6 +51,7 @@ class FindSettings:
     model: str | None = None  # a user's model (catsdogs.model_ref; --model), None: the article's
     loss: str = "auto"  # its loss (--loss)
     images: Path | None = None  # its images: a folder of class subfolders (--data; None: prepared or random)
+    effective_batch: int | None = None  # a batch the user keeps (a recipe's): its accumulation plan (--effective-batch)
 
     def check(self) -> None:
         """A SettingError naming the setting, for one no search can run with."""
@@ -72,6 +73,10 @@ class FindSettings:
                                    key)
         apply_margin(1, self.margin)  # validates the margin
         check_number(self.seed, "seed", least=0)
+        e, most = self.effective_batch, LIMITS["batch_size"][0]
+        if e is not None and (not isinstance(e, int) or isinstance(e, bool) or not 1 <= e <= most):
+            raise SettingError(f"must be a whole number from 1 to {most:,}, the largest batch size, got {e!r}",
+                               "effective_batch")
         check_loss(self.loss)
         if self.model is not None and self.anchor:
             raise SettingError("the stores' tuned rates are the article's model's, not this one's", "from_store")
@@ -91,4 +96,5 @@ class FindSettings:
                 "image_size": image_size, "data_dir": str(Path(data_dir).resolve()),
                 "data_fingerprint": data_fingerprint,
                 **({"model": self.model, "loss": self.loss, "images": str(self.images) if self.images else None}
-                   if self.model is not None else {})}
+                   if self.model is not None else {}),
+                **({"effective_batch": self.effective_batch} if self.effective_batch is not None else {})}
