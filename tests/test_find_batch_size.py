@@ -921,3 +921,27 @@ def test_ctrl_c_keeps_the_finished_probes_marked_interrupted_and_no_older_answer
     assert load_find_results(tmp_path) == []
     with pytest.raises(CatsdogsError, match="interrupted"):
         load_find_results(tmp_path, [older])
+
+
+def test_an_effective_batch_that_does_not_fit_gets_its_accumulation_plan(data_dir, tmp_path, monkeypatch):
+    from catsdogs.measure import prober
+
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setattr(prober, "Prober", SqrtSpeedProber)
+    monkeypatch.setattr(findbs, "measure_noise_scale", lambda *args, **kwargs: measured(30.0, 20.0, 45.0))
+    # given a device whose margin's size is well below a recipe's batch of 4,000
+    lines: list[str] = []
+    s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, max_batch=4096,
+                                            effective_batch=4000), data_dir, tmp_path, log=lines.append)
+    # then the hand-off keeps 4,000 exactly in micro-batches no larger than the margin's size, and says so
+    plan, safe = s["hand_off"]["accumulation"], s["margin_batch_size"]
+    assert plan["micro_batch_size"] * plan["steps"] == 4000 and plan["micro_batch_size"] <= safe < 4000
+    assert s["hand_off"]["batch_size"] == s["recommendation"]["batch_size"]
+    assert s["hand_off"]["eval_batch_size"] == s["largest_fitting"] and s["settings"]["effective_batch"] == 4000
+    assert f"Effective batch 4,000: accumulate {plan['steps']} micro-batches of {plan['micro_batch_size']:,}" in \
+        "\n".join(lines)
+
+
+def test_an_effective_batch_below_one_is_a_usage_error(tmp_path):
+    result = CliRunner().invoke(cli, ["find-batch-size", "--effective-batch", "0", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "'--effective-batch': must be a whole number from 1 to" in result.output
