@@ -74,3 +74,40 @@ def test_bad_data_is_one_line_of_the_documented_error():
         GradientNoiseScale(([0] * 4, [0] * 3))
     with pytest.raises(CatsdogsError, match="every=0"):
         GradientNoiseScale(([0] * 4, [0] * 4), every=0)
+
+
+@pytest.mark.slow
+def test_the_callbacks_b_simple_on_the_articles_model_agrees_with_the_sweeps_at_the_same_weights(prepared_data):
+    # (TensorFlow: the estimator is one code on both backends, and the bit-identity test above runs both.
+    # The same weights: a sweep's trial trains by the engine's own loop, so a user's `fit` of the same
+    # seed reaches other weights, where B_simple differs by more than its interval: 44.7 to unbounded
+    # against 6.1 here. What the callback must match is the sweep's measurement of the model it is given.)
+    from types import SimpleNamespace
+
+    import keras
+
+    import catsdogs.keras
+    from catsdogs.data import loading
+    from catsdogs.data.loading import Split
+    from catsdogs.gradient_noise import NoiseSampling
+    from catsdogs.training import backends, engine
+    from catsdogs.training.model import build_model, loss_and_metrics
+
+    # given the article's model at 32 px fitted on 400 training images, seed 0, Adam, batch 32,
+    # 2 epochs, the callback measuring at its defaults (16 pairs of 25 images)
+    train = loading.load_dataset(prepared_data(32, (200, 20, 20)), "standard")["train"]
+    keras.utils.set_random_seed(0)
+    model = build_model(32)
+    loss, metrics = loss_and_metrics()
+    model.compile(optimizer="adam", loss=loss, metrics=metrics)
+    noise = catsdogs.keras.GradientNoiseScale((train.images, train.labels))
+    model.fit(train.images, train.labels, batch_size=32, epochs=2, verbose=0, callbacks=[noise])
+    fitted = noise.history[-1]
+    # when `sweep --noise-scale`'s measurement (8 pairs of 10 images, the epoch's own draw) is taken
+    # of the same weights
+    step = SimpleNamespace(user=None, model=model, loss=loss, gram_functions={})
+    swept = engine.noise_estimate_at(step, Split(train.images, train.labels, []), NoiseSampling(), 0, 2,
+                                     backends.current())
+    # then the two 95% intervals of B_simple overlap, each bounded below and its estimate positive
+    assert swept.low is not None and fitted["low"] is not None and fitted["b_simple"] > 0
+    assert fitted["low"] <= (swept.high or math.inf) and swept.low <= (fitted["high"] or math.inf), (swept, fitted)
