@@ -10,7 +10,7 @@ After every `every`-th epoch it measures B_simple (McCandlish et al. 2018) at th
 weights with the estimator find-batch-size uses, by find-batch-size's own code
 (catsdogs.training.engine.noise_estimate_at): for a model of the article's kind (a chain of Dense
 and Conv2D layers, one logit, binary cross-entropy from it) per-example gradient products over
-`pairs` batches of 25 images; for any other model the two-batch estimator on ordinary gradients,
+`pairs` batches of 25 images (12 by default: CALLBACK_PAIRS says why); for any other model the two-batch estimator on ordinary gradients,
 `pairs` large batches of `micros` micro-batches of `micro` images; each drawn with replacement
 from the data you hand it, by a generator of its own; and
 writes it into the epoch's `logs` (`b_simple`, `b_simple_low`, `b_simple_high`: NaN where the
@@ -38,13 +38,19 @@ from catsdogs.errors import CatsdogsError
 from catsdogs.gradient_noise import NoiseSampling
 from catsdogs.measure.noise_run import NOISE_PAIRS, noise_sampling, user_noise_sampling
 
+# Pairs a measurement: find-batch-size's 16 less a quarter, so that a measurement costs at most 15%
+# of an epoch of the article's 1,200 training images at 64 px (scripts/bench_callback.py: 0.22 s,
+# 18.5% of a 1.2 s epoch, at 16; 0.18 s at 12); the price, an interval about 15% wider
+# (sqrt(16/12)), is paid once a measurement, where find-batch-size pools four seeds'.
+CALLBACK_PAIRS = NOISE_PAIRS * 3 // 4
+
 
 class GradientNoiseScale(keras.callbacks.Callback):
     """B_simple after every `every`-th epoch of `fit`, from `data` = (images, labels), the
     training data or a sample of it, as the model takes them. `loss`: the loss to differentiate
     (default: the one the model was compiled with). `seed`: the measurement's own generator."""
 
-    def __init__(self, data, every: int = 1, pairs: int = NOISE_PAIRS, micros: int | None = None,
+    def __init__(self, data, every: int = 1, pairs: int = CALLBACK_PAIRS, micros: int | None = None,
                  micro: int | None = None, loss=None, seed: int = 0):
         super().__init__()
         try:

@@ -21,7 +21,7 @@ from harness import alternate, median_of, table
 TARGET = 0.15
 
 
-def fit_once(data_dir: Path, epochs: int, batch_size: int, with_callback: bool) -> dict:
+def fit_once(data_dir: Path, epochs: int, batch_size: int, with_callback: bool, pairs: int | None = None) -> dict:
     import keras
 
     import catsdogs.keras
@@ -34,7 +34,8 @@ def fit_once(data_dir: Path, epochs: int, batch_size: int, with_callback: bool) 
     model = build_model(int(train.images.shape[1]))
     loss, metrics = loss_and_metrics()
     model.compile(optimizer="adam", loss=loss, metrics=metrics)
-    noise = catsdogs.keras.GradientNoiseScale((train.images, train.labels)) if with_callback else None
+    noise = (catsdogs.keras.GradientNoiseScale((train.images, train.labels), **({'pairs': pairs} if pairs else {}))
+             if with_callback else None)
     epoch_seconds: list[float] = []
 
     class Clock(keras.callbacks.Callback):  # each epoch's wall time, the callback's measurement in it
@@ -59,9 +60,10 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=None, help="the callback's pairs a measurement [default: its own]")
     a = ap.parse_args()
     runs = alternate({"without": lambda r: fit_once(a.data_dir, a.epochs, a.batch_size, False),
-                      "with": lambda r: fit_once(a.data_dir, a.epochs, a.batch_size, True)}, a.repeats)
+                      "with": lambda r: fit_once(a.data_dir, a.epochs, a.batch_size, True, a.pairs)}, a.repeats)
     epoch = median_of(runs["without"], "epoch")
     measure = median_of(runs["with"], "measure")
     share = measure / epoch
