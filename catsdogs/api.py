@@ -36,6 +36,7 @@ from catsdogs import config
 from catsdogs.advice import BatchSizeAdvice
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.model_ref import FUNCTION
+from catsdogs.schema import OPTIMIZERS, PROCESS_FIELDS
 
 __all__ = ["BatchSizeAdvice", "CatsdogsError", "SettingError", "find_batch_size", "profile", "report", "sweep"]
 
@@ -46,6 +47,10 @@ _KEYWORDS = {"opt": "optimizer", "max": "max_batch_size", "data": "data", "model
              "effective_batch": "effective_batch"}
 
 
+# A plan's top-level keys a sweep's caller may override (the command line's options of them too);
+# the rest of a plan's top level describes it, and `epochs` is a grid's.
+PLAN_OVERRIDES = ("seeds", "name", "target_ci", "max_seeds", "noise_scale", "eval_every", "max_epochs",
+                  *PROCESS_FIELDS)
 SEARCH = ("mode", "start", "margin", "steps", "resolution", "dataset", "isolate", "deterministic", "tf32", "worker_env",
           "effective_batch")
 
@@ -158,30 +163,44 @@ def profile(model=None, batch_sizes: Sequence[int] = (4, 8, 16, 32, 64, 128, 256
 
 
 @_keyword_errors
-def sweep(plan: str | dict | None = None, *, data_dir: str | Path | None = None, out: str | Path = config.DEFAULT_OUT,
-          workers: int | None = None, overwrite: bool = False, log: Callable[[str], None] | None = print,
-          **grid: object) -> dict:
+def sweep(plan=None, *, data_dir: str | Path | None = None, out: str | Path = config.DEFAULT_OUT,
+          workers: int | None = None, overwrite: bool = False, retry_failed: bool = False, dry_run: bool = False,
+          tensorboard: bool = False, runner: str = "local", ray_address: str | None = None, isolate: bool = False,
+          worker_env: dict | None = None, log: Callable[[str], None] | None = print, **grid: object) -> dict:
     """Train the article's model over a plan's grids: `catsdogs sweep`, resumable (finished trials
-    are kept; `overwrite` runs them again). `plan`: a plan's name or TOML file (`catsdogs plans`
-    lists them), or None for one grid of the keyword arguments (`optimizer`, `batch_size`,
-    `dataset`, `epochs`, `seeds` ... as a plan's keys), which override a named plan's too. Returns
-    the status counts ({"done": 6, "failed": 0, "oom": 0, "trials": 6}).
+    are kept; `overwrite` runs them again, `retry_failed` the failed ones). `plan`: a plan's name or
+    TOML file (`catsdogs plans` lists them), a `catsdogs.plans.Plan`, or None for one grid of the
+    keyword arguments: a grid's keys (`optimizer` or `opt`, `batch_size`, `dataset`, `epochs` ...)
+    and a plan's top-level ones (`seeds`, `name`, `target_ci`, `noise_scale` ...), the command's
+    defaults for the rest (both optimizers, batch sizes 16-128, standard data, 5 epochs, 3 seeds,
+    named "sweep"); given with a plan, they override its values. `dry_run`: list the trials, train none; `tensorboard`: each finished trial exported
+    for TensorBoard's HParams dashboard. Returns the status counts ({"done": 4, "failed": 0,
+    "oom": 0, "trials": 4}).
 
     Example:
         >>> catsdogs.sweep(optimizer=["adam", "sgd"], batch_size=[16, 32], epochs=2, seeds=1)
     """
     from catsdogs import plans
+    from catsdogs.analysis.tensorboard_export import live
     from catsdogs.training.study import run_plan
 
-    base = plans.load(plan) if isinstance(plan, str) else plans.command_line_plan()
-    top = {k: grid.pop(k) for k in list(grid) if k in ("seeds", "name", "target_ci", "max_seeds", "noise_scale",
-                                                      "eval_every", "max_epochs")}
+    if "optimizer" in grid:
+        grid["opt"] = grid.pop("optimizer")
+    top = {k: grid.pop(k) for k in list(grid) if k in PLAN_OVERRIDES}
     unknown = sorted(set(grid) - set(plans.GRID_KEYS))
     if unknown:
         raise TypeError(f"sweep() got unexpected keyword arguments: {', '.join(unknown)}")
-    chosen = plans.with_overrides(base, top, {k: list(v) if isinstance(v, tuple) else v for k, v in grid.items()})
+    grid = {k: list(v) if isinstance(v, tuple) else v for k, v in grid.items()}
+    if plan is None:  # the command line's sweep without --config: its options' defaults fill the grid
+        top = {"name": "sweep", "seeds": config.SEEDS, **top}
+        grid = {"opt": list(OPTIMIZERS), "batch_size": list(config.BATCH_SIZES), "dataset": ["standard"],
+                **({} if "max_epochs" in top else {"epochs": config.EPOCHS}), **grid}
+    base = plan if isinstance(plan, plans.Plan) else plans.load(plan) if plan is not None else plans.command_line_plan()
+    chosen = plans.with_overrides(base, top, grid) if top or grid or plan is None else base
     return run_plan(chosen, plans.data_dir(chosen, Path(data_dir) if data_dir is not None else None), Path(out),
-                    workers=workers, overwrite=overwrite, log=log or _quiet)
+                    runner=runner, workers=workers, isolate=isolate, ray_address=ray_address, worker_env=worker_env,
+                    overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, log=log or _quiet,
+                    on_finished=live(tensorboard and not dry_run, Path(out), chosen.name))
 
 
 @_keyword_errors

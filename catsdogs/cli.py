@@ -229,8 +229,8 @@ def sweep(ctx, **values):
     reuse decoded data and compiled steps (with identical results); a trial that fails or runs out of memory
     takes its worker with it, and the next gets a fresh one. Each outcome (done, failed, oom) goes to
     OUT/results.sqlite and OUT/NAME/results.csv. Run the same command again to resume."""
-    from catsdogs.analysis.tensorboard_export import live
-    from catsdogs.training.study import run_plan
+    from catsdogs.api import PLAN_OVERRIDES
+    from catsdogs.api import sweep as run
     from catsdogs.training.sweep import succeeded
 
     # Without a plan every option counts, its default too; with one, only those given.
@@ -240,16 +240,13 @@ def sweep(ctx, **values):
             raise click.UsageError("--max-epochs and --epochs both cap the trials: give one", ctx)
         counted = (lambda was: lambda k: k != "epochs" and was(k))(counted)
     grid = {k: _plan_value(values[k]) for k in plans.GRID_KEYS if counted(k) and values[k] not in (None, ())}
-    top = {k: values[k] for k in ("seeds", "name", "target_ci", "max_seeds", "noise_scale", "eval_every",
-                                  "max_epochs", *schema.PROCESS_FIELDS)
-           if counted(k) and values[k] is not None}
+    top = {k: values[k] for k in PLAN_OVERRIDES if counted(k) and values[k] is not None}
     plan = plans.with_overrides(values["plan"] or plans.command_line_plan(), top, grid)
-    counts = run_plan(plan, plans.data_dir(plan, values["data_dir"]), values["out"], runner=values["runner"],
-                      workers=values["workers"] if given(ctx, "workers") else None, isolate=values["isolate"],
-                      ray_address=values["ray_address"], worker_env=worker_env(values["compile_cache"]),
-                      overwrite=values["overwrite"], retry_failed=values["retry_failed"],
-                      dry_run=values["dry_run"], log=click.echo,
-                      on_finished=live(values["tensorboard"] and not values["dry_run"], values["out"], plan.name))
+    counts = run.__wrapped__(plan, data_dir=values["data_dir"], out=values["out"], runner=values["runner"],
+                             workers=values["workers"] if given(ctx, "workers") else None, isolate=values["isolate"],
+                             ray_address=values["ray_address"], worker_env=worker_env(values["compile_cache"]),
+                             overwrite=values["overwrite"], retry_failed=values["retry_failed"],
+                             dry_run=values["dry_run"], tensorboard=values["tensorboard"], log=click.echo)
     return 0 if counts.get("dry_run") or succeeded(counts, counts["trials"]) else 1
 
 

@@ -170,3 +170,63 @@ def test_a_live_model_and_arrays_give_the_command_lines_answer_for_its_saved_mod
     assert told.summary["model"]["data_folder"] == str(tmp_path / "pics")
     assert advice.summary["model"]["image_count"] == told.summary["model"]["image_count"] == 120
     assert not list(Path("api/find-batch-size/.work").glob("*.keras"))  # the saved model deleted after
+
+
+# --- how a model travels to the workers -------------------------------------------------------------------
+
+
+def test_a_function_the_workers_can_import_travels_by_name_any_other_is_built_here_and_saved(a_project, tmp_path):
+    from catsdogs import api
+
+    # given a function in a module of the user's project (importable by a worker started there),
+    # and one defined inside another function (no worker can import it)
+    a_project("import keras\n\ndef tiny():\n    return keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(),"
+              " keras.layers.Dense(2)])\n")
+    import my_models
+
+    def local():
+        return my_models.tiny()
+
+    work = tmp_path / "work"
+    # then the first travels as "module:function", nothing written; the second is called here, saved
+    assert api._model_reference(my_models.tiny, work, "float32") == ("my_models:tiny", None)
+    assert not work.exists()
+    ref, saved = api._model_reference(local, work, "float32")
+    assert ref == str(saved) and saved.parent == work and saved.suffix == ".keras"
+    import keras
+
+    assert keras.saving.load_model(saved).count_params() == my_models.tiny().count_params()
+    # and a function that fails says so in one line, naming `model`
+    def broken():
+        raise RuntimeError("no GPU here")
+
+    with pytest.raises(catsdogs.SettingError, match=r"broken\(\) raised RuntimeError: no GPU here"):
+        api._model_reference(broken, work, "float32")
+
+
+# --- the other commands as functions -----------------------------------------------------------------------
+
+
+def test_sweep_takes_a_grid_by_keywords_or_a_plan_by_name_and_a_dry_run_trains_nothing(prepared_data, tmp_path):
+    data = prepared_data(32)
+    # when a grid is given by keywords (optimizer as find_batch_size names it), a dry run
+    lines: list[str] = []
+    counts = catsdogs.sweep(optimizer=["adam", "sgd"], batch_size=[8, 16], epochs=1, seeds=1, dry_run=True,
+                            data_dir=data, out=tmp_path, log=lines.append)
+    # then it lists the 4 trials the command would, and trains none (no store)
+    assert counts == {"trials": 4, "dry_run": True} and not (tmp_path / "results.sqlite").exists()
+    assert any("adam" in line for line in lines)
+    # and a plan by name, its seeds overridden, is the plan's grid
+    assert catsdogs.sweep("quick", seeds=1, dry_run=True, data_dir=data, out=tmp_path, log=None)["trials"] == 8
+
+
+def test_the_other_functions_refuse_in_one_line_naming_their_keyword(tmp_path):
+    with pytest.raises(TypeError, match="unexpected keyword arguments: colour"):
+        catsdogs.sweep(colour="red", dry_run=True)
+    with pytest.raises(catsdogs.SettingError, match=r"^optimizer: .*\[grids.sweep\] opt: "):
+        catsdogs.sweep(optimizer=["rmsprop"], batch_size=[8], dry_run=True, out=tmp_path, log=None)
+    with pytest.raises(catsdogs.CatsdogsError, match="no results store") as caught:
+        catsdogs.report("nothing", out=tmp_path / "empty", log=None)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(catsdogs.SettingError, match="^data: profile reads a folder"):
+        catsdogs.profile(small_model(), [4], data=coloured(4), out=tmp_path, log=None)
