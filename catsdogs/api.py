@@ -36,7 +36,7 @@ from catsdogs import config
 from catsdogs.advice import BatchSizeAdvice
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.model_ref import FUNCTION
-from catsdogs.schema import OPTIMIZERS, PROCESS_FIELDS
+from catsdogs.schema import OPTIMIZERS, PROCESS_FIELDS, check_run_name
 
 __all__ = ["BatchSizeAdvice", "CatsdogsError", "SettingError", "find_batch_size", "profile", "report", "sweep"]
 
@@ -105,6 +105,7 @@ def find_batch_size(model=None, data=None, *, memory_limit: int | str | None = N
     unknown = sorted(set(search) - set(SEARCH))
     if unknown:
         raise TypeError(f"find_batch_size() got unexpected keyword arguments: {', '.join(unknown)}")
+    check_run_name(name)  # it names a folder under `out`
     data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
     images, arrays = _data(data, model)
     settings = FindSettings(name=name, optimizer=optimizer, max_batch=max_batch_size, seed=seed, precision=precision,
@@ -146,6 +147,7 @@ def profile(model=None, batch_sizes: Sequence[int] = (4, 8, 16, 32, 64, 128, 256
     unknown = sorted(set(probe) - {"dataset", "min_seconds", "isolate", "deterministic", "tf32", "worker_env"})
     if unknown:
         raise TypeError(f"profile() got unexpected keyword arguments: {', '.join(unknown)}")
+    check_run_name(name)
     images, arrays = _data(data, model)
     if arrays is not None:
         raise SettingError("profile reads a folder of images (or none: memory and speed do not depend on "

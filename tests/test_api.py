@@ -102,6 +102,7 @@ def hostile_cases():
         (dict(model=small_model(), data=(x, y), optimizer="rmsprop"), "optimizer: "),
         (dict(model=small_model(), data=(x, y), max_batch_size=4, start=8), "max_batch_size: --max 4 is below"),
         (dict(model=small_model(), data=(x, y), precision="mixed_float16"), "precision: a keras.Model keeps"),
+        (dict(model=small_model(), data=(x, y), name="../elsewhere"), "name: '../elsewhere': use letters"),
     ]
 
 
