@@ -176,27 +176,38 @@ def test_a_live_model_and_arrays_give_the_command_lines_answer_for_its_saved_mod
 # --- how a model travels to the workers -------------------------------------------------------------------
 
 
-def test_a_function_the_workers_can_import_travels_by_name_any_other_is_built_here_and_saved(a_project, tmp_path):
+def test_a_function_the_workers_can_import_travels_by_name_any_other_is_built_here_and_saved(tmp_path,
+                                                                                            monkeypatch):
+    import sys
+
     from catsdogs import api
 
-    # given a function in a module of the user's project (importable by a worker started there),
+    # given a function in a module of the user's project (importable by a worker started there; a
+    # module of its own name, gone from sys.modules after, so no other test imports this one),
     # and one defined inside another function (no worker can import it)
-    a_project("import keras\n\ndef tiny():\n    return keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(),"
-              " keras.layers.Dense(2)])\n")
-    import my_models
+    (tmp_path / "travel_models.py").write_text(
+        "import keras\n\ndef tiny():\n    return keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(),"
+        " keras.layers.Dense(2)])\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "travel_models", raising=False)
+    import travel_models
+
+    monkeypatch.setitem(sys.modules, "travel_models", travel_models)  # (undone at the end: removed)
 
     def local():
-        return my_models.tiny()
+        return travel_models.tiny()
 
     work = tmp_path / "work"
     # then the first travels as "module:function", nothing written; the second is called here, saved
-    assert api._model_reference(my_models.tiny, work, "float32") == ("my_models:tiny", None)
+    assert api._model_reference(travel_models.tiny, work, "float32") == ("travel_models:tiny", None)
     assert not work.exists()
     ref, saved = api._model_reference(local, work, "float32")
     assert ref == str(saved) and saved.parent == work and saved.suffix == ".keras"
     import keras
 
-    assert keras.saving.load_model(saved).count_params() == my_models.tiny().count_params()
+    assert keras.saving.load_model(saved).count_params() == travel_models.tiny().count_params()
+
     # and a function that fails says so in one line, naming `model`
     def broken():
         raise RuntimeError("no GPU here")
