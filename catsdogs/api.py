@@ -41,10 +41,8 @@ from catsdogs.schema import OPTIMIZERS, PROCESS_FIELDS, check_run_name
 __all__ = ["BatchSizeAdvice", "CatsdogsError", "SettingError", "find_batch_size", "profile", "report", "sweep"]
 
 # the command line's option -> the keyword argument that sets it here, for an error's first word
-_KEYWORDS = {"opt": "optimizer", "max": "max_batch_size", "data": "data", "model": "model", "loss": "loss",
-             "memory_limit": "memory_limit", "from_store": "from_store", "batch_size": "batch_sizes",
-             "start": "start", "seed": "seed", "precision": "precision",
-             "effective_batch": "effective_batch"}
+# (a key not here is its keyword's own name: data, model, seed ...)
+_KEYWORDS = {"opt": "optimizer", "max": "max_batch_size", "batch_size": "batch_sizes"}
 
 
 # A plan's top-level keys a sweep's caller may override (the command line's options of them too);
@@ -261,8 +259,8 @@ def _data(data, model) -> tuple[Path | None, tuple | None]:
         from catsdogs.data.folder import from_arrays
 
         shape, classes = _model_io(model)  # a live model's, known here; any other's checked in data_for
-        from_arrays(*data, shape=shape, classes=classes)  # before any worker starts or file is written
-        return None, tuple(data)
+        split = from_arrays(*data, shape=shape, classes=classes)  # before any worker starts or file is written
+        return None, (split.images, split.labels)  # (as numpy arrays of the workers' dtypes: not converted again)
     raise SettingError(f"a folder of class subfolders or numpy arrays (x, y), got {type(data).__name__}", "data")
 
 

@@ -17,7 +17,6 @@ probe's memory holds the decoder's.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,11 +123,8 @@ def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None, work: 
     if arrays is not None:
         split = folder_data.from_arrays(*arrays, shape=(height, width, channels), classes=info.classes)
         digest = folder_data.digest(split)
-        decoded = None
-        if work is not None:
-            folder_data.remove_orphaned_copies(Path(work))
-            name = f"{os.getpid()}-arrays-{digest}-{height}x{width}x{channels}"
-            decoded = str(folder_data.save_decoded(split, Path(work) / f"{name}{folder_data.DECODED_SUFFIX}"))
+        decoded = (folder_data.save_decoded_copy(split, work, f"arrays-{digest}", info.input_shape)
+                   if work is not None else None)
         k = len(np.unique(split.labels))
         return ProbeData(None, spec, None, f"{len(split):,} images of {k} classes (numpy arrays, {split.images.dtype}), "
                          f"{height} x {width}", len(split), 0, [], decoded, digest)
@@ -138,11 +134,8 @@ def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None, work: 
             raise SettingError(f"{folder} holds {len(found.classes)} classes, more than the model's "
                                f"{info.classes} ({info.loss_description})", "data")
         loaded = folder_data.load(found, height, width, channels)  # uint8: the workers cast for their model
-        decoded = None
-        if work is not None:  # this process's own copy (two runs of one name never share it)
-            folder_data.remove_orphaned_copies(Path(work))
-            name = f"{os.getpid()}-{folder_data.fingerprint(found)}-{height}x{width}x{channels}"
-            decoded = str(folder_data.save_decoded(loaded.split, Path(work) / f"{name}{folder_data.DECODED_SUFFIX}"))
+        decoded = (folder_data.save_decoded_copy(loaded.split, work, folder_data.fingerprint(found), info.input_shape)
+                   if work is not None else None)
         n = len(loaded.undecodable)
         left = (f"; {n} file{'s' if n != 1 else ''} that did not decode left out ({', '.join(loaded.undecodable[:3])}"
                 f"{', ...' if n > 3 else ''}: every name in the JSON)") if n else ""
