@@ -16,7 +16,9 @@ throughput wins, which is what speed alone picks.
 
 **The candidates** are the sizes that were probed and passed, whose last probe passed (a size is
 never recommended on an earlier probe when a later one of it failed: TensorFlow's CPU peak is not
-monotonic in the batch size), no larger than the margin's size. Between probed sizes t_step is
+monotonic in the batch size), no larger than the margin's size. Where two neighbouring candidates
+near the choice lie more than a factor 2 apart, the sizes between are timed before the decision
+(`between`): a size between two probes is otherwise never a candidate. Between probed sizes t_step is
 interpolated on log-log axes (`step_seconds_at`), never extrapolated: what the report uses to read
 the prediction at a batch size the search did not probe.
 
@@ -60,6 +62,9 @@ TIE = 0.10  # within 10% of the least worst case (plus the step times' spread): 
 CONTESTED = 3.0  # a size whose worst case is within 3 times the least may be timed again ...
 CONTESTED_MOST = 5  # ... the 5 nearest the least's size, before the decision (`contested`)
 RETIME = "retime"  # the phase of a probe run again for its step time alone
+BETWEEN = "between"  # ... and of a size first timed in the retime's worker, between two probed sizes
+TIMING_PHASES = (RETIME, BETWEEN)  # run beside other sizes' steps: their memory says nothing of the size's
+BETWEEN_MOST = 3  # the gaps' sizes timed before the decision (`between`), the nearest its choice
 RETIME_ROOM = 0.75  # ... of a size whose peak left a quarter of its cap free
 RISK_AT = float(default("base_batch_size"))  # unresolved: what speed's choice risks should B_noise be this small
 
@@ -72,7 +77,7 @@ def passed(probes: list[ProbeRecord], at_most: int | None = None) -> dict[int, P
     last: dict[int, ProbeRecord] = {}
     timed: dict[int, list[ProbeRecord]] = {}
     for p in probes:
-        if p.phase == RETIME and p.status != Status.DONE:
+        if p.phase in TIMING_PHASES and p.status != Status.DONE:
             continue
         last[p.batch_size] = p
         if p.status == Status.DONE and p.images_per_second:
@@ -103,6 +108,38 @@ def contested(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | No
     near = sorted((b for b, w in worst.items() if w <= CONTESTED * worst[least] and _room(candidates[b])),
                   key=lambda b: (abs(math.log(b / least)), b))
     return sorted(near[:CONTESTED_MOST])
+
+
+def between(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None) -> list[int]:
+    """The sizes the decision interpolates over near its choice: in each gap wider than a factor
+    of 2 between two neighbouring candidates, one of them within CONTESTED times the least worst
+    case, the sizes that halve it (doubling from the smaller, on the margin's grid: `round_batch`),
+    the BETWEEN_MOST nearest the least's size on a log scale. The search doubles from --start, so
+    between the calibration's 1 and the start's 8 the decision had two points, and the best size
+    can lie in the gap: on JAX's CPU the critical plan measured 4 the fastest to the target, and a
+    find-batch-size that never probed it recommended 8, 1.38 times the best. Run in the retime's
+    worker, first timed there ("between"), then decided with the rest."""
+    candidates = passed(probes, safe)
+    if len(candidates) < 2:
+        return []
+    worst = decide({b: b / p.images_per_second for b, p in candidates.items()}, interval(estimate))["worst_case"]
+    least = min(worst, key=lambda b: (worst[b], b))
+    near = {b for b, w in worst.items() if w <= CONTESTED * worst[least]}
+    sizes = sorted(candidates)
+    probed = {p.batch_size for p in probes}
+    gaps = set()
+    for a, c in zip(sizes, sizes[1:], strict=False):
+        if c > 2 * a and (a in near or c in near):
+            gaps |= {n for k in range(1, math.ceil(math.log2(c / a))) if a < (n := round_batch(a * 2**k)) < c}
+    nearest = sorted(gaps - probed, key=lambda b: (abs(math.log(b / least)), b))
+    return sorted(nearest[:BETWEEN_MOST])
+
+
+def round_batch(value: float) -> int:
+    """A batch size at or below `value`, as the margin's is rounded: a multiple of 8, or a power
+    of two below 8; at least 1."""
+    whole = max(1, math.floor(value + 1e-9))
+    return whole // 8 * 8 if whole >= 8 else 2 ** int(math.log2(whole))
 
 
 def _room(probe: ProbeRecord) -> bool:

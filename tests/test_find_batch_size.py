@@ -861,15 +861,19 @@ def test_the_sizes_the_answer_could_fall_on_are_timed_again_on_the_cpu_so_one_bu
     monkeypatch.setattr(UnluckyProber, "unlucky", True)
     UnluckyProber.timed = []
     s = findbs.find_batch_size(settings, data_dir, tmp_path / "unlucky", log=lambda line: None)
-    retimed = [p["batch_size"] for p in s["probes"] if p["phase"] == "retime"]
+    timed = [(p["batch_size"], p["phase"]) for p in s["probes"] if p["phase"] in ("retime", "between")]
     if kind == "gpu-worker":  # a GPU's synced timers are steady: nothing is timed again
-        assert retimed == []
+        assert timed == []
         return
     # then on the CPU the 5 sizes nearest the least worst case's are timed twice more, in alternating
-    # order, in one fresh worker, 16 among them, and its unlucky probe is outvoted
-    sizes = sorted(set(retimed))
-    assert 16 in sizes and retimed == sorted(sizes, reverse=True) + sizes and len(sizes) == 5
-    assert [timing for b, timing in UnluckyProber.timed[-len(retimed):]] == [False] + [True] * 9
+    # order, in one fresh worker, 16 among them, and its unlucky probe is outvoted; with them the
+    # sizes between the calibration's 1 and the search's 8 (a gap beside the contest), first timed there
+    order = [b for b, _ in timed]
+    sizes = sorted(set(order))
+    between = [b for b, phase in timed if phase == "between"]
+    assert between == [4, 2] and order == sorted(sizes, reverse=True) + sizes
+    assert 16 in sizes and len(set(sizes) - set(between)) == 5
+    assert [timing for b, timing in UnluckyProber.timed[-len(order):]] == [False] + [True] * (len(order) - 1)
     table = {r["batch_size"]: r["images_per_second"] for r in s["recommendation"]["table"]}
     assert table[16] == pytest.approx(100.0 * 16 ** 0.5)  # the median of its three: the two steady ones
     assert s["recommendation"]["batch_size"] == steady["recommendation"]["batch_size"]

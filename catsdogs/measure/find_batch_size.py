@@ -238,9 +238,9 @@ def _search(run: ProbeRun, noise_run: NoiseRun | None, pred: dict | None, bound:
     if critical is not None:
         run.probe(critical, "critical")  # the statistics' limit, so the recommendation can stand on it
     if safe is not None and not any(p.memory_kind and p.memory_kind.startswith("gpu") for p in run.probes):
-        contested = goodput.contested(run.probes, safe, estimate)
-        if len(contested) > 1:
-            run.retime(contested)
+        timed = set(goodput.contested(run.probes, safe, estimate)) | set(goodput.between(run.probes, safe, estimate))
+        if len(timed) > 1:
+            run.retime(sorted(timed))
     return result, safe, margin_failed
 
 
@@ -352,17 +352,18 @@ class ProbeRun:
         reversed), in one fresh worker (a worker that ran the limit's probes holds memory a small
         step then has to share the cap with): their step times from probes a minute apart, so that
         a phase of the machine's load weighs on no size alone (goodput.passed takes each size's
-        median)."""
+        median). A size no probe has run yet (goodput.between) is first timed there, "between"."""
         order = [b for r in range(rounds) for b in (sorted(sizes, reverse=True) if r % 2 == 0 else sorted(sizes))]
         for n, b in enumerate(order):  # each size's compiled step kept for its second look (timing_only)
-            self._run(b, "retime", fresh=n == 0, timing=n > 0)
+            phase = goodput.RETIME if any(p.batch_size == b for p in self.probes) else goodput.BETWEEN
+            self._run(b, phase, fresh=n == 0, timing=n > 0)
 
     def _run(self, batch_size: int, phase: str, fresh: bool = False, timing: bool = False) -> ProbeRecord:
         s = self.settings
         task = ProbeTask(batch_size, str(self.data_dir.resolve()), optimizer=s.optimizer, dataset=s.dataset,
                          precision=s.precision, steps=s.steps, warmup=s.warmup, deterministic=s.deterministic,
                          tf32=s.tf32, min_seconds=s.min_seconds, model=s.model, loss=s.loss,
-                         timing_only=phase == "retime", **(self.probe_data.task_fields() if self.probe_data else {}))
+                         timing_only=phase in goodput.TIMING_PHASES, **(self.probe_data.task_fields() if self.probe_data else {}))
         started = time.perf_counter()
         p = self.prober.run(task, fresh=fresh, timing=timing)
         p.order, p.phase, p.wall_seconds = len(self.probes) + 1, phase, round(time.perf_counter() - started, 2)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from catsdogs import goodput
 from catsdogs.errors import SettingError
+from catsdogs.goodput import round_batch  # the margin's grid, which the decision's gaps share
 from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.schema import Status
 
@@ -215,13 +216,6 @@ def apply_margin(largest: int, margin: float) -> int:
     if target >= 8:
         return target // 8 * 8
     return 2 ** int(math.log2(target)) if target >= 1 else 1
-
-
-def round_batch(value: float) -> int:
-    """A batch size at or below `value`, as the margin's is rounded: a multiple of 8, or a power
-    of two below 8; at least 1."""
-    whole = max(1, math.floor(value + 1e-9))
-    return whole // 8 * 8 if whole >= 8 else 2 ** int(math.log2(whole))
 
 
 def critical_probe(estimate: NoiseEstimate | None, safe: int | None) -> int | None:
