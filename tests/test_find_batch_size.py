@@ -879,6 +879,36 @@ def test_the_sizes_the_answer_could_fall_on_are_timed_again_on_the_cpu_so_one_bu
     assert s["recommendation"]["batch_size"] == steady["recommendation"]["batch_size"]
 
 
+def test_a_critical_size_below_the_searchs_start_is_timed_in_the_retimes_worker_not_a_fresh_one_of_its_own(
+        data_dir, tmp_path, monkeypatch):
+    from catsdogs.measure import prober
+
+    calls = []
+
+    class Recording(SqrtSpeedProber):
+        def run(self, task, fresh=False, timing=False):
+            calls.append((task.batch_size, fresh, task.timing_only))
+            return super().run(task, fresh, timing)
+
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setattr(prober, "Prober", Recording)
+    # given a noise scale of 5 (3 to 9), whose size rounded down, 4, lies below the search's start, 8,
+    # and a prediction that probed 16 before the search (a user's model's: a line through two probes)
+    monkeypatch.setattr(findbs, "measure_noise_scale", lambda *args, **kwargs: measured(5.0, 3.0, 9.0))
+    monkeypatch.setattr(findbs, "predict_first", lambda run, *args: run.probe(16, "predict", fresh=True) and None)
+    s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=4000 * 2**20, max_batch=64), data_dir,
+                               tmp_path, log=lambda line: None)
+    # when the search is done (1 and 16, then 8 up to 64) and the CPU's sizes are timed again in a fresh worker
+    retime_starts = max(n for n, (b, fresh, timing_only) in enumerate(calls) if fresh)
+    # then 4 is probed once for its memory nowhere: it is timed first in that worker, as "critical"
+    assert [c for c in calls if c[0] == 4][0] == (4, False, True)
+    assert calls.index((4, False, True)) > retime_starts
+    phases = [p["phase"] for p in s["probes"] if p["batch_size"] == 4]
+    assert phases[0] == "critical" and set(phases[1:]) == {"retime"}
+    # and it is a candidate of the choice like any size probed
+    assert 4 in {r["batch_size"] for r in s["recommendation"]["table"]}
+
+
 def test_max_alone_starts_the_search_no_higher_and_a_start_above_a_max_is_refused(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(findbs, "find_batch_size",

@@ -28,8 +28,9 @@ The prediction comes first (catsdogs.measure.memory_prediction), after the batch
 calibration) and before the search; on a GPU the search's own probes carry it on (`ProbeRun.guess`).
 The statistics come before both (catsdogs.measure.noise_run): the gradient noise scale's
 rounded-down value is probed on the search's way up ("critical"), in the worker of the small
-sizes, so the recommendation (catsdogs.goodput: the least predicted time to a target) has a probe
-at the statistics' limit. `measure_noise=False` (--no-noise-scale) skips it.
+sizes (on the CPU, when it lies below the search's start, first in the retime's worker rather than
+a fresh one of its own), so the recommendation (catsdogs.goodput: the least predicted time to a
+target) has a probe at the statistics' limit. `measure_noise=False` (--no-noise-scale) skips it.
 
 Time: a probe in a reused worker takes a fraction of a second and a compilation, one in a fresh
 worker seconds more (most of it importing the framework). So the first probe's worker imports,
@@ -234,13 +235,19 @@ def _search(run: ProbeRun, noise_run: NoiseRun | None, pred: dict | None, bound:
         else:  # the margin's size must pass itself: down the margin's grid until one does
             safe, margin_failed = confirm(lambda b: run.probe(b, "confirm").status,
                                           apply_margin(result.largest_fit, s.margin))
-    critical = critical_probe(estimate, safe)
-    if critical is not None:
-        run.probe(critical, "critical")  # the statistics' limit, so the recommendation can stand on it
-    if safe is not None and not any(p.memory_kind and p.memory_kind.startswith("gpu") for p in run.probes):
-        timed = set(goodput.contested(run.probes, safe, estimate)) | set(goodput.between(run.probes, safe, estimate))
-        if len(timed) > 1:
-            run.retime(sorted(timed))
+    critical = critical_probe(estimate, safe)  # the statistics' limit, so the recommendation can stand on it
+    if critical is not None and any(p.batch_size == critical for p in run.probes):
+        critical = None  # probed on the search's way up
+    if safe is None or any(p.memory_kind and p.memory_kind.startswith("gpu") for p in run.probes):
+        if critical is not None:
+            run.probe(critical, "critical")
+        return result, safe, margin_failed
+    # On the CPU the sizes the answer could fall on are timed again in a fresh worker: an unprobed
+    # critical size (below the search's start, say) is timed there first, rather than in a fresh
+    # worker of its own (seconds of import), as are the gaps beside the choice
+    timed = set(goodput.contested(run.probes, safe, estimate)) | set(goodput.between(run.probes, safe, estimate))
+    if len(timed) > 1 or critical is not None:
+        run.retime(sorted(timed | ({critical} if critical else set())), first={critical: "critical"})
     return result, safe, margin_failed
 
 
@@ -347,23 +354,26 @@ class ProbeRun:
                 return p
         return self._run(batch_size, phase, fresh=fresh)
 
-    def retime(self, sizes: list[int], rounds: int = RETIME_ROUNDS) -> None:
+    def retime(self, sizes: list[int], rounds: int = RETIME_ROUNDS, first: dict[int, str] | None = None) -> None:
         """`sizes` timed again, `rounds` times in alternating order (largest first, the search's
         reversed), in one fresh worker (a worker that ran the limit's probes holds memory a small
         step then has to share the cap with): their step times from probes a minute apart, so that
         a phase of the machine's load weighs on no size alone (goodput.passed takes each size's
-        median). A size no probe has run yet (goodput.between) is first timed there, "between"."""
+        median). A size no probe has run yet is first timed there, named by `first` (else
+        "between": goodput.between's gaps); its memory there, beside the others' steps, says nothing."""
         order = [b for r in range(rounds) for b in (sorted(sizes, reverse=True) if r % 2 == 0 else sorted(sizes))]
         for n, b in enumerate(order):  # each size's compiled step kept for its second look (timing_only)
-            phase = goodput.RETIME if any(p.batch_size == b for p in self.probes) else goodput.BETWEEN
-            self._run(b, phase, fresh=n == 0, timing=n > 0)
+            probed = any(p.batch_size == b for p in self.probes)
+            phase = goodput.RETIME if probed else (first or {}).get(b, goodput.BETWEEN)
+            self._run(b, phase, fresh=n == 0, timing=n > 0, timing_only=True)
 
-    def _run(self, batch_size: int, phase: str, fresh: bool = False, timing: bool = False) -> ProbeRecord:
+    def _run(self, batch_size: int, phase: str, fresh: bool = False, timing: bool = False,
+             timing_only: bool = False) -> ProbeRecord:
         s = self.settings
         task = ProbeTask(batch_size, str(self.data_dir.resolve()), optimizer=s.optimizer, dataset=s.dataset,
                          precision=s.precision, steps=s.steps, warmup=s.warmup, deterministic=s.deterministic,
                          tf32=s.tf32, min_seconds=s.min_seconds, model=s.model, loss=s.loss,
-                         timing_only=phase in goodput.TIMING_PHASES, **(self.probe_data.task_fields() if self.probe_data else {}))
+                         timing_only=timing_only, **(self.probe_data.task_fields() if self.probe_data else {}))
         started = time.perf_counter()
         p = self.prober.run(task, fresh=fresh, timing=timing)
         p.order, p.phase, p.wall_seconds = len(self.probes) + 1, phase, round(time.perf_counter() - started, 2)
