@@ -238,6 +238,28 @@ def test_on_the_cpu_fresh_workers_start_two_at_a_time_and_the_spare_serves_the_n
     assert [w.tasks for w in fake_workers.started] == [1, 1]
 
 
+def test_a_probe_aside_leaves_the_current_worker_for_the_way_up_and_the_last_fresh_worker_starts_no_spare(
+        fake_workers, tmp_path):
+    from catsdogs.measure.prober import Prober
+
+    # given a prober on the CPU whose worker ran the calibration, batch size 1
+    with Prober(tmp_path) as prober:
+        prober.run(probe_task(1))
+        calibration = prober.worker
+        # when a user's model's prediction probes 16 aside, then the search goes up from 8
+        aside = prober.run_aside(probe_task(16))
+        up = [prober.run(probe_task(b)) for b in (8, 16)]
+        # then 16 ran in a fresh worker of its own (the spare started beside the calibration's),
+        # ended after it, and 8 and 16 in the calibration's worker
+        assert aside.worker == "fresh" and [r.worker for r in up] == ["reused", "reused"]
+        assert prober.worker is calibration and calibration.tasks == 3
+        assert not fake_workers.started[1].alive and fake_workers.started[1].tasks == 1
+        # and a fresh worker that asks for no spare (the retime's: the last a search needs) starts alone
+        prober.run(probe_task(4), fresh=True, spare=False)
+        assert prober.worker is fake_workers.started[2] and prober.spare is None
+        assert len(fake_workers.started) == 3
+
+
 def test_out_of_memory_in_a_reused_worker_is_asked_again_of_a_fresh_one(fake_workers, tmp_path):
     from catsdogs.measure.prober import Prober
 
@@ -317,7 +339,7 @@ class LinearProber:
         self.cap_mb, self.fresh_from = memory_cap_bytes / 2**20, fresh_from
         LinearProber.calls = []
 
-    def run(self, task, fresh=False, timing=False):
+    def run(self, task, fresh=False, timing=False, spare=True):
         peak = predicted_peak_bytes(task.batch_size, self.base_mb * MiB, SIZE, train_images=48) / MiB
         LinearProber.calls.append((task.batch_size, self.fresh_from))
         fresh = self.fresh_from is not None and task.batch_size >= self.fresh_from
@@ -325,6 +347,9 @@ class LinearProber:
                            peak_memory_mb=peak, memory_kind="cpu-rss", memory_cap_mb=self.cap_mb,
                            images_per_second=100.0, worker="fresh" if fresh else "reused",
                            **LinearProber.record_extra)
+
+    def run_aside(self, task):
+        return self.run(task, fresh=True)
 
     def prestart(self):
         pass
@@ -542,7 +567,7 @@ class SqrtSpeedProber(LinearProber):
     """LinearProber whose throughput grows as the square root of the batch size (the step time too):
     T(B) = (1 + B_noise/B) sqrt(B) is least at B = B_noise."""
 
-    def run(self, task, fresh=False, timing=False):
+    def run(self, task, fresh=False, timing=False, spare=True):
         record = super().run(task)
         record.images_per_second = 100.0 * task.batch_size ** 0.5
         return record
@@ -718,7 +743,7 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_and_on
         def __init__(self, log_path, env=None):
             workers.append(self)
 
-        def run(self, task, fresh=False, timing=False):
+        def run(self, task, fresh=False, timing=False, spare=True):
             return fake_run(task)
 
         def close(self):
@@ -836,7 +861,7 @@ class UnluckyProber(SqrtSpeedProber):
     timed: list = []
     kind, unlucky = "cpu-rss", True
 
-    def run(self, task, fresh=False, timing=False):
+    def run(self, task, fresh=False, timing=False, spare=True):
         record = super().run(task)
         record.memory_kind = UnluckyProber.kind
         UnluckyProber.timed.append((task.batch_size, timing))
@@ -886,7 +911,7 @@ def test_a_critical_size_below_the_searchs_start_is_timed_in_the_retimes_worker_
     calls = []
 
     class Recording(SqrtSpeedProber):
-        def run(self, task, fresh=False, timing=False):
+        def run(self, task, fresh=False, timing=False, spare=True):
             calls.append((task.batch_size, fresh, task.timing_only))
             return super().run(task, fresh, timing)
 
@@ -931,7 +956,7 @@ def test_ctrl_c_keeps_the_finished_probes_marked_interrupted_and_no_older_answer
     from catsdogs.measure import prober
 
     class CtrlCAt32(SqrtSpeedProber):
-        def run(self, task, fresh=False, timing=False):
+        def run(self, task, fresh=False, timing=False, spare=True):
             if task.batch_size == 32:
                 raise KeyboardInterrupt
             return super().run(task, fresh, timing)

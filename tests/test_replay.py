@@ -75,9 +75,16 @@ def test_on_the_cpu_at_64px_the_answers_are_those_of_0_15_0(monkeypatch, tmp_pat
     # given the 64 px CPU case under a 2 GiB cap (JAX), whose recorded run 0.15.0 answered with 337
     # (346 did not fit), a margin's 296 and a recommendation of 8
     summary, clock, lines = answer(monkeypatch, tmp_path, CPU_64PX, memory_cap_bytes=2 * 2**30)
-    # then the answers are the same
+    # then the memory answers are the same
     assert (summary["largest_fitting"], summary["first_not_fitting"], summary["margin_batch_size"]) == (337, 346, 296)
-    assert summary["recommendation"]["batch_size"] == 8 and summary["stopped_by"] == "memory"
+    assert summary["stopped_by"] == "memory"
+    # and 8 still has the least worst case, now beside 4: the gap between the calibration's 1 and the
+    # search's 8 is timed before the decision (2 and 4; the record has neither, the replay interpolates),
+    # and 4 ties with 8; of two in the middle of the tie the lower is the rule's
+    rec = summary["recommendation"]
+    worst = {r["batch_size"]: r["worst_case"] for r in rec["table"]}
+    assert [p["batch_size"] for p in summary["probes"] if p["phase"] == "between"] == [4, 2]
+    assert min(worst, key=worst.get) == 8 and rec["near_best"] == [4, 8] and rec["batch_size"] == 4
     # and on the CPU, probes near the limit still run in fresh workers (a resident set keeps what a
     # reused worker grew), and memory stopped the search well below the 1,200 training images
     near = [p for p in summary["probes"] if p["batch_size"] >= summary["prediction"]["fresh_from"]]

@@ -347,12 +347,13 @@ class ProbeRun:
         self.prediction: dict | None = None  # the memory model's, before the search
         self.refined: dict | None = None  # ... carried on by the search's own probes (`guess`)
 
-    def probe(self, batch_size: int, phase: str, fresh: bool = False) -> ProbeRecord:
-        """The probe of `batch_size`: run now (in a fresh worker with `fresh`), or the one already run."""
+    def probe(self, batch_size: int, phase: str, fresh: bool = False, aside: bool = False) -> ProbeRecord:
+        """The probe of `batch_size`: run now (in a fresh worker with `fresh`; `aside`: one of its
+        own, the current worker kept for the next probes: Prober.run_aside), or the one already run."""
         for p in self.probes:
             if p.batch_size == batch_size:
                 return p
-        return self._run(batch_size, phase, fresh=fresh)
+        return self._run(batch_size, phase, fresh=fresh, aside=aside)
 
     def retime(self, sizes: list[int], rounds: int = RETIME_ROUNDS, first: dict[int, str] | None = None) -> None:
         """`sizes` timed again, `rounds` times in alternating order (largest first, the search's
@@ -365,17 +366,17 @@ class ProbeRun:
         for n, b in enumerate(order):  # each size's compiled step kept for its second look (timing_only)
             probed = any(p.batch_size == b for p in self.probes)
             phase = goodput.RETIME if probed else (first or {}).get(b, goodput.BETWEEN)
-            self._run(b, phase, fresh=n == 0, timing=n > 0, timing_only=True)
+            self._run(b, phase, fresh=n == 0, timing=n > 0, timing_only=True, spare=False)  # the last fresh worker
 
     def _run(self, batch_size: int, phase: str, fresh: bool = False, timing: bool = False,
-             timing_only: bool = False) -> ProbeRecord:
+             timing_only: bool = False, aside: bool = False, spare: bool = True) -> ProbeRecord:
         s = self.settings
         task = ProbeTask(batch_size, str(self.data_dir.resolve()), optimizer=s.optimizer, dataset=s.dataset,
                          precision=s.precision, steps=s.steps, warmup=s.warmup, deterministic=s.deterministic,
                          tf32=s.tf32, min_seconds=s.min_seconds, model=s.model, loss=s.loss,
                          timing_only=timing_only, **(self.probe_data.task_fields() if self.probe_data else {}))
         started = time.perf_counter()
-        p = self.prober.run(task, fresh=fresh, timing=timing)
+        p = self.prober.run_aside(task) if aside else self.prober.run(task, fresh=fresh, timing=timing, spare=spare)
         p.order, p.phase, p.wall_seconds = len(self.probes) + 1, phase, round(time.perf_counter() - started, 2)
         self.probes.append(p)
         self.log(probe_line(p))

@@ -130,7 +130,7 @@ def predict_line(run, calib: ProbeRecord, cap_mb: float, user: model_check.Model
         second = min(second, run.settings.max_batch)
     if second <= CALIBRATION_BATCH:
         return None
-    probe = run.probe(second, "predict", fresh=True)
+    probe = run.probe(second, "predict", aside=True)  # the calibration's worker kept for the search's way up
     pred = (predict_max_batch_size_line(cap, CALIBRATION_BATCH, first, second, probe.peak_memory_mb * 2**20)
             if probe.status == Status.DONE and probe.peak_memory_mb else None)
     if pred is None:

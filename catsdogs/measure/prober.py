@@ -80,21 +80,44 @@ class Prober:
         if self.spare is None:
             self.spare = self._new_worker()
 
-    def _fresh(self) -> Worker:
+    def _fresh(self, spare: bool = True) -> Worker:
         """A worker that has run nothing: the spare, or a new one. A new one on the CPU starts
-        with a spare beside it, the two importing their framework at once on two cores: the spare
-        waits idle, so it takes no core from the probe's timed steps, and the next fresh probe
-        skips its import. A spare that died waiting is replaced."""
+        with a spare beside it (unless not `spare`: the last fresh worker a search needs), the two
+        importing their framework at once on two cores: the spare waits idle, so it takes no core
+        from the probe's timed steps, and the next fresh probe skips its import. A spare that died
+        waiting is replaced."""
         self._retire()
+        self.worker, self._clean = self._unused(spare), True
+        return self.worker
+
+    def _unused(self, spare: bool = True) -> Worker:
+        """The spare, taken, or a new worker (with a spare beside it on the CPU when `spare`)."""
         worker, self.spare = self.spare, None
         if worker is None or not worker.alive:
             if worker is not None:
                 worker.close()
             worker = self._new_worker()
-            if self.spares:
+            if self.spares and spare:
                 self.spare = self._new_worker()
-        self.worker, self._clean = worker, True
         return worker
+
+    def run_aside(self, task: ProbeTask) -> ProbeRecord:
+        """`task` in a fresh worker of its own, ended after it, while the current worker stays
+        for the next probes: on the CPU a user's model's prediction probe, larger than the
+        search's first sizes, would otherwise retire the calibration's worker, and the search's
+        way up need a fresh one more (seconds of import). On a GPU, where two started frameworks
+        would share the device's memory, it is a fresh worker's probe as any other."""
+        if not self.spares or self.worker is None or not self.worker.alive:
+            return self.run(task, fresh=True)
+        worker, clean = self._unused(), self._clean
+        try:
+            record, _ = self._run_once(task, worker=worker)
+        finally:
+            worker.close()
+            self._clean = clean  # the current worker's log is its own tasks' to keep
+        if record.status == Status.DONE:
+            worker.log_path.unlink(missing_ok=True)
+        return record
 
     def _retire(self) -> None:
         if self.worker is not None:
@@ -113,14 +136,15 @@ class Prober:
         return task.batch_size <= worker.largest_batch or (
             self.fresh_from is not None and task.batch_size >= self.fresh_from)
 
-    def run(self, task: Task, fresh: bool = False, timing: bool = False):
+    def run(self, task: Task, fresh: bool = False, timing: bool = False, spare: bool = True):
         """The task's record; a probe's with the cap it ran under, the worker it ran in (and
-        the worker's log kept when it did not end done). `fresh`: in a worker that has run nothing.
-        `timing`: a probe run for its step time alone, in the live worker whatever it ran before
-        (its memory then says nothing, and is not asked)."""
+        the worker's log kept when it did not end done). `fresh`: in a worker that has run nothing
+        (`spare`: with a spare started beside a new one, on the CPU). `timing`: a probe run for its
+        step time alone, in the live worker whatever it ran before (its memory then says nothing,
+        and is not asked)."""
         if timing and self.worker is not None and self.worker.alive:
             return self._run_once(task, worker=self.worker)[0]
-        record, reused = self._run_once(task, fresh=fresh)
+        record, reused = self._run_once(task, fresh=fresh, spare=spare)
         if isinstance(task, ProbeTask) and record.status == Status.OOM and record.residue_mb is not None \
                 and not record.keeps_worker():
             self.in_place = False  # it left something behind: fresh workers from here on
@@ -130,8 +154,8 @@ class Prober:
             record.worker = "retried"
         return record
 
-    def _run_once(self, task: Task, fresh: bool = False, worker: Worker | None = None):
-        worker = worker or (self._fresh() if fresh or self.wants_fresh(task) else self.worker)
+    def _run_once(self, task: Task, fresh: bool = False, worker: Worker | None = None, spare: bool = True):
+        worker = worker or (self._fresh(spare) if fresh or self.wants_fresh(task) else self.worker)
         reused = worker.tasks > 0
         if not worker.alive or not worker.ready:
             worker.start_or_record()
