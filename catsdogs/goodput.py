@@ -118,7 +118,8 @@ def between(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None
     between the calibration's 1 and the start's 8 the decision had two points, and the best size
     can lie in the gap: on JAX's CPU the critical plan measured 4 the fastest to the target, and a
     find-batch-size that never probed it recommended 8, 1.38 times the best. Run in the retime's
-    worker, first timed there ("between"), then decided with the rest."""
+    worker, first timed there ("between"), then decided with the rest; so only below a size whose
+    peak left room under the cap (`_room`), as for the sizes timed again."""
     candidates = passed(probes, safe)
     if len(candidates) < 2:
         return []
@@ -128,8 +129,8 @@ def between(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None
     sizes = sorted(candidates)
     probed = {p.batch_size for p in probes}
     gaps = set()
-    for a, c in zip(sizes, sizes[1:], strict=False):
-        if c > 2 * a and (a in near or c in near):
+    for a, c in zip(sizes, sizes[1:], strict=False):  # below a size with room: the retime's worker keeps every step
+        if c > 2 * a and (a in near or c in near) and _room(candidates[c]):
             gaps |= {n for k in range(1, math.ceil(math.log2(c / a))) if a < (n := round_batch(a * 2**k)) < c}
     nearest = sorted(gaps - probed, key=lambda b: (abs(math.log(b / least)), b))
     return sorted(nearest[:BETWEEN_MOST])

@@ -241,6 +241,13 @@ def test_the_gaps_filled_are_the_few_nearest_the_choice_within_its_contest_and_b
     assert goodput.between(far, 256, noise(64.0, 64.0, 64.0)) == []
     # and a size above the margin's is never filled: the candidates stop there
     assert all(b <= 64 for b in goodput.between(probes, 64, noise(400.0, 300.0, 500.0)))
+    # and a gap is filled only below a size whose peak left a quarter of its cap free: the retime's
+    # worker, where the gap's sizes are timed, keeps every size's step
+    for p in probes:
+        p.peak_memory_mb, p.memory_cap_mb = 100.0 + 3 * p.batch_size, 1000.0  # 64: 292 of 1000 MiB
+    assert goodput.between(probes, 512, noise(400.0, 300.0, 500.0)) == [8, 16, 32]
+    probes[1].peak_memory_mb = 800.0  # 64 crowded: 800 of 1000 MiB
+    assert goodput.between(probes, 512, noise(400.0, 300.0, 500.0)) == []
 
 
 def test_a_size_first_timed_between_that_failed_is_no_candidate_and_is_not_tried_again():
