@@ -120,7 +120,8 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
                    f"{FIND.min_seconds:g} s, so a small batch's step time is steady enough to rank sizes by.")
 @click.option("--resolution", type=click.IntRange(min=1), default=FIND.resolution,
               help="Stop bisecting when the gap is this small [default: 3% of the largest size "
-                   "that fits, at least 8, at most an eighth of it].")
+                   "that fits, 5% on the CPU (a resident set's noise), at least 8, at most an "
+                   "eighth of it].")
 @click.option("--noise-scale/--no-noise-scale", "measure_noise", default=FIND.measure_noise, show_default=True,
               help="Before the search, measure the gradient noise scale (beyond which a larger batch buys "
                    "few steps) over epochs 2-3 of two short runs at batch size 32, in well under a minute at "

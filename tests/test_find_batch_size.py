@@ -938,6 +938,25 @@ def test_a_critical_size_below_the_searchs_start_is_timed_in_the_retimes_worker_
     assert 4 in {r["batch_size"] for r in s["recommendation"]["table"]}
 
 
+@pytest.mark.parametrize("kind, share", [("cpu-rss", 0.05), ("gpu-worker", 0.03)])
+def test_the_bisections_share_is_a_resident_sets_5_percent_on_the_cpu_and_3_on_exact_peaks(
+        data_dir, tmp_path, monkeypatch, kind, share):
+    from catsdogs.measure import prober
+
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setattr(prober, "Prober", UnluckyProber)
+    monkeypatch.setattr(UnluckyProber, "kind", kind)
+    monkeypatch.setattr(UnluckyProber, "unlucky", False)
+    asked = []
+    real = findbs.search
+    monkeypatch.setattr(findbs, "search", lambda *args, **kwargs: asked.append(kwargs["share"]) or real(*args, **kwargs))
+    # when find-batch-size searches on a device whose calibration measured `kind`
+    findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, max_batch=4096, measure_noise=False),
+                           data_dir, tmp_path, log=lambda line: None)
+    # then the bisection stops at the share of the answer that kind of peak can tell apart
+    assert asked == [share]
+
+
 def test_max_alone_starts_the_search_no_higher_and_a_start_above_a_max_is_refused(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(findbs, "find_batch_size",

@@ -12,7 +12,13 @@ import pytest
 
 from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.measure import search as search_module
-from catsdogs.measure.search import apply_margin, effective_resolution, search
+from catsdogs.measure.search import (
+    RESOLUTION_SHARE,
+    RSS_RESOLUTION_SHARE,
+    apply_margin,
+    effective_resolution,
+    search,
+)
 
 
 def test_the_search_runs_without_a_framework():
@@ -162,6 +168,20 @@ def test_a_size_that_failed_below_the_guess_is_stepped_over_as_when_doubling():
     bounded = search(FakeDevice(100, failing={128}), start=8, guess=300)
     assert bounded.order[:10] == [8, 16, 32, 64, 128, 300, 285, 270, 240, 180]
     assert bounded.largest_fit <= 100 < bounded.first_failure <= 128
+
+
+def test_on_a_resident_set_the_bisection_stops_at_5_percent_where_3_would_bisect_its_noise():
+    # given a device whose limit is 786, and the search's bracket after the gallop: 768 fits, 805 does not
+    # (37 images apart: 4.8% of 768, as TensorFlow's CPU left it at 64 px under 2 GiB)
+    def ran(share: float):
+        return search(FakeDevice(786), start=8, guess=731, share=share)
+    # when the share is a resident set's, 5%, then the bracket is the answer: no probe of 786
+    rss = ran(RSS_RESOLUTION_SHARE)
+    assert (rss.largest_fit, rss.first_failure) == (768, 805) and 786 not in rss.order
+    # and at the exact peaks' 3% (a GPU's allocator) it bisects on, one probe more
+    exact = ran(RESOLUTION_SHARE)
+    assert exact.order == rss.order + [786] and exact.largest_fit == 786
+    assert effective_resolution(None, 768, RSS_RESOLUTION_SHARE) == 39 and effective_resolution(None, 768) == 24
 
 
 def test_default_resolution_is_3_percent_at_least_8_and_at_most_an_eighth_of_the_answer():

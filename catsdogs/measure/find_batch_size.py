@@ -65,7 +65,14 @@ from catsdogs.measure.memory_prediction import (
     prediction_record,
 )
 from catsdogs.measure.noise_run import NoiseRun, measure_noise_scale, user_noise_sampling
-from catsdogs.measure.search import apply_margin, confirm, critical_probe, search
+from catsdogs.measure.search import (
+    RESOLUTION_SHARE,
+    RSS_RESOLUTION_SHARE,
+    apply_margin,
+    confirm,
+    critical_probe,
+    search,
+)
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import ProbeRecord, ProbeTask, columns
 from catsdogs.recommendation import fastest, hand_off, recommend
@@ -224,9 +231,11 @@ def _search(run: ProbeRun, noise_run: NoiseRun | None, pred: dict | None, bound:
     estimate = noise_run.estimate if noise_run else None
     early = critical_probe(estimate, safe=None)
     run.prediction = pred
+    rss = bool(run.probes) and run.probes[0].memory_kind == "cpu-rss"  # the calibration's: a resident set's noise
     result = search(lambda b: run.probe_on_the_way(b, early), mode=s.mode, start=s.start,
                     max_batch=bound.batch_size, resolution=s.resolution,
-                    guess=run.guess if pred and s.mode == "binsearch" else None)
+                    guess=run.guess if pred and s.mode == "binsearch" else None,
+                    share=RSS_RESOLUTION_SHARE if rss else RESOLUTION_SHARE)
     safe, margin_failed = None, []
     if result.largest_fit is not None:
         largest = next(p for p in reversed(run.probes) if p.batch_size == result.largest_fit)

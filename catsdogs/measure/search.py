@@ -8,10 +8,10 @@ The search (`search`) takes any probe function, so it is tested with a fake devi
   `start` does not fit, halve instead, down to 1. find-batch-size's `max` is the training split
   unless --max says otherwise: no larger batch can be trained on the data.
 - `binsearch`: `power`, then bisect between the last size that fit and the first that did
-  not, until the gap is at most `resolution`; by default 3% of the size that fits, at least 8,
-  and at most an eighth of it (so 4 still bisects towards 7): memory varies by a few MiB from
-  run to run, so a finer answer would be noise, and the answer with a margin is rounded to a
-  multiple of 8 anyway.
+  not, until the gap is at most `resolution`; by default 3% of the size that fits (`share`;
+  find-batch-size's on the CPU, whose peak is a resident set, 5%), at least 8, and at most an
+  eighth of it (so 4 still bisects towards 7): memory varies from run to run, so a finer answer
+  would be noise, and the answer with a margin is rounded to a multiple of 8 anyway.
 - `binsearch` with a prediction (`guess`, the memory model's): the doubling stops where the next size would
   pass FRESH_SHARE of it: the probes from there on each start a worker of their own (seconds
   each, against a fraction of a second for a reused one), so the search probes the prediction,
@@ -55,6 +55,10 @@ DEFAULT_RESOLUTION = 8  # the bisection's final gap at least (an eighth of the a
 # (seconds), and peak memory moves by a few MiB from run to run, so bisecting 800 down to 8
 # rather than 24 spends two probes on noise; the margin's 10% and rounding to 8 come after.
 RESOLUTION_SHARE = 0.03
+# ... on the CPU, where a probe's peak is its resident set: 5%. At 64 px under 2 GiB on TensorFlow
+# one size's peak moved by 40 MiB between two runs (768: 2,033 then 1,951 MiB; 786: 2,018, then
+# 2,051 and out of memory), 28 images, 3.6% of the size: a 3% bracket there bisects that noise.
+RSS_RESOLUTION_SHARE = 0.05
 MAX_FAILED_IN_A_ROW = 2
 MAX_CONFIRMATIONS = 4  # sizes tried down from the margin's before giving up (each one probe)
 FRESH_SHARE = 0.8  # probes at or above this share of the predicted limit run in a fresh worker
@@ -72,18 +76,18 @@ class SearchResult:
     reached_max: bool = False  # the search stopped at `max` with everything fitting
 
 
-def effective_resolution(resolution: int | None, largest_fit: int) -> int:
-    """The gap the bisection stops at: `resolution` when given; by default RESOLUTION_SHARE of
-    the size that fits, at least DEFAULT_RESOLUTION, and at most an eighth of it (at least 1)."""
+def effective_resolution(resolution: int | None, largest_fit: int, share: float = RESOLUTION_SHARE) -> int:
+    """The gap the bisection stops at: `resolution` when given; by default `share` of the size
+    that fits, at least DEFAULT_RESOLUTION, and at most an eighth of it (at least 1)."""
     if resolution is not None:
         return int(resolution)
-    relative = max(DEFAULT_RESOLUTION, math.ceil(RESOLUTION_SHARE * largest_fit))
+    relative = max(DEFAULT_RESOLUTION, math.ceil(share * largest_fit))
     return max(1, min(relative, largest_fit // 8))
 
 
 def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DEFAULT_START,
            max_batch: int | None = None, resolution: int | None = None,
-           guess: int | Callable[[], int | None] | None = None) -> SearchResult:
+           guess: int | Callable[[], int | None] | None = None, share: float = RESOLUTION_SHARE) -> SearchResult:
     """Find the largest batch size for which `probe(batch_size)` says done (it fits).
 
     `probe` returns a status, done (fits), oom or failed, and is called at most once per batch size.
@@ -150,7 +154,7 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
             if failed_run:
                 hi = failed_run[0]
     if mode == "binsearch" and hi is not None:
-        while hi - lo > effective_resolution(resolution, lo):
+        while hi - lo > effective_resolution(resolution, lo, share):
             mid = (lo + hi) // 2
             if ask(mid) == Status.DONE:
                 lo = mid
