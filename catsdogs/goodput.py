@@ -100,14 +100,21 @@ def contested(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | No
     left room under the cap (`_room`: near the limit a timing worker would run out of memory). Chosen by their
     batch size, not by how their one noisy probe came out: a probe timed at half its speed in a busy
     moment looks twice as bad, and still gets its second look."""
+    candidates, near, least = _contest(probes, safe, estimate)
+    nearest = sorted((b for b in near if _room(candidates[b])), key=lambda b: (abs(math.log(b / least)), b))
+    return sorted(nearest[:CONTESTED_MOST])
+
+
+def _contest(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None) -> tuple[dict, set, int]:
+    """(the candidates, those whose worst case over B_noise's interval is within CONTESTED times
+    the least, the least's size): what `contested` and `between` choose from; no sizes when fewer
+    than two candidates passed."""
     candidates = passed(probes, safe)
     if len(candidates) < 2:
-        return []
+        return candidates, set(), 0
     worst = decide({b: b / p.images_per_second for b, p in candidates.items()}, interval(estimate))["worst_case"]
     least = min(worst, key=lambda b: (worst[b], b))
-    near = sorted((b for b, w in worst.items() if w <= CONTESTED * worst[least] and _room(candidates[b])),
-                  key=lambda b: (abs(math.log(b / least)), b))
-    return sorted(near[:CONTESTED_MOST])
+    return candidates, {b for b, w in worst.items() if w <= CONTESTED * worst[least]}, least
 
 
 def between(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None) -> list[int]:
@@ -120,13 +127,8 @@ def between(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None
     find-batch-size that never probed it recommended 8, 1.38 times the best. Run in the retime's
     worker, first timed there ("between"), then decided with the rest; so only below a size whose
     peak left room under the cap (`_room`), as for the sizes timed again."""
-    candidates = passed(probes, safe)
-    if len(candidates) < 2:
-        return []
-    worst = decide({b: b / p.images_per_second for b, p in candidates.items()}, interval(estimate))["worst_case"]
-    least = min(worst, key=lambda b: (worst[b], b))
-    near = {b for b, w in worst.items() if w <= CONTESTED * worst[least]}
-    sizes = sorted(candidates)
+    candidates, near, least = _contest(probes, safe, estimate)
+    sizes = sorted(candidates) if near else []
     probed = {p.batch_size for p in probes}
     gaps = set()
     for a, c in zip(sizes, sizes[1:], strict=False):  # below a size with room: the retime's worker keeps every step

@@ -256,7 +256,9 @@ def _search(run: ProbeRun, noise_run: NoiseRun | None, pred: dict | None, bound:
     # worker of its own (seconds of import), as are the gaps beside the choice
     timed = set(goodput.contested(run.probes, safe, estimate)) | set(goodput.between(run.probes, safe, estimate))
     if len(timed) > 1 or critical is not None:
-        run.retime(sorted(timed | ({critical} if critical else set())), first={critical: "critical"})
+        if critical is not None:
+            timed.add(critical)
+        run.retime(sorted(timed), first={critical: "critical"} if critical is not None else None)
     return result, safe, margin_failed
 
 
