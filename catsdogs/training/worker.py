@@ -45,7 +45,7 @@ from catsdogs.errors import CatsdogsError
 from catsdogs.host import oom_kills, proc_status_kb
 from catsdogs.messages import Task
 from catsdogs.schema import Status
-from catsdogs.training import backends
+from catsdogs.training import backends, skipped_imports
 from catsdogs.training.spawner import SPAWNER, die_with_parent
 
 WATCH_INTERVAL = 0.02  # seconds between two looks at a capped worker's peak memory
@@ -88,13 +88,14 @@ def main() -> int:
     backend = backends.current()
     preloaded = backend.NAME in sys.modules  # started before catsdogs could set it up
     cap = int(os.environ.get(MEMORY_CAP_ENV) or 0) or None
-    device = backend.setup_device(cap)  # before the framework touches the GPU; starts it with the
-    backend.start()  # process's settings (backends.process_settings)
-    unfit = _unfit(backend, preloaded)
-    if unfit:  # every task would fail alike: said once, and the parent stops
-        send("unfit", {"error": unfit})
-        return 3
-    from catsdogs.training import engine, steps  # the framework's settings are made: import it
+    with skipped_imports.skipping(backend.NAME):  # the framework's optional imports a worker never uses
+        device = backend.setup_device(cap)  # before the framework touches the GPU; starts it with the
+        backend.start()  # process's settings (backends.process_settings)
+        unfit = _unfit(backend, preloaded)
+        if unfit:  # every task would fail alike: said once, and the parent stops
+            send("unfit", {"error": unfit})
+            return 3
+        from catsdogs.training import engine, steps  # the framework's settings are made: import it
 
     send("ready", {"pid": os.getpid(), "device": device})
     for line in sys.stdin:
