@@ -217,6 +217,12 @@ class ReplayWorker:
                            memory_kind="gpu-worker" if d.kind == "gpu" else "cpu-rss",
                            images_per_second=d.ips(b), step_time_median_s=step, timed_steps=timed, **extra)
 
+    def pause(self, paused):
+        """A spare's import stopped for a probe's timed steps: the clock runs its start on regardless."""
+
+    def kill(self):
+        self.alive = False
+
     def close(self):
         self.alive = False
 

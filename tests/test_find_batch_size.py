@@ -165,7 +165,8 @@ class FakeWorker:
 
     def __init__(self, log_path, env=None):
         self.log_path, self.tasks, self.largest_batch, self.device, self.alive = Path(log_path), 0, 0, "cpu", False
-        self.ready = False
+        self.ready = self.paused = False
+        self.pauses, self.beside_timing = [], None  # pause(True/False) as asked; who ran while it timed
         FakeWorker.started.append(self)
 
     def launch(self):
@@ -174,9 +175,13 @@ class FakeWorker:
     def start_or_record(self):
         self.alive = self.ready = True
 
-    def run(self, task, memory_cap_bytes=None):
+    def run(self, task, memory_cap_bytes=None, on_progress=None):
         if not self.alive:
             self.start_or_record()
+        if on_progress:  # as run_probe says it: its timed steps begin, then end
+            on_progress({"timing": True})
+            self.beside_timing = [w for w in FakeWorker.started if w is not self and w.alive and not w.paused]
+            on_progress({"timing": False})
         peak = 10 + task.batch_size + 5 * self.tasks
         self.tasks += 1
         self.largest_batch = max(self.largest_batch, task.batch_size)
@@ -185,6 +190,13 @@ class FakeWorker:
             self.alive = False  # as the real worker: gone after a probe that did not end done
         return ProbeRecord(batch_size=task.batch_size, status="done" if fits else "oom", peak_memory_mb=peak,
                            memory_kind="cpu-rss")
+
+    def pause(self, paused):
+        self.paused = paused
+        self.pauses.append(paused)
+
+    def kill(self):
+        self.alive = False
 
     def close(self):
         self.alive = False
@@ -216,18 +228,23 @@ def test_probes_below_the_fresh_threshold_share_a_worker_and_those_above_get_the
     assert [w.tasks for w in fake_workers.started if w.tasks] == [3, 1, 1]
 
 
-def test_on_the_cpu_fresh_workers_start_two_at_a_time_and_the_spare_serves_the_next(fake_workers, tmp_path,
-                                                                                      monkeypatch):
+def test_on_the_cpu_the_next_fresh_worker_imports_beside_the_probes_and_stops_while_their_steps_are_timed(
+        fake_workers, tmp_path, monkeypatch):
     from catsdogs.measure import prober as prober_module
 
     # given a prober on the CPU that needs a fresh worker for every probe
     with prober_module.Prober(tmp_path, isolate=True) as prober:
         for b in (8, 16, 32):
             prober.run(probe_task(b))
-        # then the first fresh worker started with a spare beside it, which ran the next probe; the
-        # third started with a spare of its own, which ended unused with the prober
+        # then each probe's worker was the spare launched when the one before took its own, and
+        # the last spare ended unused with the prober
         assert [w.tasks for w in fake_workers.started] == [1, 1, 1, 0]
         spare = prober.spare
+        # and each spare, still importing while the probe before it ran, was paused for the timed
+        # steps and let go after: nothing ran beside a probe's timed steps
+        assert [w.pauses[:1] for w in fake_workers.started] == [[], [True], [True], [True]]
+        assert not any(w.paused for w in fake_workers.started)
+        assert [w.beside_timing for w in fake_workers.started[:3]] == [[], [], []]
     assert spare is fake_workers.started[3] and not spare.alive
     # while on a GPU, where a started framework may hold the device's memory, no spare is started
     fake_workers.started = []
@@ -236,6 +253,30 @@ def test_on_the_cpu_fresh_workers_start_two_at_a_time_and_the_spare_serves_the_n
         for b in (8, 16):
             prober.run(probe_task(b))
     assert [w.tasks for w in fake_workers.started] == [1, 1]
+
+
+@pytest.mark.slow
+def test_a_spare_importing_beside_a_real_probe_is_stopped_for_exactly_its_timed_steps(data_dir, tmp_path):
+    from catsdogs.measure.prober import Prober
+
+    # given a prober whose worker ran a probe, and a spare launched beside it still importing
+    with Prober(tmp_path) as prober:
+        prober.run(ProbeTask(1, str(data_dir), "sgd", "standard", "float32", steps=2, warmup=1))
+        spare = prober.spare
+        seen = []  # the spare's state (/proc/PID/stat) as the worker says its timed steps begin and end
+        spare.pause = lambda paused, pause=spare.pause: (pause(paused), seen.append((paused, _state(spare.proc.pid))))
+        # when the next probe runs in the worker
+        record = prober.run(ProbeTask(8, str(data_dir), "sgd", "standard", "float32", steps=2, warmup=1))
+        # then the spare was stopped as the timed steps began, and let go on when they ended
+        assert record.status == "done", record.error
+        assert seen[0] == (True, "T")  # stopped
+        assert seen[1][0] is False and seen[1][1] in ("R", "S")  # running, or sleeping on its own
+        assert _state(spare.proc.pid) in ("R", "S")
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
 
 
 def test_a_probe_aside_leaves_the_current_worker_for_the_way_up_and_the_last_fresh_worker_starts_no_spare(
@@ -292,7 +333,7 @@ class GpuWorker(FakeWorker):
         super().start_or_record()
         self.device = "gpu"
 
-    def run(self, task, memory_cap_bytes=None):
+    def run(self, task, memory_cap_bytes=None, on_progress=None):
         if not self.alive:
             self.start_or_record()
         self.tasks += 1

@@ -36,8 +36,8 @@ Time: a probe in a reused worker takes a fraction of a second and a compilation,
 worker seconds more (most of it importing the framework). So the first probe's worker imports,
 and XLA's plan compiles, while the noise scale's short runs train; the search probes the
 prediction rather than doubling past it (catsdogs.measure.search.around_guess), and goes straight
-to its bound from three quarters of it; on the CPU fresh workers start two at a time
-(catsdogs.measure.prober). The summary says where the time went ("seconds").
+to its bound from three quarters of it; on the CPU the next fresh worker imports while the probes
+run, stopped while their steps are timed (catsdogs.measure.prober). The summary says where the time went ("seconds").
 """
 
 from __future__ import annotations

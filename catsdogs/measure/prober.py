@@ -59,9 +59,10 @@ class Prober:
         self._started = 0
         self.worker: Worker | None = None
         self._clean = True  # every task of the current worker ended done: its log can go
-        # On the CPU, fresh workers start two at a time (`_fresh`): a spare that has imported its
-        # framework and run nothing is a fresh worker. Not on a GPU, where a started framework may
-        # hold device memory that the probe beside it would then lack.
+        # On the CPU the next fresh worker is always on its way (`_unused`): a spare that has
+        # imported its framework and run nothing is a fresh worker. It imports while probes run
+        # and stops (SIGSTOP) while their steps are timed (`_run_once`). Not on a GPU, where a
+        # started framework may hold device memory that the probe beside it would then lack.
         self.spares = not visible_gpus()
         self.spare: Worker | None = None
         # JAX on a GPU probes in place (the module says why) until an out-of-memory leaves residue
@@ -81,24 +82,25 @@ class Prober:
             self.spare = self._new_worker()
 
     def _fresh(self, spare: bool = True) -> Worker:
-        """A worker that has run nothing: the spare, or a new one. A new one on the CPU starts
-        with a spare beside it (unless not `spare`: the last fresh worker a search needs), the two
-        importing their framework at once on two cores: the spare waits idle, so it takes no core
-        from the probe's timed steps, and the next fresh probe skips its import. A spare that died
-        waiting is replaced."""
+        """A worker that has run nothing: the spare, or a new one (see `_unused`)."""
         self._retire()
         self.worker, self._clean = self._unused(spare), True
         return self.worker
 
     def _unused(self, spare: bool = True) -> Worker:
-        """The spare, taken, or a new worker (with a spare beside it on the CPU when `spare`)."""
+        """The spare, taken, or a new worker; on the CPU the next spare is launched at once (unless
+        not `spare`: the last fresh worker a search needs). It imports its framework while this
+        worker's probes run, paused while their steps are timed (`_run_once`), so the next fresh
+        probe finds its import done, or under way: on two cores a fresh worker's import (3.3 s of
+        TensorFlow) then costs the wait for what is left of it, not the whole. A spare that died
+        waiting is replaced."""
         worker, self.spare = self.spare, None
         if worker is None or not worker.alive:
             if worker is not None:
                 worker.close()
             worker = self._new_worker()
-            if self.spares and spare:
-                self.spare = self._new_worker()
+        if self.spares and spare:
+            self.spare = self._new_worker()
         return worker
 
     def run_aside(self, task: ProbeTask) -> ProbeRecord:
@@ -139,7 +141,7 @@ class Prober:
     def run(self, task: Task, fresh: bool = False, timing: bool = False, spare: bool = True):
         """The task's record; a probe's with the cap it ran under, the worker it ran in (and
         the worker's log kept when it did not end done). `fresh`: in a worker that has run nothing
-        (`spare`: with a spare started beside a new one, on the CPU). `timing`: a probe run for its
+        (`spare`: the next spare launched, on the CPU). `timing`: a probe run for its
         step time alone, in the live worker whatever it ran before (its memory then says nothing,
         and is not asked)."""
         if timing and self.worker is not None and self.worker.alive:
@@ -159,10 +161,14 @@ class Prober:
         reused = worker.tasks > 0
         if not worker.alive or not worker.ready:
             worker.start_or_record()
-        if self.spare is not None and self.spare.alive and not self.spare.ready:
-            self.spare.start_or_record()  # its import done before the probe's timed steps begin
         cap = self.memory_cap_bytes or (self.cpu_cap_bytes if worker.device == "cpu" else None)
-        record = worker.run(task, memory_cap_bytes=cap)
+        importing = self.spare if self.spare is not None and not self.spare.ready else None
+        try:  # an importing spare stops while the probe's steps are timed (run_probe says when)
+            record = worker.run(task, memory_cap_bytes=cap, on_progress=importing and (
+                lambda payload: "timing" in payload and importing.pause(bool(payload["timing"]))))
+        finally:
+            if importing is not None:
+                importing.pause(False)
         if record.status != Status.DONE:
             self._clean = False
         if not isinstance(task, ProbeTask):
@@ -193,6 +199,8 @@ class Prober:
     def close(self) -> None:
         self._retire()
         if self.spare is not None:
+            if not self.spare.ready:
+                self.spare.kill()  # still importing: not worth the wait
             self.spare.close()
             self.spare.log_path.unlink(missing_ok=True)
             self.spare = None

@@ -48,7 +48,8 @@ from catsdogs.training.probes import run_memory_plan, run_model_check, run_peak,
 
 def run_task(task: Task, emit=lambda kind, payload: None):
     """Run one task; always return its record with a status: a task's exception is its outcome
-    (failed, or oom), never the worker's end. `emit("progress", row)` reports a trial's epochs."""
+    (failed, or oom), never the worker's end. `emit("progress", row)` reports a trial's epochs, and
+    when a probe's timed steps run (run_probe)."""
     try:
         if isinstance(task, TrialTask):
             sampling = NoiseSampling(**task.noise_sampling) if task.noise_sampling else None
@@ -59,7 +60,7 @@ def run_task(task: Task, emit=lambda kind, payload: None):
                              noise_sampling=sampling, eval_every=task.eval_every, user=task.user,
                              on_digest=on_digest)
         if isinstance(task, ProbeTask):
-            return run_probe(task)
+            return run_probe(task, emit)
         if isinstance(task, PeakTask):
             return run_peak(task)
         if isinstance(task, ModelCheckTask):

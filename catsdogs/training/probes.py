@@ -44,7 +44,7 @@ GPU_MIN_PROBE_SECONDS = 2.0
 MAX_PROBE_EPOCHS = 100_000  # a bound only: the step timer stops the probe
 
 
-def run_probe(task: ProbeTask) -> ProbeRecord:
+def run_probe(task: ProbeTask, emit=lambda kind, payload: None) -> ProbeRecord:
     """Warm up, then time `task.steps` training steps at one batch size; measure memory.
 
     The step is the sweep's (`steps.TrainingStep`), fed by the sweep's pipeline: batches of the
@@ -55,7 +55,11 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
     record says what the worker still holds beyond what it held before the probe
     (`residue_mb`): nothing, and the worker may run the next probe. A GPU's peak that cannot be
     reset (`memory_kind` gpu-worker) is this probe's only when the probe raised it: one run after
-    a larger probe in the same worker has none (None)."""
+    a larger probe in the same worker has none (None).
+
+    `emit("progress", {"timing": True})` as the timed steps begin, `{"timing": False}` once they
+    ended (or failed): the parent pauses a worker that imports beside this one meanwhile
+    (catsdogs.measure.prober), so that nothing else runs on the cores while the steps are timed."""
     backend = backends.current()
     kind = backend.start()
     record = ProbeRecord(batch_size=task.batch_size, precision=task.precision, optimizer=task.optimizer,
@@ -65,11 +69,13 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
     before, peak_before = backend.device_bytes_in_use(), backend.peak_memory().get("peak_memory_mb")
     sampler = NvmlSampler() if kind == "gpu" else None
     try:
-        _timed_steps(task, record, backend, kind, sampler)
+        _timed_steps(task, record, backend, kind, sampler, lambda: emit("progress", {"timing": True}))
     except Exception as exc:  # noqa: BLE001 - out of memory and failures are recorded outcomes
         if sampler:
             _fill(record, **sampler.stop())
         _fill(record, **backends.failure_fields(exc, backend))
+    finally:
+        emit("progress", {"timing": False})
     if record.status != Status.DONE:
         steps.STEPS.clear()  # whatever the failed step allocated goes back before the next task
         after = backend.device_bytes_in_use() if record.status == Status.OOM and before is not None else None
@@ -81,7 +87,7 @@ def run_probe(task: ProbeTask) -> ProbeRecord:
     return record
 
 
-def _timed_steps(task: ProbeTask, record: ProbeRecord, backend, kind: str, sampler) -> None:
+def _timed_steps(task: ProbeTask, record: ProbeRecord, backend, kind: str, sampler, on_timing) -> None:
     """The probe's training steps, timed, into `record`. Its step and batches live in this frame
     only, so they are gone once it returns or raises."""
     if task.input_spec:  # a user's model: its images (--data), else random ones of its input
@@ -108,7 +114,12 @@ def _timed_steps(task: ProbeTask, record: ProbeRecord, backend, kind: str, sampl
     min_seconds = task.min_seconds
     if min_seconds is None:
         min_seconds = GPU_MIN_PROBE_SECONDS if kind == "gpu" else 0.0
-    timer = StepTimer(task.warmup, sampler.start if sampler else None, task.steps, min_seconds)
+    def on_timed_start():
+        on_timing()
+        if sampler:
+            sampler.start()
+
+    timer = StepTimer(task.warmup, on_timed_start, task.steps, min_seconds)
     with step.strategy.scope():  # the same batches again until the timed steps last min_seconds
         step.model.fit(batches, epochs=MAX_PROBE_EPOCHS if min_seconds else 1, steps_per_epoch=n,
                        callbacks=[timer], shuffle=False, verbose=0)

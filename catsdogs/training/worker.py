@@ -306,6 +306,13 @@ class Worker:
         return task.RECORD(status=status, error=f"worker process {why}{cause} without a result"
                                                 f"{': ' + said if said else ''}\n(log: {self.log_path})")
 
+    def pause(self, paused: bool) -> None:
+        """Stop the process where it is (SIGSTOP), or let it go on (SIGCONT): a spare importing
+        its framework beside a probe's timed steps (catsdogs.measure.prober)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
     def kill(self) -> None:
         """Stop the worker now (Ctrl-C, a memory cap); safe from any thread."""
         self._stopped = True
