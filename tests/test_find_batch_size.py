@@ -24,6 +24,7 @@ from catsdogs.measure.find_batch_size import PROBE_COLUMNS, FindSettings
 from catsdogs.measure.noise_run import NoiseRun
 from catsdogs.measure.search import fresh_threshold
 from catsdogs.messages import ProbeRecord, ProbeTask
+from catsdogs.training import skipped_imports
 from catsdogs.training.costs import (
     bfc_replay,
     parameter_count,
@@ -165,6 +166,7 @@ class FakeWorker:
 
     def __init__(self, log_path, env=None):
         self.log_path, self.tasks, self.largest_batch, self.device, self.alive = Path(log_path), 0, 0, "cpu", False
+        self.env = env
         self.ready = self.paused = False
         self.pauses, self.beside_timing = [], None  # pause(True/False) as asked; who ran while it timed
         FakeWorker.started.append(self)
@@ -246,6 +248,9 @@ def test_on_the_cpu_the_next_fresh_worker_imports_beside_the_probes_and_stops_wh
         assert not any(w.paused for w in fake_workers.started)
         assert [w.beside_timing for w in fake_workers.started[:3]] == [[], [], []]
     assert spare is fake_workers.started[3] and not spare.alive
+    # and every CPU worker imports what its framework tries, as the user's training would: a
+    # probe's resident memory is the measurement
+    assert {w.env[skipped_imports.ENV] for w in fake_workers.started} == {"0"}
     # while on a GPU, where a started framework may hold the device's memory, no spare is started
     fake_workers.started = []
     monkeypatch.setattr(prober_module, "visible_gpus", lambda: ["0"])

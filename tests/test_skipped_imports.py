@@ -56,6 +56,14 @@ def test_once_the_framework_is_imported_the_optional_module_imports_as_usual(pac
     assert not any(isinstance(f, skipped_imports._Skipper) for f in sys.meta_path)
 
 
+def test_a_worker_told_to_import_what_its_framework_tries_skips_nothing(packages, monkeypatch):
+    # given a worker whose resident memory is the measurement (a probe's on the CPU)
+    monkeypatch.setenv(skipped_imports.ENV, "0")
+    with skipped_imports.skipping("tensorflow", skipped=("fakeopt",), frameworks=("fakefw",)) as finder:
+        import fakefw
+    assert fakefw.opt is not None and finder.skips == []
+
+
 def test_the_backends_own_module_is_never_skipped(packages):
     with skipped_imports.skipping("fakeopt", skipped=("fakeopt",), frameworks=("fakefw",)) as finder:
         import fakefw

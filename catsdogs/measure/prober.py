@@ -36,7 +36,7 @@ from pathlib import Path
 from catsdogs.host import visible_gpus
 from catsdogs.messages import ProbeRecord, ProbeTask, Task
 from catsdogs.schema import Status
-from catsdogs.training import backends
+from catsdogs.training import backends, skipped_imports
 from catsdogs.training.backends import COMPILE_CACHE_ENV
 from catsdogs.training.worker import MEMORY_CAP_ENV, Worker
 
@@ -56,6 +56,9 @@ class Prober:
             # nothing of it when the step comes from JAX's compilation cache: probes that compile
             # and probes that load would measure different things. (A GPU's memory holds neither.)
             self._env[COMPILE_CACHE_ENV] = "off"
+            # ... and a probe's peak stands for a training process's, which imports what its
+            # framework tries: no optional import skipped (catsdogs.training.skipped_imports)
+            self._env[skipped_imports.ENV] = "0"
         self._started = 0
         self.worker: Worker | None = None
         self._clean = True  # every task of the current worker ended done: its log can go
