@@ -11,8 +11,14 @@ backend the median time against the target (at most 60 s at 64 px under 2 GiB on
 machine otherwise idle) and how far apart the recommendations of the runs whose noise scale was
 resolved lie (the target: within a factor of 2).
 
+With `--old CHECKOUT` (a `git worktree` of an earlier version), each run of this checkout
+alternates with the same run of the old one (same backend, seed and options), and the summary
+adds each side's median and the ratios pair by pair.
+
     python scripts/bench_find.py --data-dir data/beyond
     python scripts/bench_find.py --data-dir data/beyond --backends tensorflow --seeds 0
+    git worktree add /tmp/old-catsdogs 72e0589
+    python scripts/bench_find.py --data-dir data/beyond --backends tensorflow --opt sgd --seeds 0 1 2 --old /tmp/old-catsdogs
 """
 
 from __future__ import annotations
@@ -27,17 +33,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import alternate
+from harness import HERE, alternate
 
 TARGET = 60.0  # seconds, the whole answer
 
 
-def run_once(backend: str, data_dir: Path, cap: str, seed: int, out: Path) -> dict:
-    env = {**os.environ, "KERAS_BACKEND": backend}
+def run_once(backend: str, data_dir: Path, cap: str, seed: int, out: Path, opt: list[str], checkout: Path = HERE) -> dict:
+    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(checkout)}
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "catsdogs", "find-batch-size", "--data-dir", str(data_dir),
-                           "--memory-limit", cap, "--out", str(out), "--name", "bench", "--seed", str(seed)],
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "catsdogs", "find-batch-size", "--data-dir", str(data_dir.resolve()),
+                           "--memory-limit", cap, "--out", str(out), "--name", "bench", "--seed", str(seed), *opt],
+                          env=env, capture_output=True, text=True, cwd=checkout)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"find-batch-size failed on {backend} (exit {proc.returncode}): {proc.stdout[-2000:]}"
@@ -66,25 +72,37 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 2, 4],
                     help="find-batch-size's --seed, one run each per backend [0 2 4]")
     ap.add_argument("--backends", nargs="+", default=["tensorflow", "jax"], help="[tensorflow jax]")
+    ap.add_argument("--opt", choices=["sgd", "adam"], help="find-batch-size's --opt [its default]")
+    ap.add_argument("--old", type=Path, help="an older checkout, each run alternating with the same run of it")
     args = ap.parse_args()
+    opt = ["--opt", args.opt] if args.opt else []
+    sides = {"new": HERE, **({"old": args.old.resolve()} if args.old else {})}
     rows = []
-    print(f"{'backend':>10} {'seed':>4} {'wall':>6} {'noise':>6} {'model':>6} {'probes':>7} {'n':>3} {'fresh':>5} "
-          f"{'largest':>7}  {'B_simple (95%)':<18} {'rec':>5}")
-    def one(backend: str, turn: int) -> dict:
+    print(f"{'side':>4} {'backend':>10} {'seed':>4} {'wall':>6} {'noise':>6} {'model':>6} {'probes':>7} {'n':>3} "
+          f"{'fresh':>5} {'largest':>7}  {'B_simple (95%)':<18} {'rec':>5}")
+    def one(side: str, backend: str, turn: int) -> dict:
         seed = args.seeds[turn]
         with tempfile.TemporaryDirectory() as out:
-            r = run_once(backend, args.data_dir, args.memory_limit, seed, Path(out))
+            r = {"side": side, **run_once(backend, args.data_dir, args.memory_limit, seed, Path(out), opt, sides[side])}
         rows.append(r)
-        print(f"{backend:>10} {seed:>4} {r['wall']:>6.1f} {r['noise_scale'] or 0:>6.1f} {r['prediction']:>6.1f} "
-              f"{r['probes']:>7.1f} {r['probes_n']:>3} {r['fresh']:>5} {r['largest']:>7}  {noise_text(r):<18} "
-              f"{r['recommended']!s:>5}{'' if r['resolved'] else ' (unresolved)'}", flush=True)
+        print(f"{side:>4} {backend:>10} {seed:>4} {r['wall']:>6.1f} {r['noise_scale'] or 0:>6.1f} "
+              f"{r['prediction']:>6.1f} {r['probes']:>7.1f} {r['probes_n']:>3} {r['fresh']:>5} {r['largest']:>7}  "
+              f"{noise_text(r):<18} {r['recommended']!s:>5}{'' if r['resolved'] else ' (unresolved)'}", flush=True)
         return r
 
-    # the backends alternating, seed after seed
-    alternate({b: (lambda turn, b=b: one(b, turn)) for b in args.backends}, len(args.seeds), log=lambda line: None)
+    # the backends alternating, seed after seed; with --old each run beside the old one's
+    alternate({f"{side} {b}": (lambda turn, b=b, side=side: one(side, b, turn)) for b in args.backends for side in sides},
+              len(args.seeds), log=lambda line: None)
     print()
+    if args.old:
+        for backend in args.backends:
+            new, old = ([r["wall"] for r in rows if r["backend"] == backend and r["side"] == side] for side in ("new", "old"))
+            ratios = [n / o for n, o in zip(new, old, strict=True)]
+            print(f"{backend}: this checkout against {args.old}: medians {statistics.median(new):.1f} against "
+                  f"{statistics.median(old):.1f} s; pair by pair " + ", ".join(f"{r:.2f}" for r in ratios)
+                  + f" (median {statistics.median(ratios):.2f})")
     for backend in args.backends:
-        mine = [r for r in rows if r["backend"] == backend]
+        mine = [r for r in rows if r["backend"] == backend and r["side"] == "new"]
         median = statistics.median(r["wall"] for r in mine)
         resolved = [r["recommended"] for r in mine if r["resolved"] and r["recommended"]]
         apart = max(resolved) / min(resolved) if len(resolved) > 1 else None

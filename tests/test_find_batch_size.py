@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -269,7 +270,8 @@ def test_a_spare_importing_beside_a_real_probe_is_stopped_for_exactly_its_timed_
         prober.run(ProbeTask(1, str(data_dir), "sgd", "standard", "float32", steps=2, warmup=1))
         spare = prober.spare
         seen = []  # the spare's state (/proc/PID/stat) as the worker says its timed steps begin and end
-        spare.pause = lambda paused, pause=spare.pause: (pause(paused), seen.append((paused, _state(spare.proc.pid))))
+        spare.pause = lambda paused, pause=spare.pause: (
+            pause(paused), seen.append((paused, _state(spare.proc.pid, settled="T" if paused else "RS"))))
         # when the next probe runs in the worker
         record = prober.run(ProbeTask(8, str(data_dir), "sgd", "standard", "float32", steps=2, warmup=1))
         # then the spare was stopped as the timed steps began, and let go on when they ended
@@ -279,9 +281,33 @@ def test_a_spare_importing_beside_a_real_probe_is_stopped_for_exactly_its_timed_
         assert _state(spare.proc.pid) in ("R", "S")
 
 
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rpartition(")")[2].split()[0]
+def _state(pid: int, settled: str = "", within: float = 2.0) -> str:
+    """The process's state letter (/proc/PID/stat); with `settled`, once it is one of those letters
+    or `within` seconds have passed (a signal takes effect soon after kill(), not at once)."""
+    deadline = time.monotonic() + within
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+        if not settled or state in settled or time.monotonic() > deadline:
+            return state
+        time.sleep(0.005)
+
+
+def test_a_spare_is_launched_only_where_more_fresh_workers_are_to_come(fake_workers, tmp_path):
+    from catsdogs.measure.prober import Prober
+
+    # given a prober on the CPU that knows no limit yet, nor isolates its probes
+    with Prober(tmp_path) as prober:
+        # when its worker runs the way up, and one fresh probe follows (a retime's, say)
+        for b in (1, 8, 16):
+            prober.run(probe_task(b))
+        prober.run(probe_task(4), fresh=True)
+        # then no spare was launched: none would have been taken
+        assert [w.tasks for w in fake_workers.started] == [3, 1] and prober.spare is None
+        # while once a limit is predicted, each fresh probe above it launches the next one's
+        prober.fresh_from = 60
+        prober.run(probe_task(64))
+        assert len(fake_workers.started) == 4 and prober.spare is fake_workers.started[3]
 
 
 def test_a_probe_aside_leaves_the_current_worker_for_the_way_up_and_the_last_fresh_worker_starts_no_spare(
@@ -295,8 +321,8 @@ def test_a_probe_aside_leaves_the_current_worker_for_the_way_up_and_the_last_fre
         # when a user's model's prediction probes 16 aside, then the search goes up from 8
         aside = prober.run_aside(probe_task(16))
         up = [prober.run(probe_task(b)) for b in (8, 16)]
-        # then 16 ran in a fresh worker of its own (the spare started beside the calibration's),
-        # ended after it, and 8 and 16 in the calibration's worker
+        # then 16 ran in a fresh worker of its own, ended after it, and 8 and 16 in the
+        # calibration's worker
         assert aside.worker == "fresh" and [r.worker for r in up] == ["reused", "reused"]
         assert prober.worker is calibration and calibration.tasks == 3
         assert not fake_workers.started[1].alive and fake_workers.started[1].tasks == 1
@@ -324,7 +350,7 @@ def test_out_of_memory_in_a_reused_worker_is_asked_again_of_a_fresh_one(fake_wor
     fake_workers.started = []
     with Prober(tmp_path) as prober:
         final = prober.run(probe_task(95))
-    assert final.status == "oom" and final.worker == "fresh" and [w.tasks for w in fake_workers.started] == [1, 0]
+    assert final.status == "oom" and final.worker == "fresh" and [w.tasks for w in fake_workers.started] == [1]
 
 
 class GpuWorker(FakeWorker):

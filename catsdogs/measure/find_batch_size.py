@@ -232,6 +232,9 @@ def _search(run: ProbeRun, noise_run: NoiseRun | None, pred: dict | None, bound:
     early = critical_probe(estimate, safe=None)
     run.prediction = pred
     rss = bool(run.probes) and run.probes[0].memory_kind == "cpu-rss"  # the calibration's: a resident set's noise
+    fresh_from = run.prober.fresh_from
+    if rss and fresh_from is not None and (bound.batch_size is None or bound.batch_size >= fresh_from):
+        run.prober.prestart()  # the first fresh probe near the limit: its import while the way up runs
     result = search(lambda b: run.probe_on_the_way(b, early), mode=s.mode, start=s.start,
                     max_batch=bound.batch_size, resolution=s.resolution,
                     guess=run.guess if pred and s.mode == "binsearch" else None,

@@ -79,8 +79,9 @@ class Prober:
 
     def prestart(self) -> None:
         """Launch the next fresh worker now, to import its framework while this process waits on
-        other work (find-batch-size's noise scale). On a GPU too: it waits idle, and no probe runs
-        beside it."""
+        other work (find-batch-size's noise scale), or while the probes before a limit run (its
+        search's way up: paused while their steps are timed). On a GPU too where nothing runs
+        beside it: the noise scale's wait."""
         if self.spare is None:
             self.spare = self._new_worker()
 
@@ -91,18 +92,20 @@ class Prober:
         return self.worker
 
     def _unused(self, spare: bool = True) -> Worker:
-        """The spare, taken, or a new worker; on the CPU the next spare is launched at once (unless
-        not `spare`: the last fresh worker a search needs). It imports its framework while this
-        worker's probes run, paused while their steps are timed (`_run_once`), so the next fresh
-        probe finds its import done, or under way: on two cores a fresh worker's import (3.3 s of
-        TensorFlow) then costs the wait for what is left of it, not the whole. A spare that died
-        waiting is replaced."""
+        """The spare, taken, or a new worker. On the CPU, where more fresh workers are to come (every
+        probe's with `isolate`; near a limit once `fresh_from` is known), the next spare is
+        launched at once (unless not `spare`: the last fresh worker a search needs). It imports
+        its framework while this worker's probes run, paused while their steps are timed
+        (`_run_once`), so the next fresh probe finds its import done, or under way: on two cores a
+        fresh worker's import (4.7 s of TensorFlow's) then costs the wait for what is left of it,
+        not the whole. Nowhere else: a spare no probe takes is an import for nothing, on cores
+        that may have other work. A spare that died waiting is replaced."""
         worker, self.spare = self.spare, None
         if worker is None or not worker.alive:
             if worker is not None:
                 worker.close()
             worker = self._new_worker()
-        if self.spares and spare:
+        if self.spares and spare and (self.isolate or self.fresh_from is not None):
             self.spare = self._new_worker()
         return worker
 
