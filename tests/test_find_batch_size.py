@@ -265,8 +265,9 @@ def test_on_the_cpu_the_next_fresh_worker_imports_beside_the_probes_and_stops_wh
 def test_a_spare_importing_beside_a_real_probe_is_stopped_for_exactly_its_timed_steps(data_dir, tmp_path):
     from catsdogs.measure.prober import Prober
 
-    # given a prober whose worker ran a probe, and a spare launched beside it still importing
-    with Prober(tmp_path) as prober:
+    # given a prober that knows a limit lies ahead (so a fresh worker launches the next one's),
+    # whose worker ran a probe, and a spare launched beside it still importing
+    with Prober(tmp_path, fresh_from=10_000) as prober:
         prober.run(ProbeTask(1, str(data_dir), "sgd", "standard", "float32", steps=2, warmup=1))
         spare = prober.spare
         seen = []  # the spare's state (/proc/PID/stat) as the worker says its timed steps begin and end
