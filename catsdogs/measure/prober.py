@@ -62,10 +62,10 @@ class Prober:
         self._started = 0
         self.worker: Worker | None = None
         self._clean = True  # every task of the current worker ended done: its log can go
-        # On the CPU the next fresh worker is always on its way (`_unused`): a spare that has
-        # imported its framework and run nothing is a fresh worker. It imports while probes run
-        # and stops (SIGSTOP) while their steps are timed (`_run_once`). Not on a GPU, where a
-        # started framework may hold device memory that the probe beside it would then lack.
+        # On the CPU the next fresh worker is on its way where one is to come (`_unused`): a spare
+        # that has imported its framework and run nothing is a fresh worker. It imports while
+        # probes run and stops (SIGSTOP) while their steps are timed (`_run_once`). Not on a GPU,
+        # where a started framework may hold device memory that the probe beside it would then lack.
         self.spares = not visible_gpus()
         self.spare: Worker | None = None
         # JAX on a GPU probes in place (the module says why) until an out-of-memory leaves residue
@@ -169,9 +169,13 @@ class Prober:
             worker.start_or_record()
         cap = self.memory_cap_bytes or (self.cpu_cap_bytes if worker.device == "cpu" else None)
         importing = self.spare if self.spare is not None and not self.spare.ready else None
-        try:  # an importing spare stops while the probe's steps are timed (run_probe says when)
-            record = worker.run(task, memory_cap_bytes=cap, on_progress=importing and (
-                lambda payload: "timing" in payload and importing.pause(bool(payload["timing"]))))
+
+        def on_progress(payload: dict) -> None:  # run_probe says when its timed steps begin and end
+            if "timing" in payload:
+                importing.pause(bool(payload["timing"]))
+
+        try:  # an importing spare stops while the probe's steps are timed
+            record = worker.run(task, memory_cap_bytes=cap, on_progress=on_progress if importing else None)
         finally:
             if importing is not None:
                 importing.pause(False)
