@@ -286,6 +286,46 @@ def test_a_worker_that_cannot_start_gives_a_failed_record(tmp_path):
     assert record.error.startswith("worker process exited with code 1 without a result")
 
 
+def test_what_is_made_after_the_start_is_frozen_is_still_collected():
+    import gc
+    import weakref
+
+    from catsdogs.training import worker as worker_module
+
+    # given the start's objects frozen, as a worker's start leaves them (freeze_imported)
+    class Model:  # a model and its layers point at each other: only the collector frees them
+        pass
+
+    worker_module.freeze_imported()
+    try:
+        frozen = gc.get_freeze_count()
+        model = Model()
+        model.layers = [model]
+        dropped = weakref.ref(model)
+        # when a probe drops its model and the step cache collects (steps.StepCache.clear)
+        del model
+        gc.collect()
+        # then the model is gone, and what the start made stays out of the passes
+        assert dropped() is None
+        assert frozen > 0 and gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
+@pytest.mark.slow
+def test_a_workers_start_leaves_its_framework_out_of_the_collectors_passes(keras_backend, tmp_path):
+    # given a worker started on either backend
+    worker = Worker(tmp_path / "w.log")
+    try:
+        # when it is ready
+        worker.start()
+        # then the framework's objects (hundreds of thousands) are out of the collector's full
+        # passes, which a probe pays at each step cache's clear
+        assert worker.frozen > 100_000
+    finally:
+        worker.close()
+
+
 # --- the data under a worker ----------------------------------------------------------------------
 
 

@@ -133,6 +133,20 @@ def test_a_guess_9_percent_low_gallops_past_it_instead_of_doubling():
     assert r.largest_fit <= 616 < r.first_failure <= 657
 
 
+def test_a_limit_10_to_15_percent_above_the_guess_costs_the_probe_of_15_percent_not_20_and_a_bisection():
+    # given TensorFlow's limit as it came out in another run (805 fitted, 841 did not) and its prediction, 731
+    dev = FakeDevice(830)
+    # when the search gallops above the guess on a resident set's resolution
+    r = search(dev, start=8, guess=731, share=RSS_RESOLUTION_SHARE)
+    # then it steps 5%, 10%, then 15% of the guess: the bracket (805, 841) is within 5%, no bisection
+    assert dev.calls[7:] == [731, 768, 805, 841]
+    assert (r.largest_fit, r.first_failure) == (805, 841)
+    # and a limit past 20% still gallops on, doubling its steps from there
+    far = FakeDevice(1000)
+    search(far, start=8, guess=731, share=RSS_RESOLUTION_SHARE)
+    assert far.calls[7:13] == [731, 768, 805, 841, 878, 1024]
+
+
 @pytest.mark.parametrize("limit, guess", [(616, 731), (616, 500), (616, 300), (40, 900), (5000, 64), (100, 100)])
 def test_any_guess_finds_the_same_limit_as_no_guess(limit, guess):
     # a prediction far off, low or high, costs probes, never the answer
