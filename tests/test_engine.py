@@ -305,9 +305,10 @@ def test_what_is_made_after_the_start_is_frozen_is_still_collected():
         # when a probe drops its model and the step cache collects (steps.StepCache.clear)
         del model
         gc.collect()
-        # then the model is gone, and what the start made stays out of the passes
+        # then the model is gone, and what the start made stays out of the passes (a frozen object
+        # still goes when nothing refers to it: the count may fall, never to nothing)
         assert dropped() is None
-        assert frozen > 0 and gc.get_freeze_count() == frozen
+        assert frozen > 0 and 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 
