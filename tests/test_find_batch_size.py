@@ -333,6 +333,32 @@ def test_a_probe_aside_leaves_the_current_worker_for_the_way_up_and_the_last_fre
         assert len(fake_workers.started) == 3
 
 
+def test_the_calibrations_worker_and_a_probe_asides_are_launched_together_and_taken_in_turn(fake_workers, tmp_path,
+                                                                                          monkeypatch):
+    from catsdogs.measure import prober as prober_module
+
+    # given a prober on the CPU asked for the two fresh workers the probes before a user's model's
+    # search take (find_batch_size.fresh_before_search)
+    with prober_module.Prober(tmp_path) as prober:
+        prober.prestart(2)
+        prober.prestart(2)  # (asked again: none more)
+        first, second = fake_workers.started
+        # when the calibration runs, then the prediction's probe aside
+        prober.run(probe_task(1))
+        prober.run_aside(probe_task(16))
+        # then the calibration took the first, the probe aside the second, and none more was launched
+        assert prober.worker is first and first.tasks == 1 and second.tasks == 1 and not second.alive
+        assert len(fake_workers.started) == 2 and prober.spare is None
+        # and the second, still importing while the calibration's steps were timed, was paused for them
+        assert second.pauses[:2] == [True, False] and not second.paused
+    # while on a GPU only one is launched ahead: two started frameworks would share its memory
+    fake_workers.started = []
+    monkeypatch.setattr(prober_module, "visible_gpus", lambda: ["0"])
+    with prober_module.Prober(tmp_path) as prober:
+        prober.prestart(2)
+        assert len(fake_workers.started) == 1
+
+
 def test_out_of_memory_in_a_reused_worker_is_asked_again_of_a_fresh_one(fake_workers, tmp_path):
     from catsdogs.measure.prober import Prober
 
@@ -407,6 +433,7 @@ class LinearProber:
 
     base_mb, calls, record_extra = 700.0, [], {}
     in_place = False  # the CPU's rules (fresh workers near the limit)
+    spares = False  # (no worker to launch ahead)
 
     def __init__(self, workdir, memory_cap_bytes=None, cpu_cap_bytes=None, isolate=False, fresh_from=None, env=None):
         self.cap_mb, self.fresh_from = memory_cap_bytes / 2**20, fresh_from
@@ -424,7 +451,7 @@ class LinearProber:
     def run_aside(self, task):
         return self.run(task, fresh=True)
 
-    def prestart(self):
+    def prestart(self, count=1):
         pass
 
     def close(self):

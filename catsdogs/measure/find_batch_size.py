@@ -56,8 +56,8 @@ from catsdogs.host import host_memory_available, versions
 from catsdogs.manifest import require_intact
 from catsdogs.measure import model_check
 from catsdogs.measure import prober as probers
-from catsdogs.measure.common import check_memory_floor, format_bytes, settings_note, write_csv
-from catsdogs.measure.find_summary import probe_line, summary_lines, time_lines
+from catsdogs.measure.common import check_memory_floor, format_bytes, write_csv
+from catsdogs.measure.find_summary import opening_line, probe_line, summary_lines, time_lines
 from catsdogs.measure.memory_prediction import (
     CALIBRATION_BATCH,
     BackgroundPlan,
@@ -105,7 +105,7 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         avail = host_memory_available()
         cpu_cap = int(HOST_CAP_FRACTION * avail) if avail else None
     started = time.perf_counter()
-    log(_opening_line(settings, size, cpu_cap, user, bound))
+    log(opening_line(settings, size, cpu_cap, user, bound))
     if settings.anchor:
         a = settings.anchor
         log(f"Learning rate scaled from {a['store']}: the {a['kind']} sweep {a['sweep']!r}, tuned at batch sizes "
@@ -121,6 +121,8 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         waiting = time.perf_counter()
         planned = plan.result(log) if plan else None  # before the calibration: no compilation beside its timing
         plan_wait = time.perf_counter() - waiting
+        if run.prober.spares:  # without the noise scale's wait too: the two import side by side
+            run.prober.prestart(fresh_before_search(user, manifest))
         calib = run.probe(CALIBRATION_BATCH, "calibrate")
         predicting = time.perf_counter()
         pred = predict_first(run, calib, manifest, size, planned, log, user)
@@ -174,9 +176,17 @@ def _noise_scale(run: ProbeRun, bound: SearchBound, data_dir: Path, manifest: di
         log(f"Noise scale: not measured: its short runs train at batch size {base}, more than the "
             f"{bound.train_images:,} training images; the recommendation is speed's within memory and the data.")
         return None
-    run.prober.prestart()
+    run.prober.prestart(fresh_before_search(user, manifest))
     return measure_noise_scale(data_dir, manifest, settings, run.work, run.env, log, probe_data=probe_data,
                                sampling=user_noise_sampling(bool(user.batch_norm)) if user else None)
+
+
+def fresh_before_search(user, manifest: dict | None) -> int:
+    """The fresh workers the probes before the search take: the calibration's, and a user's model's
+    prediction probe's, run aside (memory_prediction.predict_line; not the article's layers on the
+    prepared data, which the article's memory model predicts): launched together, they import
+    while the noise scale trains, where the second started when asked (4 s of a 24 s run)."""
+    return 2 if user and not (user.article_size and manifest) else 1
 
 
 def keep_interrupted(folder: Path, settings: FindSettings, probes: list[ProbeRecord], log) -> None:
@@ -330,20 +340,6 @@ def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dic
     probe_data = model_check.data_for(user, data_dir, Path(settings.images) if settings.images else None, work, arrays)
     log(f"Your {model_check.describe(user)}; on {probe_data.said}.")
     return replace(settings, model=ref), probe_data.manifest, user.input_shape[0], user, probe_data
-
-
-def _opening_line(s: FindSettings, size: int, cpu_cap: int | None, user=None, bound: SearchBound | None = None) -> str:
-    cap_text = (f"each probe capped at {format_bytes(s.memory_cap_bytes)}" if s.memory_cap_bytes else
-                "on a GPU its memory is the cap; on the CPU "
-                + (f"{format_bytes(cpu_cap)} (90% of the memory available now)" if cpu_cap else "no cap"))
-    what = f"model {user.name}" if user else f"{s.dataset} data ({size} px)"
-    up_to = ""
-    if bound and bound.batch_size:
-        up_to = (f" up to {bound.batch_size:,}" if bound.by == "max" else
-                 f" up to the {bound.batch_size:,} training images")
-    return (f"Find batch size {s.name}: {s.mode} from {s.start}{up_to}, "
-            f"{s.optimizer}, {what}, {s.precision}; {cap_text}"
-            + settings_note(s.deterministic, s.tf32))
 
 
 class ProbeRun:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from catsdogs.goodput import TIE
 from catsdogs.gradient_noise import NoiseEstimate, describe
+from catsdogs.measure.common import format_bytes, settings_note
 from catsdogs.messages import ProbeRecord
 from catsdogs.recommendation import RULES
 from catsdogs.schema import Status
@@ -269,3 +270,19 @@ def time_lines(summary: dict) -> list[str]:
     noise = f"the noise scale {t['noise_scale']:.0f} s, " if t.get("noise_scale") is not None else ""
     return [f"Answered in {t['total']:.0f} s: {noise}the memory model {t['prediction']:.0f} s, "
             f"{len(summary['probes'])} probe{'s' if len(summary['probes']) != 1 else ''} {t['probes']:.0f} s (their workers' starts included)."]
+
+
+def opening_line(s, size: int, cpu_cap: int | None, user=None, bound=None) -> str:
+    """The command's first line: what it searches, on what, under which cap (`s`: its FindSettings,
+    `bound`: its SearchBound)."""
+    cap_text = (f"each probe capped at {format_bytes(s.memory_cap_bytes)}" if s.memory_cap_bytes else
+                "on a GPU its memory is the cap; on the CPU "
+                + (f"{format_bytes(cpu_cap)} (90% of the memory available now)" if cpu_cap else "no cap"))
+    what = f"model {user.name}" if user else f"{s.dataset} data ({size} px)"
+    up_to = ""
+    if bound and bound.batch_size:
+        up_to = (f" up to {bound.batch_size:,}" if bound.by == "max" else
+                 f" up to the {bound.batch_size:,} training images")
+    return (f"Find batch size {s.name}: {s.mode} from {s.start}{up_to}, "
+            f"{s.optimizer}, {what}, {s.precision}; {cap_text}"
+            + settings_note(s.deterministic, s.tf32))

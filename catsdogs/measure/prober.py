@@ -67,7 +67,7 @@ class Prober:
         # probes run and stops (SIGSTOP) while their steps are timed (`_run_once`). Not on a GPU,
         # where a started framework may hold device memory that the probe beside it would then lack.
         self.spares = not visible_gpus()
-        self.spare: Worker | None = None
+        self.waiting: list[Worker] = []  # spares launched and not taken yet, the first taken first
         # JAX on a GPU probes in place (the module says why) until an out-of-memory leaves residue
         self.in_place = bool(visible_gpus()) and backends.name() == "jax" and not isolate
 
@@ -77,13 +77,19 @@ class Prober:
         worker.launch()
         return worker
 
-    def prestart(self) -> None:
-        """Launch the next fresh worker now, to import its framework while this process waits on
-        other work (find-batch-size's noise scale), or while the probes before a limit run (its
-        search's way up: paused while their steps are timed). On a GPU too where nothing runs
-        beside it: the noise scale's wait."""
-        if self.spare is None:
-            self.spare = self._new_worker()
+    @property
+    def spare(self) -> Worker | None:
+        """The next spare to be taken, or None."""
+        return self.waiting[0] if self.waiting else None
+
+    def prestart(self, count: int = 1) -> None:
+        """Have the next `count` fresh workers launched now (those not launched yet), to import
+        their framework while this process waits on other work (find-batch-size's noise scale), or
+        while the probes before a limit run (its search's way up: paused while their steps are
+        timed): find-batch-size's calibration, and a user's model's prediction probe beside it. On a
+        GPU only one, where nothing runs beside it: the noise scale's wait."""
+        while len(self.waiting) < (count if self.spares else 1):
+            self.waiting.append(self._new_worker())
 
     def _fresh(self, spare: bool = True) -> Worker:
         """A worker that has run nothing: the spare, or a new one (see `_unused`)."""
@@ -100,13 +106,13 @@ class Prober:
         fresh worker's import (4.7 s of TensorFlow's) then costs the wait for what is left of it,
         not the whole. Nowhere else: a spare no probe takes is an import for nothing, on cores
         that may have other work. A spare that died waiting is replaced."""
-        worker, self.spare = self.spare, None
+        worker = self.waiting.pop(0) if self.waiting else None
         if worker is None or not worker.alive:
             if worker is not None:
                 worker.close()
             worker = self._new_worker()
-        if self.spares and spare and (self.isolate or self.fresh_from is not None):
-            self.spare = self._new_worker()
+        if self.spares and spare and (self.isolate or self.fresh_from is not None) and not self.waiting:
+            self.waiting.append(self._new_worker())
         return worker
 
     def run_aside(self, task: ProbeTask) -> ProbeRecord:
@@ -168,17 +174,18 @@ class Prober:
         if not worker.alive or not worker.ready:
             worker.start_or_record()
         cap = self.memory_cap_bytes or (self.cpu_cap_bytes if worker.device == "cpu" else None)
-        importing = self.spare if self.spare is not None and not self.spare.ready else None
+        importing = [spare for spare in self.waiting if not spare.ready]
 
         def on_progress(payload: dict) -> None:  # run_probe says when its timed steps begin and end
             if "timing" in payload:
-                importing.pause(bool(payload["timing"]))
+                for spare in importing:
+                    spare.pause(bool(payload["timing"]))
 
         try:  # an importing spare stops while the probe's steps are timed
             record = worker.run(task, memory_cap_bytes=cap, on_progress=on_progress if importing else None)
         finally:
-            if importing is not None:
-                importing.pause(False)
+            for spare in importing:
+                spare.pause(False)
         if record.status != Status.DONE:
             self._clean = False
         if not isinstance(task, ProbeTask):
@@ -208,12 +215,12 @@ class Prober:
 
     def close(self) -> None:
         self._retire()
-        if self.spare is not None:
-            if not self.spare.ready:
-                self.spare.kill()  # still importing: not worth the wait
-            self.spare.close()
-            self.spare.log_path.unlink(missing_ok=True)
-            self.spare = None
+        for spare in self.waiting:
+            if not spare.ready:
+                spare.kill()  # still importing: not worth the wait
+            spare.close()
+            spare.log_path.unlink(missing_ok=True)
+        self.waiting = []
         with contextlib.suppress(OSError):
             self.workdir.rmdir()  # empty unless a probe that did not end done left its log
 
