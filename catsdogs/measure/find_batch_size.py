@@ -29,8 +29,9 @@ calibration) and before the search; on a GPU the search's own probes carry it on
 The statistics come before both (catsdogs.measure.noise_run): the gradient noise scale's
 rounded-down value is probed on the search's way up ("critical"), in the worker of the small
 sizes (on the CPU, when it lies below the search's start, first in the retime's worker rather than
-a fresh one of its own; that worker is the search's own where it never came near its cap), so the recommendation (catsdogs.goodput: the least predicted time to a
-target) has a probe at the statistics' limit. `measure_noise=False` (--no-noise-scale) skips it.
+a fresh one of its own; the retime's worker is the search's own where it never came near its
+cap), so the recommendation (catsdogs.goodput: the least predicted time to a target) has a probe
+at the statistics' limit. `measure_noise=False` (--no-noise-scale) skips it.
 
 Time: a probe in a reused worker takes a fraction of a second and a compilation, one in a fresh
 worker seconds more (most of it importing the framework). So the first probe's worker imports,
