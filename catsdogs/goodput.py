@@ -97,11 +97,11 @@ def contested(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | No
     """The sizes the recommendation could fall on, what find-batch-size times again before it
     decides: the CONTESTED_MOST nearest the least worst case's size on a log scale (itself
     included), among those whose worst case is within CONTESTED times the least and whose peak
-    left room under the cap (`has_room`: near the limit a timing worker would run out of memory). Chosen by their
+    left room under the cap (`_room`: near the limit a timing worker would run out of memory). Chosen by their
     batch size, not by how their one noisy probe came out: a probe timed at half its speed in a busy
     moment looks twice as bad, and still gets its second look."""
     candidates, near, least = _contest(probes, safe, estimate)
-    nearest = sorted((b for b in near if has_room(candidates[b])), key=lambda b: (abs(math.log(b / least)), b))
+    nearest = sorted((b for b in near if _room(candidates[b])), key=lambda b: (abs(math.log(b / least)), b))
     return sorted(nearest[:CONTESTED_MOST])
 
 
@@ -126,13 +126,13 @@ def between(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None
     can lie in the gap: on JAX's CPU the critical plan measured 4 the fastest to the target, and a
     find-batch-size that never probed it recommended 8, 1.38 times the best. Run in the retime's
     worker, first timed there ("between"), then decided with the rest; so only below a size whose
-    peak left room under the cap (`has_room`), as for the sizes timed again."""
+    peak left room under the cap (`_room`), as for the sizes timed again."""
     candidates, near, least = _contest(probes, safe, estimate)
     sizes = sorted(candidates) if near else []
     probed = {p.batch_size for p in probes}
     gaps = set()
     for a, c in zip(sizes, sizes[1:], strict=False):  # below a size with room: the retime's worker keeps every step
-        if c > 2 * a and (a in near or c in near) and has_room(candidates[c]):
+        if c > 2 * a and (a in near or c in near) and _room(candidates[c]):
             gaps |= {n for k in range(1, math.ceil(math.log2(c / a))) if a < (n := round_batch(a * 2**k)) < c}
     nearest = sorted(gaps - probed, key=lambda b: (abs(math.log(b / least)), b))
     return sorted(nearest[:BETWEEN_MOST])
@@ -145,7 +145,7 @@ def round_batch(value: float) -> int:
     return whole // 8 * 8 if whole >= 8 else 2 ** int(math.log2(whole))
 
 
-def has_room(probe: ProbeRecord) -> bool:
+def _room(probe: ProbeRecord) -> bool:
     """Whether a size left room enough under its cap to be timed again beside the others' steps (a
     retime worker keeps them all): its peak at most RETIME_ROOM of the cap, or no cap known."""
     cap = probe.memory_cap_mb or probe.device_memory_limit_mb

@@ -995,66 +995,17 @@ def test_the_sizes_the_answer_could_fall_on_are_timed_again_on_the_cpu_so_one_bu
         assert timed == []
         return
     # then on the CPU the 5 sizes nearest the least worst case's are timed twice more, in alternating
-    # order, 16 among them, and its unlucky probe is outvoted; with them the sizes between the
-    # calibration's 1 and the search's 8 (a gap beside the contest), first timed there; all in the
-    # search's own worker, whose probes all left room under the cap (no fresh one: ProbeRun.in_place)
+    # order, in one fresh worker, 16 among them, and its unlucky probe is outvoted; with them the
+    # sizes between the calibration's 1 and the search's 8 (a gap beside the contest), first timed there
     order = [b for b, _ in timed]
     sizes = sorted(set(order))
     between = [b for b, phase in timed if phase == "between"]
     assert between == [4, 2] and order == sorted(sizes, reverse=True) + sizes
     assert 16 in sizes and len(set(sizes) - set(between)) == 5
-    assert [timing for b, timing in UnluckyProber.timed[-len(order):]] == [True] * len(order)
+    assert [timing for b, timing in UnluckyProber.timed[-len(order):]] == [False] + [True] * (len(order) - 1)
     table = {r["batch_size"]: r["images_per_second"] for r in s["recommendation"]["table"]}
     assert table[16] == pytest.approx(100.0 * 16 ** 0.5)  # the median of its three: the two steady ones
     assert s["recommendation"]["batch_size"] == steady["recommendation"]["batch_size"]
-
-
-class RoomProber(LinearProber):
-    """LinearProber whose probes' peaks, workers and statuses are set by batch size (`peaks`:
-    {batch: (peak MiB, worker, status)}), under a 1000 MiB cap; it records how each is asked."""
-
-    peaks: dict = {}
-
-    def run(self, task, fresh=False, timing=False, spare=True):
-        peak, worker, status = RoomProber.peaks.get(task.batch_size, (600.0, "reused", "done"))
-        LinearProber.calls.append((task.batch_size, fresh, timing))
-        return ProbeRecord(batch_size=task.batch_size, status=status, peak_memory_mb=peak, memory_kind="cpu-rss",
-                           memory_cap_mb=self.cap_mb, images_per_second=100.0, worker=worker)
-
-
-@pytest.mark.parametrize("peaks, in_place", [
-    ({1: (500.0, "fresh", "done"), 8: (600.0, "reused", "done"), 16: (700.0, "reused", "done")}, True),
-    # the search's worker came near the cap (its peak past 75% of it): a fresh worker times them
-    ({1: (500.0, "fresh", "done"), 8: (600.0, "reused", "done"), 16: (800.0, "reused", "done")}, False),
-    # a probe near the limit ran in a fresh worker of its own, which is the current one now
-    ({1: (500.0, "fresh", "done"), 8: (600.0, "reused", "done"), 16: (950.0, "fresh", "done")}, False),
-    # the current worker's last probe did not end done: that worker is gone
-    ({1: (500.0, "fresh", "done"), 8: (600.0, "reused", "done"), 16: (600.0, "reused", "failed")}, False),
-    # a fresh worker replaced the one that came near the cap, and has itself stayed low
-    ({1: (900.0, "fresh", "done"), 8: (600.0, "fresh", "done"), 16: (650.0, "reused", "done")}, True),
-])
-def test_the_retime_runs_in_the_searchs_own_worker_only_where_every_probe_it_ran_left_room(tmp_path, monkeypatch,
-                                                                                          peaks, in_place):
-    from catsdogs.measure import prober
-
-    monkeypatch.setattr(prober, "Prober", RoomProber)
-    monkeypatch.setattr(RoomProber, "peaks", peaks)
-    run = findbs.ProbeRun(FindSettings("fbs", memory_cap_bytes=1000 * 2**20), tmp_path, tmp_path, None, {},
-                          lambda line: None)
-    # given the probes of 1, 8 and 16, and a probe aside near the cap (its own worker, ended after it)
-    for b in (1, 8):
-        run.probe(b, "search")
-    RoomProber.peaks = {**peaks, 12: (990.0, "fresh", "done")}
-    run.probe(12, "predict", aside=True)
-    run.probe(16, "search")
-    LinearProber.calls = []
-    # when the sizes 8 and 16 are timed again
-    run.retime([8, 16])
-    # then in the search's own worker (every look a timing) where each of its probes left room,
-    # else in one fresh worker first
-    assert run.in_place() is in_place
-    assert LinearProber.calls[0] == (16, not in_place, in_place)
-    assert [timing for _, _, timing in LinearProber.calls[1:]] == [True, True, True]
 
 
 def test_a_critical_size_below_the_searchs_start_is_timed_in_the_retimes_worker_not_a_fresh_one_of_its_own(

@@ -29,9 +29,8 @@ calibration) and before the search; on a GPU the search's own probes carry it on
 The statistics come before both (catsdogs.measure.noise_run): the gradient noise scale's
 rounded-down value is probed on the search's way up ("critical"), in the worker of the small
 sizes (on the CPU, when it lies below the search's start, first in the retime's worker rather than
-a fresh one of its own; the retime's worker is the search's own where it never came near its
-cap), so the recommendation (catsdogs.goodput: the least predicted time to a target) has a probe
-at the statistics' limit. `measure_noise=False` (--no-noise-scale) skips it.
+a fresh one of its own), so the recommendation (catsdogs.goodput: the least predicted time to a
+target) has a probe at the statistics' limit. `measure_noise=False` (--no-noise-scale) skips it.
 
 Time: a probe in a reused worker takes a fraction of a second and a compilation, one in a fresh
 worker seconds more (most of it importing the framework). So the first probe's worker imports,
@@ -355,7 +354,6 @@ class ProbeRun:
         self.probes: list[ProbeRecord] = []
         self.prober = probers.Prober(work, settings.memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=settings.isolate,
                                      env=env)
-        self._in_worker: list[ProbeRecord] = []  # the probes the prober's current worker ran
         self.prediction: dict | None = None  # the memory model's, before the search
         self.refined: dict | None = None  # ... carried on by the search's own probes (`guess`)
 
@@ -370,25 +368,15 @@ class ProbeRun:
     def retime(self, sizes: list[int], rounds: int = RETIME_ROUNDS, first: dict[int, str] | None = None) -> None:
         """`sizes` timed again, `rounds` times in alternating order (largest first, the search's
         reversed), in one fresh worker (a worker that ran the limit's probes holds memory a small
-        step then has to share the cap with), or in the search's own worker where every probe it
-        ran left room under the cap (`in_place`): their step times from probes a minute apart, so
-        that a phase of the machine's load weighs on no size alone (goodput.passed takes each
-        size's median). A size no probe has run yet is first timed there, named by `first` (else
+        step then has to share the cap with): their step times from probes a minute apart, so that
+        a phase of the machine's load weighs on no size alone (goodput.passed takes each size's
+        median). A size no probe has run yet is first timed there, named by `first` (else
         "between": goodput.between's gaps); its memory there, beside the others' steps, says nothing."""
         order = [b for r in range(rounds) for b in (sorted(sizes, reverse=True) if r % 2 == 0 else sorted(sizes))]
-        in_place = self.in_place()
         for n, b in enumerate(order):  # each size's compiled step kept for its second look (timing_only)
             probed = any(p.batch_size == b for p in self.probes)
             phase = goodput.RETIME if probed else (first or {}).get(b, goodput.BETWEEN)
-            self._run(b, phase, fresh=n == 0 and not in_place, timing=n > 0 or in_place, timing_only=True,
-                      spare=False)  # the last fresh worker
-
-    def in_place(self) -> bool:
-        """Whether the current worker can time the retime's sizes itself: every probe it ran ended
-        done with room under its cap (goodput.has_room, as each size timed again must have), as where
-        --max or the data bound the search far from the limit. It then holds no more than a fresh
-        retime worker comes to, and spares its start (4.4 s of a user's model's 24 s at --max 16)."""
-        return bool(self._in_worker) and all(p.status == Status.DONE and goodput.has_room(p) for p in self._in_worker)
+            self._run(b, phase, fresh=n == 0, timing=n > 0, timing_only=True, spare=False)  # the last fresh worker
 
     def _run(self, batch_size: int, phase: str, fresh: bool = False, timing: bool = False,
              timing_only: bool = False, aside: bool = False, spare: bool = True) -> ProbeRecord:
@@ -401,8 +389,6 @@ class ProbeRun:
         p = self.prober.run_aside(task) if aside else self.prober.run(task, fresh=fresh, timing=timing, spare=spare)
         p.order, p.phase, p.wall_seconds = len(self.probes) + 1, phase, round(time.perf_counter() - started, 2)
         self.probes.append(p)
-        if not aside:  # a probe aside ran in a worker of its own, ended after it
-            self._in_worker = [*(self._in_worker if p.worker == "reused" else []), p]
         self.log(probe_line(p))
         return p
 
