@@ -16,13 +16,9 @@ is shown apart.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from harness import HERE, alternate, spread, table
+from harness import HERE, alternate_checkouts, run_snippet, spread, table
 
 PROBES = """
 import json, sys, tempfile, time
@@ -46,12 +42,8 @@ print(json.dumps(rows))
 
 
 def probes(checkout: Path, backend: str, data_dir: Path, sizes: list[int]) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": str(checkout), "KERAS_BACKEND": backend, "CATSDOGS_SKIP_OPTIONAL_IMPORTS": "0"}
-    out = subprocess.run([sys.executable, "-c", PROBES, str(data_dir.resolve()), *map(str, sizes)], env=env,
-                         capture_output=True, text=True, cwd=checkout)
-    if out.returncode != 0:
-        raise SystemExit(f"{checkout}: the probes did not run on {backend}: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_snippet(PROBES, [data_dir.resolve(), *sizes], checkout, backend,
+                       {"CATSDOGS_SKIP_OPTIONAL_IMPORTS": "0"}, what="the probes")
 
 
 def main() -> int:
@@ -65,9 +57,8 @@ def main() -> int:
     sides = {"new": HERE, "old": args.old.resolve()}
     rows = []
     for backend in args.backends:
-        results = alternate({side: (lambda turn, c=checkout, b=backend: probes(c, b, args.data_dir, args.sizes))
-                             for side, checkout in sides.items()}, args.rounds,
-                            log=lambda line, b=backend: print(f"{b}: {line.strip()}", flush=True))
+        results = alternate_checkouts(sides, backend, lambda c, b=backend: probes(c, b, args.data_dir, args.sizes),
+                                      args.rounds)
         for i, b in enumerate(args.sizes):
             medians = {}
             for side, runs in results.items():

@@ -14,13 +14,9 @@ worker imports what its framework tries, docs/usage.md).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from harness import HERE, alternate, spread, table
+from harness import HERE, alternate_checkouts, run_snippet, spread, table
 
 STARTS = """
 import json, sys, tempfile, time
@@ -39,12 +35,8 @@ print(json.dumps(times))
 
 
 def starts(checkout: Path, backend: str, n: int, probe: bool) -> list[float]:
-    env = {**os.environ, "PYTHONPATH": str(checkout), "KERAS_BACKEND": backend,
-           **({"CATSDOGS_SKIP_OPTIONAL_IMPORTS": "0"} if probe else {})}
-    out = subprocess.run([sys.executable, "-c", STARTS, str(n)], env=env, capture_output=True, text=True, cwd=checkout)
-    if out.returncode != 0:
-        raise SystemExit(f"{checkout}: workers did not start on {backend}: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_snippet(STARTS, [n], checkout, backend, {"CATSDOGS_SKIP_OPTIONAL_IMPORTS": "0"} if probe else None,
+                       what="the workers' starts")
 
 
 def main() -> int:
@@ -58,9 +50,8 @@ def main() -> int:
     sides = {"new": HERE, "old": args.old.resolve()}
     rows = []
     for backend in args.backends:
-        results = alternate({side: (lambda turn, c=checkout, b=backend: starts(c, b, args.per_round, args.probe))
-                             for side, checkout in sides.items()}, args.rounds,
-                            log=lambda line, b=backend: print(f"{b}: {line.strip()}", flush=True))
+        results = alternate_checkouts(sides, backend, lambda c, b=backend: starts(c, b, args.per_round, args.probe),
+                                      args.rounds)
         medians = {}
         for side, runs in results.items():
             times = [t for run in runs for t in run]

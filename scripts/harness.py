@@ -9,6 +9,7 @@ ratios (docs/performance.md, "Benchmarks").
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -32,6 +33,26 @@ def run_catsdogs(args: Sequence[str], checkout: Path = HERE, env: dict | None = 
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         raise SystemExit(f"{checkout}: catsdogs {' '.join(map(str, args[:2]))} failed (exit {proc.returncode})")
     return seconds
+
+
+def run_snippet(code: str, args: Sequence[str], checkout: Path, backend: str, env: dict | None = None,
+                what: str = "the snippet") -> object:
+    """`python -c CODE ARGS` with `checkout`'s catsdogs first on the path and KERAS_BACKEND=`backend`
+    (and `env`): the JSON its last line of output prints. Its errors' end, and an exit, when it fails."""
+    environ = {**os.environ, "PYTHONPATH": str(checkout), "KERAS_BACKEND": backend, **(env or {})}
+    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], env=environ, capture_output=True,
+                         text=True, cwd=checkout)
+    if out.returncode != 0:
+        raise SystemExit(f"{checkout}: {what} failed on {backend}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def alternate_checkouts(sides: dict[str, Path], backend: str, run: Callable[[Path], object],
+                        repeats: int) -> dict[str, list]:
+    """`alternate` over checkouts on one backend: `run(checkout)` for each side in turn, each round
+    logged with the backend's name."""
+    return alternate({side: (lambda turn, c=checkout: run(c)) for side, checkout in sides.items()}, repeats,
+                     log=lambda line: print(f"{backend}: {line.strip()}", flush=True))
 
 
 def plan_file(checkout: Path, name: str) -> Path:

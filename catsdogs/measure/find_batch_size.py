@@ -61,6 +61,7 @@ from catsdogs.measure.find_summary import opening_line, probe_line, summary_line
 from catsdogs.measure.memory_prediction import (
     CALIBRATION_BATCH,
     BackgroundPlan,
+    by_line,
     predict_first,
     prediction_record,
 )
@@ -182,11 +183,11 @@ def _noise_scale(run: ProbeRun, bound: SearchBound, data_dir: Path, manifest: di
 
 
 def fresh_before_search(user, manifest: dict | None) -> int:
-    """The fresh workers the probes before the search take: the calibration's, and a user's model's
-    prediction probe's, run aside (memory_prediction.predict_line; not the article's layers on the
-    prepared data, which the article's memory model predicts): launched together, they import
-    while the noise scale trains, where the second started when asked (4 s of a 24 s run)."""
-    return 2 if user and not (user.article_size and manifest) else 1
+    """The fresh workers the probes before the search take: the calibration's, and where the
+    prediction is a line through two probes (memory_prediction.by_line), its second's, run aside:
+    launched together, they import while the noise scale trains, where the second started when
+    asked (4 s of a 24 s run)."""
+    return 2 if by_line(user, manifest) else 1
 
 
 def keep_interrupted(folder: Path, settings: FindSettings, probes: list[ProbeRecord], log) -> None:

@@ -97,7 +97,7 @@ def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, pla
     if not (calib.status == Status.DONE and calib.peak_memory_mb and cap_mb):
         return None
     cap_bytes, peak_bytes = cap_mb * 2**20, calib.peak_memory_mb * 2**20
-    if user is not None and not (user.article_size and manifest):  # the article's layers: its own model, below
+    if by_line(user, manifest):
         pred = predict_line(run, calib, cap_mb, user, log)
     elif planned is not None:
         pred = predict_max_batch_size_planned(planned, cap_bytes, CALIBRATION_BATCH, peak_bytes)
@@ -116,6 +116,13 @@ def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, pla
                 if run.prober.in_place else f"probes of {run.prober.fresh_from} and above run in a fresh worker")
         log(f"Predicted before the search: {pred['max_batch_size']} ({METHODS[pred['method']]}); {near}.")
     return pred
+
+
+def by_line(user: model_check.ModelInfo | None, manifest: dict | None) -> bool:
+    """Whether the prediction is a line through two probes (`predict_line`: a user's model), the
+    second run aside in a fresh worker of its own; not the article's layers on the prepared data,
+    handed in or not, which the article's own memory model predicts."""
+    return user is not None and not (user.article_size and manifest)
 
 
 def predict_line(run, calib: ProbeRecord, cap_mb: float, user: model_check.ModelInfo, log) -> dict | None:

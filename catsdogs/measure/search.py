@@ -16,7 +16,8 @@ The search (`search`) takes any probe function, so it is tested with a fake devi
   pass FRESH_SHARE of it: the probes from there on each start a worker of their own (seconds
   each, against a fraction of a second for a reused one), so the search probes the prediction,
   then gallops to its other side in steps of 5%, 10%, 15%, 20% ... of it above, 5%, 10%, 20% ...
-  below (`around_guess`), and bisects what is left. Doubling on from 512 to 1,024 and bisecting back would cost a probe or two more.
+  below (`around_guess`), and bisects what is left. Doubling on from 512 to 1,024 and bisecting
+  back would cost a probe or two more.
 - A probe that fails for another reason than memory does not stop the search: while doubling
   the search steps over it (two failed sizes in a row end the doubling), and while bisecting
   it counts as an upper bound, so the answer is always a size that actually ran.
@@ -201,7 +202,7 @@ def around_guess(ask: Callable[[int], str], lo: int, guess: int, max_batch: int 
             hi, step = down, step * 2
     fit, steps = g, iter(GALLOP_UP)
     while max_batch is None or fit < max_batch:
-        up_step = next(steps, None)  # past the last step above the guess it was far off: double, as without one
+        up_step = next(steps, None)  # past the last step it was far off: double, as without a guess
         up = max(fit + 1, math.ceil(g * (1 + up_step)) if up_step is not None else 2 * fit)
         if max_batch is not None:
             up = min(up, max_batch)
