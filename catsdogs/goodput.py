@@ -66,6 +66,7 @@ BETWEEN = "between"  # ... and of a size first timed in the retime's worker, bet
 TIMING_PHASES = (RETIME, BETWEEN)  # run beside other sizes' steps: their memory says nothing of the size's
 BETWEEN_MOST = 3  # the gaps' sizes timed before the decision (`between`), the nearest its choice
 RETIME_ROOM = 0.75  # ... of a size whose peak left a quarter of its cap free
+RETIME_FILL = 0.9  # a live worker times a size while what it holds plus that step stays within this share
 RISK_AT = float(default("base_batch_size"))  # unresolved: what speed's choice risks should B_noise be this small
 
 

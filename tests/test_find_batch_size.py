@@ -454,6 +454,9 @@ class LinearProber:
     def prestart(self, count=1):
         pass
 
+    def resident_mb(self):  # not known (a GPU's, say): the retime starts a fresh worker
+        return None
+
     def close(self):
         pass
 
@@ -995,7 +998,7 @@ def test_the_sizes_the_answer_could_fall_on_are_timed_again_on_the_cpu_so_one_bu
         assert timed == []
         return
     # then on the CPU the 5 sizes nearest the least worst case's are timed twice more, in alternating
-    # order, in one fresh worker, 16 among them, and its unlucky probe is outvoted; with them the
+    # order, in one fresh worker (the live one's memory not known: ResidentProber), 16 among them, and its unlucky probe is outvoted; with them the
     # sizes between the calibration's 1 and the search's 8 (a gap beside the contest), first timed there
     order = [b for b, _ in timed]
     sizes = sorted(set(order))
@@ -1006,6 +1009,59 @@ def test_the_sizes_the_answer_could_fall_on_are_timed_again_on_the_cpu_so_one_bu
     table = {r["batch_size"]: r["images_per_second"] for r in s["recommendation"]["table"]}
     assert table[16] == pytest.approx(100.0 * 16 ** 0.5)  # the median of its three: the two steady ones
     assert s["recommendation"]["batch_size"] == steady["recommendation"]["batch_size"]
+
+
+class ResidentProber(LinearProber):
+    """LinearProber whose probes peak at 500 MiB plus one a batch image, under a 1000 MiB cap, in a
+    worker whose resident set is `held` MiB after the search and grows by `per_look` MiB a look
+    (every step it keeps), from 700 MiB in a fresh one; it records how each probe is asked."""
+
+    held, per_look = 600.0, 0.0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.resident = ResidentProber.held
+
+    def run(self, task, fresh=False, timing=False, spare=True):
+        LinearProber.calls.append((task.batch_size, fresh, timing))
+        self.resident = (700.0 if fresh else self.resident) + ResidentProber.per_look
+        return ProbeRecord(batch_size=task.batch_size, status="done", peak_memory_mb=500.0 + task.batch_size,
+                           memory_kind="cpu-rss", memory_cap_mb=self.cap_mb, images_per_second=100.0,
+                           worker="fresh" if fresh else "reused")
+
+    def resident_mb(self):
+        return self.resident
+
+
+@pytest.mark.parametrize("held, per_look, fresh_looks", [
+    (600.0, 5.0, []),  # far from the cap: every look in the search's own worker, no start
+    (850.0, 0.0, [0]),  # the search's worker holds too much beside the largest step (850 + 63 > 900): one fresh
+    (750.0, 60.0, [2]),  # each look's kept step adds 60 MiB: a fresh worker when the next would not fit
+])
+def test_the_retime_runs_in_the_live_worker_while_its_resident_set_leaves_room_for_the_largest_step(
+        tmp_path, monkeypatch, held, per_look, fresh_looks):
+    from catsdogs.measure import prober
+    from catsdogs.measure.probe_run import ProbeRun
+
+    monkeypatch.setattr(prober, "Prober", ResidentProber)
+    monkeypatch.setattr(ResidentProber, "held", held)
+    monkeypatch.setattr(ResidentProber, "per_look", 0.0)
+    run = ProbeRun(FindSettings("fbs", memory_cap_bytes=1000 * 2**20), tmp_path, tmp_path, None, {},
+                          lambda line: None)
+    # given the search's probes of 1, 8 and 64 under a 1000 MiB cap (peaks 501, 508, 564 MiB: the
+    # largest step adds 63 MiB to the runtime's)
+    for b in (1, 8, 64):
+        run.probe(b, "search")
+    run.prober.resident = held
+    monkeypatch.setattr(ResidentProber, "per_look", per_look)
+    LinearProber.calls = []
+    # when the sizes 8 and 64 are timed again (64, 8, 8, 64)
+    run.retime([8, 64])
+    # then a look runs in the live worker, as a timing, while its resident set plus 63 MiB stays within
+    # 90% of the cap (900 MiB), else in a fresh worker
+    assert [b for b, _, _ in LinearProber.calls] == [64, 8, 8, 64]
+    assert [n for n, (_, fresh, _) in enumerate(LinearProber.calls) if fresh] == fresh_looks
+    assert all(timing is not fresh for _, fresh, timing in LinearProber.calls)
 
 
 def test_a_critical_size_below_the_searchs_start_is_timed_in_the_retimes_worker_not_a_fresh_one_of_its_own(

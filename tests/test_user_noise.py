@@ -188,17 +188,19 @@ model = keras.Model(inputs, keras.layers.Dense(1)(h))
 loss = keras.losses.BinaryCrossentropy(from_logits=True)
 for w in model.trainable_variables:  # some way into training
     w.assign(w.value + 0.1 * rng.standard_normal(w.shape).astype("float32"))
+compiled = {}  # one compiled function a shape, as a trial keeps them (engine.noise_estimate_at)
 # directly: |G_32|^2, the squared norm of a training batch's gradient (BatchNormalization over its 32),
 # averaged over 100 batches drawn with replacement
 direct = []
 for _ in range(50):
     idx = rng.integers(0, n, 64)
-    direct += list(np.diagonal(backend.micro_gradient_gram(model, loss, x[idx], y[idx], micro=32, micros=2)[0]))
+    direct += list(np.diagonal(backend.micro_gradient_gram(model, loss, x[idx], y[idx], micro=32, micros=2,
+                                                           cache=compiled)[0]))
 out = {"direct": float(np.mean(direct))}
 # the two-batch estimator's E|G_32|^2 = |G|^2 + tr(Sigma)/32, from 64 pairs of micro-batches of 2 and of 8
 for micro, micros in ((2, 12), (8, 6)):
     idx = rng.integers(0, n, 64 * micro * micros)
-    gram = backend.micro_gradient_gram(model, loss, x[idx], y[idx], micro=micro, micros=micros)
+    gram = backend.micro_gradient_gram(model, loss, x[idx], y[idx], micro=micro, micros=micros, cache=compiled)
     small, large = gradient_noise.norms_from_gram(gram, 1)
     g2, trace = gradient_noise.pair_estimates(small, large, micro, micro * micros)
     out[str(micro)] = float(g2.mean() + trace.mean() / 32)

@@ -87,7 +87,7 @@ class BackgroundPlan:
 
 def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, planned: dict | None, log,
                   user: model_check.ModelInfo | None = None) -> dict | None:
-    """The prediction before any search probe (`run`: the search's find_batch_size.ProbeRun), from
+    """The prediction before any search probe (`run`: the search's probe_run.ProbeRun), from
     the calibration probe: with XLA's plan (JAX),
     or TensorFlow's step replayed through BFC (the article's model, handed in as a user's too, on
     the prepared data), or one fresh probe more (any other model: `predict_line`); the probes it

@@ -33,7 +33,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from catsdogs.host import visible_gpus
+from catsdogs.host import proc_status_kb, visible_gpus
 from catsdogs.messages import ProbeRecord, ProbeTask, Task
 from catsdogs.schema import Status
 from catsdogs.training import backends, skipped_imports
@@ -132,6 +132,16 @@ class Prober:
         if record.status == Status.DONE:
             worker.log_path.unlink(missing_ok=True)
         return record
+
+    def resident_mb(self) -> float | None:
+        """The live worker's resident set now, in MiB: what it holds between probes (the compiled
+        steps it keeps, its allocators' pools), which the next probe in it adds to. None without a
+        live worker, or on a GPU, whose memory that is not."""
+        worker = self.worker
+        if worker is None or not worker.alive or worker.device != "cpu":
+            return None
+        kb = proc_status_kb("VmRSS", worker.proc.pid)
+        return None if kb is None else kb / 1024
 
     def _retire(self) -> None:
         if self.worker is not None:

@@ -1,0 +1,141 @@
+"""The search's probes (`ProbeRun`), in the order run: each run once by the prober
+(catsdogs.measure.prober), numbered, named by its phase and logged; the sizes the recommendation
+could fall on timed again (`retime`); and the search's aim (`guess`), the memory model's
+prediction carried on by a GPU's exact peaks. find_batch_size drives it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from catsdogs import goodput
+from catsdogs.measure import model_check
+from catsdogs.measure import prober as probers
+from catsdogs.measure.find_summary import probe_line
+from catsdogs.measure.settings import FindSettings
+from catsdogs.messages import ProbeRecord, ProbeTask
+from catsdogs.schema import Status
+from catsdogs.training.costs import PLAN_MOST
+
+RETIME_ROUNDS = 2  # the contested sizes timed again twice, in alternating order: each size's step time a median of 3
+
+
+class ProbeRun:
+    """The search's probes, in the order run: each run once by the prober (catsdogs.measure.prober),
+    numbered, named by its phase (calibrate, search, confirm, critical) and logged."""
+
+    def __init__(self, settings: FindSettings, data_dir: Path, work: Path, cpu_cap: int | None, env: dict, log,
+                 probe_data: model_check.ProbeData | None = None):
+        self.settings, self.data_dir, self.log = settings, Path(data_dir), log
+        self.work, self.env = work, env  # (the noise scale's short runs write and start there too)
+        self.probe_data = probe_data  # a user's model's: its images, or random ones (model_check.data_for)
+        self.probes: list[ProbeRecord] = []
+        self.prober = probers.Prober(work, settings.memory_cap_bytes, cpu_cap_bytes=cpu_cap, isolate=settings.isolate,
+                                     env=env)
+        self.prediction: dict | None = None  # the memory model's, before the search
+        self.refined: dict | None = None  # ... carried on by the search's own probes (`guess`)
+
+    def probe(self, batch_size: int, phase: str, fresh: bool = False, aside: bool = False) -> ProbeRecord:
+        """The probe of `batch_size`: run now (in a fresh worker with `fresh`; `aside`: one of its
+        own, the current worker kept for the next probes: Prober.run_aside), or the one already run."""
+        for p in self.probes:
+            if p.batch_size == batch_size:
+                return p
+        return self._run(batch_size, phase, fresh=fresh, aside=aside)
+
+    def retime(self, sizes: list[int], rounds: int = RETIME_ROUNDS, first: dict[int, str] | None = None) -> None:
+        """`sizes` timed again, `rounds` times in alternating order (largest first, the search's
+        reversed): their step times from probes a minute apart, so that a phase of the machine's
+        load weighs on no size alone (goodput.passed takes each size's median). A size no probe
+        has run yet is first timed there, named by `first` (else "between": goodput.between's
+        gaps); its memory there, beside the others' steps, says nothing.
+        Each look runs in the live worker, which keeps every size's compiled step for its second
+        look, while that worker has room for it (`_room`: on the CPU, as where --max or the data
+        bound the search far from the limit, the search's own worker, sparing a start); else in a
+        fresh one (a worker that ran the limit's probes holds memory a small step then has to
+        share the cap with; on JAX each kept step holds 30-60 MiB more, and under a 1 GiB cap one
+        worker's ten looks came to 1,029 MiB). On a GPU, whose memory is not the resident set,
+        the first look starts a fresh worker and the others follow in it."""
+        order = [b for r in range(rounds) for b in (sorted(sizes, reverse=True) if r % 2 == 0 else sorted(sizes))]
+        need = self._retime_need(sizes)
+        for n, b in enumerate(order):  # each size's compiled step kept for its second look (timing_only)
+            probed = any(p.batch_size == b for p in self.probes)
+            phase = goodput.RETIME if probed else (first or {}).get(b, goodput.BETWEEN)
+            room = self._room(need)
+            fresh = room is False or (n == 0 and room is None)
+            self._run(b, phase, fresh=fresh, timing=not fresh, timing_only=True, spare=False)  # the last fresh workers
+
+    def _retime_need(self, sizes: list[int]) -> float:
+        """What timing `sizes` may add to a worker's resident set, in MiB: the most any of their
+        probes peaked above the least peak of a probe that passed (the runtime's own). A size not
+        probed yet lies below one that was (goodput.between)."""
+        done = [p for p in self.probes if p.status == Status.DONE and p.peak_memory_mb]
+        if not done:
+            return 0.0
+        base = min(p.peak_memory_mb for p in done)
+        return max((p.peak_memory_mb - base for p in done if p.batch_size in sizes), default=0.0)
+
+    def _room(self, need: float) -> bool | None:
+        """Whether the live worker can time a size beside what it holds: its resident set now plus
+        `need` within goodput.RETIME_FILL of the cap (the tenth left over is the next kept step's:
+        on JAX 30-120 MiB). None where that is not known (no live worker; a GPU's memory; no cap)."""
+        held = self.prober.resident_mb()
+        cap = next((p.memory_cap_mb for p in reversed(self.probes) if p.memory_cap_mb), None)
+        if held is None or not cap:
+            return None
+        return held + need <= goodput.RETIME_FILL * cap
+
+    def _run(self, batch_size: int, phase: str, fresh: bool = False, timing: bool = False,
+             timing_only: bool = False, aside: bool = False, spare: bool = True) -> ProbeRecord:
+        s = self.settings
+        task = ProbeTask(batch_size, str(self.data_dir.resolve()), optimizer=s.optimizer, dataset=s.dataset,
+                         precision=s.precision, steps=s.steps, warmup=s.warmup, deterministic=s.deterministic,
+                         tf32=s.tf32, min_seconds=s.min_seconds, model=s.model, loss=s.loss,
+                         timing_only=timing_only, **(self.probe_data.task_fields() if self.probe_data else {}))
+        started = time.perf_counter()
+        p = self.prober.run_aside(task) if aside else self.prober.run(task, fresh=fresh, timing=timing, spare=spare)
+        p.order, p.phase, p.wall_seconds = len(self.probes) + 1, phase, round(time.perf_counter() - started, 2)
+        self.probes.append(p)
+        self.log(probe_line(p))
+        return p
+
+    def probe_on_the_way(self, batch_size: int, critical: int | None) -> str:
+        """The search's probe of `batch_size`, and before it the critical batch size's, when that
+        lies between the largest probed so far and `batch_size`: so it runs in the worker of the
+        search's way up, where a probe costs a fraction of a second, not in a fresh one."""
+        done = max((p.batch_size for p in self.probes), default=0)
+        if critical is not None and done < critical < batch_size:
+            self.probe(critical, "critical")
+        return self.probe(batch_size, "search").status
+
+    def guess(self) -> int | None:
+        """The largest batch size that fits, as the search should aim for it now: the memory
+        model's prediction, or, once two probes above what the model was fitted on have
+        fitted with an exact peak (a GPU's allocator, whose bytes in use no retained region
+        inflates; never a reused CPU worker's resident set), the line through the largest two,
+        when it climbs more steeply than the model's.
+        On the H200 XLA's plan said 4,815 where the peaks of 1,024 and 2,048 put it at 3,140:
+        the device's own workspaces grow faster than the plan above a few hundred images."""
+        exact = sorted((p for p in self.probes if p.status == Status.DONE and p.memory_kind == "gpu-worker"
+                        and p.peak_memory_mb and p.batch_size > PLAN_MOST), key=lambda p: p.batch_size)
+        cap = next((p.device_memory_limit_mb or p.memory_cap_mb for p in reversed(exact)), None)
+        plan_slope = (self.prediction or {}).get("per_image_bytes", 0.0) / 2**20
+        if len(exact) >= 2 and cap:
+            a, b = exact[-2], exact[-1]
+            slope = (b.peak_memory_mb - a.peak_memory_mb) / (b.batch_size - a.batch_size)
+            # the device's workspaces add to the plan, never take from it: a slope below the plan's
+            # is a kernel's choice changing between the two sizes (the H200's 920 peaked above 1,024)
+            if slope > max(0.0, plan_slope):
+                best = b.batch_size + int((cap - b.peak_memory_mb) // slope)
+                if not self.refined or self.refined["max_batch_size"] != best:
+                    self.refined = {"max_batch_size": best, "from": [a.batch_size, b.batch_size]}
+                    self.log(f"The prediction carried on by the probes of {a.batch_size} and {b.batch_size} "
+                             f"(their exact peaks on a GPU): {best}.")
+                return best
+        return self.prediction["max_batch_size"] if self.prediction else None
+
+    def close(self) -> None:
+        self.prober.close()
+
+
