@@ -57,6 +57,16 @@ def small_archive(tmp_path_factory: pytest.TempPathFactory) -> SyntheticArchive:
     return build_synthetic_archive(tmp_path_factory.mktemp("small-archive"), SMALL_N_VALID)
 
 
+def pytest_collection_modifyitems(items: list) -> None:
+    """The tests that train or spawn processes first, each tier in file order: pytest-xdist hands
+    the two test processes tests as they finish, so the suite ends with quick ones, a fraction of
+    a second each, and neither process waits long for the other. In file order the user-model
+    modules' end-to-end runs came last, and one process ran them alone for 40 s of a 430 s suite.
+    (The tests sharing an expensive module fixture are an xdist_group, run together whatever the
+    order; a data set's fixture is the session's `prepared_data`, made once.)"""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+
+
 # --- small prepared data sets, shared by every test module that trains ------------------------
 
 

@@ -848,6 +848,7 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_and_on
 
     class OneWorker:  # every short run in one worker, as a sweep's trials share one
         def __init__(self, log_path, env=None):
+            self.log_path = log_path
             workers.append(self)
 
         def run(self, task, fresh=False, timing=False, spare=True):

@@ -42,6 +42,7 @@ run, stopped while their steps are timed (catsdogs.measure.prober). The summary 
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import time
 from collections.abc import Callable
@@ -79,6 +80,7 @@ from catsdogs.messages import ProbeRecord, columns
 from catsdogs.recommendation import fastest, hand_off, recommend
 from catsdogs.schema import Status, default
 from catsdogs.training import backends
+from catsdogs.training.worker import Worker
 
 HOST_CAP_FRACTION = 0.9
 PROBE_COLUMNS = columns(ProbeRecord, "search")  # find_batch_size.csv, and each probe in the .json
@@ -96,7 +98,7 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     folder = Path(out) / settings.name
     work = folder / ".work"
     env = settings.environment()
-    settings, manifest, size, user, probe_data = _model_and_data(settings, data_dir, work, env, log, arrays)
+    settings, manifest, size, user, probe_data, shared = _model_and_data(settings, data_dir, work, env, log, arrays)
     bound = SearchBound.of(settings, manifest, probe_data)
     folder.mkdir(parents=True, exist_ok=True)
     cpu_cap = None
@@ -116,7 +118,8 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         # The statistics first, in a worker of its own that ends before any probe runs (the first
         # probe's worker imports its framework meanwhile): the probes' memory is not touched, and
         # the search can then probe the critical batch size on its way up.
-        noise_run = _noise_scale(run, bound, data_dir, manifest, user, probe_data) if settings.measure_noise else None
+        noise_run = _noise_scale(run, bound, data_dir, manifest, user, probe_data, shared) if settings.measure_noise \
+            else None
         waiting = time.perf_counter()
         planned = plan.result(log) if plan else None  # before the calibration: no compilation beside its timing
         plan_wait = time.perf_counter() - waiting
@@ -131,8 +134,12 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         keep_interrupted(folder, settings, run.probes, log)
     finally:
         run.close()  # (a plan still compiling is not waited for: its worker ends with this process)
+        if shared:  # (where the noise scale was not measured after all)
+            shared.close()
         if probe_data and probe_data.decoded:  # the folder's decoded copy: the workers are done with it
             Path(probe_data.decoded).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # ... and the work folder, empty unless a log was kept
+                work.rmdir()
     anchor = settings.anchor or short_run_anchor(noise_run.rate_test if noise_run else None)
     summary = _answer(result, run.probes, safe, replace(settings, anchor=anchor),
                       noise_run.estimate if noise_run else None, bound.stopped_by(result))
@@ -151,33 +158,44 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     for line in summary_lines(summary) + time_lines(summary):
         log(line)
     if result.largest_fit is None:
-        first = run.probes[0]
-        message = (f"no batch size fits: batch size {first.batch_size} already {first.status}"
-                   f"{': ' + first.error.splitlines()[0] if first.error else ''} "
-                   f"(records in {folder / 'find_batch_size.json'})")
-        if first.status == Status.OOM and settings.memory_cap_bytes is not None:  # the user's cap, below the runtime
-            raise SettingError(f"{format_bytes(settings.memory_cap_bytes)} is below what batch size "
-                               f"{first.batch_size} needs: {message}", "memory_limit")
-        raise CatsdogsError(message)
+        raise _nothing_fits(run.probes[0], settings, folder)
     return summary
 
 
+def _nothing_fits(first: ProbeRecord, settings: FindSettings, folder: Path) -> CatsdogsError:
+    """The error where not even the first probe fitted: a usage error naming --memory-limit where
+    the user's cap is below what the runtime needs."""
+    message = (f"no batch size fits: batch size {first.batch_size} already {first.status}"
+               f"{': ' + first.error.splitlines()[0] if first.error else ''} "
+               f"(records in {folder / 'find_batch_size.json'})")
+    if first.status == Status.OOM and settings.memory_cap_bytes is not None:  # the user's cap, below the runtime
+        return SettingError(f"{format_bytes(settings.memory_cap_bytes)} is below what batch size "
+                            f"{first.batch_size} needs: {message}", "memory_limit")
+    return CatsdogsError(message)
+
+
 def _noise_scale(run: ProbeRun, bound: SearchBound, data_dir: Path, manifest: dict | None, user,
-                 probe_data: model_check.ProbeData | None) -> NoiseRun | None:
-    """The noise scale's short runs (noise_run), or None, said, where they cannot measure one: a
-    user's model on random images (no signal), or fewer training images than their batch."""
+                 probe_data: model_check.ProbeData | None, worker: Worker | None = None) -> NoiseRun | None:
+    """The noise scale's short runs (noise_run; in `worker`, where a user's model was checked), or
+    None, said, where they cannot measure one: a user's model on random images (no signal), or
+    fewer training images than their batch."""
     settings, log, base = run.settings, run.log, default("base_batch_size")
+    why = None
     if user and not probe_data.real:
-        log("Noise scale: not measured: it needs real images (random ones carry no signal to measure): give "
-            "--data DIR, or prepared data of the model's input size; the recommendation is speed's within memory.")
-        return None
-    if bound.train_images is not None and bound.train_images < base:
-        log(f"Noise scale: not measured: its short runs train at batch size {base}, more than the "
-            f"{bound.train_images:,} training images; the recommendation is speed's within memory and the data.")
+        why = ("it needs real images (random ones carry no signal to measure): give --data DIR, or prepared data "
+               "of the model's input size; the recommendation is speed's within memory.")
+    elif bound.train_images is not None and bound.train_images < base:
+        why = (f"its short runs train at batch size {base}, more than the {bound.train_images:,} training images; "
+               "the recommendation is speed's within memory and the data.")
+    if why:
+        log(f"Noise scale: not measured: {why}")
+        if worker:  # the model's check, which passed, ran in it: nothing of its log to keep
+            worker.close()
+            worker.log_path.unlink(missing_ok=True)
         return None
     run.prober.prestart(fresh_before_search(user, manifest))
     return measure_noise_scale(data_dir, manifest, settings, run.work, run.env, log, probe_data=probe_data,
-                               sampling=user_noise_sampling(bool(user.batch_norm)) if user else None)
+                               sampling=user_noise_sampling(bool(user.batch_norm)) if user else None, worker=worker)
 
 
 def fresh_before_search(user, manifest: dict | None) -> int:
@@ -327,15 +345,24 @@ def _seconds(started: float, noise_run: NoiseRun | None, predict_seconds: float,
 
 def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dict, log, arrays=None):
     """(the settings with the model's canonical reference, the prepared data's manifest or None,
-    the image size, the user's model's ModelInfo or None, what its probes run on or None): a
-    user's model is built and checked in a worker first (catsdogs.measure.model_check)."""
+    the image size, the user's model's ModelInfo or None, what its probes run on or None, the
+    worker it was checked in or None): a user's model is built and checked in a worker first
+    (catsdogs.measure.model_check), kept for the noise scale's short runs where they are to train
+    (one start fewer)."""
     model_check.check_options(settings.model, settings.loss, settings.images, settings.precision)
     if settings.model is None:
         manifest = require_intact(Path(data_dir))
         size = manifest["params"]["size"]
         check_memory_floor(settings.memory_cap_bytes, size, settings.optimizer, settings.precision)
-        return settings, manifest, size, None, None
-    ref, user = model_check.check_user_model(settings.model, settings.loss, work / "model-check.log", env)
-    probe_data = model_check.data_for(user, data_dir, Path(settings.images) if settings.images else None, work, arrays)
+        return settings, manifest, size, None, None, None
+    shared = Worker(work / "model-check.log", env) if settings.measure_noise else None
+    try:
+        ref, user = model_check.check_user_model(settings.model, settings.loss, work / "model-check.log", env, shared)
+        probe_data = model_check.data_for(user, data_dir, Path(settings.images) if settings.images else None, work,
+                                          arrays)
+    except BaseException:
+        if shared:
+            shared.close()
+        raise
     log(f"Your {model_check.describe(user)}; on {probe_data.said}.")
-    return replace(settings, model=ref), probe_data.manifest, user.input_shape[0], user, probe_data
+    return replace(settings, model=ref), probe_data.manifest, user.input_shape[0], user, probe_data, shared

@@ -1,7 +1,7 @@
 """A user's model (--model) before the probes: built and checked in a worker of its own, and the
 data its probes run on. Framework-free, as profile's and find-batch-size's own processes are.
 
-`check_user_model` runs catsdogs.training.user_model in a fresh worker that ends with it (so what
+`check_user_model` runs catsdogs.training.user_model in a worker no probe runs in (so what
 building the model allocated never counts in a probe's peak) and returns what it found: input
 shape, classes, parameters and the loss it will train with. A model that cannot be imported,
 built or used is a SettingError naming the option (`--model`, or `--loss`): a usage error, exit 2.
@@ -30,7 +30,7 @@ from catsdogs.manifest import load_manifest, require_intact
 from catsdogs.messages import ModelCheckTask, ModelInfo
 from catsdogs.model_ref import check_loss, is_file, parse
 from catsdogs.schema import Status
-from catsdogs.training.worker import run_isolated
+from catsdogs.training.worker import Worker, run_isolated
 
 _OPTION = re.compile(r"^(?:CatsdogsError: )?--(model|loss) (\S+): ")
 
@@ -51,15 +51,22 @@ def check_options(model: str | None, loss: str, images: Path | None, precision: 
                            "package.module:function builds it under the policy)", "precision")
 
 
-def check_user_model(model: str, loss: str, log_path: Path, env: dict | None) -> tuple[str, ModelInfo]:
+def check_user_model(model: str, loss: str, log_path: Path, env: dict | None,
+                     worker: Worker | None = None) -> tuple[str, ModelInfo]:
     """(the canonical reference, what the worker found, with the reference's `source` as it was
     when checked), or a SettingError of one line for a model that cannot be used; a worker that
-    failed for another reason (it died, ran out of memory) is a CatsdogsError."""
+    failed for another reason (it died, ran out of memory) is a CatsdogsError. In a fresh worker
+    that ends with the check, or in `worker`, left to its owner (find-batch-size's noise scale
+    trains next in it: a worker's start fewer; no probe's memory is measured there)."""
     ref, loss = parse(model), check_loss(loss)
     source = model_ref.source(ref)  # before any worker reads it
-    record: ModelInfo = run_isolated(ModelCheckTask(ref, loss), log_path, env)
+    if worker is None:
+        record: ModelInfo = run_isolated(ModelCheckTask(ref, loss), log_path, env)
+    else:
+        record, log_path = worker.run(ModelCheckTask(ref, loss)), worker.log_path
     if record.status == Status.DONE:
-        log_path.unlink(missing_ok=True)
+        if worker is None:
+            log_path.unlink(missing_ok=True)
         record.source = source
         return ref, record
     line = (record.error or "the worker ended without a word").strip().splitlines()[0]

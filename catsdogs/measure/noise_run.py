@@ -123,7 +123,7 @@ def user_noise_sampling(batch_norm: bool = False) -> NoiseSampling:
 
 def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSettings, work: Path, env: dict | None,
                         log: Callable[[str], None], sampling: NoiseSampling | None = None,
-                        probe_data: model_check.ProbeData | None = None) -> NoiseRun | None:
+                        probe_data: model_check.ProbeData | None = None, worker: Worker | None = None) -> NoiseRun | None:
     """B_simple past the first epoch's transient: NOISE_SEEDS short runs at the base batch size
     (seeds `settings.seed` and on), each trained NOISE_EPOCHS epochs as a sweep's trial is, in one
     worker, measured after each epoch from NOISE_FROM on (before it, nothing is measured); those
@@ -133,7 +133,8 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     and the backend, and two seeds pooled pair by pair gave intervals that covered the truth 18%
     of the time. With the wall time (the worker's start included). None, said in the log, when a
     run failed. `probe_data`: a user's model (settings.model) trains, on its folder or the
-    prepared data, and is measured by the two-batch estimator (`user_noise_sampling`)."""
+    prepared data, and is measured by the two-batch estimator (`user_noise_sampling`); `worker`:
+    the one its check ran in (model_check.check_user_model), ended here as a worker of its own is."""
     base = default("base_batch_size")
     user = _user_task_fields(settings, probe_data)
     sampling = sampling or (user_noise_sampling() if user else noise_sampling())
@@ -157,8 +158,8 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     every: dict[int, list[NoiseEstimate]] = {}
     at_default: dict[int, float | None] = {}  # each seed's final loss at the default rate (None: collapsed, diverged)
     measure_seconds = 0.0
-    log_path = work / "noise-scale.log"
-    worker = Worker(log_path, env)  # one for every run: a trial trains alike in a fresh worker or a used one
+    worker = worker or Worker(work / "noise-scale.log", env)  # one for every run: a trial trains alike in a
+    log_path = worker.log_path  # fresh worker or a used one
 
     def config(seed: int, lr: float | None = None) -> TrialConfig:
         return TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,

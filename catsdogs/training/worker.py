@@ -161,7 +161,6 @@ class Worker:
         # the digests of trials answered with theirs pending (TrialTask.defer_digest), by trial key:
         # (digest, error), as `digest` messages bring them
         self.digests = digests if digests is not None else {}
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **backends.current().process_env(),
                     **(env or {})}
         self.proc: subprocess.Popen | None = None
@@ -187,6 +186,7 @@ class Worker:
         """Start the process without waiting for it: it imports its framework while this one goes
         on (`wait_ready`, or the first `run`, waits for it)."""
         self._stopped = False
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)  # here, not before: a handle writes nothing
         with open(self.log_path, "a") as log:  # the child has its own copy of the descriptor
             self.proc = SPAWNER.popen(
                 [sys.executable, "-m", "catsdogs.training.worker"], stdin=subprocess.PIPE,
