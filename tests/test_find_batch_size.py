@@ -231,6 +231,32 @@ def test_probes_below_the_fresh_threshold_share_a_worker_and_those_above_get_the
     assert [w.tasks for w in fake_workers.started if w.tasks] == [3, 1, 1]
 
 
+def test_the_live_workers_resident_set_is_read_on_the_cpu_only_and_never_under_isolate(fake_workers, tmp_path):
+    import os
+
+    from catsdogs.host import proc_status_kb
+    from catsdogs.measure import prober as prober_module
+
+    # given a prober whose live worker is this process (its resident set readable), on the CPU
+    with prober_module.Prober(tmp_path) as prober:
+        assert prober.resident_mb() is None  # no worker yet
+        prober.run(probe_task(8))
+        prober.worker.proc = type("Proc", (), {"pid": os.getpid()})()
+        # then it reads that process's resident set, in MiB
+        held = prober.resident_mb()
+        assert held == pytest.approx(proc_status_kb("VmRSS") / 1024, rel=0.2)
+        # and on a GPU, whose memory that is not, it says nothing; nor once the worker has ended
+        prober.worker.device = "gpu"
+        assert prober.resident_mb() is None
+        prober.worker.device, prober.worker.alive = "cpu", False
+        assert prober.resident_mb() is None
+    # and under isolate, where no worker is taken for more, nothing either
+    with prober_module.Prober(tmp_path, isolate=True) as prober:
+        prober.run(probe_task(8))
+        prober.worker.proc = type("Proc", (), {"pid": os.getpid()})()
+        assert prober.resident_mb() is None
+
+
 def test_on_the_cpu_the_next_fresh_worker_imports_beside_the_probes_and_stops_while_their_steps_are_timed(
         fake_workers, tmp_path, monkeypatch):
     from catsdogs.measure import prober as prober_module

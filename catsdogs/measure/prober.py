@@ -136,9 +136,9 @@ class Prober:
     def resident_mb(self) -> float | None:
         """The live worker's resident set now, in MiB: what it holds between probes (the compiled
         steps it keeps, its allocators' pools), which the next probe in it adds to. None without a
-        live worker, or on a GPU, whose memory that is not."""
+        live worker, on a GPU, whose memory that is not, or with `isolate` (no worker taken for more)."""
         worker = self.worker
-        if worker is None or not worker.alive or worker.device != "cpu":
+        if worker is None or not worker.alive or worker.device != "cpu" or self.isolate:
             return None
         kb = proc_status_kb("VmRSS", worker.proc.pid)
         return None if kb is None else kb / 1024
