@@ -835,10 +835,12 @@ OWN_LINES = ("Find batch size", "calibrate ", "search ", "confirm ", "critical "
 
 
 @pytest.mark.slow
-def test_the_command_prints_only_its_own_lines_on_either_backend(keras_backend, data_dir, tmp_path):
-    # given the command as a user runs it, in a process of its own, with a cap (so it predicts)
+def test_the_command_prints_only_its_own_lines_on_either_backend(keras_backend, prepared_data, tmp_path):
+    # given the command as a user runs it, in a process of its own, with a cap (so it predicts), on
+    # 32 px images (what it prints does not depend on their size; the short runs train faster)
     env = {**os.environ, "KERAS_BACKEND": keras_backend}
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user's shell has it: TensorFlow's C++ logging on
+    data_dir = prepared_data(32, (24, 8, 8))
     out = subprocess.run([sys.executable, "-m", "catsdogs", "find-batch-size", "--data-dir", str(data_dir),
                           "--out", str(tmp_path), "--memory-limit", "8GiB", "--start", "1", "--max", "2"],
                          capture_output=True, text=True, env=env, timeout=300)

@@ -340,7 +340,7 @@ def test_the_article_model_handed_in_is_predicted_by_the_articles_memory_model(k
     runs = {}
     for name, extra in (("built-in", []), ("handed-in", ["--model", "my_models:article"])):
         result = CliRunner().invoke(cli, ["find-batch-size", "--data-dir", str(data_dir), "--out", str(tmp_path / "out"),
-                                          "--name", name, "--memory-limit", "1GiB", "--max", "16", "--no-noise-scale",
+                                          "--name", name, "--memory-limit", "1GiB", "--max", "8", "--no-noise-scale",
                                           *extra])
         assert result.exit_code == 0, result.output
         runs[name] = json.loads((tmp_path / "out" / name / "find_batch_size.json").read_text())["prediction"]
@@ -355,6 +355,6 @@ def test_the_article_model_handed_in_is_predicted_by_the_articles_memory_model(k
                                           steps=built_in["steps"])
         assert replayed["max_batch_size"] == handed_in["max_batch_size"]
         assert handed_in["state_bytes"] == built_in["state_bytes"]
-    else:  # the same plan of the step, compiled at the same sizes, none above the search's bound (--max 16)
+    else:  # the same plan of the step, compiled at the same sizes, none above the search's bound (--max 8)
         assert handed_in["planned_bytes"] == built_in["planned_bytes"]
-        assert list(handed_in["planned_bytes"]) == ["1", "16"]
+        assert list(handed_in["planned_bytes"]) == ["1", "8"]

@@ -148,8 +148,9 @@ class RaySlot:
     """One sweep slot on Ray: an actor, kept between trials, replaced after any that is not done."""
 
     def __init__(self, ray, plan: dict, env: dict | None = None, isolate: bool = False,
-                 max_retries: int = MAX_RETRIES):
-        self.ray, self.plan, self.isolate, self.max_retries = ray, plan, isolate, max_retries
+                 max_retries: int | None = None):
+        self.ray, self.plan, self.isolate = ray, plan, isolate
+        self.max_retries = MAX_RETRIES if max_retries is None else max_retries  # (read when made, not defined)
         self.env = {k: v for k, v in (env or {}).items() if k not in _PLACEMENT_VARS}
         self.actor = None
         self._settings: dict | None = None  # the actor's process settings
