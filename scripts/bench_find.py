@@ -19,6 +19,8 @@ adds each side's median and the ratios pair by pair.
     python scripts/bench_find.py --data-dir data/beyond --backends tensorflow --seeds 0
     git worktree add /tmp/old-catsdogs 72e0589
     python scripts/bench_find.py --data-dir data/beyond --backends tensorflow --opt sgd --seeds 0 1 2 --old /tmp/old-catsdogs
+    python scripts/bench_find.py --backends tensorflow --memory-limit 1GiB --old /tmp/old-catsdogs \
+        --extra "--model small.keras --data pics --max 16 --no-noise-scale"
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -74,8 +77,10 @@ def main() -> int:
     ap.add_argument("--backends", nargs="+", default=["tensorflow", "jax"], help="[tensorflow jax]")
     ap.add_argument("--opt", choices=["sgd", "adam"], help="find-batch-size's --opt [its default]")
     ap.add_argument("--old", type=Path, help="an older checkout, each run alternating with the same run of it")
+    ap.add_argument("--extra", default="", help='more find-batch-size options, quoted: like "--model PATH.keras '
+                                                '--data DIR --max 16 --no-noise-scale" (a user\'s model) [none]')
     args = ap.parse_args()
-    opt = ["--opt", args.opt] if args.opt else []
+    opt = (["--opt", args.opt] if args.opt else []) + shlex.split(args.extra)
     sides = {"new": HERE, **({"old": args.old.resolve()} if args.old else {})}
     rows = []
     print(f"{'side':>4} {'backend':>10} {'seed':>4} {'wall':>6} {'noise':>6} {'model':>6} {'probes':>7} {'n':>3} "
