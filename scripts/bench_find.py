@@ -80,7 +80,11 @@ def main() -> int:
     ap.add_argument("--extra", default="", help='more find-batch-size options, quoted: like "--model PATH.keras '
                                                 '--data DIR --max 16 --no-noise-scale" (a user\'s model) [none]')
     args = ap.parse_args()
-    opt = (["--opt", args.opt] if args.opt else []) + shlex.split(args.extra)
+    try:
+        extra = shlex.split(args.extra)
+    except ValueError as e:  # an unclosed quote
+        ap.error(f"--extra: {e}")
+    opt = (["--opt", args.opt] if args.opt else []) + extra
     sides = {"new": HERE, **({"old": args.old.resolve()} if args.old else {})}
     rows = []
     print(f"{'side':>4} {'backend':>10} {'seed':>4} {'wall':>6} {'noise':>6} {'model':>6} {'probes':>7} {'n':>3} "

@@ -104,6 +104,23 @@ def keras_backend(request, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture
+def launched_workers(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every catsdogs worker launched in this process during the test (Worker.launch), in order:
+    what ran in which, and whether it has ended."""
+    from catsdogs.training.worker import Worker
+
+    launched: list = []
+    launch = Worker.launch
+
+    def recording(self) -> None:
+        launched.append(self)
+        launch(self)
+
+    monkeypatch.setattr(Worker, "launch", recording)
+    return launched
+
+
+@pytest.fixture
 def a_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """`a_project(text)`: the current directory becomes a user's project holding my_models.py of
     `text` (model functions, for --model my_models:NAME), importable here and in workers."""

@@ -1027,8 +1027,9 @@ def test_the_sizes_the_answer_could_fall_on_are_timed_again_on_the_cpu_so_one_bu
         assert timed == []
         return
     # then on the CPU the 5 sizes nearest the least worst case's are timed twice more, in alternating
-    # order, in one fresh worker (the live one's memory not known: ResidentProber), 16 among them, and its unlucky probe is outvoted; with them the
-    # sizes between the calibration's 1 and the search's 8 (a gap beside the contest), first timed there
+    # order, in one fresh worker (the live one's memory not known: LinearProber.resident_mb), 16 among
+    # them, and its unlucky probe is outvoted; with them the sizes between the calibration's 1 and the
+    # search's 8 (a gap beside the contest), first timed there
     order = [b for b, _ in timed]
     sizes = sorted(set(order))
     between = [b for b, phase in timed if phase == "between"]
@@ -1075,8 +1076,7 @@ def test_the_retime_runs_in_the_live_worker_while_its_resident_set_leaves_room_f
     monkeypatch.setattr(prober, "Prober", ResidentProber)
     monkeypatch.setattr(ResidentProber, "held", held)
     monkeypatch.setattr(ResidentProber, "per_look", 0.0)
-    run = ProbeRun(FindSettings("fbs", memory_cap_bytes=1000 * 2**20), tmp_path, tmp_path, None, {},
-                          lambda line: None)
+    run = ProbeRun(FindSettings("fbs", memory_cap_bytes=1000 * 2**20), tmp_path, tmp_path, None, {}, lambda line: None)
     # given the search's probes of 1, 8 and 64 under a 1000 MiB cap (peaks 501, 508, 564 MiB: the
     # largest step adds 63 MiB to the runtime's)
     for b in (1, 8, 64):

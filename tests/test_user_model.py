@@ -329,12 +329,7 @@ def test_a_model_that_cannot_be_used_is_a_usage_error_in_one_line(in_a_project, 
 
 @pytest.mark.slow
 def test_find_batch_size_refuses_a_model_that_cannot_be_used_in_one_line_and_ends_the_worker_it_checked_it_in(
-        in_a_project, data_dir, tmp_path, monkeypatch):
-    from catsdogs.training.worker import Worker
-
-    launched = []
-    launch = Worker.launch
-    monkeypatch.setattr(Worker, "launch", lambda self: (launched.append(self), launch(self))[1])
+        in_a_project, data_dir, tmp_path, launched_workers):
     # when find-batch-size is given a function that returns no model (its check in the worker the
     # noise scale's short runs would train in)
     result = CliRunner().invoke(cli, ["find-batch-size", "--data-dir", str(data_dir), "--out", str(tmp_path / "out"),
@@ -343,7 +338,7 @@ def test_find_batch_size_refuses_a_model_that_cannot_be_used_in_one_line_and_end
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "my_models:not_a_model: returned list, not a Keras model" in lines[0]
-    assert len(launched) == 1 and not launched[0].alive
+    assert len(launched_workers) == 1 and not launched_workers[0].alive
 
 
 def test_a_model_of_neither_form_is_refused_before_any_worker_or_folder(data_dir, tmp_path):

@@ -303,12 +303,9 @@ def pictures(tmp_path) -> Path:
 
 @pytest.mark.slow
 def test_find_batch_size_measures_a_users_models_noise_scale_on_its_folder(in_a_project, pictures, tmp_path,
-                                                                          monkeypatch):
+                                                                          launched_workers):
     # (on TensorFlow: what differs by backend, the micro-batch gradients and a trial measuring by them
     # in a worker, is tested on both above; this is find-batch-size's own part, which runs no framework)
-    launched = []
-    launch = Worker.launch
-    monkeypatch.setattr(Worker, "launch", lambda self: (launched.append(self), launch(self))[1])
     # when find-batch-size runs the BatchNormalization model on the folder, the search kept short
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["find-batch-size", "--model", "my_models:normed", "--data", str(pictures),
@@ -328,9 +325,9 @@ def test_find_batch_size_measures_a_users_models_noise_scale_on_its_folder(in_a_
     assert saved["model"]["data_folder"] == str(pictures) and saved["model"]["image_count"] == 120
     assert saved["recommendation"]["batch_size"] in {p["batch_size"] for p in saved["probes"] if p["status"] == "done"}
     # and the short runs trained in the worker the model was checked in (no worker of their own), ended after them
-    checked = [w for w in launched if w.log_path.name == "model-check.log"]
+    checked = [w for w in launched_workers if w.log_path.name == "model-check.log"]
     assert len(checked) == 1 and checked[0].tasks >= 1 + 4 and not checked[0].alive
-    assert not any(w.log_path.name == "noise-scale.log" for w in launched)
+    assert not any(w.log_path.name == "noise-scale.log" for w in launched_workers)
 
 
 @pytest.mark.slow

@@ -355,9 +355,10 @@ def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dic
         size = manifest["params"]["size"]
         check_memory_floor(settings.memory_cap_bytes, size, settings.optimizer, settings.precision)
         return settings, manifest, size, None, None, None
-    shared = Worker(work / "model-check.log", env) if settings.measure_noise else None
+    log_path = work / "model-check.log"
+    shared = Worker(log_path, env) if settings.measure_noise else None
     try:
-        ref, user = model_check.check_user_model(settings.model, settings.loss, work / "model-check.log", env, shared)
+        ref, user = model_check.check_user_model(settings.model, settings.loss, log_path, env, shared)
         probe_data = model_check.data_for(user, data_dir, Path(settings.images) if settings.images else None, work,
                                           arrays)
     except BaseException:

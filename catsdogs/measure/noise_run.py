@@ -158,8 +158,8 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     every: dict[int, list[NoiseEstimate]] = {}
     at_default: dict[int, float | None] = {}  # each seed's final loss at the default rate (None: collapsed, diverged)
     measure_seconds = 0.0
-    worker = worker or Worker(work / "noise-scale.log", env)  # one for every run: a trial trains alike in a
-    log_path = worker.log_path  # fresh worker or a used one
+    worker = worker or Worker(work / "noise-scale.log", env)  # every run in one: a trial trains alike in any
+    log_path = worker.log_path
 
     def config(seed: int, lr: float | None = None) -> TrialConfig:
         return TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,

@@ -51,18 +51,19 @@ class ProbeRun:
         has run yet is first timed there, named by `first` (else "between": goodput.between's
         gaps); its memory there, beside the others' steps, says nothing.
         Each look runs in the live worker, which keeps every size's compiled step for its second
-        look, while that worker has room for it (`_room`: on the CPU, as where --max or the data
-        bound the search far from the limit, the search's own worker, sparing a start); else in a
-        fresh one (a worker that ran the limit's probes holds memory a small step then has to
-        share the cap with; on JAX each kept step holds 30-60 MiB more, and under a 1 GiB cap one
-        worker's ten looks came to 1,029 MiB). On a GPU, whose memory is not the resident set,
-        the first look starts a fresh worker and the others follow in it."""
+        look, while that worker has room for it (`_live_worker_has_room`: on the CPU, where --max
+        or the data bound the search far from the limit, the search's own worker, sparing a
+        start); else in a fresh one (a worker that ran the limit's probes holds memory a small
+        step then has to share the cap with; on JAX each kept step holds 30-120 MiB more, and
+        under a 1 GiB cap one worker's ten looks came to 1,029 MiB). On a GPU, whose memory is not
+        the resident set, and under isolate, the first look starts a fresh worker and the others
+        follow in it."""
         order = [b for r in range(rounds) for b in (sorted(sizes, reverse=True) if r % 2 == 0 else sorted(sizes))]
         need = self._retime_need(sizes)
         for n, b in enumerate(order):  # each size's compiled step kept for its second look (timing_only)
             probed = any(p.batch_size == b for p in self.probes)
             phase = goodput.RETIME if probed else (first or {}).get(b, goodput.BETWEEN)
-            room = self._room(need)
+            room = self._live_worker_has_room(need)
             fresh = room is False or (n == 0 and room is None)
             self._run(b, phase, fresh=fresh, timing=not fresh, timing_only=True, spare=False)  # the last fresh workers
 
@@ -76,7 +77,7 @@ class ProbeRun:
         base = min(p.peak_memory_mb for p in done)
         return max((p.peak_memory_mb - base for p in done if p.batch_size in sizes), default=0.0)
 
-    def _room(self, need: float) -> bool | None:
+    def _live_worker_has_room(self, need: float) -> bool | None:
         """Whether the live worker can time a size beside what it holds: its resident set now plus
         `need` within goodput.RETIME_FILL of the cap (the tenth left over is the next kept step's:
         on JAX 30-120 MiB). None where that is not known (no live worker; a GPU's memory; no cap)."""
