@@ -24,6 +24,12 @@ SMALL_N_VALID = 24  # valid images per class in the session archive: small, but 
 # What runs in this process (trials in-process, pipelines) runs on TensorFlow, whatever the shell
 # says; a test that wants JAX asks for it (`keras_backend`) and gets it in its workers.
 os.environ["KERAS_BACKEND"] = "tensorflow"
+# A probe's worker on the CPU imports what its framework tries, as the user's training process would
+# (its resident memory is the measurement): 1.3 s of CPU a worker more, for a baseline 150 MiB
+# higher. The suite's searches check what a search does, not the baseline: they skip them, as a
+# user's environment may say to (catsdogs.training.skipped_imports; the default is tested with
+# the variable removed, test_find_batch_size's spares test).
+os.environ["CATSDOGS_SKIP_OPTIONAL_IMPORTS"] = "1"
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,23 @@ def keras_backend(request, monkeypatch: pytest.MonkeyPatch) -> str:
         pytest.skip(f"{request.param} is not installed (pip install -e '.[jax]')")
     monkeypatch.setenv("KERAS_BACKEND", request.param)
     return request.param
+
+
+@pytest.fixture
+def brief_probes(monkeypatch: pytest.MonkeyPatch) -> str:
+    """find-batch-size's probes timed for at least 0.02 s, not 0.3 (search.DEFAULT_MIN_SECONDS,
+    which FindSettings reads when made): for a test of what a search does and answers, not of how
+    steady its step times are. The timed loop runs as ever (its batches repeated to the minimum);
+    a run of a user's small model took 11 s of CPU where it took 18. And the profile's matmul
+    peak timed for 0.1 s a timing, not 1 (profile.PEAK_SECONDS): 6 s of CPU where it took 11.
+    Returns the first for a process of its own: a line of Python to run before the code under test."""
+    import importlib
+
+    from catsdogs.measure import search
+
+    monkeypatch.setattr(search, "DEFAULT_MIN_SECONDS", 0.02)
+    monkeypatch.setattr(importlib.import_module("catsdogs.measure.profile"), "PEAK_SECONDS", 0.1)
+    return "import catsdogs.measure.search; catsdogs.measure.search.DEFAULT_MIN_SECONDS = 0.02"
 
 
 @pytest.fixture

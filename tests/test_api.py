@@ -158,6 +158,7 @@ def redecided(mine: dict, theirs: dict) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("brief_probes")
 def test_a_live_model_and_arrays_give_the_command_lines_answer_for_its_saved_model_and_folder(tmp_path,
                                                                                            monkeypatch):
     # given a small model saved to .keras, and its images as numpy arrays and as a folder of PNGs
@@ -170,16 +171,16 @@ def test_a_live_model_and_arrays_give_the_command_lines_answer_for_its_saved_mod
         from PIL import Image
 
         Image.fromarray(image).save(tmp_path / "pics" / f"c{label}" / f"{i:04d}.png")
-    common = ["--memory-limit", "1GiB", "--max", "16", "--data-dir", str(tmp_path / "none")]
+    common = ["--memory-limit", "1GiB", "--max", "8", "--data-dir", str(tmp_path / "none")]
     # when the command line measures the file on the folder, and the API the live model on the arrays
     result = CliRunner().invoke(cli, ["find-batch-size", "--model", "small.keras", "--data", "pics", "--out", "cli",
                                       *common])
     assert result.exit_code == 0, result.output
-    advice = catsdogs.find_batch_size(model, (x, y), memory_limit="1GiB", max_batch_size=16, out="api",
+    advice = catsdogs.find_batch_size(model, (x, y), memory_limit="1GiB", max_batch_size=8, out="api",
                                       data_dir=tmp_path / "none", log=None)
     told = catsdogs.BatchSizeAdvice.from_json(Path("cli/find-batch-size/find_batch_size.json"))
     # then the memory limit and the noise scale are the same, seed for seed
-    assert (advice.largest_fitting, advice.stopped_by) == (told.largest_fitting, told.stopped_by) == (16, "max")
+    assert (advice.largest_fitting, advice.stopped_by) == (told.largest_fitting, told.stopped_by) == (8, "max")
     for key in ("b_simple", "low", "high", "gradient_sq", "trace", "seeds"):
         assert advice.summary["noise_scale"][key] == told.summary["noise_scale"][key], key
     # and so the decision: each run's step times, decided with the other's statistics, margin,

@@ -25,10 +25,11 @@ def test_the_walk_through_has_the_steps_it_promises():
 
 
 @pytest.mark.slow
-def test_the_walk_through_runs_as_written(tmp_path):
-    # given the page's code blocks as one script, run where a user would, in an empty folder
+def test_the_walk_through_runs_as_written(tmp_path, brief_probes):
+    # given the page's code blocks as one script, run where a user would, in an empty folder (its
+    # search's probes timed briefly: the line before it)
     script = tmp_path / "walk_through.py"
-    script.write_text("\n\n".join(blocks(DOC.read_text())))
+    script.write_text("\n\n".join([brief_probes, *blocks(DOC.read_text())]))
     # when it runs
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     # then it ends cleanly, with the advice, a noise scale after each of the fit's epochs, the figure

@@ -261,7 +261,9 @@ def test_on_the_cpu_the_next_fresh_worker_imports_beside_the_probes_and_stops_wh
         fake_workers, tmp_path, monkeypatch):
     from catsdogs.measure import prober as prober_module
 
-    # given a prober on the CPU that needs a fresh worker for every probe
+    # given a prober on the CPU that needs a fresh worker for every probe, in an environment that
+    # says nothing of the optional imports (the suite's says to skip them: conftest.py)
+    monkeypatch.delenv(skipped_imports.ENV, raising=False)
     with prober_module.Prober(tmp_path, isolate=True) as prober:
         for b in (8, 16, 32):
             prober.run(probe_task(b))
@@ -278,6 +280,12 @@ def test_on_the_cpu_the_next_fresh_worker_imports_beside_the_probes_and_stops_wh
     # and every CPU worker imports what its framework tries, as the user's training would: a
     # probe's resident memory is the measurement
     assert {w.env[skipped_imports.ENV] for w in fake_workers.started} == {"0"}
+    # unless the environment says to skip them (ENV=1: a training process that imports none)
+    monkeypatch.setenv(skipped_imports.ENV, "1")
+    fake_workers.started = []
+    with prober_module.Prober(tmp_path) as prober:
+        prober.run(probe_task(8))
+    assert [w.env.get(skipped_imports.ENV) for w in fake_workers.started] == [None]  # (it inherits the 1)
     # while on a GPU, where a started framework may hold the device's memory, no spare is started
     fake_workers.started = []
     monkeypatch.setattr(prober_module, "visible_gpus", lambda: ["0"])
@@ -731,6 +739,7 @@ TOLERANCE_PERCENT = 40.0
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("brief_probes")
 def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_is_not_off_by_a_factor_of_2(data_dir, tmp_path):
     # On TensorFlow: JAX's memory model (XLA's plan) is held to its 15% by the benchmark
     # (scripts/bench_memory_model.py), and the search and the cap's watcher run no framework.
@@ -835,13 +844,16 @@ OWN_LINES = ("Find batch size", "calibrate ", "search ", "confirm ", "critical "
 
 
 @pytest.mark.slow
-def test_the_command_prints_only_its_own_lines_on_either_backend(keras_backend, prepared_data, tmp_path):
-    # given the command as a user runs it, in a process of its own, with a cap (so it predicts), on
-    # 32 px images (what it prints does not depend on their size; the short runs train faster)
+def test_the_command_prints_only_its_own_lines_on_either_backend(keras_backend, prepared_data, tmp_path,
+                                                                brief_probes):
+    # given the command as a user runs it (`python -m catsdogs`, its probes timed briefly first), in
+    # a process of its own, with a cap (so it predicts), on 32 px images (what it prints does not
+    # depend on their size; the short runs train faster)
     env = {**os.environ, "KERAS_BACKEND": keras_backend}
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user's shell has it: TensorFlow's C++ logging on
     data_dir = prepared_data(32, (24, 8, 8))
-    out = subprocess.run([sys.executable, "-m", "catsdogs", "find-batch-size", "--data-dir", str(data_dir),
+    command = f"{brief_probes}; import runpy; runpy.run_module('catsdogs', run_name='__main__', alter_sys=True)"
+    out = subprocess.run([sys.executable, "-c", command, "find-batch-size", "--data-dir", str(data_dir),
                           "--out", str(tmp_path), "--memory-limit", "8GiB", "--start", "1", "--max", "2"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr

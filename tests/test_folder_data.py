@@ -115,6 +115,7 @@ def two():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("brief_probes")
 def test_profile_and_find_batch_size_run_a_users_model_on_its_folder(three_classes, tmp_path, monkeypatch):
     (tmp_path / "folder_models.py").write_text(MODEL)
     monkeypatch.chdir(tmp_path)
@@ -132,10 +133,10 @@ def test_profile_and_find_batch_size_run_a_users_model_on_its_folder(three_class
     assert [r["status"] for r in saved["rows"]] == ["done", "done"]
     # and find-batch-size searches on it too
     found = CliRunner().invoke(cli, ["find-batch-size", "--model", "folder_models:three", "--data", str(three_classes),
-                                     "--out", str(out), "--max", "16", "--memory-limit", "1GiB", "--no-noise-scale"])
+                                     "--out", str(out), "--max", "4", "--memory-limit", "1GiB", "--no-noise-scale"])
     assert found.exit_code == 0, found.output
     summary = json.loads((out / "find-batch-size" / "find_batch_size.json").read_text())
-    assert summary["model"]["data_folder"] == str(three_classes.resolve()) and summary["largest_fitting"] == 16
+    assert summary["model"]["data_folder"] == str(three_classes.resolve()) and summary["largest_fitting"] == 4
     # while a two-class model is refused on a three-class folder, in one line
     refused = CliRunner().invoke(cli, ["profile", "--model", "folder_models:two", "--data", str(three_classes),
                                        "--out", str(out), "--batch-size", "4"])

@@ -287,6 +287,7 @@ def test_a_saved_model_is_loaded_with_its_weights(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("brief_probes")
 def test_profile_runs_a_users_model_on_the_prepared_data_or_random_images(in_a_project, data_dir, tmp_path):
     out = tmp_path / "out"
     base = ["profile", "--data-dir", str(data_dir), "--out", str(out), "--batch-size", "2", "4", "--steps", "2",
@@ -352,6 +353,7 @@ def test_a_model_of_neither_form_is_refused_before_any_worker_or_folder(data_dir
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("brief_probes")
 def test_find_batch_size_searches_a_users_model_for_memory_and_speed(keras_backend, in_a_project, data_dir, tmp_path):
     # given a model of another shape than the prepared data's, and --max 64 to keep the search short
     out = tmp_path / "out"

@@ -113,7 +113,7 @@ def progress_line(row: dict) -> str:
 def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = Path(config.DEFAULT_OUT), *,
             optimizer: str = "adam", dataset: str = "standard", precision: str = "float32",
             steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP, memory_cap_bytes: int | None = None,
-            min_seconds: float | None = None, measure_peak: bool = True, peak_seconds: float = PEAK_SECONDS,
+            min_seconds: float | None = None, measure_peak: bool = True, peak_seconds: float | None = None,
             isolate: bool = False, deterministic: bool = True, tf32: bool | None = None,
             worker_env: dict | None = None, model: str | None = None, loss: str = "auto",
             images: Path | None = None, log: Callable[[str], None] = print) -> list[dict]:
@@ -128,6 +128,7 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
     Returns the rows (one per batch size, in the order given). Raises CatsdogsError when the
     data is not prepared, SettingError for impossible settings (a model that cannot be used too)."""
     check_settings(batch_sizes, optimizer, dataset, precision, steps, warmup)
+    peak_seconds = PEAK_SECONDS if peak_seconds is None else peak_seconds  # (read when called: tests/conftest.py)
     folder = Path(out) / name
     work = folder / ".work"
     env = {**(worker_env or {}), **process_env_for(deterministic, tf32)}

@@ -5,14 +5,14 @@ constants are catsdogs.measure.search's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from catsdogs.errors import SettingError
+from catsdogs.measure import search
 from catsdogs.measure.common import check_settings
 from catsdogs.measure.search import (
     DEFAULT_MARGIN,
-    DEFAULT_MIN_SECONDS,
     DEFAULT_START,
     DEFAULT_STEPS,
     DEFAULT_WARMUP,
@@ -38,7 +38,9 @@ class FindSettings:
     precision: str = "float32"
     steps: int = DEFAULT_STEPS  # timed steps per probe
     warmup: int = DEFAULT_WARMUP  # untimed steps before them
-    min_seconds: float = DEFAULT_MIN_SECONDS  # and timed for at least this long, its batches repeated
+    # ... and timed for at least this long, its batches repeated (read when made: the test suite's
+    # end-to-end searches time theirs briefly, tests/conftest.py's brief_probes)
+    min_seconds: float = field(default_factory=lambda: search.DEFAULT_MIN_SECONDS)
     memory_cap_bytes: int | None = None  # None: a GPU's memory, or HOST_CAP_FRACTION of the host's available
     resolution: int | None = None  # the bisection's last gap (None: search.effective_resolution's)
     isolate: bool = False  # a fresh worker process for every probe
