@@ -877,6 +877,17 @@ def test_a_cap_below_the_runtime_is_an_error_with_the_records_written(data_dir, 
     assert [p["status"] for p in saved["probes"]] == ["oom"]
 
 
+def test_a_probes_least_timed_seconds_are_read_when_the_settings_are_made(monkeypatch):
+    from catsdogs.measure import search
+
+    # given find-batch-size's default (what the command line runs with)
+    assert FindSettings().min_seconds == search.DEFAULT_MIN_SECONDS == 0.3
+    # when the module's default is changed after the settings' class was defined (the suite's
+    # brief_probes), then settings made now time their probes so: the end-to-end tests run briefly
+    monkeypatch.setattr(search, "DEFAULT_MIN_SECONDS", 0.02)
+    assert FindSettings().min_seconds == 0.02 and FindSettings(min_seconds=0.5).min_seconds == 0.5
+
+
 def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_and_one_seed_tries_two_more_rates(
         tmp_path, monkeypatch):
     from catsdogs import gradient_noise

@@ -301,6 +301,7 @@ def test_profile_runs_a_users_model_on_the_prepared_data_or_random_images(in_a_p
     saved = json.loads((out / "same" / "profile.json").read_text())
     assert saved["model"]["model"] == "my_models:three_classes" and saved["model"]["classes"] == 3
     assert [r["status"] for r in saved["rows"]] == ["done", "done"] and saved["data"] is not None
+    assert saved["settings"]["peak_seconds"] == 0.1  # the matmul peak's timings, as brief_probes set them
     # when a model of another shape is: random images of its shape, said so
     other = CliRunner().invoke(cli, [*base, "--model", "my_models:grey", "--name", "other"])
     assert other.exit_code == 0, other.output
