@@ -15,7 +15,7 @@ from catsdogs.schema import Status, TrialConfig
 from catsdogs.training import backends
 from catsdogs.training.local_slot import LocalSlot
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("curve")]  # (one process: curved_alone is shared)
 
 SIZE = 32
 BATCH = 8
@@ -47,6 +47,20 @@ def run(cfgs_and_every: list[tuple[TrialConfig, int | None]], data_dir: Path, wo
     return records
 
 
+@pytest.fixture(scope="module")
+def curved_alone():
+    """curved_alone(data_dir, workdir) -> the trial with its curve every 16 images, alone in a fresh
+    worker: run once a backend in this process, for the two tests that compare with it."""
+    made: dict = {}
+
+    def get(data_dir: Path, workdir: Path):
+        if backends.name() not in made:
+            (made[backends.name()],) = run([(trial(data_dir), EVERY)], data_dir, workdir)
+        return made[backends.name()]
+
+    return get
+
+
 def trained(record) -> tuple:
     """What a trial trained to: its weights, test results, per-epoch losses and accuracies, updates."""
     history = [{k: v for k, v in row.items() if "seconds" not in k} for row in record.history]
@@ -54,9 +68,10 @@ def trained(record) -> tuple:
 
 
 def test_the_curve_changes_nothing_the_trial_trains_and_is_evaluated_every_n_images(keras_backend, data_dir,
-                                                                                   tmp_path):
-    # given one trial, run without a curve and with one every 16 training images
-    plain, curved = run([(trial(data_dir), None), (trial(data_dir), EVERY)], data_dir, tmp_path)
+                                                                                   tmp_path, curved_alone):
+    # given one trial, run without a curve and with one every 16 training images, each alone
+    (plain,) = run([(trial(data_dir), None)], data_dir, tmp_path)
+    curved = curved_alone(data_dir, tmp_path / "curved")
     # then it trained exactly as without it: weights, test results, every epoch's logs, updates
     assert trained(curved) == trained(plain)
     assert plain.curve is None and plain.target_reached is None
@@ -73,10 +88,10 @@ def test_the_curve_changes_nothing_the_trial_trains_and_is_evaluated_every_n_ima
     assert curved.fit_seconds >= sum(row["seconds"] for row in curved.history) + 0.5 * curved.eval_seconds
 
 
-def test_a_target_stops_the_trial_where_its_curve_first_reaches_it(keras_backend, data_dir, tmp_path):
+def test_a_target_stops_the_trial_where_its_curve_first_reaches_it(keras_backend, data_dir, tmp_path, curved_alone):
     # given a trial's curve, and a target on val_loss that the curve first reaches mid-epoch, at an
     # evaluation whose loss is below every point before it
-    (free,) = run([(trial(data_dir), EVERY)], data_dir, tmp_path / "free")
+    free = curved_alone(data_dir, tmp_path / "free")
     losses = [p["val_loss"] for p in free.curve]
     first = next(i for i in range(2, len(losses)) if losses[i] < min(losses[:i]) and (i * EVERY // BATCH) % 6)
     value = (losses[first] + min(losses[:first])) / 2
