@@ -214,6 +214,8 @@ def test_profile_on_jax_times_each_batch_size_and_measures_mfu(data_dir, tmp_pat
         # past --steps: the probe's batches repeated until its timed steps lasted --min-seconds
         assert float(r["timed_seconds"]) >= 0.3 and int(r["timed_steps"]) > 2
     assert len(list((tmp_path / "profile" / "figures").glob("*.png"))) == 3
+    # and its matmul peak timed for the default, 1 s a timing (profile.PEAK_SECONDS, read when called)
+    assert json.loads((tmp_path / "profile" / "profile.json").read_text())["settings"]["peak_seconds"] == 1.0
 
 
 @needs_jax
