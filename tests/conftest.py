@@ -114,8 +114,8 @@ def brief_probes(monkeypatch: pytest.MonkeyPatch) -> str:
     """find-batch-size's probes timed for at least 0.02 s, not 0.3 (search.DEFAULT_MIN_SECONDS,
     which FindSettings reads when made): for a test of what a search does and answers, not of how
     steady its step times are. The timed loop runs as ever (its batches repeated to the minimum);
-    a run of a user's small model took 11 s of CPU where it took 18. And the profile's matmul
-    peak timed for 0.1 s a timing, not 1 (profile.PEAK_SECONDS): 6 s of CPU where it took 11.
+    a run of a user's small model took 11 s (16 s of CPU) where it took 18 (23). And the profile's
+    matmul peak timed for 0.1 s a timing, not 1 (profile.PEAK_SECONDS): 6 s of CPU where it took 11.
     Returns the first for a process of its own: a line of Python to run before the code under test."""
     import importlib
 
