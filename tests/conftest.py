@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from catsdogs.data.synthetic import make_synthetic_archive
+from catsdogs.training.skipped_imports import ENV as SKIP_OPTIONAL_IMPORTS
 
 SMALL_N_VALID = 24  # valid images per class in the session archive: small, but every kind fits
 
@@ -29,7 +30,7 @@ os.environ["KERAS_BACKEND"] = "tensorflow"
 # higher. The suite's searches check what a search does, not the baseline: they skip them, as a
 # user's environment may say to (catsdogs.training.skipped_imports; the default is tested with
 # the variable removed, test_find_batch_size's spares test).
-os.environ["CATSDOGS_SKIP_OPTIONAL_IMPORTS"] = "1"
+os.environ[SKIP_OPTIONAL_IMPORTS] = "1"
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,10 @@ def brief_probes(monkeypatch: pytest.MonkeyPatch) -> str:
 
     from catsdogs.measure import search
 
-    monkeypatch.setattr(search, "DEFAULT_MIN_SECONDS", 0.02)
+    least = 0.02
+    monkeypatch.setattr(search, "DEFAULT_MIN_SECONDS", least)
     monkeypatch.setattr(importlib.import_module("catsdogs.measure.profile"), "PEAK_SECONDS", 0.1)
-    return "import catsdogs.measure.search; catsdogs.measure.search.DEFAULT_MIN_SECONDS = 0.02"
+    return f"import catsdogs.measure.search; catsdogs.measure.search.DEFAULT_MIN_SECONDS = {least}"
 
 
 @pytest.fixture

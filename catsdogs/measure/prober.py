@@ -57,11 +57,9 @@ class Prober:
             # and probes that load would measure different things. (A GPU's memory holds neither.)
             self._env[COMPILE_CACHE_ENV] = "off"
             # ... and a probe's peak stands for a training process's, which imports what its
-            # framework tries: no optional import skipped (catsdogs.training.skipped_imports),
-            # unless this process's environment says to skip them: ENV=1, for a training that
-            # imports none of them (and the test suite, whose searches check more than they measure)
-            if os.environ.get(skipped_imports.ENV, "").strip() != "1":
-                self._env[skipped_imports.ENV] = "0"
+            # framework tries: no optional import skipped, unless this process's environment says
+            # its training imports none (the test suite's does: its searches check, not measure)
+            self._env.update(skipped_imports.for_measurement())
         self._started = 0
         self.worker: Worker | None = None
         self._clean = True  # every task of the current worker ended done: its log can go

@@ -62,6 +62,13 @@ def _importer() -> str:
     return ""
 
 
+def for_measurement() -> dict:
+    """The environment a worker whose resident memory is the measurement starts with (a CPU
+    probe's): ENV=0, every optional import made, unless this process's own environment says
+    ENV=1 (a training process that imports none of them). {} then: the worker inherits the 1."""
+    return {} if os.environ.get(ENV, "").strip() == "1" else {ENV: "0"}
+
+
 @contextlib.contextmanager
 def skipping(backend: str, skipped: tuple[str, ...] = SKIPPED, frameworks: tuple[str, ...] = FRAMEWORKS):
     """Within: the imports of `skipped` by the `frameworks`' modules fail, but `backend`'s own (its
