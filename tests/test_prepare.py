@@ -523,6 +523,35 @@ def _gone_or_replaced(path: Path):
     return check
 
 
+def test_given_a_framework_imported_then_the_decode_processes_come_from_a_fork_server(monkeypatch):
+    # given a process that has imported neither TensorFlow nor JAX
+    for name in prep_module.FRAMEWORKS_WITH_THREADS:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    # when / then its decode processes are forked from it
+    assert prep_module._decode_context().get_start_method() == "fork"
+    # and where either is imported (its threads must not be forked), from a fork server
+    for name in prep_module.FRAMEWORKS_WITH_THREADS:
+        monkeypatch.setitem(sys.modules, name, object())
+        assert prep_module._decode_context().get_start_method() == "forkserver"
+        monkeypatch.delitem(sys.modules, name)
+
+
+@pytest.mark.slow
+def test_given_a_prepare_that_imported_jax_is_killed_then_its_fork_servers_decode_processes_end_too(tmp_path):
+    # given a prepare run by a process that has imported JAX (as the Python API's may have), so
+    # that its decode processes come from a fork server, not from it
+    data = tmp_path / "data"
+    script = ("import runpy, sys; import jax; sys.argv[0] = 'catsdogs'; "
+              "runpy.run_module('catsdogs', run_name='__main__')")
+    args = [sys.executable, "-c", script, "prepare", "--source", "synthetic", "--data-dir", str(data),
+            "--per-class", "40", "--split", "20,10,10", "--size", "64", "--seed", "0", "--quiet"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    # when it is killed with SIGKILL while they write images
+    # then they, and the fork server, end by themselves (_kill_when asserts no process is left)
+    assert _kill_when(proc, _any(data, ".*/standard/*/*/*.jpg"))
+    assert_never_half_finished(data)
+
+
 @pytest.mark.slow
 def test_given_prepare_is_killed_at_any_moment_then_no_half_split_is_taken_as_finished(tmp_path):
     # given: a data folder, and prepares killed with SIGKILL at points spread over their run

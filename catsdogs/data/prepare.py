@@ -110,10 +110,7 @@ def select_and_write(pets: Path, params: PrepareParams, staging: Path, log, prog
             (staging / "standard" / s / c).mkdir(parents=True)
             if s != "test":
                 (staging / "augmented" / s / c).mkdir(parents=True)
-    # Forking is nearly free and spares each worker re-importing numpy and Pillow (a tenth of
-    # the CPU of a 2,000-image prepare); but a process that has started TensorFlow's threads
-    # must not be forked, so then the workers are spawned.
-    ctx = get_context("spawn" if "tensorflow" in sys.modules else "fork")
+    ctx = _decode_context()
     bar = _Progress(progress, total=params.per_class * len(config.CLASSES), what="images")
     with ProcessPoolExecutor(WORKERS, mp_context=ctx, initializer=_worker_init,
                              initargs=(os.getpid(),)) as pool, bar:
@@ -245,16 +242,46 @@ def process_batch(tasks: list[tuple]) -> list[tuple[str, object]]:
     return [process_and_write(*args) for args in tasks]
 
 
-def _worker_init(parent: int) -> None:
+FRAMEWORKS_WITH_THREADS = ("tensorflow", "jax")  # started, they run threads of their own
+
+
+def _decode_context():
+    """How the decode processes are made. Forking is nearly free and spares each one importing
+    numpy and Pillow (a tenth of the CPU of a 2,000-image prepare); but a process whose framework
+    runs threads (the Python API's, a test's) must not be forked. There they are forked from a
+    fork server instead: a fresh process, started once for every prepare of this one, that has
+    imported this module and nothing of a framework (spawned, each decode process imported them
+    anew: 0.35 s of CPU a process on two cores, 2 a prepare)."""
+    if not any(name in sys.modules for name in FRAMEWORKS_WITH_THREADS):
+        return get_context("fork")
+    ctx = get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # (where the server already runs, as it was started)
+    return ctx
+
+
+def _worker_init(main: int) -> None:
     """Make each worker exit soon after the main process dies, even by kill -9: otherwise
-    it would wait for work forever, an orphan."""
+    it would wait for work forever, an orphan. Its parent then changes (the main process where
+    it was forked from it, else the fork server, which ends with the main process), or the main
+    process is gone (where it died before this ran)."""
+    parent = os.getppid()
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent and _alive(main):
             time.sleep(0.5)
         os._exit(1)
 
     threading.Thread(target=watch, name="catsdogs-parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's: not ours, but not gone
+        return True
+    return True
 
 
 class _Progress:
