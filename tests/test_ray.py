@@ -160,8 +160,10 @@ def test_a_lost_worker_never_leaves_a_half_result(data_dir, tmp_path, monkeypatc
 
     monkeypatch.setattr(ray_runner, "_run_in_worker", dies)
     monkeypatch.setattr(ray_runner, "MAX_RETRIES", 1)  # one retry shows it as two would: an actor's start fewer
-    # when the sweep runs
-    result = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "lost", "--batch-size", "8", "16"))
+    # when the sweep runs, its trials one after the other (one slot: the bs=8 trial's second actor
+    # goes on to the bs=16 trial, an actor's start fewer than a slot each)
+    one_slot = ("--workers", "1")
+    result = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "lost", "--batch-size", "8", "16", *one_slot))
     # then the slot ran the bs=8 trial again on a new actor, and it is done, once, in the store
     assert result.exit_code == 1, result.output
     trials = by_batch_size(tmp_path, "lost")
@@ -176,7 +178,7 @@ def test_a_lost_worker_never_leaves_a_half_result(data_dir, tmp_path, monkeypatc
 
     # when the same command runs again with workers that live
     monkeypatch.setattr(ray_runner, "_run_in_worker", real)
-    again = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "lost", "--batch-size", "8", "16"))
+    again = CliRunner().invoke(cli, ray_sweep(data_dir, tmp_path, "lost", "--batch-size", "8", "16", *one_slot))
     # then only the lost trial runs, and now every trial is done
     assert again.exit_code == 0, again.output
     assert "1 of 2 trials already finished" in again.output
