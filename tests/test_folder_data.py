@@ -137,10 +137,23 @@ def test_profile_and_find_batch_size_run_a_users_model_on_its_folder(three_class
     assert found.exit_code == 0, found.output
     summary = json.loads((out / "find-batch-size" / "find_batch_size.json").read_text())
     assert summary["model"]["data_folder"] == str(three_classes.resolve()) and summary["largest_fitting"] == 4
-    # while a two-class model is refused on a three-class folder, in one line
-    refused = CliRunner().invoke(cli, ["profile", "--model", "folder_models:two", "--data", str(three_classes),
-                                       "--out", str(out), "--batch-size", "4"])
-    assert refused.exit_code == 2 and "holds 3 classes, more than the model's 2" in refused.output
+
+
+def test_a_model_of_fewer_classes_than_the_folder_is_refused_in_one_line(three_classes, tmp_path, monkeypatch):
+    from catsdogs.measure import model_check
+    from catsdogs.messages import ModelInfo
+
+    # given a two-class model, as its check in a worker finds it, and the three-class folder
+    two = ModelInfo(status="done", input_shape=[16, 12, 3], classes=2, input_dtype="float32")
+    monkeypatch.setattr(model_check, "check_user_model", lambda model, *args, **kwargs: (model, two))
+    for command in (["profile", "--batch-size", "4"], ["find-batch-size", "--max", "4", "--memory-limit", "1GiB"]):
+        # when profile and find-batch-size are asked to run it on the folder
+        refused = CliRunner().invoke(cli, [*command, "--model", "folder_models:two", "--data", str(three_classes),
+                                           "--out", str(tmp_path / "out")])
+        # then each refuses it, a usage error naming --data, before any probe
+        assert refused.exit_code == 2, refused.output
+        assert "Invalid value for '--data'" in refused.output and "holds 3 classes, more than the model's 2" in refused.output
+        assert "Traceback" not in refused.output and not (tmp_path / "out").exists()
 
 
 def test_the_folder_is_decoded_once_by_the_parent_and_the_workers_read_that_copy(three_classes, tmp_path):
