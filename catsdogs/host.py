@@ -38,6 +38,18 @@ def proc_status_kb(field: str, pid: int | str = "self") -> int | None:
     return None
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` is still there (signal 0 checks, and sends nothing); another user's
+    process is there too."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
 def rss_mb() -> float | None:
     """This process's resident set now, in MiB."""
     kb = proc_status_kb("VmRSS")

@@ -35,7 +35,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from harness import alternate, median_of, spread, table
+from harness import alternate, cpu_seconds, median_of, spread, table
 
 from catsdogs import config
 from catsdogs.data.prepare import WORKERS, prepare
@@ -57,11 +57,6 @@ def make_source(workdir: Path, n_valid: int) -> Path:
         zf.extractall(tmp)
     os.replace(tmp, pets.parent)
     return pets
-
-
-def cpu_seconds(who=resource.RUSAGE_SELF) -> float:
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
 
 
 def run_prepare(pets: Path, out: Path, args) -> tuple[float, float, dict, str]:

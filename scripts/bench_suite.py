@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import HERE, alternate, spread, table
+from harness import HERE, alternate, cpu_seconds, spread, table
 
 BASE = "bf83e8c"  # catsdogs 0.6.0: the issue's reference
 
@@ -36,18 +36,13 @@ def checkout(rev: str, into: Path) -> Path:
     return path
 
 
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def run_suite(tree: Path) -> dict:
     """One run of `tree`'s whole suite: wall and CPU seconds, and pytest's last line."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    cpu, started = children_cpu(), time.perf_counter()
+    cpu, started = cpu_seconds(resource.RUSAGE_CHILDREN), time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=tree, env=env,
                           capture_output=True, text=True)
-    wall, cpu = time.perf_counter() - started, children_cpu() - cpu
+    wall, cpu = time.perf_counter() - started, cpu_seconds(resource.RUSAGE_CHILDREN) - cpu
     last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-2000:])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -89,6 +90,12 @@ def trial_pair(slot, cfg, data_dir: Path, turn: int, **measured) -> dict[bool, o
             sys.exit(f"batch size {cfg.batch_size}, seed {cfg.seed}: {record.status}: {record.error}")
         return record
     return paired(run, turn)
+
+
+def cpu_seconds(who=resource.RUSAGE_SELF) -> float:
+    """This process's CPU seconds, user and system (RUSAGE_CHILDREN: those of the children it waited for)."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 def spread(values: Iterable[float]) -> tuple[float, float, float]:

@@ -26,6 +26,7 @@ from PIL import Image
 
 from catsdogs.data.loading import Split
 from catsdogs.errors import SettingError
+from catsdogs.host import process_alive
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")  # image_dataset_from_directory's (Keras 3)
 
@@ -129,18 +130,8 @@ def remove_orphaned_copies(work: Path) -> None:
     run killed, or stopped before it could delete its own."""
     for path in Path(work).glob(f"*{DECODED_SUFFIX}"):
         pid = path.name.split("-", 1)[0]
-        if not pid.isdigit() or not _alive(int(pid)):
+        if not pid.isdigit() or not process_alive(int(pid)):
             path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's: alive
-        return True
-    return True
 
 
 def load_decoded(path: Path, dtype: str = "uint8") -> Split:

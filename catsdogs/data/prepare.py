@@ -37,7 +37,7 @@ from catsdogs.data.repair import record_file_digests, repair
 from catsdogs.data.source import check_source, resolve_source
 from catsdogs.errors import CatsdogsError
 from catsdogs.files import write_json_atomic
-from catsdogs.host import versions
+from catsdogs.host import process_alive, versions
 from catsdogs.manifest import (
     FINGERPRINT_DIRS,
     FORMAT,
@@ -267,22 +267,11 @@ def _worker_init(main: int) -> None:
     parent = os.getppid()
 
     def watch() -> None:
-        while os.getppid() == parent and _alive(main):
+        while os.getppid() == parent and process_alive(main):
             time.sleep(0.5)
         os._exit(1)
 
     threading.Thread(target=watch, name="catsdogs-parent-watch", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` is still there (signal 0 checks, and sends nothing)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's: not ours, but not gone
-        return True
-    return True
 
 
 class _Progress:
