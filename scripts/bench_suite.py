@@ -32,7 +32,11 @@ BASE = "bf83e8c"  # catsdogs 0.6.0: the issue's reference
 def checkout(rev: str, into: Path) -> Path:
     """`rev` checked out, detached, into a new worktree under `into`."""
     path = into / rev.replace("/", "_")
-    subprocess.run(["git", "-C", str(HERE), "worktree", "add", "--detach", "--quiet", str(path), rev], check=True)
+    made = subprocess.run(["git", "-C", str(HERE), "worktree", "add", "--detach", "--quiet", str(path), rev],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        said = (made.stderr.strip().splitlines() or ["git worktree add failed"])[-1]
+        raise SystemExit(f"bench_suite.py: cannot check out {rev!r}: {said}")
     return path
 
 
