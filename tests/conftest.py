@@ -118,13 +118,11 @@ def brief_probes(monkeypatch: pytest.MonkeyPatch) -> str:
     a run of a user's small model took 11 s (16 s of CPU) where it took 18 (23). And the profile's
     matmul peak timed for 0.1 s a timing, not 1 (profile.PEAK_SECONDS): 6 s of CPU where it took 11.
     Returns the first for a process of its own: a line of Python to run before the code under test."""
-    import importlib
-
-    from catsdogs.measure import search
+    from catsdogs.measure import profile, search
 
     least = 0.02
     monkeypatch.setattr(search, "DEFAULT_MIN_SECONDS", least)
-    monkeypatch.setattr(importlib.import_module("catsdogs.measure.profile"), "PEAK_SECONDS", 0.1)
+    monkeypatch.setattr(profile, "PEAK_SECONDS", 0.1)
     return f"import catsdogs.measure.search; catsdogs.measure.search.DEFAULT_MIN_SECONDS = {least}"
 
 
