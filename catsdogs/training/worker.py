@@ -46,7 +46,7 @@ from catsdogs.errors import CatsdogsError
 from catsdogs.host import oom_kills, proc_status_kb
 from catsdogs.messages import Task
 from catsdogs.schema import Status
-from catsdogs.training import backends, skipped_imports
+from catsdogs.training import backends, skipped_imports, template
 from catsdogs.training.spawner import SPAWNER, die_with_parent
 
 WATCH_INTERVAL = 0.02  # seconds between two looks at a capped worker's peak memory
@@ -183,12 +183,14 @@ class Worker:
         self.wait_ready()
 
     def launch(self) -> None:
-        """Start the process without waiting for it: it imports its framework while this one goes
-        on (`wait_ready`, or the first `run`, waits for it)."""
+        """Start the process without waiting for it: it starts its framework while this one goes
+        on (`wait_ready`, or the first `run`, waits for it). Forked from a template that has
+        imported the framework where one applies (catsdogs.training.template: the first such
+        launch waits for the template's import), else a fresh process that imports it."""
         self._stopped = False
         self.log_path.parent.mkdir(parents=True, exist_ok=True)  # here, not before: a handle writes nothing
         with open(self.log_path, "a") as log:  # the child has its own copy of the descriptor
-            self.proc = SPAWNER.popen(
+            self.proc = template.launch(self.env, log) or SPAWNER.popen(
                 [sys.executable, "-m", "catsdogs.training.worker"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, text=True, env=self.env, bufsize=1,
                 start_new_session=True,  # Ctrl-C reaches the parent, which stops the worker
@@ -325,14 +327,14 @@ class Worker:
         """Stop the process where it is (SIGSTOP), or let it go on (SIGCONT): a spare importing
         its framework beside a probe's timed steps (catsdogs.measure.prober)."""
         if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError, PermissionError, TypeError):  # TypeError: never forked
                 os.kill(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
 
     def kill(self) -> None:
         """Stop the worker now (Ctrl-C, a memory cap); safe from any thread."""
         self._stopped = True
         if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError, PermissionError, TypeError):  # TypeError: never forked
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
     def close(self) -> None:
