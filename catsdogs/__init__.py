@@ -7,7 +7,7 @@ error a user can fix is a `catsdogs.CatsdogsError`. In a model's own `fit`:
 process) stays light.
 """
 
-__version__ = "0.25.0"
+__version__ = "0.26.0"
 
 _API = ("BatchSizeAdvice", "CatsdogsError", "SettingError", "find_batch_size", "profile", "report", "sweep")
 __all__ = [*_API, "__version__"]

@@ -42,6 +42,7 @@ import ctypes
 import importlib
 import json
 import os
+import random
 import select
 import signal
 import socket
@@ -230,8 +231,11 @@ def _child(request: dict, fds: list[int], entry: str, pages: list[tuple[int, int
         os.environ.clear()
         os.environ.update(request["env"])
         _move_to(request["cwd"])
+        random.seed()  # a fresh process's draws, not the template's (every child would share them)
+        np.random.seed()
         module, _, function = entry.partition(":")
         __import__(module)
+        sys.argv = [sys.modules[module].__file__]  # as `python -m module` would have it
         code = getattr(sys.modules[module], function)()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -261,6 +265,10 @@ class TemplateChild:
         self.stdout = open(stdout_r)  # noqa: SIM115
         try:
             template.request(self, env, [stdin_r, stdout_w, stderr.fileno()])
+        except OSError:
+            self.stdin.close()
+            self.stdout.close()
+            raise
         finally:
             os.close(stdin_r)
             os.close(stdout_w)
