@@ -28,6 +28,15 @@ def test_a_template_serves_tensorflows_workers_on_a_cpu_host(monkeypatch):
     assert not usable({"KERAS_BACKEND": "tensorflow", template.ENV: "0"})
 
 
+def test_a_worker_of_a_backend_catsdogs_refuses_starts_fresh_to_say_so_itself(monkeypatch):
+    # given a backend Keras does not know, in the worker's environment or only in this process's
+    monkeypatch.setattr(template, "_nvidia_devices", lambda: False)
+    monkeypatch.setenv("KERAS_BACKEND", "nonesuch")
+    # then no template is asked for, and nothing is raised here: the fresh worker says why
+    assert not usable({"KERAS_BACKEND": "nonesuch"})
+    assert not usable({})
+
+
 def test_no_template_on_a_host_with_an_nvidia_device(monkeypatch):
     monkeypatch.setattr(template, "_nvidia_devices", lambda: True)
     assert not usable({"KERAS_BACKEND": "tensorflow"})

@@ -68,14 +68,22 @@ MADV_POPULATE_READ = 22  # linux/mman.h: map a range's pages, as reading each wo
 
 def usable(env: dict) -> bool:
     """Whether a worker of this environment may come from a template."""
-    return (env.get(ENV, "1") != "0" and env.get("KERAS_BACKEND", _default_backend()) == "tensorflow"
-            and sys.platform == "linux" and hasattr(socket, "send_fds") and not _nvidia_devices())
+    return (env.get(ENV, "1") != "0" and sys.platform == "linux" and hasattr(socket, "send_fds")
+            and _backend(env) == "tensorflow" and not _nvidia_devices())
 
 
-def _default_backend() -> str:
+def _backend(env: dict) -> str | None:
+    """The worker's backend: its KERAS_BACKEND, else Keras's configured one (None: none that
+    catsdogs runs, which the worker itself will say)."""
+    if "KERAS_BACKEND" in env:
+        return env["KERAS_BACKEND"]
+    from catsdogs.errors import CatsdogsError
     from catsdogs.training import backends
 
-    return backends.check()
+    try:
+        return backends.check()
+    except CatsdogsError:
+        return None
 
 
 def _nvidia_devices() -> bool:
