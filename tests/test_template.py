@@ -101,6 +101,21 @@ def test_a_child_answers_on_its_own_pipes_in_its_own_environment_and_its_status_
 
 
 @pytest.mark.slow
+def test_a_child_ends_with_the_status_python_would_give_its_entrys_end(tmp_path):
+    # given children whose entry returns None, or exits with a message, as a script's main may
+    made = Template(_env(), "template_entries:ends")
+    try:
+        quiet, said = _child(made, tmp_path), _child(made, tmp_path)
+        quiet.stdin.write("none\n")
+        said.stdin.write("say no data\n")
+        # then they end as `python -m` would have: 0, and 1 with the message in their log
+        assert quiet.wait(timeout=10) == 0 and said.wait(timeout=10) == 1
+        assert "no data" in (tmp_path / "child.log").read_text()
+    finally:
+        made.close()
+
+
+@pytest.mark.slow
 def test_a_templates_children_die_with_it_and_their_handles_say_so(echo_template, tmp_path):
     # given a child at work
     child = _child(echo_template, tmp_path)

@@ -1,38 +1,23 @@
 """Worker processes forked from a template that has imported TensorFlow, on a CPU.
 
-A TensorFlow worker spends most of its start importing TensorFlow and Keras: 2.5-3.7 s of CPU
-on a two-core machine, at every fresh worker (find-batch-size starts up to seven, a sweep one per
-slot and one after every failed trial, the test suite about a hundred). Importing starts none of
-TensorFlow's threads (its runtime starts with the first op or device query that needs it), so a
-process that has only imported it can be forked: the child is the worker a fresh process would
-have become after its imports, started in milliseconds.
+A TensorFlow worker's start is mostly importing TensorFlow and Keras (2.5-3.7 s of CPU here, at
+every fresh worker). Importing starts none of TensorFlow's threads, so a process that has only
+imported it can be forked: the child is what a fresh worker would be after its imports, in
+milliseconds. A fork maps none of the shared libraries' file pages again (a child's resident set
+after a first op: 245 MiB where a fresh worker's was 563), so the template lists its own
+(/proc/self/pagemap) and each child maps them before anything else (MADV_POPULATE_READ, Linux
+5.14): 565 MiB, as fresh. Where the kernel lacks it, workers start fresh.
 
-One difference would show in what catsdogs measures: a fork copies the page tables of anonymous
-memory, not of files mapped (the framework's shared libraries): a child forked from a TensorFlow
-template had 5 MiB of file pages resident where the template had 356, and after its first op
-245 MiB of resident memory where a fresh worker had 563. So the template lists the file pages it
-has mapped (/proc/self/pagemap) and each child maps the same again before anything else
-(madvise's MADV_POPULATE_READ, Linux 5.14: 17 ms for 372 MiB here, from the page cache): then
-565 MiB after that op, as fresh. Where the kernel lacks it, workers start fresh.
-
-A template (`python -m catsdogs.training.template FD`) imports what a worker imports before
-its framework starts, then forks a worker for every request on its socket FD: the request
-brings the worker's environment and, as descriptors, its stdin, stdout and stderr. The child
-takes them as its own, starts a new session, arms its parent-death signal (its parent, the
-template, dies with catsdogs: catsdogs.training.spawner), takes the request's environment and
-current folder and runs the worker's `main` as `python -m catsdogs.training.worker` would. The template reaps its
-children and sends each one's exit status back; `TemplateChild` is the parent's handle on one,
-answering as much of `subprocess.Popen` as `Worker` asks.
-
-Where it applies (`usable`): TensorFlow's workers on a host without an NVIDIA device (a GPU's
-driver must not be inherited half-loaded, and no GPU has shown this safe), on Linux, unless
-CATSDOGS_WORKER_TEMPLATE=0. JAX's workers start fresh: JAX reads its XLA flags and its
-compilation cache's settings when it is imported, and those are each worker's own. One template
-serves every worker whose environment agrees with its own in what an import reads
-(`import_key`); the rest of a worker's environment is set in the child after the fork. What a
-child measures is what a fresh worker measured: its resident set starts at the imports' own, as
-a fresh worker's did once they were done, and a task resets the high-water mark before it
-measures (catsdogs.training.worker).
+A template (`python -m catsdogs.training.template FD`) imports what a worker imports before its
+framework starts, then forks a child for every request on socket FD (the worker's environment
+and folder; its stdin, stdout and stderr as descriptors). The child takes them, a session of its
+own and death with the template (which dies with catsdogs: catsdogs.training.spawner), and runs
+the worker's `main` as `python -m catsdogs.training.worker` would. The template reaps its
+children and sends their exit statuses back; `TemplateChild` answers what `Worker` asks of
+`subprocess.Popen`. Where it applies (`usable`): TensorFlow on Linux on a host without an NVIDIA
+device, unless CATSDOGS_WORKER_TEMPLATE=0 (JAX reads its XLA flags and cache settings at import,
+each worker's own). One template serves the workers that agree with it in what an import reads
+(`import_key`). docs/performance.md, "The trial engine", gives the measurements.
 """
 
 from __future__ import annotations
@@ -215,6 +200,16 @@ def _move_to(cwd: str) -> None:
     importlib.invalidate_caches()
 
 
+def _exit_status(value) -> int:
+    """The status `sys.exit(value)` ends a process with: None 0, a number itself, anything else
+    said on stderr and 1. (An int always: os._exit of anything else raises, and the child would
+    go on in the template's loop.)"""
+    if value is None or isinstance(value, int):
+        return value or 0
+    print(value, file=sys.stderr)
+    return 1
+
+
 def _child(request: dict, fds: list[int], entry: str, pages: list[tuple[int, int]], settled: int) -> None:
     """In the forked child: a session of its own, death with the template, the request's
     descriptors as stdin, stdout and stderr, the template's file pages mapped again, the request's
@@ -244,9 +239,9 @@ def _child(request: dict, fds: list[int], entry: str, pages: list[tuple[int, int
         module, _, function = entry.partition(":")
         __import__(module)
         sys.argv = [sys.modules[module].__file__]  # as `python -m module` would have it
-        code = getattr(sys.modules[module], function)()
+        code = _exit_status(getattr(sys.modules[module], function)())
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+        code = _exit_status(e.code)
     except BaseException:  # noqa: BLE001 - into the worker's log, as a fresh process's would go
         traceback.print_exc()
     with contextlib.suppress(Exception):
