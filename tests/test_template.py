@@ -26,6 +26,7 @@ def test_a_template_serves_tensorflows_workers_on_a_cpu_host(monkeypatch):
     assert not usable({"KERAS_BACKEND": "jax"})
     # not where the user turned it off
     assert not usable({"KERAS_BACKEND": "tensorflow", template.ENV: "0"})
+    assert not usable({"KERAS_BACKEND": "tensorflow", template.ENV: " 0 "})  # as the other switches read it
 
 
 def test_a_worker_of_a_backend_catsdogs_refuses_starts_fresh_to_say_so_itself(monkeypatch):

@@ -53,7 +53,7 @@ MADV_POPULATE_READ = 22  # linux/mman.h: map a range's pages, as reading each wo
 
 def usable(env: dict) -> bool:
     """Whether a worker of this environment may come from a template."""
-    return (env.get(ENV, "1") != "0" and sys.platform == "linux" and hasattr(socket, "send_fds")
+    return (env.get(ENV, "1").strip() != "0" and sys.platform == "linux" and hasattr(socket, "send_fds")
             and _backend(env) == "tensorflow" and not _nvidia_devices())
 
 
