@@ -7,7 +7,7 @@ error a user can fix is a `catsdogs.CatsdogsError`. In a model's own `fit`:
 process) stays light.
 """
 
-__version__ = "0.26.0"
+from catsdogs.version import __version__
 
 _API = ("BatchSizeAdvice", "CatsdogsError", "SettingError", "find_batch_size", "profile", "report", "sweep")
 __all__ = [*_API, "__version__"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from catsdogs import __version__, config, plans, schema, targets
+from catsdogs import config, plans, schema, targets
 from catsdogs.cli_measure import find_batch_size, profile
 from catsdogs.cli_options import (
     COMPILE_CACHE,
@@ -38,12 +38,13 @@ from catsdogs.cli_options import (
 from catsdogs.cli_options import source as _source
 from catsdogs.errors import CatsdogsError
 from catsdogs.schema import PROTOCOL_FIELDS
+from catsdogs.version import __version__
 
 
 def _print_version(ctx: click.Context, param, value) -> None:
     if not value or ctx.resilient_parsing:
         return
-    from catsdogs.training import backends
+    from catsdogs.runtime import backends
 
     click.echo(f"catsdogs {__version__}: {backends.describe()}")
     ctx.exit()

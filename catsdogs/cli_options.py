@@ -93,7 +93,7 @@ class TrainingCommand(Command):
     be installed, checked once its options parse (so --help always works), before any work."""
 
     def invoke(self, ctx):
-        from catsdogs.training import backends
+        from catsdogs.runtime import backends
 
         backends.current()  # a CatsdogsError: one line, exit 1
         return super().invoke(ctx)
@@ -170,7 +170,7 @@ COMPILE_CACHE = click.option(
 
 def worker_env(compile_cache: bool) -> dict:
     """What the workers' environment adds for the command line's process options."""
-    from catsdogs.training.backends import COMPILE_CACHE_ENV
+    from catsdogs.runtime.backends import COMPILE_CACHE_ENV
 
     return {} if compile_cache else {COMPILE_CACHE_ENV: "off"}
 

@@ -20,7 +20,7 @@ by about tr(Sigma)/(n - 1)).
 examples, drawn with replacement and split into k micro-batches of B_s: |G_Bs|^2 is the mean
 of the micro-batches' squared gradient norms, |G_Bb|^2 the squared norm of their mean (the
 large batch's gradient), both at the same weights. Both come from the large batch's per-example
-gradient Gram matrix K (catsdogs.training.per_example: one forward and backward pass, no
+gradient Gram matrix K (catsdogs.runtime.backends.per_example: one forward and backward pass, no
 gradient formed): |G_S|^2 = (1/|S|^2) sum_{i,j in S} K_ij (`norms_from_gram`). So B_s can be 1,
 each example its own micro-batch, which puts the most of a pair's examples to use. Each pair
 gives unbiased estimates

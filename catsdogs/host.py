@@ -21,7 +21,7 @@ import threading
 from importlib import metadata
 from pathlib import Path
 
-from catsdogs import __version__
+from catsdogs.version import __version__
 
 # --- /proc ---------------------------------------------------------------------------------------
 

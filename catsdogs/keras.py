@@ -86,7 +86,8 @@ class GradientNoiseScale(keras.callbacks.Callback):
         find-batch-size's own code (catsdogs.training.engine.noise_estimate_at): per-example
         products for a model of the article's kind, else the two-batch estimator."""
         from catsdogs.data.loading import Split
-        from catsdogs.training import backends, engine
+        from catsdogs.runtime import backends
+        from catsdogs.training import engine
 
         loss = self._loss or self.model.loss
         loss = keras.losses.get(loss) if isinstance(loss, str) else loss
@@ -115,11 +116,11 @@ class GradientNoiseScale(keras.callbacks.Callback):
 
 
 def articles_kind(model, loss) -> bool:
-    """Whether find-batch-size's per-example products cover `model` (catsdogs.training.per_example):
+    """Whether find-batch-size's per-example products cover `model` (catsdogs.runtime.backends.per_example):
     a chain of Dense and Conv2D layers and the weightless layers it knows, one logit out, and
     binary cross-entropy from it. Its cost is about a training step a measurement, where the
     two-batch estimator's is a gradient for each of its micro-batches."""
-    from catsdogs.training import per_example
+    from catsdogs.runtime.backends import per_example
 
     if not isinstance(model, keras.Sequential) or not isinstance(loss, keras.losses.BinaryCrossentropy):
         return False

@@ -1,6 +1,6 @@
 """The messages that cross a process: the task a worker runs, and the record it answers with.
 
-A worker (catsdogs.training.worker, or a Ray actor) reads one task, runs it with the engine and
+A worker (catsdogs.runtime.worker, or a Ray actor) reads one task, runs it with the engine and
 answers with one record; every record has a `status` (schema.Status) and, when it did not end
 `done`, an `error`. Five kinds of task, each with its record type:
 
@@ -280,7 +280,7 @@ class TrialTask:
     # as a ProbeTask has them (None: the article's model)
     user: dict | None = None
     # the weights' digest delivered after the record, while the worker runs its next task (a
-    # `digest` message): on a GPU the hash of 164 MB held every trial up 0.4 s (catsdogs.training.worker)
+    # `digest` message): on a GPU the hash of 164 MB held every trial up 0.4 s (catsdogs.runtime.worker)
     defer_digest: bool = False
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import math
 
-from catsdogs import goodput
-from catsdogs.gradient_noise import NoiseEstimate, paper_learning_rate
+from catsdogs import goodput, lr_rules
+from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.messages import ProbeRecord
+from catsdogs.optimizers import OPTIMIZERS
 from catsdogs.schema import DEFAULT_LR, TrialConfig, default
 from catsdogs.schema import learning_rate as trial_learning_rate
 
@@ -77,24 +78,14 @@ def linear_scaled_lr(optimizer: str, batch_size: int) -> float:
 
 # --- the rules -------------------------------------------------------------------------------------
 
-RULES = {
-    "paper": "the paper's rule for SGD, eps(B) = eps(base) (1 + B_noise/base) / (1 + B_noise/B) (McCandlish et al. 2018)",
-    "linear": "the linear scaling rule, eps(B) = eps(base) B/base (Goyal et al. 2017): SGD's when the noise scale is not resolved",
-    "sqrt": "the square-root rule for Adam, eps(B) = eps(base) sqrt(B/base) (Malladi et al. 2022, the SDE of adaptive methods)",
-}
-
 
 def learning_rate(optimizer: str, batch_size: int, base_lr: float, base_batch: int,
                   b_noise: float | None) -> tuple[float, str]:
-    """(the learning rate at `batch_size`, its rule's name in RULES), anchored at `base_lr` for
-    `base_batch`: SGD by the paper's rule with a resolved noise scale, else linearly; Adam by the
-    square-root rule, whose SDE argument holds for adaptive methods where the linear one does not."""
-    ratio = batch_size / base_batch
-    if optimizer == "adam":
-        return base_lr * math.sqrt(ratio), "sqrt"
-    if b_noise:
-        return paper_learning_rate(base_lr, base_batch, batch_size, b_noise), "paper"
-    return base_lr * ratio, "linear"
+    """(the learning rate at `batch_size`, its rule's name in catsdogs.lr_rules.RULES), anchored at
+    `base_lr` for `base_batch` by the optimizer's rule (catsdogs.optimizers): SGD's the paper's with
+    a resolved noise scale, else linear; Adam's the square-root rule, whose SDE argument holds for
+    adaptive methods where the linear one does not."""
+    return lr_rules.scaled(OPTIMIZERS[optimizer].rule, base_lr, base_batch, batch_size, b_noise)
 
 
 def hand_off(batch_size: int | None, largest: int | None, safe: int | None, effective: int | None = None) -> dict:

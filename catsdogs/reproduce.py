@@ -14,8 +14,8 @@ from catsdogs import config
 from catsdogs.analysis.report import report
 from catsdogs.data.prepare import prepare
 from catsdogs.plans import Plan, configs
+from catsdogs.runtime import backends
 from catsdogs.schema import DATASETS, parse_split
-from catsdogs.training import backends
 from catsdogs.training.study import run_plan
 from catsdogs.training.sweep import check_workers
 

@@ -29,7 +29,7 @@ import math
 import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from catsdogs import config, targets
+from catsdogs import config, lr_rules, optimizers, targets
 from catsdogs.errors import SettingError
 
 # --- statuses ----------------------------------------------------------------------------------
@@ -77,10 +77,10 @@ FINISHED = (Status.DONE, Status.FAILED, Status.OOM)  # a sweep does not run thes
 UNFINISHED = (Status.FAILED, Status.OOM, Status.PENDING, Status.INTERRUPTED, Status.RUNNING)
 
 # --- allowed values ------------------------------------------------------------------------------
-DEFAULT_LR = {"sgd": 0.01, "adam": 0.001}  # Keras' defaults: what optimizer="sgd"/"adam" gives
-OPTIMIZERS = tuple(DEFAULT_LR)  # by Keras name, so their Keras defaults
+OPTIMIZERS = tuple(optimizers.OPTIMIZERS)  # by Keras name, so their Keras defaults (catsdogs.optimizers)
+DEFAULT_LR = {name: o.default_lr for name, o in optimizers.OPTIMIZERS.items()}  # what optimizer="sgd" gives
 DATASETS = ("standard", "augmented")  # the prepared folders (docs/protocol.md, "Data")
-LR_SCALINGS = ("none", "linear", "sqrt")
+LR_SCALINGS = lr_rules.TRIAL_SCALINGS  # none, linear, sqrt (catsdogs.lr_rules)
 BUDGETS = ("epochs", "steps")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 STRATEGIES = ("none", "mirrored")
@@ -175,7 +175,7 @@ def _protocol(help: str, choices: tuple | None = None, multiple: bool = False):
 # so a store written before them resumes with the same keys.
 KEY_OMITS_DEFAULT = ("backend", "deterministic", "tf32", "until", "eval_every")
 # The fields a worker process is started with and keeps (set before its framework starts): a trial
-# runs only in a worker of its own settings (catsdogs.training.backends.process_env_for).
+# runs only in a worker of its own settings (catsdogs.runtime.backends.process_env_for).
 PROCESS_FIELDS = ("deterministic", "tf32")
 
 
@@ -217,7 +217,7 @@ class TrialConfig:
     # identity (never two settings in one cell), set per worker process (PROCESS_FIELDS).
     deterministic: bool = field(default=True, metadata={"help": DETERMINISTIC_HELP})
     tf32: bool | None = field(default=None, metadata={"help": TF32_HELP})  # None: the framework's default
-    # Not an option: the Keras backend the trial ran on (KERAS_BACKEND, catsdogs.training.backends).
+    # Not an option: the Keras backend the trial ran on (KERAS_BACKEND, catsdogs.runtime.backends).
     # Part of the identity, so two backends' results never share a cell.
     backend: str = field(default="tensorflow", metadata={"choices": BACKENDS})
     # With a target, the evaluations it is checked at decide where the trial stops: its identity.
@@ -430,8 +430,8 @@ def learning_rate(cfg: TrialConfig) -> float:
     batch (batch x accumulation) over the base batch size as `lr_scaling` says (linear: the
     linear scaling rule; find-batch-size's recommendation uses it too)."""
     base = cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.optimizer]
-    ratio = cfg.batch_size * cfg.accumulate / cfg.base_batch_size  # the effective batch counts
-    return base * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[cfg.lr_scaling]
+    effective = cfg.batch_size * cfg.accumulate  # the effective batch counts
+    return lr_rules.RULES[cfg.lr_scaling].rate(base, cfg.base_batch_size, effective, None)
 
 
 def plan_steps(cfg: TrialConfig, n_train: int) -> tuple[int, int]:

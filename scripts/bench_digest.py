@@ -42,8 +42,8 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     a = ap.parse_args()
     from catsdogs.manifest import require_prepared
+    from catsdogs.runtime import backends
     from catsdogs.schema import TrialConfig
-    from catsdogs.training import backends
 
     backends.current().start()  # before Keras imports the framework: the process's settings (XLA's flags)
     from catsdogs.training import engine

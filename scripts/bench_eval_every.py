@@ -24,8 +24,8 @@ from pathlib import Path
 from harness import median_of, table, trial_pair
 
 from catsdogs.manifest import require_prepared
+from catsdogs.runtime import backends
 from catsdogs.schema import TrialConfig
-from catsdogs.training import backends
 from catsdogs.training.local_slot import LocalSlot
 
 TARGET = 0.20  # the curve's share of a trial's training time at batch 4, at most (issue 33)

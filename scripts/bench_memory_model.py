@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     runs = ([(d, None) for d in args.data_dir] if args.models is None else [(args.data_dir[0], m) for m in args.models])
     for backend in args.backends:
-        os.environ["KERAS_BACKEND"] = backend  # read by catsdogs.training.backends, and by the workers
+        os.environ["KERAS_BACKEND"] = backend  # read by catsdogs.runtime.backends, and by the workers
         for data_dir, model in runs:
             for text, _ in ((text, r) for text in args.caps for r in range(args.repeats)):
                 cap = parse_memory(text)

@@ -25,8 +25,8 @@ from harness import median_of, table, trial_pair
 from catsdogs import config
 from catsdogs.gradient_noise import NoiseSampling
 from catsdogs.manifest import require_prepared
+from catsdogs.runtime import backends
 from catsdogs.schema import TrialConfig
-from catsdogs.training import backends
 from catsdogs.training.local_slot import LocalSlot
 
 TARGET = 0.15  # the recording's share of a trial's training time, at most (batch sizes 16 and above)

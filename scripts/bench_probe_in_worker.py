@@ -24,7 +24,7 @@ PROBES = """
 import json, sys, tempfile, time
 from pathlib import Path
 from catsdogs.messages import ProbeTask
-from catsdogs.training.worker import Worker
+from catsdogs.runtime.worker import Worker
 rows = []
 with tempfile.TemporaryDirectory() as work:
     worker = Worker(Path(work) / "w.log", {})

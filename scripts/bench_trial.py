@@ -92,7 +92,7 @@ def child_pipe_ours(args) -> dict:
     import tensorflow as tf  # noqa: F401 - imported before the clock starts
 
     from catsdogs.data import loading
-    from catsdogs.training.backends import tensorflow as tf_backend
+    from catsdogs.runtime.backends import tensorflow as tf_backend
 
     set_threads(args.threads)
     _apply_variant(args.variant)
@@ -204,7 +204,7 @@ def _apply_variant(variant: str) -> set[str]:
 
         loading.load_split = _fast_load_split("tfdecode" in parts)
     if "kerasadam" in parts:
-        from catsdogs.training.backends import tensorflow as tf_backend
+        from catsdogs.runtime.backends import tensorflow as tf_backend
 
         tf_backend.adam_class = lambda fused: keras.optimizers.Adam
     if "nodet" in parts:
@@ -395,7 +395,7 @@ def run_child(args, side: str, variant: str = "") -> dict:
         cmd += ["--variant", variant]
     # Our side runs in the environment a catsdogs worker gets (its allocator), unless the
     # variant asks for the system's; the article's side keeps TensorFlow's defaults.
-    from catsdogs.training.backends import tensorflow as tf_backend
+    from catsdogs.runtime.backends import tensorflow as tf_backend
 
     env = dict(os.environ)
     parts = set(variant.split("+"))

@@ -61,8 +61,8 @@ def split(data: Path) -> int:
     import itertools
 
     from catsdogs.manifest import require_prepared
+    from catsdogs.runtime import backends
     from catsdogs.schema import TrialConfig
-    from catsdogs.training import backends
 
     backend = backends.current()
     backend.setup_device(None)

@@ -21,7 +21,7 @@ from harness import HERE, alternate_checkouts, run_snippet, spread, table
 STARTS = """
 import json, sys, tempfile, time
 from pathlib import Path
-from catsdogs.training.worker import Worker
+from catsdogs.runtime.worker import Worker
 times = []
 with tempfile.TemporaryDirectory() as work:
     for i in range(int(sys.argv[1])):

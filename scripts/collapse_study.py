@@ -77,7 +77,7 @@ def study(data_dir: Path, optimizer: str, batch_size: int, seed: int, warmup_epo
 
 
 class _TensorFlow:
-    """The parts of catsdogs.training.backends.tensorflow make_optimizer needs (Keras's own optimizers)."""
+    """The parts of catsdogs.runtime.backends.tensorflow make_optimizer needs (Keras's own optimizers)."""
 
     @staticmethod
     def optimizer_class(name: str, strategy: str):

@@ -24,9 +24,9 @@ from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling, pool
 from catsdogs.manifest import require_intact
 from catsdogs.measure.noise_run import NOISE_FROM, NOISE_LARGE, NOISE_PAIRS
 from catsdogs.messages import TrialTask
+from catsdogs.runtime import backends
+from catsdogs.runtime.worker import Worker
 from catsdogs.schema import Status, TrialConfig
-from catsdogs.training import backends
-from catsdogs.training.worker import Worker
 
 
 def fmt(value: float | None) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from catsdogs.data.synthetic import make_synthetic_archive
-from catsdogs.training.skipped_imports import ENV as SKIP_OPTIONAL_IMPORTS
+from catsdogs.runtime.skipped_imports import ENV as SKIP_OPTIONAL_IMPORTS
 
 SMALL_N_VALID = 24  # valid images per class in the session archive: small, but every kind fits
 
@@ -28,7 +28,7 @@ os.environ["KERAS_BACKEND"] = "tensorflow"
 # A probe's worker on the CPU imports what its framework tries, as the user's training process would
 # (its resident memory is the measurement): 1.3 s of CPU a worker more, for a baseline 150 MiB
 # higher. The suite's searches check what a search does, not the baseline: they skip them, as a
-# user's environment may say to (catsdogs.training.skipped_imports; the default is tested with
+# user's environment may say to (catsdogs.runtime.skipped_imports; the default is tested with
 # the variable removed, test_find_batch_size's spares test).
 os.environ[SKIP_OPTIONAL_IMPORTS] = "1"
 
@@ -130,7 +130,7 @@ def brief_probes(monkeypatch: pytest.MonkeyPatch) -> str:
 def launched_workers(monkeypatch: pytest.MonkeyPatch) -> list:
     """Every catsdogs worker launched in this process during the test (Worker.launch), in order:
     what ran in which, and whether it has ended."""
-    from catsdogs.training.worker import Worker
+    from catsdogs.runtime.worker import Worker
 
     launched: list = []
     launch = Worker.launch

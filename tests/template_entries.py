@@ -1,4 +1,4 @@
-"""What the template tests' children run (catsdogs.training.template's `entry`): small stand-ins
+"""What the template tests' children run (catsdogs.runtime.template's `entry`): small stand-ins
 for a worker's main, importable in the child through PYTHONPATH."""
 
 from __future__ import annotations

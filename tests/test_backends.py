@@ -22,9 +22,9 @@ from click.testing import CliRunner
 
 from catsdogs.analysis.summary import summarize
 from catsdogs.cli import cli
+from catsdogs.runtime.backends import jax as jax_backend
+from catsdogs.runtime.backends import tensorflow as tf_backend
 from catsdogs.schema import TrialConfig
-from catsdogs.training.backends import jax as jax_backend
-from catsdogs.training.backends import tensorflow as tf_backend
 from catsdogs.training.costs import plan_batch_sizes, predict_max_batch_size_planned
 
 SIZE = 32
@@ -54,7 +54,7 @@ def protocol_methods(protocol) -> dict[str, inspect.Signature]:
 
 @pytest.mark.parametrize("module", [tf_backend, jax_backend], ids=["tensorflow", "jax"])
 def test_each_backend_module_provides_the_backend_protocol(module):
-    from catsdogs.training.backends import Backend
+    from catsdogs.runtime.backends import Backend
 
     # given a backend's module, imported without its framework
     methods = protocol_methods(Backend)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from catsdogs.manifest import require_prepared
+from catsdogs.runtime import backends
 from catsdogs.schema import Status, TrialConfig
-from catsdogs.training import backends
 from catsdogs.training.local_slot import LocalSlot
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("curve")]  # (one process: curved_alone is shared)

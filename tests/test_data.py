@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from catsdogs.data.loading import Split, batch_schedule, epoch_order
-from catsdogs.training.backends.tensorflow import train_batches
+from catsdogs.runtime.backends.tensorflow import train_batches
 
 
 def test_given_the_articles_protocol_when_scheduling_then_each_epoch_is_a_fresh_permutation_cut_into_full_batches():
@@ -85,7 +85,7 @@ def test_given_a_batch_larger_than_the_split_when_scheduling_then_across_epochs_
 def test_given_a_split_when_jax_serves_the_batches_then_they_are_the_tensorflow_pipelines():
     pytest.importorskip("tensorflow")
     pytest.importorskip("jax")
-    from catsdogs.training.backends import jax as jax_backend
+    from catsdogs.runtime.backends import jax as jax_backend
 
     # given: 20 tiny images whose first pixel names them, and the TensorFlow pipeline's batches
     images = np.zeros((20, 4, 4, 3), dtype=np.uint8)

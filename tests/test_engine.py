@@ -12,12 +12,12 @@ import pytest
 from catsdogs.host import oom_kills
 from catsdogs.manifest import require_prepared
 from catsdogs.messages import PeakTask, TrialTask
+from catsdogs.runtime import backends
+from catsdogs.runtime.worker import Worker
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.store import Store
-from catsdogs.training import backends
 from catsdogs.training.local_slot import LocalSlot
 from catsdogs.training.sweep import claim_order, run_sweep
-from catsdogs.training.worker import Worker
 
 SIZE = 32
 ALONE: dict[str, object] = {}  # a trial's record alone in a fresh worker, by key: made once, compared often
@@ -290,7 +290,7 @@ def test_what_is_made_after_the_start_is_frozen_is_still_collected():
     import gc
     import weakref
 
-    from catsdogs.training import worker as worker_module
+    from catsdogs.training import child as worker_module
 
     # given the start's objects frozen, as a worker's start leaves them (freeze_imported)
     class Model:  # a model and its layers point at each other: only the collector frees them
@@ -365,3 +365,20 @@ def test_data_re_prepared_under_a_worker_is_noticed(tmp_path, monkeypatch):
     without = run(fresh)
     assert with_cache.status == without.status == Status.DONE
     assert outcome(with_cache) == outcome(without)
+
+
+def test_every_kind_of_task_has_one_handler_and_a_task_of_no_kind_is_refused():
+    from catsdogs import messages
+    from catsdogs.training import engine
+
+    # given the engine's handlers, one a task type (HANDLERS), and the kinds a worker decodes
+    # then every kind has its handler, and nothing else has one
+    assert set(engine.HANDLERS) == set(messages.TASKS.values())
+
+    # when a task of a type the engine does not know comes in
+    class Stray:
+        RECORD = messages.MemoryPlan
+
+    # then it is an error naming it, not run as some other kind (a memory plan, before)
+    with pytest.raises(TypeError, match="no handler for a Stray"):
+        engine.run_task(Stray())

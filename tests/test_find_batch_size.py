@@ -25,7 +25,8 @@ from catsdogs.measure.find_batch_size import PROBE_COLUMNS, FindSettings
 from catsdogs.measure.noise_run import NoiseRun
 from catsdogs.measure.search import fresh_threshold
 from catsdogs.messages import ProbeRecord, ProbeTask
-from catsdogs.training import skipped_imports
+from catsdogs.runtime import skipped_imports
+from catsdogs.runtime.worker import run_isolated
 from catsdogs.training.costs import (
     bfc_replay,
     parameter_count,
@@ -35,7 +36,6 @@ from catsdogs.training.costs import (
     step_allocations,
     tensor_bytes,
 )
-from catsdogs.training.worker import run_isolated
 
 SIZE = 64
 
@@ -711,7 +711,7 @@ class SqrtSpeedProber(LinearProber):
 
 
 def test_jax_reads_xlas_memory_fraction_as_jaxlib_does(monkeypatch):
-    from catsdogs.training.backends import jax as jax_backend
+    from catsdogs.runtime.backends import jax as jax_backend
 
     monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
@@ -813,7 +813,7 @@ def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_is_not_off_b
     (["--margin", "1.5"], "--margin"),
     (["--mode", "linear"], "--mode"),
     (["--start", "0"], "--start"),
-    (["--opt", "adamw"], "--opt"),
+    (["--opt", "adagrad"], "--opt"),
     (["--name", "../x"], "--name"),
     (["--max", "0"], "--max"),
     (["--max", "12345678901234567890"], "--max"),

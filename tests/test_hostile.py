@@ -349,7 +349,7 @@ def test_bare_catsdogs_prints_what_it_does_and_exits_0():
 
 
 def test_a_killed_worker_is_reported_without_an_unrelated_log_line():
-    from catsdogs.training.worker import _last_error_line
+    from catsdogs.runtime.worker import _last_error_line
 
     # the line an error reports itself by is quoted; a progress line or a driver's notice is not
     assert _last_error_line("x\nTraceback (most recent call last):\n  File a\nModuleNotFoundError: No module "

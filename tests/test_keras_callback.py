@@ -90,7 +90,8 @@ def test_the_callbacks_b_simple_on_the_articles_model_agrees_with_the_sweeps_at_
     from catsdogs.data import loading
     from catsdogs.data.loading import Split
     from catsdogs.gradient_noise import NoiseSampling
-    from catsdogs.training import backends, engine
+    from catsdogs.runtime import backends
+    from catsdogs.training import engine
     from catsdogs.training.model import build_model, loss_and_metrics
 
     # given the article's model at 32 px fitted on 400 training images, seed 0, Adam, batch 32,

@@ -75,18 +75,20 @@ def test_data_and_analysis_import_no_framework_anywhere_in_their_code(package):
     # then no framework is among them, nor the model (Keras) or the training stage
     assert not {m for m in reached if m.split(".")[0] in FRAMEWORKS}
     assert "catsdogs.training.model" not in reached
-    assert not {m for m in reached if m.startswith("catsdogs.training")}
+    assert not {m for m in reached if m.startswith(("catsdogs.training", "catsdogs.runtime"))}
 
 
-STAGES = ("catsdogs.data", "catsdogs.training", "catsdogs.measure", "catsdogs.analysis")
+STAGES = ("catsdogs.data", "catsdogs.runtime", "catsdogs.training", "catsdogs.measure", "catsdogs.analysis")
 
 
 def test_the_stages_import_one_way():
-    # data <- training <- measure, and analysis apart: no stage imports a later one, nor measure analysis
-    later = {"catsdogs.data": ("catsdogs.training", "catsdogs.measure", "catsdogs.analysis"),
+    # data <- runtime (the processes and the frameworks' seam) <- training <- measure, and analysis
+    # apart: no stage imports a later one, nor measure analysis, nor analysis the frameworks' side
+    later = {"catsdogs.data": ("catsdogs.runtime", "catsdogs.training", "catsdogs.measure", "catsdogs.analysis"),
+             "catsdogs.runtime": ("catsdogs.training", "catsdogs.measure", "catsdogs.analysis"),
              "catsdogs.training": ("catsdogs.measure", "catsdogs.analysis"),
              "catsdogs.measure": ("catsdogs.analysis",),
-             "catsdogs.analysis": ("catsdogs.training", "catsdogs.measure")}
+             "catsdogs.analysis": ("catsdogs.runtime", "catsdogs.training", "catsdogs.measure")}
     for stage, forbidden in later.items():
         for module in modules_of(stage):
             bad = {m for m in _imports(module) if m.startswith(forbidden)}
@@ -106,6 +108,60 @@ def test_the_stages_import_one_way():
         assert not stages, f"{name} imports {sorted(stages)}"
 
 
+def _edges(name: str) -> set[str]:
+    """The package's modules that importing `name` runs, by its import statements at any depth:
+    each module named, the subpackages on its way (their __init__), and the package's face
+    (catsdogs/__init__.py) only where a name is taken from it (`from catsdogs import __version__`,
+    `import catsdogs`), not where it is only the way to a module (`from catsdogs import config`)."""
+    path = _module_file(name)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    named = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            named |= {a.name for a in node.names if a.name.split(".")[0] == "catsdogs"}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if base.split(".")[0] != "catsdogs":
+                continue
+            modules = {f"{base}.{a.name}" for a in node.names if _module_file(f"{base}.{a.name}")}
+            named |= modules or {base}
+            if len(modules) < len(node.names):  # a name that is no module: taken from `base` itself
+                named.add(base)
+    out = set()
+    for module in named:
+        parts = module.split(".")
+        out |= {".".join(parts[:i]) for i in range(2, len(parts))}  # the subpackages on the way
+        out.add(module)
+    return {m for m in out if _module_file(m)} - {name}
+
+
+def test_no_module_of_the_package_imports_its_face_or_itself_in_a_circle():
+    # given every module of the package and what each imports, at any depth
+    names = modules_of("catsdogs")
+    graph = {m: _edges(m) for m in names}
+    # then none but the command line's entry takes a name from the package's face (which lazily
+    # loads the API: a module below it that did would import everything above it)
+    assert not [m for m in names if "catsdogs" in graph[m] and m != "catsdogs.__main__"]
+    # and no module reaches itself by following imports (depth-first, every path)
+    done, on_path = set(), []
+
+    def visit(module):
+        if module in on_path:
+            raise AssertionError(" -> ".join(on_path[on_path.index(module):] + [module]))
+        if module in done:
+            return
+        on_path.append(module)
+        for imported in sorted(graph.get(module, ())):
+            visit(imported)
+        on_path.pop()
+        done.add(module)
+
+    for module in names:
+        visit(module)
+
+
 @pytest.mark.slow
 def test_data_analysis_and_the_parents_side_of_training_load_no_framework_when_run():
     # the same, as Python sees it: every module of both stages imported in a fresh interpreter,
@@ -114,7 +170,7 @@ def test_data_analysis_and_the_parents_side_of_training_load_no_framework_when_r
     # memory model), which start workers without importing what they run
     names = [*modules_of("catsdogs.data"), *modules_of("catsdogs.analysis"), "catsdogs.store", "catsdogs.plans",
              "catsdogs.schema", "catsdogs.messages", "catsdogs.cli", "catsdogs.training.sweep",
-             "catsdogs.training.worker", "catsdogs.measure.prober", "catsdogs.measure.find_batch_size",
+             "catsdogs.runtime.worker", "catsdogs.measure.prober", "catsdogs.measure.find_batch_size",
              "catsdogs.measure.profile", "catsdogs.training.costs", "catsdogs", "catsdogs.api", "catsdogs.advice"]
     code = (f"import importlib, sys; [importlib.import_module(m) for m in {names!r}]; "
             f"print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))")

@@ -1,4 +1,4 @@
-"""Per-example gradient dot products without the gradients (catsdogs.training.per_example): on
+"""Per-example gradient dot products without the gradients (catsdogs.runtime.backends.per_example): on
 each backend, the Gram matrix the noise scale is measured from equals the one of per-example
 gradients formed the plain way, by the framework's own autodiff of the model's own loss."""
 
@@ -16,7 +16,7 @@ import json, os, sys
 import numpy as np
 import keras
 from catsdogs.training.model import build_model, loss_and_metrics
-from catsdogs.training import backends
+from catsdogs.runtime import backends
 
 backend = backends.current()
 backend.start()
@@ -77,7 +77,7 @@ def test_a_model_measured_is_freed_with_the_cache_its_caller_keeps():
 
     import numpy as np
 
-    from catsdogs.training.backends import tensorflow as tf_backend
+    from catsdogs.runtime.backends import tensorflow as tf_backend
     from catsdogs.training.model import build_model
 
     # given a model whose Gram matrix was computed, its compiled function kept in the caller's cache
@@ -98,7 +98,7 @@ def test_a_model_measured_is_freed_with_the_cache_its_caller_keeps():
 def test_a_regularized_layer_is_refused_rather_than_its_loss_term_left_out(regularizer):
     import keras
 
-    from catsdogs.training.per_example import tapped_layers
+    from catsdogs.runtime.backends.per_example import tapped_layers
 
     # given the article's kind of model with one Dense layer regularized
     model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(),

@@ -88,7 +88,7 @@ def test_a_file_named_like_a_plan_gets_told_to_give_its_path(tmp_path, monkeypat
     ("[prepare]\nsplit = '600,200'\n" + GRID, "[prepare] split: expected three counts"),
     ("[prepare]\nsize = '64'\n" + GRID, "[prepare] size: must be a whole number >= 1, got '64'"),
     ("[prepare]\nsha256 = 'abc'\n" + GRID, "[prepare] sha256: must be 64 hexadecimal digits"),
-    ('[grids.g]\nopt = ["adamw"]\nbatch_size = [8]\n', "[grids.g] opt: unknown optimizer 'adamw'"),
+    ('[grids.g]\nopt = ["adagrad"]\nbatch_size = [8]\n', "[grids.g] opt: unknown optimizer 'adagrad'"),
     ('[grids.g]\nopt = "adam"\nbatch_size = [8, 0]\n', "[grids.g] batch_size: batch sizes must be whole numbers >= 1, got 0"),
     ('[grids.g]\nopt = "adam"\nbatch_size = 8\nlr = [0.001, -1]\n', "[grids.g] lr: learning rate must be positive"),
     ('[grids.g]\nopt = "adam"\nbatch_size = 8\nlr = "fast"\n', "[grids.g] lr: must be a number, got 'fast'"),

@@ -14,8 +14,8 @@ from catsdogs.analysis.summary import summarize
 from catsdogs.analysis.tables import setting
 from catsdogs.cli import cli
 from catsdogs.errors import CatsdogsError
+from catsdogs.runtime import backends
 from catsdogs.schema import Status, TrialConfig
-from catsdogs.training import backends
 
 
 def test_the_settings_are_in_a_trials_key_only_off_their_defaults():
@@ -47,7 +47,7 @@ def test_a_trial_planned_for_other_settings_is_refused_in_one_line():
 
 
 def test_xlas_deterministic_flag_is_set_exactly_when_deterministic(monkeypatch):
-    from catsdogs.training.backends import jax_process
+    from catsdogs.runtime.backends import jax_process
 
     # given a parent whose XLA_FLAGS already hold the flag (inherited) and a flag of the user's
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x --xla_gpu_deterministic_ops=true")
@@ -220,7 +220,7 @@ def test_a_framework_started_before_catsdogs_stops_the_sweep_once_and_records_no
 
 @pytest.mark.slow
 def test_ctrl_c_while_a_worker_starts_ends_it_at_once(tmp_path, monkeypatch):
-    from catsdogs.training import worker as worker_module
+    from catsdogs.runtime import worker as worker_module
 
     # given a worker whose parent is interrupted while it waits for the worker's `ready`
     w = worker_module.Worker(tmp_path / "w.log")

@@ -169,7 +169,7 @@ def test_out_of_memory_under_a_cap_is_a_recorded_outcome(data_dir, tmp_path):
 def test_impossible_settings_are_refused_before_any_probe(data_dir, tmp_path):
     for kwargs, message in [({"batch_sizes": [0]}, "batch size must be at least 1"),
                             ({"batch_sizes": []}, "at least one batch size"),
-                            ({"optimizer": "adamw"}, "unknown optimizer"),
+                            ({"optimizer": "adagrad"}, "unknown optimizer"),
                             ({"precision": "fp8"}, "unknown precision"),
                             ({"steps": 0}, "steps must be >= 1")]:
         args = {"batch_sizes": [4], **kwargs}

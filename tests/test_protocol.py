@@ -33,7 +33,8 @@ def trial(data_dir, **kw):
 
 def kept_step(cfg: TrialConfig, n_train: int):
     """The compiled step the engine kept for a trial it ran: its model and optimizer."""
-    from catsdogs.training import backends, steps
+    from catsdogs.runtime import backends
+    from catsdogs.training import steps
 
     step, reused = steps.STEPS.get(cfg, plan_steps(cfg, n_train)[0], backends.current())
     assert reused, "the trial's step was not kept"
@@ -144,7 +145,7 @@ def test_the_fused_adam_update_equals_keras_adam():
     import keras
     import numpy as np
 
-    from catsdogs.training.backends.tensorflow import adam_class
+    from catsdogs.runtime.backends.tensorflow import adam_class
 
     # given the same weights and gradients, when both optimizers take three steps
     rng = np.random.default_rng(0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from catsdogs import recommendation
+from catsdogs import lr_rules, optimizers, recommendation, schema
 from catsdogs.recommendation import linear_scaled_lr
 
 
@@ -15,11 +15,36 @@ from catsdogs.recommendation import linear_scaled_lr
     ("sgd", None, "linear", 0.01 * 4),
     ("adam", 100.0, "sqrt", 0.001 * 2),
     ("adam", None, "sqrt", 0.001 * 2),
+    ("adamw", 100.0, "sqrt", 0.001 * 2),
 ])
 def test_the_learning_rate_follows_the_optimizers_rule(optimizer, b_noise, rule, expected):
-    base = {"sgd": 0.01, "adam": 0.001}[optimizer]
+    base = {"sgd": 0.01, "adam": 0.001, "adamw": 0.001}[optimizer]
     lr, name = recommendation.learning_rate(optimizer, 128, base, 32, b_noise)
-    assert name == rule and lr == pytest.approx(expected) and rule in recommendation.RULES
+    assert name == rule and lr == pytest.approx(expected) and rule in lr_rules.RULES
+
+
+def test_every_optimizer_names_a_rule_of_the_table_and_keras_has_its_class():
+    keras = pytest.importorskip("keras")
+    # given the optimizers' table
+    for name, opt in optimizers.OPTIMIZERS.items():
+        # then its rule is one the recommendation can apply, its class is Keras's, and its Keras
+        # default rate is the one the table says (a trial with no --lr trains with it)
+        assert opt.rule in lr_rules.RULES and opt.note and opt.label
+        made = getattr(keras.optimizers, opt.keras_class)()
+        assert float(made.learning_rate) == pytest.approx(opt.default_lr), name
+    # and the schema's allowed values are the table's
+    assert schema.OPTIMIZERS == tuple(optimizers.OPTIMIZERS) and "adamw" in schema.OPTIMIZERS
+
+
+@pytest.mark.parametrize("scaling, expected", [("none", 0.001), ("linear", 0.001 * 8 / 32),
+                                               ("sqrt", 0.001 * (8 / 32) ** 0.5)])
+def test_a_trials_scaling_and_the_recommendation_read_one_table_of_rules(scaling, expected):
+    # given a trial of batch 4 accumulating 2 (an effective 8) scaled from 32
+    cfg = schema.TrialConfig("adam", 4, "standard", 0, lr_scaling=scaling, accumulate=2)
+    # then its rate is the rule's, and the rules a trial may name are those that need no noise scale
+    assert schema.learning_rate(cfg) == pytest.approx(expected)
+    assert lr_rules.RULES[scaling].rate(0.001, 32, 8, None) == schema.learning_rate(cfg)
+    assert schema.LR_SCALINGS == ("none", "linear", "sqrt") and not lr_rules.RULES["paper"].trial
 
 
 

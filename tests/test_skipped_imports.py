@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from catsdogs.training import skipped_imports
+from catsdogs.runtime import skipped_imports
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_a_workers_start_imports_none_of_the_optional_modules_but_its_backend(ba
     # given: a fresh interpreter starting as a worker does (backends.current, its start, the engine)
     code = textwrap.dedent("""
         import json, sys
-        from catsdogs.training import backends, skipped_imports
+        from catsdogs.runtime import backends, skipped_imports
         backend = backends.current()
         with skipped_imports.skipping(backend.NAME) as finder:
             backend.setup_device(None)

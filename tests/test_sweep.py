@@ -258,7 +258,7 @@ def test_a_worker_started_from_a_thread_outlives_that_thread(tmp_path):
     import threading
 
     from catsdogs.messages import PeakTask
-    from catsdogs.training.worker import Worker
+    from catsdogs.runtime.worker import Worker
 
     # given a worker started from a thread that then ends, as a sweep slot's thread ends between
     # two adaptive rounds that keep their workers
@@ -366,7 +366,7 @@ def test_a_plan_runs_the_same_trials_with_sweep_as_with_reproduce(data_dir, tmp_
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--opt", "adamw"], "Invalid value for '--opt': unknown optimizer 'adamw'"),
+    (["--opt", "adagrad"], "Invalid value for '--opt': unknown optimizer 'adagrad'"),
     (["--dataset", "cats"], "Invalid value for '--dataset': unknown dataset 'cats'"),
     (["--batch-size", "0"], "Invalid value for '--batch-size': batch sizes must be whole numbers >= 1"),
     (["--batch-size", "16", "-4"], "batch sizes must be whole numbers >= 1"),

@@ -1,4 +1,4 @@
-"""Workers forked from a template that has imported TensorFlow (catsdogs.training.template)."""
+"""Workers forked from a template that has imported TensorFlow (catsdogs.runtime.template)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from catsdogs.training import template
-from catsdogs.training.template import Template, TemplateChild, import_key, usable
+from catsdogs.runtime import template
+from catsdogs.runtime.template import Template, TemplateChild, import_key, usable
 
 TESTS = str(Path(__file__).parent)
 
@@ -171,8 +171,8 @@ def test_a_template_that_cannot_import_gives_way_to_fresh_workers(tmp_path):
 def test_a_tensorflow_worker_from_a_template_trains_as_a_fresh_one(prepared_data, tmp_path, monkeypatch):
     from catsdogs.manifest import require_prepared
     from catsdogs.messages import TrialTask
+    from catsdogs.runtime.worker import Worker
     from catsdogs.schema import Status, TrialConfig
-    from catsdogs.training.worker import Worker
 
     # given a trial, a worker forked from a template and one started fresh
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")

@@ -21,9 +21,9 @@ from catsdogs.data import folder
 from catsdogs.data.loading import Split
 from catsdogs.manifest import require_prepared
 from catsdogs.messages import TrialTask
+from catsdogs.runtime import backends
+from catsdogs.runtime.worker import Worker
 from catsdogs.schema import Status, TrialConfig
-from catsdogs.training import backends
-from catsdogs.training.worker import Worker
 
 SIZE = 32
 
@@ -78,7 +78,7 @@ import numpy as np
 import keras
 sys.path.insert(0, sys.argv[1])
 from my_models import article, depthwise, normed
-from catsdogs.training import backends
+from catsdogs.runtime import backends
 from catsdogs.training.model import loss_and_metrics
 
 backend = backends.current()
@@ -179,7 +179,7 @@ import json
 import numpy as np
 import keras
 from catsdogs import gradient_noise
-from catsdogs.training import backends
+from catsdogs.runtime import backends
 
 backend = backends.current()
 backend.start()

@@ -1,7 +1,7 @@
 """The tuned learning rates a store holds, for find-batch-size's learning rate to start from
 (`find-batch-size --from-store OUT`). Reads the store; no framework.
 
-A learning-rate rule (catsdogs.recommendation.RULES) scales a rate from one batch size to another; it
+A learning-rate rule (catsdogs.lr_rules.RULES) scales a rate from one batch size to another; it
 says nothing of the rate to start from. Keras's default is a guess; a rate tuned on this model
 and data is a measurement. Two kinds of sweep tune one per batch size:
 

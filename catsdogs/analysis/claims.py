@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from catsdogs.analysis.rows import field, is_article_protocol, per_context
+from catsdogs.optimizers import label
 from catsdogs.schema import Status
 from catsdogs.stats import LEVEL, welch
 
@@ -81,7 +82,7 @@ CLAIMS = (
 
 def cell_name(cell: Cell) -> str:
     opt, dataset, bs = cell
-    name = {"sgd": "SGD", "adam": "Adam"}.get(opt, opt)
+    name = label(opt)
     return f"{name}{', augmented' if dataset == 'augmented' else ''} at {bs}"
 
 

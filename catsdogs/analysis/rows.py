@@ -12,6 +12,7 @@ from pathlib import Path
 
 from catsdogs import schema
 from catsdogs.errors import CatsdogsError
+from catsdogs.optimizers import OPTIMIZERS
 from catsdogs.store import Store
 
 # The protocol columns of the store, and the values TrialConfig gives them by default.
@@ -21,7 +22,7 @@ PROTOCOL_DEFAULTS = schema.protocol_defaults()
 # article's.
 ARTICLE_PROTOCOL = {k: v for k, v in PROTOCOL_DEFAULTS.items() if k != "base_batch_size"}
 
-OPTIMIZER_NAMES = {"sgd": "SGD", "adam": "Adam"}
+OPTIMIZER_NAMES = {name: o.label for name, o in OPTIMIZERS.items()}
 BACKEND_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX"}  # where a figure mixes backends
 
 

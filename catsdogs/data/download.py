@@ -29,8 +29,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from catsdogs import __version__
 from catsdogs.errors import ChecksumError, DownloadError, UnreachableError
+from catsdogs.version import __version__
 
 # A server that no attempt could connect to (no network, a name that does not resolve, a refused
 # port) is tried this many more times, not `retries`: the user is most likely offline, and waiting

@@ -5,7 +5,7 @@ the model sees are the article's), and kept as uint8: 200 x 200 x 3 bytes, a qua
 float32. An epoch is a seeded permutation of the images, cut into full batches (the last
 partial batch is dropped, as `steps_per_epoch = n // batch_size` did), each batch gathered from
 memory in one op and prefetched, so the device never waits for the host (the backend's
-`train_batches`: catsdogs.training.backends). Nothing here imports a framework.
+`train_batches`: catsdogs.runtime.backends). Nothing here imports a framework.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ default the search stops there, and says so; --max above it finds the device's l
 
 The memory cap: on a GPU its memory (or `--memory-limit` as a logical device); on the CPU
 `--memory-limit` caps each probe's peak resident memory (the parent watches VmHWM and kills a
-probe that goes over: catsdogs.training.worker), and without it 90% of the memory available when
+probe that goes over: catsdogs.runtime.worker), and without it 90% of the memory available when
 the search starts. "Fits" means the probe's peak memory stayed under the cap. A margin is taken
 off the largest size that fits where memory stopped the search or came within the margin of the
 cap, and its size confirmed by a probe ("confirm"). Last, the sizes the recommendation could
@@ -78,9 +78,9 @@ from catsdogs.measure.search import (
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import ProbeRecord, columns
 from catsdogs.recommendation import fastest, hand_off, recommend
+from catsdogs.runtime import backends
+from catsdogs.runtime.worker import Worker
 from catsdogs.schema import Status, default
-from catsdogs.training import backends
-from catsdogs.training.worker import Worker
 
 HOST_CAP_FRACTION = 0.9
 PROBE_COLUMNS = columns(ProbeRecord, "search")  # find_batch_size.csv, and each probe in the .json

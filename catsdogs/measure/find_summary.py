@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from catsdogs.goodput import TIE
 from catsdogs.gradient_noise import NoiseEstimate, describe
+from catsdogs.lr_rules import RULES
 from catsdogs.measure.common import format_bytes, settings_note
 from catsdogs.messages import ProbeRecord
-from catsdogs.recommendation import RULES
+from catsdogs.optimizers import OPTIMIZERS
 from catsdogs.schema import Status
 
 METHODS = {"bfc": "the step replayed through TensorFlow's allocator", "xla": "XLA's memory plan",
@@ -159,7 +160,7 @@ def summary_lines(summary: dict) -> list[str]:
     lines += _decision_lines(rec, s, measured)
     lr, base = rec["learning_rate"], rec["base_learning_rate"]
     anchor = rec.get("learning_rate_anchor", "Keras's default")  # a JSON of 0.11.0 read back has none
-    lines.append(f"Learning rate {lr:.3g}: {RULES[rec['learning_rate_rule']]}, anchored at {anchor}: {base:g} at "
+    lines.append(f"Learning rate {lr:.3g}: {RULES[rec['learning_rate_rule']].text}, anchored at {anchor}: {base:g} at "
                  f"batch size {rec['base_batch_size']}.")
     lines.append(learning_rate_caveat(rec["learning_rate_rule"], anchor, s["optimizer"]))
     plan = (summary.get("hand_off") or {}).get("accumulation")
@@ -177,21 +178,11 @@ def learning_rate_caveat(rule: str, anchor: str, optimizer: str) -> str:
     tune one; Keras's default is not a tuned rate; Adam's rule scales the rate only."""
     said = ["Tune it where it matters: a rule carries a rate from its anchor, it does not tune one."]
     if anchor == "Keras's default":
-        said.append(UNTUNED[optimizer])
+        said.append(OPTIMIZERS[optimizer].note)
     if rule == "sqrt":
         said.append("The square-root rule scales the rate only: Adam's betas and epsilon, which Malladi et al. "
                     "rescale with the batch too, stay at their defaults.")
     return " ".join(said)
-
-
-# Why an anchor at Keras's default is said, never silent (docs/results.md, "The learning rate tuned
-# per batch size", and the critical plan's chosen rates): on the article's model the tuned plans
-# chose SGD rates 5 to 10 times Keras's 0.01.
-UNTUNED = {"sgd": "Keras's default is not a tuned rate: on the article's model catsdogs's tuned plans chose "
-                  "SGD rates 5 to 10 times it (0.05 to 0.1 at batch 16 to 32), so this one is likely too small; "
-                  "--from-store STORE anchors it at a sweep's tuned rates.",
-           "adam": "Keras's default is not a tuned rate: on the article's model catsdogs's tuned plan chose Adam "
-                   "0.01, ten times it, at batch 16 to 128; --from-store STORE anchors it at a sweep's tuned rates."}
 
 
 def _decision_lines(rec: dict, s: dict, measured: dict | None) -> list[str]:

@@ -23,8 +23,9 @@ from catsdogs.measure.find_summary import METHODS
 from catsdogs.measure.search import fresh_threshold, percent_apart
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import MemoryPlan, MemoryPlanTask, ProbeRecord
+from catsdogs.runtime import backends
+from catsdogs.runtime.worker import run_isolated
 from catsdogs.schema import Status
-from catsdogs.training import backends
 from catsdogs.training.costs import (
     line_second_batch,
     plan_batch_sizes,
@@ -33,7 +34,6 @@ from catsdogs.training.costs import (
     predict_max_batch_size_planned,
     predicted_peak_bytes,
 )
-from catsdogs.training.worker import run_isolated
 
 CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline comes from
 

@@ -29,8 +29,8 @@ from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.manifest import load_manifest, require_intact
 from catsdogs.messages import ModelCheckTask, ModelInfo
 from catsdogs.model_ref import check_loss, is_file, parse
+from catsdogs.runtime.worker import Worker, run_isolated
 from catsdogs.schema import Status
-from catsdogs.training.worker import Worker, run_isolated
 
 _OPTION = re.compile(r"^(?:CatsdogsError: )?--(model|loss) (\S+): ")
 

@@ -24,9 +24,9 @@ from catsdogs.measure import model_check
 from catsdogs.measure.common import first_line
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import TrialRecord, TrialTask
+from catsdogs.runtime import backends
+from catsdogs.runtime.worker import Worker
 from catsdogs.schema import DEFAULT_LR, Status, TrialConfig, default
-from catsdogs.training import backends
-from catsdogs.training.worker import Worker
 
 # find-batch-size's noise measurement, the one the recommendation rests on: larger pairs than a
 # sweep's, over four short runs, past their first epoch (measure_noise_scale). A pair of 25 images

@@ -23,7 +23,7 @@ costs a start and a compilation anew (7 s and 2.5 to 48 s on the H200), for the 
 first out-of-memory that leaves something behind ends it: from then on, the rules above.
 
 `memory_cap_bytes` caps every probe (the CPU: the worker's peak resident memory, watched by
-catsdogs.training.worker, which kills it the moment it goes over; a GPU: a logical device of that
+catsdogs.runtime.worker, which kills it the moment it goes over; a GPU: a logical device of that
 size); `cpu_cap_bytes` caps only probes that run on the CPU.
 """
 
@@ -35,10 +35,10 @@ from pathlib import Path
 
 from catsdogs.host import proc_status_kb, visible_gpus
 from catsdogs.messages import ProbeRecord, ProbeTask, Task
+from catsdogs.runtime import backends, skipped_imports
+from catsdogs.runtime.backends import COMPILE_CACHE_ENV
+from catsdogs.runtime.worker import MEMORY_CAP_ENV, Worker
 from catsdogs.schema import Status
-from catsdogs.training import backends, skipped_imports
-from catsdogs.training.backends import COMPILE_CACHE_ENV
-from catsdogs.training.worker import MEMORY_CAP_ENV, Worker
 
 
 class Prober:

@@ -39,8 +39,8 @@ from catsdogs.measure import prober as probers
 from catsdogs.measure.common import check_memory_floor, check_settings, settings_note, write_csv
 from catsdogs.measure.figures import save_profile_figures
 from catsdogs.messages import PeakRecord, PeakTask, ProbeRecord, ProbeTask, columns
+from catsdogs.runtime.backends import process_env_for
 from catsdogs.schema import FINISHED, Status
-from catsdogs.training.backends import process_env_for
 
 DEFAULT_STEPS = 20
 DEFAULT_WARMUP = 2  # the first step traces and compiles, the second may still autotune

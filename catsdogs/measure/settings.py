@@ -20,8 +20,8 @@ from catsdogs.measure.search import (
     apply_margin,
 )
 from catsdogs.model_ref import check_loss
+from catsdogs.runtime import backends
 from catsdogs.schema import LIMITS, check_number
-from catsdogs.training import backends
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 
+from catsdogs.optimizers import OPTIMIZERS
+
 
 def parameter_count(size: int = 200) -> int:
     """Closed form of build_model(size).count_params(); 40,961,153 at 200 px."""
@@ -50,7 +52,8 @@ def train_flops_per_image(size: int = 200) -> float:
 # So the prediction replays the step's allocations at a batch size through a model of BFC and
 # counts the pages written: `bfc_replay`. Nothing is fitted; the runtime comes from one probe.
 
-OPTIMIZER_SLOTS = {"sgd": 0, "adam": 2}  # float32 tensors of the weights' shape: Adam's m and v
+# float32 tensors of the weights' shape: Adam's m and v (catsdogs.optimizers)
+OPTIMIZER_SLOTS = {name: o.slots for name, o in OPTIMIZERS.items()}
 PREFETCHED_BATCHES = 2  # input batches the pipeline holds besides the step's (backends.*.train_batches)
 PROBE_STEPS = 3  # a probe's warm-up step and two timed ones, as find-batch-size runs them
 BFC_MIN_BYTES = 256  # BFC rounds every request up to a multiple of this

@@ -9,7 +9,7 @@ scale measured between them when asked (`noise_estimate_at`, outside every clock
 weights named by their digest. A probe, the matmul peak and the memory plan are
 catsdogs.training.probes'.
 
-The engine runs inside a worker process (catsdogs.training.worker) once its backend has started,
+The engine runs inside a worker process (catsdogs.training.child) once its backend has started,
 so Keras is imported here at the top.
 """
 
@@ -32,6 +32,7 @@ from catsdogs.errors import CatsdogsError
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 from catsdogs.host import environment
 from catsdogs.messages import (
+    MemoryPlanTask,
     ModelCheckTask,
     PeakTask,
     ProbeTask,
@@ -39,35 +40,46 @@ from catsdogs.messages import (
     TrialRecord,
     TrialTask,
 )
+from catsdogs.runtime import backends
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
-from catsdogs.training import backends, steps
+from catsdogs.training import steps
 from catsdogs.training.curve import Curve, TargetReached
 from catsdogs.training.diagnosis import diagnose, initial_diagnosis
 from catsdogs.training.probes import run_memory_plan, run_model_check, run_peak, run_probe
 
 
 def run_task(task: Task, emit=lambda kind, payload: None):
-    """Run one task; always return its record with a status: a task's exception is its outcome
-    (failed, or oom), never the worker's end. `emit("progress", row)` reports a trial's epochs, and
-    when a probe's timed steps run (run_probe)."""
+    """Run one task with its handler (`HANDLERS`); always return its record with a status: a task's
+    exception is its outcome (failed, or oom), never the worker's end. `emit("progress", row)`
+    reports a trial's epochs, and when a probe's timed steps run (run_probe). A task of a type with
+    no handler is a TypeError: a message this engine does not know, never run as another kind."""
+    handler = HANDLERS.get(type(task))
+    if handler is None:
+        raise TypeError(f"the engine has no handler for a {type(task).__name__}")
     try:
-        if isinstance(task, TrialTask):
-            sampling = NoiseSampling(**task.noise_sampling) if task.noise_sampling else None
-            key = task.config.key()
-            on_digest = (lambda value, error: emit("digest", {"key": key, "digest": value, "error": error})
-                         ) if task.defer_digest else None
-            return run_trial(task.config, Path(task.data_dir), on_epoch=lambda row: emit("progress", row),
-                             noise_sampling=sampling, eval_every=task.eval_every, user=task.user,
-                             on_digest=on_digest)
-        if isinstance(task, ProbeTask):
-            return run_probe(task, emit)
-        if isinstance(task, PeakTask):
-            return run_peak(task)
-        if isinstance(task, ModelCheckTask):
-            return run_model_check(task)
-        return run_memory_plan(task)
+        return handler(task, emit)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded status
         return task.RECORD(**backends.failure_fields(exc))
+
+
+def _run_trial_task(task: TrialTask, emit) -> TrialRecord:
+    sampling = NoiseSampling(**task.noise_sampling) if task.noise_sampling else None
+    key = task.config.key()
+    on_digest = (lambda value, error: emit("digest", {"key": key, "digest": value, "error": error})
+                 ) if task.defer_digest else None
+    return run_trial(task.config, Path(task.data_dir), on_epoch=lambda row: emit("progress", row),
+                     noise_sampling=sampling, eval_every=task.eval_every, user=task.user,
+                     on_digest=on_digest)
+
+
+# Each task type's handler, (task, emit) -> its record: one entry a kind of messages.TASKS
+HANDLERS = {
+    TrialTask: _run_trial_task,
+    ProbeTask: run_probe,
+    PeakTask: lambda task, emit: run_peak(task),
+    MemoryPlanTask: lambda task, emit: run_memory_plan(task),
+    ModelCheckTask: lambda task, emit: run_model_check(task),
+}
 
 
 # --- a trial -----------------------------------------------------------------------------------
@@ -401,7 +413,7 @@ def noise_estimate_at(step: steps.TrainingStep, split, sampling: NoiseSampling, 
     """B_simple at the model's current weights (catsdogs.gradient_noise): `sampling.pairs` large
     batches drawn with replacement from the training split by the noise's own generator (seed,
     epoch); each one's per-example gradient Gram matrix from the backend
-    (catsdogs.training.per_example), up to GRAM_EXAMPLES images a call, gives its micro-batches'
+    (catsdogs.runtime.backends.per_example), up to GRAM_EXAMPLES images a call, gives its micro-batches'
     and its own squared norms. Nothing the trial trains with moves: not its batches, weights,
     optimizer, metrics or random state. The estimate knows its epoch and how long it took.
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from catsdogs.host import usable_cores, visible_gpus
 from catsdogs.messages import TrialRecord, TrialTask
+from catsdogs.runtime import backends
+from catsdogs.runtime.worker import CPUS_ENV, Worker
 from catsdogs.schema import Status
-from catsdogs.training import backends
-from catsdogs.training.worker import CPUS_ENV, Worker
 
 
 def needs_fresh_worker(cfg) -> bool:

@@ -6,7 +6,7 @@ A probe is built as a trial is (catsdogs.training.steps: the same model, optimiz
 implementation, precision, process settings and input pipeline, run by the same `model.fit`), so
 what it times is what a sweep trains; it differs only in how many steps it runs and what it
 records. Always a record: out of memory and failures are its status (oom, failed), with the error.
-Runs inside a worker, after its backend has started (catsdogs.training.worker), so Keras is
+Runs inside a worker, after its backend has started (catsdogs.training.child), so Keras is
 imported at the top.
 """
 
@@ -33,8 +33,9 @@ from catsdogs.messages import (
     ProbeRecord,
     ProbeTask,
 )
+from catsdogs.runtime import backends
 from catsdogs.schema import Status, TrialConfig
-from catsdogs.training import backends, steps, user_model
+from catsdogs.training import steps, user_model
 from catsdogs.training.costs import train_flops_per_image
 
 # NVML's utilization is the share of the last sample period (up to a second) in which a kernel

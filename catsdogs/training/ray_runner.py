@@ -2,7 +2,7 @@
 
 Each sweep slot holds one Ray actor, a worker: a process that imports the framework once and
 runs trial after trial with the engine, keeping decoded data and compiled training steps as a
-local worker (catsdogs.training.worker) does. An actor asks for one GPU where the cluster has GPUs
+local worker (catsdogs.runtime.worker) does. An actor asks for one GPU where the cluster has GPUs
 (all of a node's GPUs for `--strategy mirrored`), else for `num_cpus_per_trial` CPU cores (by
 default 1, or this machine's share when `--workers` is given), with the framework's thread
 pools sized to match. The sweep process is the Ray driver: it claims trials and writes every
@@ -47,8 +47,8 @@ from pathlib import Path
 
 from catsdogs.errors import CatsdogsError
 from catsdogs.messages import TrialRecord, TrialTask
+from catsdogs.runtime import backends
 from catsdogs.schema import Status
-from catsdogs.training import backends
 from catsdogs.training.local_slot import needs_fresh_worker
 
 INSTALL_HINT = "install the extra: pip install 'catsdogs[ray]'"
@@ -122,7 +122,7 @@ class TrialActor:
 
     def __init__(self, env: dict):
         os.environ.update(env)  # before the framework starts: its thread pools are sized once
-        from catsdogs.training import backends
+        from catsdogs.runtime import backends
 
         backends.current().start()
 

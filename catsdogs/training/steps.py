@@ -1,6 +1,6 @@
 """What a worker keeps between tasks: the data sets it has decoded and the steps it has compiled.
 
-A worker (catsdogs.training.worker, or a Ray actor) runs task after task; decoding the prepared
+A worker (catsdogs.runtime.worker, or a Ray actor) runs task after task; decoding the prepared
 images and building, compiling and tracing the article's model are the costs it pays once:
 - `DataCache`: every prepared data set it has decoded, checked against the manifest's
   fingerprint before each task, so data re-prepared under a worker is decoded again, never
@@ -13,7 +13,7 @@ images and building, compiling and tracing the article's model are the costs it 
   without building, compiling and tracing again.
 
 One of each per process (`DATA`, `STEPS`). Imported only once the worker's backend has started
-(catsdogs.training.backends: a framework reads its settings when it starts), so Keras is
+(catsdogs.runtime.backends: a framework reads its settings when it starts), so Keras is
 imported here at the top.
 """
 

@@ -17,10 +17,10 @@ from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.gradient_noise import NoiseSampling
 from catsdogs.manifest import require_prepared, test_images
 from catsdogs.plans import Plan
+from catsdogs.runtime import backends
 from catsdogs.schema import TrialConfig
 from catsdogs.seeds import next_seeds
 from catsdogs.store import Store, store_path
-from catsdogs.training import backends
 from catsdogs.training.sweep import SlotFactory, check_workers, describe, make_slots, run_sweep
 
 

@@ -3,7 +3,7 @@
 The worker's process environment (`process_env`) is set before TensorFlow starts, since
 TensorFlow reads its thread counts and allocator choice once, at start-up.
 
-Memory (peaks, the device's budget): catsdogs.training.backends.tensorflow_memory, whose functions
+Memory (peaks, the device's budget): catsdogs.runtime.backends.tensorflow_memory, whose functions
 this module gives as its own.
 
 The CPU allocator. A training step of the article's model allocates the 41M-parameter Dense
@@ -24,13 +24,14 @@ import time
 import weakref
 
 from catsdogs.host import cpu_description
+from catsdogs.optimizers import OPTIMIZERS
+from catsdogs.runtime.backends import matmul_rate, seed_states
+from catsdogs.runtime.backends.tensorflow_memory import compiled_step_bytes as compiled_step_bytes
+from catsdogs.runtime.backends.tensorflow_memory import device_bytes_in_use as device_bytes_in_use
+from catsdogs.runtime.backends.tensorflow_memory import memory_budget_bytes as memory_budget_bytes
+from catsdogs.runtime.backends.tensorflow_memory import peak_memory as peak_memory
+from catsdogs.runtime.backends.tensorflow_memory import reset_peak_memory as reset_peak_memory
 from catsdogs.schema import Status
-from catsdogs.training.backends import matmul_rate, seed_states
-from catsdogs.training.backends.tensorflow_memory import compiled_step_bytes as compiled_step_bytes
-from catsdogs.training.backends.tensorflow_memory import device_bytes_in_use as device_bytes_in_use
-from catsdogs.training.backends.tensorflow_memory import memory_budget_bytes as memory_budget_bytes
-from catsdogs.training.backends.tensorflow_memory import peak_memory as peak_memory
-from catsdogs.training.backends.tensorflow_memory import reset_peak_memory as reset_peak_memory
 
 NAME = "tensorflow"
 LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many logical devices
@@ -59,7 +60,7 @@ def start() -> str:
     """Once per process, before any op: logical CPU devices where asked; the process's settings
     (backends.process_settings): op determinism on or off, TF32 allowed, forbidden or TensorFlow's
     default (allowed); 'gpu' or 'cpu'."""
-    from catsdogs.training.backends import process_settings
+    from catsdogs.runtime.backends import process_settings
 
     settings = process_settings()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", LOG_LEVEL)
@@ -235,9 +236,9 @@ def adam_class(fused: bool):
 def optimizer_class(name: str, strategy: str):
     import keras
 
-    if name == "adam":
+    if name == "adam":  # Keras's Adam with TensorFlow's fused update (adam_class)
         return adam_class(fused=strategy == "none")
-    return {"sgd": keras.optimizers.SGD}[name]
+    return getattr(keras.optimizers, OPTIMIZERS[name].keras_class)
 
 
 def distribution(strategy: str):
@@ -286,7 +287,7 @@ def per_example_gram(model, images, labels, block: int, cache: dict | None = Non
     """The per-example gradient Gram matrix of the loss at the model's current weights, within
     each block of `block` consecutive examples: numpy (n // block, block, block), float64.
 
-    catsdogs.training.per_example does the arithmetic (the model's own layers, "ghost" dot
+    catsdogs.runtime.backends.per_example does the arithmetic (the model's own layers, "ghost" dot
     products); here TensorFlow differentiates it, under a GradientTape, in one tf.function per
     model and block size, kept in `cache` (the caller's: catsdogs.training.engine keeps it with the
     model's step, so it goes with it; a cache that held the model would keep it alive). Pure: no
@@ -304,7 +305,7 @@ def per_example_gram(model, images, labels, block: int, cache: dict | None = Non
 def _gram_function(model, block: int):
     import tensorflow as tf
 
-    from catsdogs.training import per_example
+    from catsdogs.runtime.backends import per_example
 
     tapped = per_example.tapped_layers(model)
 
@@ -369,7 +370,7 @@ def _micro_gradient_function(model, loss):
 
     return gradient
 
-# --- memory (catsdogs.training.backends.tensorflow_memory) -----------------------------------
+# --- memory (catsdogs.runtime.backends.tensorflow_memory) -----------------------------------
 
 
 # --- errors ------------------------------------------------------------------------------------

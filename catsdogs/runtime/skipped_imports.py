@@ -72,7 +72,7 @@ def for_measurement() -> dict:
 @contextlib.contextmanager
 def skipping(backend: str, skipped: tuple[str, ...] = SKIPPED, frameworks: tuple[str, ...] = FRAMEWORKS):
     """Within: the imports of `skipped` by the `frameworks`' modules fail, but `backend`'s own (its
-    name, as catsdogs.training.backends names it). Yields the finder, whose `skips` lists what was
+    name, as catsdogs.runtime.backends names it). Yields the finder, whose `skips` lists what was
     skipped: (module, importer). Nothing is skipped where this process's ENV is "0"."""
     if os.environ.get(ENV, "1").strip() == "0":
         skipped = ()

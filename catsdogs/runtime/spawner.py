@@ -1,5 +1,5 @@
 """Where every worker process is started: from one thread that lives as long as this process, and
-armed to die with it (catsdogs.training.worker says why both)."""
+armed to die with it (catsdogs.runtime.worker says why both)."""
 
 from __future__ import annotations
 

@@ -8,11 +8,11 @@ after a first op: 245 MiB where a fresh worker's was 563), so the template lists
 (/proc/self/pagemap) and each child maps them before anything else (MADV_POPULATE_READ, Linux
 5.14): 565 MiB, as fresh. Where the kernel lacks it, workers start fresh.
 
-A template (`python -m catsdogs.training.template FD`) imports what a worker imports before its
+A template (`python -m catsdogs.runtime.template FD`) imports what a worker imports before its
 framework starts, then forks a child for every request on socket FD (the worker's environment
 and folder; its stdin, stdout and stderr as descriptors). The child takes them, a session of its
-own and death with the template (which dies with catsdogs: catsdogs.training.spawner), and runs
-the worker's `main` as `python -m catsdogs.training.worker` would. The template reaps its
+own and death with the template (which dies with catsdogs: catsdogs.runtime.spawner), and runs
+the worker process (catsdogs.training.child) as `python -m` would run it. The template reaps its
 children and sends their exit statuses back; `TemplateChild` answers what `Worker` asks of
 `subprocess.Popen`. Where it applies (`usable`): TensorFlow on Linux on a host without an NVIDIA
 device, unless CATSDOGS_WORKER_TEMPLATE=0 (JAX reads its XLA flags and cache settings at import,
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from catsdogs.training.spawner import SPAWNER, die_with_parent
+from catsdogs.runtime.spawner import SPAWNER, die_with_parent
 
 ENV = "CATSDOGS_WORKER_TEMPLATE"  # "0": every worker a fresh process
 # What an import may read from the environment: a template serves only workers that agree with
@@ -63,7 +63,7 @@ def _backend(env: dict) -> str | None:
     if "KERAS_BACKEND" in env:
         return env["KERAS_BACKEND"]
     from catsdogs.errors import CatsdogsError
-    from catsdogs.training import backends
+    from catsdogs.runtime import backends
 
     try:
         return backends.check()
@@ -83,10 +83,14 @@ def import_key(env: dict) -> tuple:
 # --- the template process ----------------------------------------------------------------------
 
 
+WORKER_ENTRY = "catsdogs.training.child"  # the worker process's module (run as `python -m`), named, not imported
+WORKER_MAIN = f"{WORKER_ENTRY}:main"
+
+
 def _import_framework() -> None:
-    """What a TensorFlow worker imports before its framework starts (catsdogs.training.worker.main),
+    """What a TensorFlow worker imports before its framework starts (catsdogs.training.child.main),
     and nothing that starts it."""
-    from catsdogs.training import backends, skipped_imports
+    from catsdogs.runtime import backends, skipped_imports
 
     backend = backends.current()
     if backend.NAME != "tensorflow":
@@ -95,11 +99,6 @@ def _import_framework() -> None:
     with skipped_imports.skipping(backend.NAME):
         import keras  # noqa: F401
         import tensorflow  # noqa: F401
-
-        import catsdogs.training.worker  # noqa: F401
-
-
-WORKER_MAIN = "catsdogs.training.worker:main"
 
 
 def mapped_file_pages() -> list[tuple[int, int]]:
@@ -140,6 +139,7 @@ def serve(fd: int, entry: str = WORKER_MAIN) -> int:
     try:
         if entry == WORKER_MAIN:
             _import_framework()
+        importlib.import_module(entry.partition(":")[0])  # the entry's code, loaded once for every child
         pages = mapped_file_pages()
         populate(pages[:1])  # the kernel can (Linux 5.14 on), or no child could match a fresh worker
     except BaseException as e:  # noqa: BLE001 - said to the parent, which starts fresh workers
@@ -256,7 +256,7 @@ class TemplateChild:
     """A worker forked by a template: the parts of subprocess.Popen a Worker uses."""
 
     def __init__(self, template: Template, env: dict, stderr):
-        self.args = ["catsdogs.training.template", template.pid]
+        self.args = ["catsdogs.runtime.template", template.pid]
         self.template = template
         self.returncode: int | None = None
         self._pid: int | None = None
@@ -307,7 +307,7 @@ class Template:
     def __init__(self, env: dict, entry: str = WORKER_MAIN):
         """Start the template and wait until it has imported (or failed: `failed` says why)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = SPAWNER.popen([sys.executable, "-m", "catsdogs.training.template", str(theirs.fileno()), entry],
+        self.proc = SPAWNER.popen([sys.executable, "-m", "catsdogs.runtime.template", str(theirs.fileno()), entry],
                                   pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True,  # a terminal's Ctrl-C is the parent's to handle

@@ -98,7 +98,7 @@ class Backend(Protocol):
         variables, so they can be read or evaluated (and fit takes them up again from there)."""
 
     def per_example_gram(self, model, images, labels, block: int, cache: dict | None = None):
-        """Per-example gradient Gram matrices, block by block (catsdogs.training.per_example)."""
+        """Per-example gradient Gram matrices, block by block (catsdogs.runtime.backends.per_example)."""
 
     def micro_gradient_gram(self, model, loss, images, labels, micro: int, micros: int, cache: dict | None = None):
         """Micro-batch gradients' Gram matrices, large batch by large batch (any model: the
@@ -230,7 +230,7 @@ def check(backend: str | None = None) -> str:
 
 
 def current() -> Backend:
-    """The backend module (catsdogs.training.backends.tensorflow, ...), or a one-line
+    """The backend module (catsdogs.runtime.backends.tensorflow, ...), or a one-line
     CatsdogsError when its framework is not installed."""
     backend = check()
     module = importlib.import_module(f"{__name__}.{backend}")

@@ -1,4 +1,4 @@
-"""The memory side of Keras on TensorFlow: the second half of catsdogs.training.backends.tensorflow,
+"""The memory side of Keras on TensorFlow: the second half of catsdogs.runtime.backends.tensorflow,
 which gives these functions as its own (the Backend protocol's `reset_peak_memory`,
 `peak_memory`, `device_bytes_in_use`, `memory_budget_bytes`, `compiled_step_bytes`).
 

@@ -1,9 +1,9 @@
 """Keras 3 on JAX: every JAX-specific call catsdogs makes (`KERAS_BACKEND=jax`).
 
-The same functions as backends.tensorflow (the `Backend` protocol of catsdogs.training.backends),
+The same functions as backends.tensorflow (the `Backend` protocol of catsdogs.runtime.backends),
 so the engine cannot tell them apart. Where JAX differs, the choice is made here:
 
-- Starting a worker process (catsdogs.training.backends.jax_process, whose `start`,
+- Starting a worker process (catsdogs.runtime.backends.jax_process, whose `start`,
   `process_env`, `strategy_env`, `running_settings` and `compile_counts` this module gives as its
   own): TensorFlow kept out, so a JAX process behaves as on the GPU machine, which has none;
   determinism as XLA's `--xla_gpu_deterministic_ops` exactly when deterministic (on the CPU
@@ -15,7 +15,7 @@ so the engine cannot tell them apart. Where JAX differs, the choice is made here
   dispatches asynchronously, so the next batch's gather is queued while a step runs: the
   prefetch is free. A data set larger than its share of device memory stays on the host and
   each batch is gathered there (Keras's JAX trainer copies it one batch ahead).
-- Memory (catsdogs.training.backends.jax_memory, whose functions this module gives as its own):
+- Memory (catsdogs.runtime.backends.jax_memory, whose functions this module gives as its own):
   XLA's allocator peak on a GPU, which JAX cannot reset (`memory_kind` "gpu-worker": exact for a
   probe that raised it, an upper bound for a trial); the resident set's high-water mark on the
   CPU. Preallocation is off, so XLA takes device memory as it needs it and NVML's "memory used"
@@ -43,18 +43,19 @@ from catsdogs.host import (
     cpu_description,
     gpu_total_bytes,
 )
+from catsdogs.optimizers import OPTIMIZERS
+from catsdogs.runtime.backends import has_depthwise, matmul_rate, seed_states
+from catsdogs.runtime.backends.jax_memory import compiled_step_bytes as compiled_step_bytes
+from catsdogs.runtime.backends.jax_memory import device_stats, memory_budget_bytes
+from catsdogs.runtime.backends.jax_memory import memory_fraction as memory_fraction
+from catsdogs.runtime.backends.jax_memory import peak_memory as peak_memory
+from catsdogs.runtime.backends.jax_memory import reset_peak_memory as reset_peak_memory
+from catsdogs.runtime.backends.jax_process import HOST_DEVICES_FLAG, LOGICAL_CPUS_ENV, start
+from catsdogs.runtime.backends.jax_process import compile_counts as compile_counts
+from catsdogs.runtime.backends.jax_process import process_env as process_env
+from catsdogs.runtime.backends.jax_process import running_settings as running_settings
+from catsdogs.runtime.backends.jax_process import strategy_env as strategy_env
 from catsdogs.schema import Status
-from catsdogs.training.backends import has_depthwise, matmul_rate, seed_states
-from catsdogs.training.backends.jax_memory import compiled_step_bytes as compiled_step_bytes
-from catsdogs.training.backends.jax_memory import device_stats, memory_budget_bytes
-from catsdogs.training.backends.jax_memory import memory_fraction as memory_fraction
-from catsdogs.training.backends.jax_memory import peak_memory as peak_memory
-from catsdogs.training.backends.jax_memory import reset_peak_memory as reset_peak_memory
-from catsdogs.training.backends.jax_process import HOST_DEVICES_FLAG, LOGICAL_CPUS_ENV, start
-from catsdogs.training.backends.jax_process import compile_counts as compile_counts
-from catsdogs.training.backends.jax_process import process_env as process_env
-from catsdogs.training.backends.jax_process import running_settings as running_settings
-from catsdogs.training.backends.jax_process import strategy_env as strategy_env
 
 NAME = "jax"
 DEVICE_DATA_SHARE = 0.25  # a data set stays on the device when it takes at most this share of it
@@ -62,7 +63,7 @@ DEVICE_DATA_SHARE = 0.25  # a data set stays on the device when it takes at most
 
 def setup_device(memory_cap_bytes: int | None) -> str:
     """Before JAX starts: a GPU memory cap becomes XLA's memory fraction (of the GPU's memory, as
-    NVML reports it); 'gpu' or 'cpu'. On a CPU the parent watches the cap (catsdogs.training.worker)."""
+    NVML reports it); 'gpu' or 'cpu'. On a CPU the parent watches the cap (catsdogs.runtime.worker)."""
     capped = False
     if memory_cap_bytes and "jax" not in sys.modules:
         total = gpu_total_bytes()
@@ -187,7 +188,7 @@ def optimizer_class(name: str, strategy: str):
     fused kernel)."""
     import keras
 
-    return {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD}[name]
+    return getattr(keras.optimizers, OPTIMIZERS[name].keras_class)
 
 
 class Distribution:
@@ -248,7 +249,7 @@ def per_example_gram(model, images, labels, block: int, cache: dict | None = Non
     """The per-example gradient Gram matrix of the loss at the model's current weights, within
     each block of `block` consecutive examples: numpy (n // block, block, block), float64.
 
-    catsdogs.training.per_example does the arithmetic (the model's own layers, "ghost" dot
+    catsdogs.runtime.backends.per_example does the arithmetic (the model's own layers, "ghost" dot
     products); here JAX differentiates it, on the variables' values passed in through a
     StatelessScope, in one jitted function per model and block size, kept in `cache` (the
     caller's: catsdogs.training.engine keeps it with the model's step, so it goes with it; a cache
@@ -270,7 +271,7 @@ def _gram_function(model, block: int):
     import jax.numpy as jnp
     import keras
 
-    from catsdogs.training import per_example
+    from catsdogs.runtime.backends import per_example
 
     tapped = per_example.tapped_layers(model)
 

@@ -1,4 +1,4 @@
-"""How a JAX worker process starts: the first half of catsdogs.training.backends.jax, which gives
+"""How a JAX worker process starts: the first half of catsdogs.runtime.backends.jax, which gives
 these functions as its own (the Backend protocol's `start`, `process_env`, `strategy_env`,
 `running_settings`, `compile_counts`).
 
@@ -41,7 +41,7 @@ def _xla_flags(*extra: str, deterministic: bool = True, flags: str | None = None
 
 def process_env(threads: int | None = None) -> dict[str, str]:
     """Environment for a worker process, read by JAX when it starts. (Threads: XLA's CPU thread
-    pool follows the worker's CPU affinity, which catsdogs.training.worker sets. Determinism and
+    pool follows the worker's CPU affinity, which catsdogs.training.child sets. Determinism and
     TF32: `start`, from the worker's settings.)"""
     return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
             "TF_CPP_MIN_LOG_LEVEL": "2"}  # XLA's C++ logging reads TensorFlow's variable
@@ -80,7 +80,7 @@ def start() -> str:
     TF32: backends.process_settings) and the compilation cache set before JAX starts; 'gpu' or
     'cpu'. A process that imported JAX before keeps the XLA flags it started with, and says so
     (`running_settings`)."""
-    from catsdogs.training.backends import compile_cache_dir, process_settings
+    from catsdogs.runtime.backends import compile_cache_dir, process_settings
 
     _block_tensorflow()
     settings = process_settings()

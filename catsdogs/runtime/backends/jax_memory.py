@@ -1,4 +1,4 @@
-"""The memory side of Keras on JAX: the second half of catsdogs.training.backends.jax, which gives
+"""The memory side of Keras on JAX: the second half of catsdogs.runtime.backends.jax, which gives
 these functions as its own (the Backend protocol's `reset_peak_memory`, `peak_memory`,
 `memory_budget_bytes`, `compiled_step_bytes`, and `memory_fraction`).
 
