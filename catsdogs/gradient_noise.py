@@ -333,7 +333,7 @@ def pool_seeds(by_seed: dict, level: float = LEVEL) -> NoiseEstimate | None:
     interval, and with four seeds the mean tr(Sigma) was often not clearly positive (an interval
     from 0 to unbounded). Seeds' B_simple scatter log-normally (log sd 0.91 at batch 32, epochs
     2-3), so the geometric mean and a t interval on the logs cover the seeds' median as they
-    should (tests/test_gradient_noise.py simulates it). A seed whose B_simple is only a lower bound
+    should (tests/shared/test_gradient_noise.py simulates it). A seed whose B_simple is only a lower bound
     (its |G|^2 not clearly positive) enters at its bound and leaves the interval open above: the
     truth may lie anywhere higher. A seed undetermined (neither clearly positive) is left out.
     `pairs` counts the seeds used, `measurements` the measurements. None with fewer than two."""

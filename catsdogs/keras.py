@@ -19,7 +19,7 @@ interval has no end), so Keras's `History`, `CSVLogger` and `TensorBoard` callba
 It changes nothing the model trains: the gradients are taken statelessly from the variables'
 values (BatchNormalization's statistics and a dropout's seed move in no variable), its batches
 come from its own generator, and no weight, optimizer slot or metric is touched; the weights after
-`fit` are the same, bit for bit, with and without it (tests/test_keras_callback.py, both backends).
+`fit` are the same, bit for bit, with and without it (tests/surfaces/test_keras_callback.py, both backends).
 Its cost: about a training step of 400 images a measurement for the article's kind, a gradient a
 micro-batch (`pairs * micros`) for any other (scripts/bench_callback.py times it against the
 training it rides on).

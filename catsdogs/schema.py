@@ -15,7 +15,7 @@ Words, each for one idea (used by every command, module and document):
 Everything the command line, the plans, the results store and the report know about a trial's
 fields comes from `TrialConfig` below: the sweep's options (`cli`), the store's columns
 (`store.CONFIG_COLUMNS`), the report's article protocol (`analysis.rows.ARTICLE_PROTOCOL`) and the
-keys a plan's grid may vary (`plans.GRID_KEYS`). tests/test_schema.py fails when one falls behind.
+keys a plan's grid may vary (`plans.GRID_KEYS`). tests/contracts/test_schema.py fails when one falls behind.
 Each rule of a setting is written once, here or in catsdogs.plans, and raises a SettingError that
 names the setting by its plan key; the CLI only turns that into its one-line message.
 """

@@ -27,7 +27,7 @@ prediction is the line through the batch-size-1 probe and one fresh probe (docs/
 
 Each row is searched `--repeats` times (3 by default) and printed as the median with its spread
 (the least and the most apart): one search's answer moves with that run-to-run variation, which
-is why the 15% target is judged here, on the median, and tests/test_find_batch_size.py holds a
+is why the 15% target is judged here, on the median, and tests/measure/test_find_batch_size.py holds a
 single search only to a bound no correct run misses (40%).
 """
 

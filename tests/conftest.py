@@ -218,37 +218,6 @@ def file_server(monkeypatch: pytest.MonkeyPatch):
         thread.join(timeout=5)
 
 
-# --- a sweep slot in this process ---------------------------------------------------------------
-
-
-class InProcessSlot:
-    """A sweep slot that runs each trial in this process's engine (TensorFlow), where a local slot
-    runs it in a worker process: for tests of what a sweep decides (its rounds, resuming, its
-    records), not of how its workers live and die (tests/test_engine.py). The engine is the
-    same, and its results are the same to the bit in a worker or alone (tests/test_engine.py)."""
-
-    def __init__(self, slot: int = 0, workers: int = 1, workdir: Path | None = None):
-        pass
-
-    def shapes(self) -> set[str]:
-        from catsdogs.training import steps
-
-        return set(steps.STEPS.shapes())
-
-    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None):
-        from catsdogs.messages import TrialTask
-        from catsdogs.training import engine
-
-        return engine.run_task(TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling, eval_every),
-                               emit=lambda kind, row: on_epoch(row) if on_epoch else None)
-
-    def stop(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture(autouse=True)
 def float32_policy_after_each_test():
     """A trial run in this process sets Keras's global dtype policy to its precision, as a worker

@@ -4,5 +4,5 @@
     tuning's learning rates, claims' verdicts, critical's noise scale; pure) -> plots and
     markdown -> report (the files)
 
-Nothing here imports Keras, TensorFlow, JAX or catsdogs.training (tests/test_layout.py).
+Nothing here imports Keras, TensorFlow, JAX or catsdogs.training (tests/architecture/test_layout.py).
 """

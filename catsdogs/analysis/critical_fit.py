@@ -21,7 +21,7 @@ may be near zero: Fieller's interval takes the shape the data give (asymmetric; 
 S_min is not clearly positive, said as such), where the delta method would be symmetric and blind
 to it. Not a bootstrap over seeds: at the 3-5 seeds a plan affords, a bootstrap's percentile
 interval is too narrow, and the fit's points are already each a median over seeds.
-tests/test_critical_fit.py checks its coverage against a known answer (90-99% over 400 generated
+tests/analysis/test_critical_fit.py checks its coverage against a known answer (90-99% over 400 generated
 studies at the `critical` plan's batch sizes and seeds).
 
 Pure functions, no framework: what the report's section on steps to a target is built on.

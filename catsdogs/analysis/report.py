@@ -7,7 +7,7 @@
 `report(name, out)` writes OUT/NAME/figures/*.png|svg, OUT/NAME/results.md and
 OUT/NAME/summary.csv, each atomically. Nothing in catsdogs.analysis imports Keras, TensorFlow,
 JAX or catsdogs.training: a report is made on any machine that has the store
-(tests/test_layout.py).
+(tests/architecture/test_layout.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ protocol but for the learning rate) and batch size B:
   best of 3-4 noisy medians is lucky); reading each seed at the rate the other seeds chose
   (leave-one-out) biases it high (a rate chosen on fewer seeds is more often the wrong one).
   S(B) is the geometric mean of the two (`_batch_row`): in simulation with the `critical` plan's
-  spread, which differs by batch size (tests/test_critical_fit.py), the fitted B_crit's median
+  spread, which differs by batch size (tests/analysis/test_critical_fit.py), the fitted B_crit's median
   came within 10% of the truth where the same-seed reading was 10-35% low and leave-one-out
   20-27% high. A batch size whose median is not reached leaves the fit and is shown as such;
 - **the fit**: S = S_min + E_min/B by weighted least squares on 1/B, B_crit = E_min/S_min with

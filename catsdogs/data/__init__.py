@@ -9,5 +9,5 @@ safely extracted PetImages folder; `prepare` validates, selects, splits and writ
 article did, each image's pixels made by `images` (the article's resize, save and augmented
 copy) in decode processes, and writes the manifest last (catsdogs.manifest: the contract with
 every later stage); `loading` decodes prepared folders once into memory and orders each
-epoch's batches. Nothing here imports Keras, TensorFlow or JAX (tests/test_layout.py).
+epoch's batches. Nothing here imports Keras, TensorFlow or JAX (tests/architecture/test_layout.py).
 """

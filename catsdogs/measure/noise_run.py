@@ -74,7 +74,7 @@ USER_NOISE_MICROS = 12
 # about -1 and +1, and the gradient to the layers before it nearly vanishes (0.0003 against 0.169
 # at batch 24 in a toy). Over 8 the statistics resemble training's: on a small BatchNormalization
 # model the estimator's E|G_32|^2 came within 3% of the one computed directly from batches of 32,
-# where micro-batches of 2 were 15% off (tests/test_user_noise.py).
+# where micro-batches of 2 were 15% off (tests/measure/test_user_noise.py).
 BN_NOISE_MICRO = 8
 BN_NOISE_MICROS = 6
 

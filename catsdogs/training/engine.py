@@ -371,7 +371,7 @@ def start_weights_digest(model, then=None):
     on TensorFlow, which a later assignment leaves as it was), never the variables themselves.
     A thread copies each to the host once and hashes it where it lies (hashlib releases the GIL
     for large buffers; no second copy), while the trial evaluates and tests. The value is the
-    same as hashing each weight's bytes in order, as catsdogs always has (tests/test_engine.py)."""
+    same as hashing each weight's bytes in order, as catsdogs always has (tests/training/test_engine.py)."""
     values = backends.current().weight_values(model)
     box: dict = {}
 

@@ -9,7 +9,7 @@ images and building, compiling and tracing the article's model are the costs it 
   (`TrialConfig.shape()`: model, optimizer, batch size and protocol; not the seed, the data
   set or, without a warm-up, the learning rate), up to a memory budget. A trial of a known shape
   gets the weights a freshly built model of its seed has, zeroed optimizer state and its rate,
-  so its result is bit-identical to the same trial in a fresh process (tests/test_engine.py),
+  so its result is bit-identical to the same trial in a fresh process (tests/training/test_engine.py),
   without building, compiling and tracing again.
 
 One of each per process (`DATA`, `STEPS`). Imported only once the worker's backend has started

@@ -161,7 +161,7 @@ def train_flops_per_image(model: keras.Model) -> tuple[float | None, list[str]]:
     """(a training step's FLOPs an image, the kinds of layer with weights it could not count):
     the multiply-adds (2 FLOPs each) of every Dense, Conv2D, DepthwiseConv2D and SeparableConv2D,
     times 3 for the backward pass, as catsdogs.training.costs.train_flops_per_image counts the
-    article's model (to which this comes to the same number: tests/test_user_model.py). None with
+    article's model (to which this comes to the same number: tests/training/test_user_model.py). None with
     the kinds of layer it does not know."""
     forward, unknown = 0.0, []
     for layer in _leaf_layers(model):

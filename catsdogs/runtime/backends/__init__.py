@@ -4,7 +4,7 @@ Everything framework-specific (input pipelines, the fused optimizer update, dete
 memory queries, out-of-memory classification, distribution, thread settings, the device's
 matmul peak) lives in one module per backend here (`tensorflow`, `jax`); the engine, the worker
 and the prober call only what `current()` returns, and only the names of the `Backend`
-protocol, which each module provides (tests/test_backends.py checks them). The backend is
+protocol, which each module provides (tests/runtime/test_backends.py checks them). The backend is
 Keras's own choice: `KERAS_BACKEND`, else the "backend" of Keras's keras.json, else TensorFlow.
 Importing this package, or a backend's module, imports no framework: a backend's `start`
 imports it, once the worker's settings are in place.

@@ -13,7 +13,7 @@ threshold (32 MiB at most) with fresh mmaps and unmaps them on free: every step,
 zeroes and maps hundreds of MB again, and a 200 px trial spent two thirds of its time in the
 kernel. TensorFlow's own BFC allocator keeps freed blocks in a pool instead
 (`TF_CPU_ALLOCATOR_USE_BFC`); scripts/bench_trial.py measures it (`--variants sysalloc` runs
-without it) and tests/test_engine.py checks that results are identical with and without it.
+without it) and tests/training/test_engine.py checks that results are identical with and without it.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def adam_class(fused: bool):
     Keras 3's Adam updates each variable with a dozen element-wise ops, each a full pass over
     the 41M-parameter Dense kernel and its two slots; tf.raw_ops.ResourceApplyAdam does the
     same arithmetic in one pass: a third less CPU per training step here (scripts/bench_trial.py),
-    with weights equal to 1e-6 (tests/test_protocol.py). Not used under a distribution
+    with weights equal to 1e-6 (tests/contracts/test_protocol.py). Not used under a distribution
     strategy, whose per-replica variables the kernel would have to be handed one by one."""
     import keras
     import tensorflow as tf

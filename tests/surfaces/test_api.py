@@ -14,7 +14,7 @@ import catsdogs
 from catsdogs.cli import cli
 from catsdogs.data import folder as folder_data
 
-STORED = Path(__file__).parent / "data" / "find_batch_size.json"  # an answer of 0.19.0's API, written by the run
+STORED = Path(__file__).parents[1] / "fixtures" / "find_batch_size.json"  # an answer of 0.19.0's API, written by the run
 
 
 def small_model(classes: int = 3, size: int = 16):

@@ -1,6 +1,6 @@
 """What catsdogs 0.6.0 wrote still loads and reports: its results store and its built-in plans.
 
-tests/data/catsdogs-0.6.0/ holds files 0.6.0 itself wrote (a worktree of its commit, 628d74a):
+tests/fixtures/catsdogs-0.6.0/ holds files 0.6.0 itself wrote (a worktree of its commit, 628d74a):
 `results.sqlite` from `catsdogs prepare --source synthetic --per-class 40 --split 24,8,8 --size 32`
 then `catsdogs sweep --name old --opt adam sgd --batch-size 8 16 --seeds 2 --target-ci 3
 --max-seeds 3 --epochs 1`, whose 8 trials all collapsed to 50%, so that 0.6.0's rule called
@@ -20,7 +20,7 @@ from catsdogs.analysis import report as rp
 from catsdogs.analysis.rows import load_trials
 from catsdogs.store import RESULT_COLUMNS, Store
 
-OLD = Path(__file__).parent / "data" / "catsdogs-0.6.0"
+OLD = Path(__file__).parents[1] / "fixtures" / "catsdogs-0.6.0"
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 from catsdogs.cli import cli
 from catsdogs.cli_args import expand_variadic, refuse_repeats
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "catsdogs"
 FRAMEWORKS = ("keras", "tensorflow", "jax", "jaxlib")
 

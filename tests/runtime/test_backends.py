@@ -28,7 +28,7 @@ from catsdogs.schema import TrialConfig
 from catsdogs.training.costs import plan_batch_sizes, predict_max_batch_size_planned
 
 SIZE = 32
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
                                reason="jax is not installed (pip install -e '.[jax]')")
 

@@ -1,6 +1,6 @@
 """What to train with: the learning-rate rules the recommendation scales a rate by
-(catsdogs.recommendation). The choice of the size itself is tests/test_goodput.py's and, end to
-end, tests/test_find_batch_size.py's."""
+(catsdogs.recommendation). The choice of the size itself is tests/shared/test_goodput.py's and, end to
+end, tests/measure/test_find_batch_size.py's."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""find-batch-size on recorded devices (tests/replay.py): the H200 it ran on, replayed, and the
+"""find-batch-size on recorded devices (tests/measure/replay.py): the H200 it ran on, replayed, and the
 64 px CPU case, both through the real search, prober, prediction and recommendation."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""find-batch-size: the pure parts (memory sizes, margin, search, memory model, recommendation),
-a real search under a small memory cap on the CPU, and the command's usage errors."""
+"""find-batch-size's phases on a stand-in prober (the prediction, the noise scale, the critical size,
+the retime), a real search under a small memory cap on the CPU, and the command's usage errors."""
 
 from __future__ import annotations
 
@@ -9,490 +9,22 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from fakes import SIZE, LinearProber, ResidentProber, SqrtSpeedProber, UnluckyProber
 
 from catsdogs.cli import cli
 from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.measure import find_batch_size as findbs
 from catsdogs.measure import noise_run
-from catsdogs.measure.common import format_bytes, parse_memory
 from catsdogs.measure.find_batch_size import PROBE_COLUMNS, FindSettings
 from catsdogs.measure.noise_run import NoiseRun
 from catsdogs.measure.search import fresh_threshold
-from catsdogs.messages import ProbeRecord, ProbeTask
-from catsdogs.runtime import skipped_imports
+from catsdogs.messages import ProbeTask
 from catsdogs.runtime.worker import run_isolated
-from catsdogs.training.costs import (
-    bfc_replay,
-    parameter_count,
-    predict_max_batch_size,
-    predicted_peak_bytes,
-    state_bytes,
-    step_allocations,
-    tensor_bytes,
-)
-
-SIZE = 64
-
-
-# --- memory sizes --------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("4GiB", 4 * 2**30), ("4 GiB", 4 * 2**30), ("4gib", 4 * 2**30), ("1.5GiB", 3 * 2**29),
-    ("512MiB", 512 * 2**20), ("64KiB", 64 * 1024), ("1TiB", 2**40),
-    ("4GB", 4 * 10**9), ("1.5 GB", 1_500_000_000), ("512MB", 512 * 10**6), ("10KB", 10_000),
-    ("800M", 800 * 2**20), ("2G", 2 * 2**30), ("100B", 100), (".5GiB", 2**29),
-])
-def test_memory_sizes_parse_with_binary_and_decimal_units(text, expected):
-    assert parse_memory(text) == expected
-
-
-@pytest.mark.parametrize("text, message", [
-    ("4", "has no unit"), ("4096", "has no unit"), ("4XB", "unknown unit 'XB'"), ("GiB", "not a memory size"),
-    ("", "not a memory size"), ("-1GiB", "not a memory size"), ("0GiB", "must be positive"),
-    ("four GiB", "not a memory size"),
-])
-def test_bad_memory_sizes_say_why(text, message):
-    with pytest.raises(ValueError, match=message):
-        parse_memory(text)
-
-
-def test_format_bytes():
-    assert format_bytes(4 * 2**30) == "4 GiB"
-    assert format_bytes(1536 * 2**20) == "1.5 GiB"
-    assert format_bytes(300 * 2**20) == "300 MiB"
-
-
-# --- TensorFlow's memory: the step's allocations replayed through BFC ----------------------------
-
-MiB = 2**20
-
-
-def test_tensor_sizes_and_state_at_200px():
-    t = tensor_bytes(32, 200)
-    assert t["input_uint8"] == 32 * 120_000 and t["rescaled_input"] == 4 * t["input_uint8"]
-    assert t["full_map"] == 32 * 200 * 200 * 32 * 4 and t["pooled_map"] == t["full_map"] // 4
-    assert t["pool_workspace"] == t["pooled_map"] // 4  # one byte per pooled value
-    assert t["dense_kernel"] == 4 * 100 * 100 * 32 * 128
-    assert tensor_bytes(32, 200, "mixed_float16")["full_map"] == t["full_map"] // 2
-    p = parameter_count(200)
-    assert sum(state_bytes(200, "adam").values()) == 16 * p  # weights, gradients, m, v
-    assert sum(state_bytes(200, "sgd").values()) == 8 * p
-    assert sum(state_bytes(200, "sgd", "mixed_float16").values()) == 10 * p
-
-
-def test_a_step_frees_everything_it_allocates_and_holds_two_full_maps_at_its_peak():
-    # given the probe's allocations at one batch size, replayed without the setup's tensors
-    events = step_allocations(64, 40, steps=3)
-    live: dict[str, int] = {}
-    most = 0
-    for name, nbytes in events:
-        if nbytes:
-            assert name not in live, f"{name} allocated twice"
-            live[name] = nbytes
-        else:
-            live.pop(name)
-        most = max(most, sum(v for k, v in live.items() if k in ("relu", "grad_relu")))
-    # then only the setup's tensors are left, and at the peak two full maps live (oneDNN's fused
-    # convolution and ReLU, then max-pooling's gradient)
-    assert set(live) <= {"runtime", "train_images", "kernel", "slot0", "slot1"}
-    assert most == 2 * tensor_bytes(64, 40)["full_map"]
-
-
-def test_bfc_grows_its_regions_from_2_mib_doubling_and_never_returns_one():
-    # given small tensors, then one of 5 MiB, then more of it
-    r = bfc_replay([("a", 1000), ("b", 5 * MiB), ("c", 5 * MiB), ("b", 0), ("c", 0), ("d", 9 * MiB)])
-    # then the first region is 2 MiB; 5 MiB needs the next power of two (8), after which the
-    # next region doubles (16), and freed chunks stay in their regions (9 MiB needs a new one)
-    assert [x // MiB for x in r["regions"]] == [2, 8, 8, 16][:len(r["regions"])]
-    assert r["fits"]
-
-
-def test_bfc_counts_the_pages_ever_written_not_the_regions_and_not_the_peak_in_use():
-    # given a 100 MiB tensor freed (its region is 128 MiB), then 60 MiB and 70 MiB, which cannot
-    # both go where it was
-    r = bfc_replay([("big", 100 * MiB), ("big", 0), ("x", 60 * MiB), ("y", 70 * MiB)])
-    # then the first 100 MiB were written, and the 70 MiB tensor wrote a new region too
-    assert [x // MiB for x in r["regions"]] == [128, 128]
-    assert r["touched_bytes"] == 170 * MiB
-    # and in use counts whole chunks: 70 MiB takes its 128 MiB region unsplit (the rest, under
-    # the request and under 128 MiB, is not worth a chunk of its own)
-    assert r["peak_in_use_bytes"] == (60 + 128) * MiB
-    assert sum(r["regions"]) > r["touched_bytes"]
-    # and a freed chunk reused by a tensor of the same size writes no new page
-    again = bfc_replay([("a", 50 * MiB), ("a", 0), ("b", 50 * MiB)])
-    assert again["touched_bytes"] == 50 * MiB
-
-
-def test_one_fixed_region_refuses_what_does_not_fit():
-    assert bfc_replay([("a", 50 * MiB), ("b", 30 * MiB)], region_bytes=100 * MiB)["fits"]
-    assert not bfc_replay([("a", 50 * MiB), ("b", 60 * MiB)], region_bytes=100 * MiB)["fits"]
-    # a request of over half the free chunk takes all of it (BFC does not split off less than
-    # the request), so 60 + 30 in 100 MiB does not fit either
-    assert not bfc_replay([("a", 60 * MiB), ("b", 30 * MiB)], region_bytes=100 * MiB)["fits"]
-
-
-def test_the_prediction_takes_the_runtime_from_the_calibration_probe_and_stops_at_the_cap():
-    # given a runtime of 700 MiB and a batch-size-1 probe that measured it plus the replay
-    runtime = 700 * MiB
-    peak1 = predicted_peak_bytes(1, runtime, 64, train_images=48)
-    cap = 1024 * MiB
-    pred = predict_max_batch_size(cap, 1, peak1, 64, "adam", train_images=48)
-    # then the runtime is recovered, the answer fits under the cap, and one more would not
-    assert pred["baseline_bytes"] == pytest.approx(runtime)
-    best = pred["max_batch_size"]
-    assert predicted_peak_bytes(best, runtime, 64, train_images=48) <= cap
-    assert predicted_peak_bytes(best + 1, runtime, 64, train_images=48) > cap
-    assert pred["method"] == "bfc"
-    assert predict_max_batch_size(peak1 - 1, 1, peak1, 64, "adam", train_images=48)["max_batch_size"] == 0
-    # and on a GPU (one region of the device less the runtime) a larger cap allows more
-    gpu = predict_max_batch_size(2 * cap, 1, runtime + 50 * MiB, 64, "adam", train_images=48, device="gpu")
-    assert gpu["max_batch_size"] > best
-
-
-# --- the prober: fresh workers near the limit, out-of-memory answered by a fresh one ----------------
-
-
-class FakeWorker:
-    """A worker that holds `retained` MiB more for every probe it ran before (what allocators
-    keep), and fits a probe when base + batch + what it retains stays under the cap (MiB)."""
-
-    cap_mb, started = 100, []
-
-    def __init__(self, log_path, env=None):
-        self.log_path, self.tasks, self.largest_batch, self.device, self.alive = Path(log_path), 0, 0, "cpu", False
-        self.env = env
-        self.ready = self.paused = False
-        self.pauses, self.beside_timing = [], None  # pause(True/False) as asked; who ran while it timed
-        FakeWorker.started.append(self)
-
-    def launch(self):
-        self.alive, self.ready = True, False
-
-    def start_or_record(self):
-        self.alive = self.ready = True
-
-    def run(self, task, memory_cap_bytes=None, on_progress=None):
-        if not self.alive:
-            self.start_or_record()
-        if on_progress:  # as run_probe says it: its timed steps begin, then end
-            on_progress({"timing": True})
-            self.beside_timing = [w for w in FakeWorker.started if w is not self and w.alive and not w.paused]
-            on_progress({"timing": False})
-        peak = 10 + task.batch_size + 5 * self.tasks
-        self.tasks += 1
-        self.largest_batch = max(self.largest_batch, task.batch_size)
-        fits = peak <= self.cap_mb
-        if not fits:
-            self.alive = False  # as the real worker: gone after a probe that did not end done
-        return ProbeRecord(batch_size=task.batch_size, status="done" if fits else "oom", peak_memory_mb=peak,
-                           memory_kind="cpu-rss")
-
-    def pause(self, paused):
-        self.paused = paused
-        self.pauses.append(paused)
-
-    def kill(self):
-        self.alive = False
-
-    def close(self):
-        self.alive = False
-
-
-@pytest.fixture
-def fake_workers(monkeypatch):
-    from catsdogs.measure import prober
-
-    monkeypatch.setattr(prober, "Worker", FakeWorker)
-    monkeypatch.setattr(prober, "visible_gpus", lambda: [])  # the CPU's prober, on any machine
-    FakeWorker.started = []
-    return FakeWorker
-
-
-def probe_task(b: int) -> ProbeTask:
-    return ProbeTask(b, "data", "adam", "standard", "float32", steps=1, warmup=0)
-
-
-def test_probes_below_the_fresh_threshold_share_a_worker_and_those_above_get_their_own(fake_workers, tmp_path):
-    from catsdogs.measure.prober import Prober
-
-    # given a prober told that probes of 60 and above need a fresh worker
-    with Prober(tmp_path, fresh_from=60) as prober:
-        # when it probes 8, 16, 32, then 64 and 80
-        records = [prober.run(probe_task(b)) for b in (8, 16, 32, 64, 80)]
-    # then the small ones ran in one worker, each large one in a worker of its own
-    assert [r.worker for r in records] == ["fresh", "reused", "reused", "fresh", "fresh"]
-    assert [w.tasks for w in fake_workers.started if w.tasks] == [3, 1, 1]
-
-
-def test_the_live_workers_resident_set_is_read_on_the_cpu_only_and_never_under_isolate(fake_workers, tmp_path):
-    import os
-
-    from catsdogs.host import proc_status_kb
-    from catsdogs.measure import prober as prober_module
-
-    # given a prober whose live worker is this process (its resident set readable), on the CPU
-    with prober_module.Prober(tmp_path) as prober:
-        assert prober.resident_mb() is None  # no worker yet
-        prober.run(probe_task(8))
-        prober.worker.proc = type("Proc", (), {"pid": os.getpid()})()
-        # then it reads that process's resident set, in MiB
-        held = prober.resident_mb()
-        assert held == pytest.approx(proc_status_kb("VmRSS") / 1024, rel=0.2)
-        # and on a GPU, whose memory that is not, it says nothing; nor once the worker has ended
-        prober.worker.device = "gpu"
-        assert prober.resident_mb() is None
-        prober.worker.device, prober.worker.alive = "cpu", False
-        assert prober.resident_mb() is None
-    # and under isolate, where no worker is taken for more, nothing either
-    with prober_module.Prober(tmp_path, isolate=True) as prober:
-        prober.run(probe_task(8))
-        prober.worker.proc = type("Proc", (), {"pid": os.getpid()})()
-        assert prober.resident_mb() is None
-
-
-def test_on_the_cpu_the_next_fresh_worker_imports_beside_the_probes_and_stops_while_their_steps_are_timed(
-        fake_workers, tmp_path, monkeypatch):
-    from catsdogs.measure import prober as prober_module
-
-    # given a prober on the CPU that needs a fresh worker for every probe, in an environment that
-    # says nothing of the optional imports (the suite's says to skip them: conftest.py)
-    monkeypatch.delenv(skipped_imports.ENV, raising=False)
-    with prober_module.Prober(tmp_path, isolate=True) as prober:
-        for b in (8, 16, 32):
-            prober.run(probe_task(b))
-        # then each probe's worker was the spare launched when the one before took its own, and
-        # the last spare ended unused with the prober
-        assert [w.tasks for w in fake_workers.started] == [1, 1, 1, 0]
-        spare = prober.spare
-        # and each spare, still importing while the probe before it ran, was paused for the timed
-        # steps and let go after: nothing ran beside a probe's timed steps
-        assert [w.pauses[:1] for w in fake_workers.started] == [[], [True], [True], [True]]
-        assert not any(w.paused for w in fake_workers.started)
-        assert [w.beside_timing for w in fake_workers.started[:3]] == [[], [], []]
-    assert spare is fake_workers.started[3] and not spare.alive
-    # and every CPU worker imports what its framework tries, as the user's training would: a
-    # probe's resident memory is the measurement
-    assert {w.env[skipped_imports.ENV] for w in fake_workers.started} == {"0"}
-    # unless the environment says to skip them (ENV=1: a training process that imports none)
-    monkeypatch.setenv(skipped_imports.ENV, "1")
-    fake_workers.started = []
-    with prober_module.Prober(tmp_path) as prober:
-        prober.run(probe_task(8))
-    assert [w.env.get(skipped_imports.ENV) for w in fake_workers.started] == [None]  # (it inherits the 1)
-    # while on a GPU, where a started framework may hold the device's memory, no spare is started
-    fake_workers.started = []
-    monkeypatch.setattr(prober_module, "visible_gpus", lambda: ["0"])
-    with prober_module.Prober(tmp_path, isolate=True) as prober:
-        for b in (8, 16):
-            prober.run(probe_task(b))
-    assert [w.tasks for w in fake_workers.started] == [1, 1]
-
-
-@pytest.mark.slow
-def test_a_spare_importing_beside_a_real_probe_is_stopped_for_exactly_its_timed_steps(data_dir, tmp_path):
-    from catsdogs.measure.prober import Prober
-
-    # given a prober that knows a limit lies ahead (so a fresh worker launches the next one's),
-    # whose worker ran a probe, and a spare launched beside it still importing
-    with Prober(tmp_path, fresh_from=10_000) as prober:
-        prober.run(ProbeTask(1, str(data_dir), "sgd", "standard", "float32", steps=2, warmup=1))
-        spare = prober.spare
-        seen = []  # the spare's state (/proc/PID/stat) as the worker says its timed steps begin and end
-        spare.pause = lambda paused, pause=spare.pause: (
-            pause(paused), seen.append((paused, _state(spare.proc.pid, settled="T" if paused else "RS"))))
-        # when the next probe runs in the worker
-        record = prober.run(ProbeTask(8, str(data_dir), "sgd", "standard", "float32", steps=2, warmup=1))
-        # then the spare was stopped as the timed steps began, and let go on when they ended
-        assert record.status == "done", record.error
-        assert seen[0] == (True, "T")  # stopped
-        assert seen[1][0] is False and seen[1][1] in ("R", "S")  # running, or sleeping on its own
-        assert _state(spare.proc.pid) in ("R", "S")
-
-
-def _state(pid: int, settled: str = "", within: float = 2.0) -> str:
-    """The process's state letter (/proc/PID/stat); with `settled`, once it is one of those letters
-    or `within` seconds have passed (a signal takes effect soon after kill(), not at once)."""
-    deadline = time.monotonic() + within
-    while True:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-        if not settled or state in settled or time.monotonic() > deadline:
-            return state
-        time.sleep(0.005)
-
-
-def test_a_spare_is_launched_only_where_more_fresh_workers_are_to_come(fake_workers, tmp_path):
-    from catsdogs.measure.prober import Prober
-
-    # given a prober on the CPU that knows no limit yet, nor isolates its probes
-    with Prober(tmp_path) as prober:
-        # when its worker runs the way up, and one fresh probe follows (a retime's, say)
-        for b in (1, 8, 16):
-            prober.run(probe_task(b))
-        prober.run(probe_task(4), fresh=True)
-        # then no spare was launched: none would have been taken
-        assert [w.tasks for w in fake_workers.started] == [3, 1] and prober.spare is None
-        # while once a limit is predicted, each fresh probe above it launches the next one's
-        prober.fresh_from = 60
-        prober.run(probe_task(64))
-        assert len(fake_workers.started) == 4 and prober.spare is fake_workers.started[3]
-
-
-def test_a_probe_aside_leaves_the_current_worker_for_the_way_up_and_the_last_fresh_worker_starts_no_spare(
-        fake_workers, tmp_path):
-    from catsdogs.measure.prober import Prober
-
-    # given a prober on the CPU whose worker ran the calibration, batch size 1
-    with Prober(tmp_path) as prober:
-        prober.run(probe_task(1))
-        calibration = prober.worker
-        # when a user's model's prediction probes 16 aside, then the search goes up from 8
-        aside = prober.run_aside(probe_task(16))
-        up = [prober.run(probe_task(b)) for b in (8, 16)]
-        # then 16 ran in a fresh worker of its own, ended after it, and 8 and 16 in the
-        # calibration's worker
-        assert aside.worker == "fresh" and [r.worker for r in up] == ["reused", "reused"]
-        assert prober.worker is calibration and calibration.tasks == 3
-        assert not fake_workers.started[1].alive and fake_workers.started[1].tasks == 1
-        # and a fresh worker that asks for no spare (the retime's: the last a search needs) starts alone
-        prober.run(probe_task(4), fresh=True, spare=False)
-        assert prober.worker is fake_workers.started[2] and prober.spare is None
-        assert len(fake_workers.started) == 3
-
-
-def test_the_calibrations_worker_and_a_probe_asides_are_launched_together_and_taken_in_turn(fake_workers, tmp_path,
-                                                                                          monkeypatch):
-    from catsdogs.measure import prober as prober_module
-
-    # given a prober on the CPU asked for the two fresh workers the probes before a user's model's
-    # search take (find_batch_size.fresh_before_search)
-    with prober_module.Prober(tmp_path) as prober:
-        prober.prestart(2)
-        prober.prestart(2)  # (asked again: none more)
-        first, second = fake_workers.started
-        # when the calibration runs, then the prediction's probe aside
-        prober.run(probe_task(1))
-        prober.run_aside(probe_task(16))
-        # then the calibration took the first, the probe aside the second, and none more was launched
-        assert prober.worker is first and first.tasks == 1 and second.tasks == 1 and not second.alive
-        assert len(fake_workers.started) == 2 and prober.spare is None
-        # and the second, still importing while the calibration's steps were timed, was paused for them
-        assert second.pauses[:2] == [True, False] and not second.paused
-    # while on a GPU only one is launched ahead: two started frameworks would share its memory
-    fake_workers.started = []
-    monkeypatch.setattr(prober_module, "visible_gpus", lambda: ["0"])
-    with prober_module.Prober(tmp_path) as prober:
-        prober.prestart(2)
-        assert len(fake_workers.started) == 1
-
-
-def test_out_of_memory_in_a_reused_worker_is_asked_again_of_a_fresh_one(fake_workers, tmp_path):
-    from catsdogs.measure.prober import Prober
-
-    # given a worker that ran 8, 16 and 32 and so holds 15 MiB more than a fresh one
-    with Prober(tmp_path) as prober:
-        for b in (8, 16, 32):
-            prober.run(probe_task(b))
-        # when 80 does not fit there (10 + 80 + 15 > 100) but would in a fresh worker
-        record = prober.run(probe_task(80))
-        # then the fresh worker's answer is the one recorded, marked as retried
-        assert record.status == "done" and record.peak_memory_mb == 90 and record.worker == "retried"
-        # and a reused worker's out of memory that a fresh one confirms stays out of memory
-        again = prober.run(probe_task(95))
-        assert again.status == "oom" and again.worker == "retried"
-    # while out of memory in a fresh worker is final: no second worker is started for it
-    fake_workers.started = []
-    with Prober(tmp_path) as prober:
-        final = prober.run(probe_task(95))
-    assert final.status == "oom" and final.worker == "fresh" and [w.tasks for w in fake_workers.started] == [1]
-
-
-class GpuWorker(FakeWorker):
-    """A JAX worker on a GPU: out of memory, it recovers in place (its record says how much its
-    allocator kept: `residue`, MiB), and stays alive when nothing was kept, as the real one does
-    (ProbeRecord.keeps_worker)."""
-
-    residue = 0.0
-
-    def start_or_record(self):
-        super().start_or_record()
-        self.device = "gpu"
-
-    def run(self, task, memory_cap_bytes=None, on_progress=None):
-        if not self.alive:
-            self.start_or_record()
-        self.tasks += 1
-        fits = 10 + task.batch_size <= self.cap_mb
-        record = ProbeRecord(batch_size=task.batch_size, status="done" if fits else "oom",
-                             memory_kind="gpu-worker", residue_mb=None if fits else self.residue)
-        self.alive = record.keeps_worker()
-        return record
-
-
-def test_jax_on_a_gpu_probes_in_one_worker_until_an_out_of_memory_leaves_something_behind(fake_workers, tmp_path,
-                                                                                        monkeypatch):
-    from catsdogs.measure import prober as prober_module
-
-    monkeypatch.setattr(prober_module, "Worker", GpuWorker)
-    monkeypatch.setattr(prober_module, "visible_gpus", lambda: ["0"])
-    monkeypatch.setenv("KERAS_BACKEND", "jax")
-    GpuWorker.residue = 0.0
-    # given JAX on a GPU, with fresh workers asked for from 60 up (as a prediction would)
-    with prober_module.Prober(tmp_path, fresh_from=60) as prober:
-        assert prober.in_place
-        # when the probes go up past the limit (90) and back down, the device recovering each time
-        records = [prober.run(probe_task(b)) for b in (8, 64, 95, 80, 92, 85)]
-        # then every probe ran in the one worker, an out-of-memory included and not asked again
-        assert [r.status for r in records] == ["done", "done", "oom", "done", "oom", "done"]
-        assert [r.worker for r in records] == ["fresh"] + ["reused"] * 5
-        assert len(fake_workers.started) == 1
-        # and when an out-of-memory leaves 50 MiB behind, the worker ends and fresh ones come back
-        GpuWorker.residue = 50.0
-        kept = prober.run(probe_task(97))
-        assert kept.status == "oom" and not prober.in_place and kept.worker == "retried"
-        later = prober.run(probe_task(70))
-        assert later.worker == "fresh" and len(fake_workers.started) == 3  # the retry's, and this one's
-
-
-class LinearProber:
-    """Stands in for the prober: a probe's peak is what the BFC replay says over a 700 MiB
-    runtime (so the prediction is exact), under the prober's cap."""
-
-    base_mb, calls, record_extra = 700.0, [], {}
-    in_place = False  # the CPU's rules (fresh workers near the limit)
-    spares = False  # (no worker to launch ahead)
-
-    def __init__(self, workdir, memory_cap_bytes=None, cpu_cap_bytes=None, isolate=False, fresh_from=None, env=None):
-        self.cap_mb, self.fresh_from = memory_cap_bytes / 2**20, fresh_from
-        LinearProber.calls = []
-
-    def run(self, task, fresh=False, timing=False, spare=True):
-        peak = predicted_peak_bytes(task.batch_size, self.base_mb * MiB, SIZE, train_images=48) / MiB
-        LinearProber.calls.append((task.batch_size, self.fresh_from))
-        fresh = self.fresh_from is not None and task.batch_size >= self.fresh_from
-        return ProbeRecord(batch_size=task.batch_size, status="done" if peak <= self.cap_mb else "oom",
-                           peak_memory_mb=peak, memory_kind="cpu-rss", memory_cap_mb=self.cap_mb,
-                           images_per_second=100.0, worker="fresh" if fresh else "reused",
-                           **LinearProber.record_extra)
-
-    def run_aside(self, task):
-        return self.run(task, fresh=True)
-
-    def prestart(self, count=1):
-        pass
-
-    def resident_mb(self):  # not known (a GPU's, say): the retime starts a fresh worker
-        return None
-
-    def close(self):
-        pass
 
 
 def test_the_prediction_comes_before_the_search_from_the_calibration_probe_alone(data_dir, tmp_path, monkeypatch):
@@ -700,41 +232,12 @@ def test_the_critical_batch_size_is_probed_and_joins_the_choice_when_statistics_
     assert lines.index("Noise scale: measured") < first_probe
 
 
-class SqrtSpeedProber(LinearProber):
-    """LinearProber whose throughput grows as the square root of the batch size (the step time too):
-    T(B) = (1 + B_noise/B) sqrt(B) is least at B = B_noise."""
-
-    def run(self, task, fresh=False, timing=False, spare=True):
-        record = super().run(task)
-        record.images_per_second = 100.0 * task.batch_size ** 0.5
-        return record
-
-
-def test_jax_reads_xlas_memory_fraction_as_jaxlib_does(monkeypatch):
-    from catsdogs.runtime.backends import jax as jax_backend
-
-    monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
-    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
-    assert jax_backend.memory_fraction() == 0.75
-    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
-    assert jax_backend.memory_fraction() == 0.5
-    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.9")
-    assert jax_backend.memory_fraction() == 0.9
-
-
-# --- a real search under a small cap, on the CPU ---------------------------------------------------
-
-
 @pytest.fixture(scope="module")
 def data_dir(prepared_data) -> Path:
     """Given: a small prepared synthetic data set (64 px, 24 training images per class)."""
     return prepared_data(SIZE, (24, 8, 8))
 
 
-# The memory models' target is 15% (scripts/bench_memory_model.py measures it, with its spread). A
-# single run's resident memory varies by 60-130 MiB with how its ops interleave, up to about 20%
-# of the room this test gives, and a test must pass every time on a correct program: so here the
-# bound is 40%, twice that spread, which a prediction off by a factor of 2 (-50% or +100%) still fails.
 TOLERANCE_PERCENT = 40.0
 
 
@@ -804,8 +307,6 @@ def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_is_not_off_b
     assert {p["backend"] for p in probes} == {keras_backend}
     assert "the square-root rule for Adam" in text and "Predicted time to a target by batch size" in text
 
-
-# --- the command ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
     (["--memory-limit", "4"], "has no unit"),
@@ -1013,22 +514,6 @@ def test_the_anchor_tries_the_next_seed_where_no_rate_trained_and_says_when_none
     assert findbs.short_run_anchor(none) is None
 
 
-class UnluckyProber(SqrtSpeedProber):
-    """SqrtSpeedProber on a device of `kind` whose first probe of 16 ran in a busy moment of the
-    machine (with `unlucky`): half its speed."""
-
-    timed: list = []
-    kind, unlucky = "cpu-rss", True
-
-    def run(self, task, fresh=False, timing=False, spare=True):
-        record = super().run(task)
-        record.memory_kind = UnluckyProber.kind
-        UnluckyProber.timed.append((task.batch_size, timing))
-        if UnluckyProber.unlucky and task.batch_size == 16 and sum(b == 16 for b, _ in UnluckyProber.timed) == 1:
-            record.images_per_second /= 2
-        return record
-
-
 @pytest.mark.parametrize("kind", ["cpu-rss", "gpu-worker"])
 def test_the_sizes_the_answer_could_fall_on_are_timed_again_on_the_cpu_so_one_busy_moment_does_not_decide(
         data_dir, tmp_path, monkeypatch, kind):
@@ -1062,28 +547,6 @@ def test_the_sizes_the_answer_could_fall_on_are_timed_again_on_the_cpu_so_one_bu
     table = {r["batch_size"]: r["images_per_second"] for r in s["recommendation"]["table"]}
     assert table[16] == pytest.approx(100.0 * 16 ** 0.5)  # the median of its three: the two steady ones
     assert s["recommendation"]["batch_size"] == steady["recommendation"]["batch_size"]
-
-
-class ResidentProber(LinearProber):
-    """LinearProber whose probes peak at 500 MiB plus one a batch image, under a 1000 MiB cap, in a
-    worker whose resident set is `held` MiB after the search and grows by `per_look` MiB a look
-    (every step it keeps), from 700 MiB in a fresh one; it records how each probe is asked."""
-
-    held, per_look = 600.0, 0.0
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.resident = ResidentProber.held
-
-    def run(self, task, fresh=False, timing=False, spare=True):
-        LinearProber.calls.append((task.batch_size, fresh, timing))
-        self.resident = (700.0 if fresh else self.resident) + ResidentProber.per_look
-        return ProbeRecord(batch_size=task.batch_size, status="done", peak_memory_mb=500.0 + task.batch_size,
-                           memory_kind="cpu-rss", memory_cap_mb=self.cap_mb, images_per_second=100.0,
-                           worker="fresh" if fresh else "reused")
-
-    def resident_mb(self):
-        return self.resident
 
 
 @pytest.mark.parametrize("held, per_look, fresh_looks", [

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).parents[1] / "docs" / "python.md"
+DOC = Path(__file__).parents[2] / "docs" / "python.md"
 
 
 def blocks(text: str) -> list[str]:

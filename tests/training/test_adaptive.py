@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import InProcessSlot
+from fakes import InProcessSlot
 
 from catsdogs import plans, seeds
 from catsdogs.cli import cli

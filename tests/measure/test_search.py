@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from fakes import FakeDevice
 
 from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.measure import search as search_module
@@ -59,19 +60,6 @@ def test_a_margin_outside_0_1_is_refused(margin):
 
 
 # --- the search, with a fake probe ---------------------------------------------------------------
-
-
-class FakeDevice:
-    """Fits up to `limit`; `failing` sizes fail for another reason; counts every probe."""
-
-    def __init__(self, limit: int, failing=()):
-        self.limit, self.failing, self.calls = limit, set(failing), []
-
-    def __call__(self, b: int) -> str:
-        self.calls.append(b)
-        if b in self.failing:
-            return "failed"
-        return "done" if b <= self.limit else "oom"
 
 
 def test_power_mode_doubles_until_out_of_memory():

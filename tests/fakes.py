@@ -1,0 +1,211 @@
+"""The stand-ins the tests put where a worker, a prober, a slot or a device would be: one module,
+so that a fake is written once and its behaviour read in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from catsdogs.messages import ProbeRecord
+from catsdogs.training.costs import (
+    predicted_peak_bytes,
+)
+
+MiB = 2**20
+SIZE = 64  # the image size LinearProber predicts its peaks at
+
+
+class FakeWorker:
+    """A worker that holds `retained` MiB more for every probe it ran before (what allocators
+    keep), and fits a probe when base + batch + what it retains stays under the cap (MiB)."""
+
+    cap_mb, started = 100, []
+
+    def __init__(self, log_path, env=None):
+        self.log_path, self.tasks, self.largest_batch, self.device, self.alive = Path(log_path), 0, 0, "cpu", False
+        self.env = env
+        self.ready = self.paused = False
+        self.pauses, self.beside_timing = [], None  # pause(True/False) as asked; who ran while it timed
+        FakeWorker.started.append(self)
+
+    def launch(self):
+        self.alive, self.ready = True, False
+
+    def start_or_record(self):
+        self.alive = self.ready = True
+
+    def run(self, task, memory_cap_bytes=None, on_progress=None):
+        if not self.alive:
+            self.start_or_record()
+        if on_progress:  # as run_probe says it: its timed steps begin, then end
+            on_progress({"timing": True})
+            self.beside_timing = [w for w in FakeWorker.started if w is not self and w.alive and not w.paused]
+            on_progress({"timing": False})
+        peak = 10 + task.batch_size + 5 * self.tasks
+        self.tasks += 1
+        self.largest_batch = max(self.largest_batch, task.batch_size)
+        fits = peak <= self.cap_mb
+        if not fits:
+            self.alive = False  # as the real worker: gone after a probe that did not end done
+        return ProbeRecord(batch_size=task.batch_size, status="done" if fits else "oom", peak_memory_mb=peak,
+                           memory_kind="cpu-rss")
+
+    def pause(self, paused):
+        self.paused = paused
+        self.pauses.append(paused)
+
+    def kill(self):
+        self.alive = False
+
+    def close(self):
+        self.alive = False
+
+
+class GpuWorker(FakeWorker):
+    """A JAX worker on a GPU: out of memory, it recovers in place (its record says how much its
+    allocator kept: `residue`, MiB), and stays alive when nothing was kept, as the real one does
+    (ProbeRecord.keeps_worker)."""
+
+    residue = 0.0
+
+    def start_or_record(self):
+        super().start_or_record()
+        self.device = "gpu"
+
+    def run(self, task, memory_cap_bytes=None, on_progress=None):
+        if not self.alive:
+            self.start_or_record()
+        self.tasks += 1
+        fits = 10 + task.batch_size <= self.cap_mb
+        record = ProbeRecord(batch_size=task.batch_size, status="done" if fits else "oom",
+                             memory_kind="gpu-worker", residue_mb=None if fits else self.residue)
+        self.alive = record.keeps_worker()
+        return record
+
+
+class LinearProber:
+    """Stands in for the prober: a probe's peak is what the BFC replay says over a 700 MiB
+    runtime (so the prediction is exact), under the prober's cap."""
+
+    base_mb, calls, record_extra = 700.0, [], {}
+    in_place = False  # the CPU's rules (fresh workers near the limit)
+    spares = False  # (no worker to launch ahead)
+
+    def __init__(self, workdir, memory_cap_bytes=None, cpu_cap_bytes=None, isolate=False, fresh_from=None, env=None):
+        self.cap_mb, self.fresh_from = memory_cap_bytes / 2**20, fresh_from
+        LinearProber.calls = []
+
+    def run(self, task, fresh=False, timing=False, spare=True):
+        peak = predicted_peak_bytes(task.batch_size, self.base_mb * MiB, SIZE, train_images=48) / MiB
+        LinearProber.calls.append((task.batch_size, self.fresh_from))
+        fresh = self.fresh_from is not None and task.batch_size >= self.fresh_from
+        return ProbeRecord(batch_size=task.batch_size, status="done" if peak <= self.cap_mb else "oom",
+                           peak_memory_mb=peak, memory_kind="cpu-rss", memory_cap_mb=self.cap_mb,
+                           images_per_second=100.0, worker="fresh" if fresh else "reused",
+                           **LinearProber.record_extra)
+
+    def run_aside(self, task):
+        return self.run(task, fresh=True)
+
+    def prestart(self, count=1):
+        pass
+
+    def resident_mb(self):  # not known (a GPU's, say): the retime starts a fresh worker
+        return None
+
+    def close(self):
+        pass
+
+
+class SqrtSpeedProber(LinearProber):
+    """LinearProber whose throughput grows as the square root of the batch size (the step time too):
+    T(B) = (1 + B_noise/B) sqrt(B) is least at B = B_noise."""
+
+    def run(self, task, fresh=False, timing=False, spare=True):
+        record = super().run(task)
+        record.images_per_second = 100.0 * task.batch_size ** 0.5
+        return record
+
+
+class UnluckyProber(SqrtSpeedProber):
+    """SqrtSpeedProber on a device of `kind` whose first probe of 16 ran in a busy moment of the
+    machine (with `unlucky`): half its speed."""
+
+    timed: list = []
+    kind, unlucky = "cpu-rss", True
+
+    def run(self, task, fresh=False, timing=False, spare=True):
+        record = super().run(task)
+        record.memory_kind = UnluckyProber.kind
+        UnluckyProber.timed.append((task.batch_size, timing))
+        if UnluckyProber.unlucky and task.batch_size == 16 and sum(b == 16 for b, _ in UnluckyProber.timed) == 1:
+            record.images_per_second /= 2
+        return record
+
+
+class ResidentProber(LinearProber):
+    """LinearProber whose probes peak at 500 MiB plus one a batch image, under a 1000 MiB cap, in a
+    worker whose resident set is `held` MiB after the search and grows by `per_look` MiB a look
+    (every step it keeps), from 700 MiB in a fresh one; it records how each probe is asked."""
+
+    held, per_look = 600.0, 0.0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.resident = ResidentProber.held
+
+    def run(self, task, fresh=False, timing=False, spare=True):
+        LinearProber.calls.append((task.batch_size, fresh, timing))
+        self.resident = (700.0 if fresh else self.resident) + ResidentProber.per_look
+        return ProbeRecord(batch_size=task.batch_size, status="done", peak_memory_mb=500.0 + task.batch_size,
+                           memory_kind="cpu-rss", memory_cap_mb=self.cap_mb, images_per_second=100.0,
+                           worker="fresh" if fresh else "reused")
+
+    def resident_mb(self):
+        return self.resident
+
+
+# --- a sweep slot in this process ---------------------------------------------------------------
+
+
+class InProcessSlot:
+    """A sweep slot that runs each trial in this process's engine (TensorFlow), where a local slot
+    runs it in a worker process: for tests of what a sweep decides (its rounds, resuming, its
+    records), not of how its workers live and die (tests/training/test_engine.py). The engine is the
+    same, and its results are the same to the bit in a worker or alone (tests/training/test_engine.py)."""
+
+    def __init__(self, slot: int = 0, workers: int = 1, workdir: Path | None = None):
+        pass
+
+    def shapes(self) -> set[str]:
+        from catsdogs.training import steps
+
+        return set(steps.STEPS.shapes())
+
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None):
+        from catsdogs.messages import TrialTask
+        from catsdogs.training import engine
+
+        return engine.run_task(TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling, eval_every),
+                               emit=lambda kind, row: on_epoch(row) if on_epoch else None)
+
+    def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# --- a device for the pure search -----------------------------------------------------------------
+
+
+class FakeDevice:
+    """Fits up to `limit`; `failing` sizes fail for another reason; counts every probe."""
+
+    def __init__(self, limit: int, failing=()):
+        self.limit, self.failing, self.calls = limit, set(failing), []
+
+    def __call__(self, b: int) -> str:
+        self.calls.append(b)
+        if b in self.failing:
+            return "failed"
+        return "done" if b <= self.limit else "oom"

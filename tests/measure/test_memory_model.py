@@ -1,0 +1,140 @@
+"""find-batch-size's memory model: memory sizes, TensorFlow's step replayed through its allocator
+(BFC), XLA's memory fraction."""
+
+from __future__ import annotations
+
+import pytest
+
+from catsdogs.measure.common import format_bytes, parse_memory
+from catsdogs.training.costs import (
+    bfc_replay,
+    parameter_count,
+    predict_max_batch_size,
+    predicted_peak_bytes,
+    state_bytes,
+    step_allocations,
+    tensor_bytes,
+)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("4GiB", 4 * 2**30), ("4 GiB", 4 * 2**30), ("4gib", 4 * 2**30), ("1.5GiB", 3 * 2**29),
+    ("512MiB", 512 * 2**20), ("64KiB", 64 * 1024), ("1TiB", 2**40),
+    ("4GB", 4 * 10**9), ("1.5 GB", 1_500_000_000), ("512MB", 512 * 10**6), ("10KB", 10_000),
+    ("800M", 800 * 2**20), ("2G", 2 * 2**30), ("100B", 100), (".5GiB", 2**29),
+])
+def test_memory_sizes_parse_with_binary_and_decimal_units(text, expected):
+    assert parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    ("4", "has no unit"), ("4096", "has no unit"), ("4XB", "unknown unit 'XB'"), ("GiB", "not a memory size"),
+    ("", "not a memory size"), ("-1GiB", "not a memory size"), ("0GiB", "must be positive"),
+    ("four GiB", "not a memory size"),
+])
+def test_bad_memory_sizes_say_why(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_memory(text)
+
+
+def test_format_bytes():
+    assert format_bytes(4 * 2**30) == "4 GiB"
+    assert format_bytes(1536 * 2**20) == "1.5 GiB"
+    assert format_bytes(300 * 2**20) == "300 MiB"
+
+
+MiB = 2**20
+
+
+def test_tensor_sizes_and_state_at_200px():
+    t = tensor_bytes(32, 200)
+    assert t["input_uint8"] == 32 * 120_000 and t["rescaled_input"] == 4 * t["input_uint8"]
+    assert t["full_map"] == 32 * 200 * 200 * 32 * 4 and t["pooled_map"] == t["full_map"] // 4
+    assert t["pool_workspace"] == t["pooled_map"] // 4  # one byte per pooled value
+    assert t["dense_kernel"] == 4 * 100 * 100 * 32 * 128
+    assert tensor_bytes(32, 200, "mixed_float16")["full_map"] == t["full_map"] // 2
+    p = parameter_count(200)
+    assert sum(state_bytes(200, "adam").values()) == 16 * p  # weights, gradients, m, v
+    assert sum(state_bytes(200, "sgd").values()) == 8 * p
+    assert sum(state_bytes(200, "sgd", "mixed_float16").values()) == 10 * p
+
+
+def test_a_step_frees_everything_it_allocates_and_holds_two_full_maps_at_its_peak():
+    # given the probe's allocations at one batch size, replayed without the setup's tensors
+    events = step_allocations(64, 40, steps=3)
+    live: dict[str, int] = {}
+    most = 0
+    for name, nbytes in events:
+        if nbytes:
+            assert name not in live, f"{name} allocated twice"
+            live[name] = nbytes
+        else:
+            live.pop(name)
+        most = max(most, sum(v for k, v in live.items() if k in ("relu", "grad_relu")))
+    # then only the setup's tensors are left, and at the peak two full maps live (oneDNN's fused
+    # convolution and ReLU, then max-pooling's gradient)
+    assert set(live) <= {"runtime", "train_images", "kernel", "slot0", "slot1"}
+    assert most == 2 * tensor_bytes(64, 40)["full_map"]
+
+
+def test_bfc_grows_its_regions_from_2_mib_doubling_and_never_returns_one():
+    # given small tensors, then one of 5 MiB, then more of it
+    r = bfc_replay([("a", 1000), ("b", 5 * MiB), ("c", 5 * MiB), ("b", 0), ("c", 0), ("d", 9 * MiB)])
+    # then the first region is 2 MiB; 5 MiB needs the next power of two (8), after which the
+    # next region doubles (16), and freed chunks stay in their regions (9 MiB needs a new one)
+    assert [x // MiB for x in r["regions"]] == [2, 8, 8, 16][:len(r["regions"])]
+    assert r["fits"]
+
+
+def test_bfc_counts_the_pages_ever_written_not_the_regions_and_not_the_peak_in_use():
+    # given a 100 MiB tensor freed (its region is 128 MiB), then 60 MiB and 70 MiB, which cannot
+    # both go where it was
+    r = bfc_replay([("big", 100 * MiB), ("big", 0), ("x", 60 * MiB), ("y", 70 * MiB)])
+    # then the first 100 MiB were written, and the 70 MiB tensor wrote a new region too
+    assert [x // MiB for x in r["regions"]] == [128, 128]
+    assert r["touched_bytes"] == 170 * MiB
+    # and in use counts whole chunks: 70 MiB takes its 128 MiB region unsplit (the rest, under
+    # the request and under 128 MiB, is not worth a chunk of its own)
+    assert r["peak_in_use_bytes"] == (60 + 128) * MiB
+    assert sum(r["regions"]) > r["touched_bytes"]
+    # and a freed chunk reused by a tensor of the same size writes no new page
+    again = bfc_replay([("a", 50 * MiB), ("a", 0), ("b", 50 * MiB)])
+    assert again["touched_bytes"] == 50 * MiB
+
+
+def test_one_fixed_region_refuses_what_does_not_fit():
+    assert bfc_replay([("a", 50 * MiB), ("b", 30 * MiB)], region_bytes=100 * MiB)["fits"]
+    assert not bfc_replay([("a", 50 * MiB), ("b", 60 * MiB)], region_bytes=100 * MiB)["fits"]
+    # a request of over half the free chunk takes all of it (BFC does not split off less than
+    # the request), so 60 + 30 in 100 MiB does not fit either
+    assert not bfc_replay([("a", 60 * MiB), ("b", 30 * MiB)], region_bytes=100 * MiB)["fits"]
+
+
+def test_the_prediction_takes_the_runtime_from_the_calibration_probe_and_stops_at_the_cap():
+    # given a runtime of 700 MiB and a batch-size-1 probe that measured it plus the replay
+    runtime = 700 * MiB
+    peak1 = predicted_peak_bytes(1, runtime, 64, train_images=48)
+    cap = 1024 * MiB
+    pred = predict_max_batch_size(cap, 1, peak1, 64, "adam", train_images=48)
+    # then the runtime is recovered, the answer fits under the cap, and one more would not
+    assert pred["baseline_bytes"] == pytest.approx(runtime)
+    best = pred["max_batch_size"]
+    assert predicted_peak_bytes(best, runtime, 64, train_images=48) <= cap
+    assert predicted_peak_bytes(best + 1, runtime, 64, train_images=48) > cap
+    assert pred["method"] == "bfc"
+    assert predict_max_batch_size(peak1 - 1, 1, peak1, 64, "adam", train_images=48)["max_batch_size"] == 0
+    # and on a GPU (one region of the device less the runtime) a larger cap allows more
+    gpu = predict_max_batch_size(2 * cap, 1, runtime + 50 * MiB, 64, "adam", train_images=48, device="gpu")
+    assert gpu["max_batch_size"] > best
+
+
+def test_jax_reads_xlas_memory_fraction_as_jaxlib_does(monkeypatch):
+    from catsdogs.runtime.backends import jax as jax_backend
+
+    monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert jax_backend.memory_fraction() == 0.75
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+    assert jax_backend.memory_fraction() == 0.5
+    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.9")
+    assert jax_backend.memory_fraction() == 0.9
