@@ -1,24 +1,21 @@
 """find-batch-size's answer as a Python value: `BatchSizeAdvice`, what `catsdogs.find_batch_size`
-returns, read from the summary the command writes as find_batch_size.json (the store is the
-contract: the advice holds that summary whole and reads its fields from it, so `to_json` and
-`from_json` round-trip the file, and an advice loaded from an older run's file is the same value
-the run returned).
+returns, a view of the command's typed result (catsdogs.find_result.FindResult, which *is*
+find_batch_size.json: the store is the contract, so `to_json` and `from_json` round-trip the file,
+and an advice loaded from an older run's file is the same value the run returned).
 
 The fields a training script needs are named on the value (`batch_size`, `learning_rate`,
-`largest_fitting`, `fastest`, `noise_scale` ...); everything else the file holds is in
-`summary`. `plot(ax)` draws the predicted time to a target by batch size on a matplotlib axis.
-No framework is imported here.
+`largest_fitting`, `fastest`, `noise_scale` ...); the whole result is `result`, and the file's
+object `summary`. `plot(ax)` draws the predicted time to a target by batch size on a matplotlib
+axis. No framework is imported here.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from catsdogs.errors import CatsdogsError
-from catsdogs.files import finite_or_null
+from catsdogs.find_result import FindResult
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,45 +43,43 @@ class BatchSizeAdvice:
     eval_batch_size: int | None  # an evaluation batch that fits: the largest training one (no gradients held)
     accumulation: dict | None  # for an effective batch kept: {"effective_batch_size", "micro_batch_size", "steps"}
     table: tuple[dict, ...] = field(repr=False)  # each probed size: step time, predicted relative time ...
-    summary: dict = field(repr=False)  # find_batch_size.json, whole
+    result: FindResult = field(repr=False)  # find_batch_size.json, whole and typed
+
+    @classmethod
+    def of(cls, result: FindResult) -> BatchSizeAdvice:
+        """The advice a find-batch-size result gives."""
+        rec = result.recommendation or {}
+        noise = result.noise_scale or {}
+        hand = result.hand_off or {}
+        interval = (noise.get("low"), noise.get("high")) if noise.get("b_simple") is not None else None
+        return cls(batch_size=rec.get("batch_size", result.margin_batch_size),
+                   learning_rate=rec.get("learning_rate"), learning_rate_rule=rec.get("learning_rate_rule"),
+                   binding=rec.get("binding"), largest_fitting=result.largest_fitting,
+                   stopped_by=result.stopped_by, margin_batch_size=result.margin_batch_size,
+                   fastest=(result.fastest or {}).get("batch_size"), noise_scale=noise.get("b_simple"),
+                   noise_interval=interval, near_best=tuple(rec.get("near_best") or ()),
+                   eval_batch_size=hand.get("eval_batch_size", result.largest_fitting),
+                   accumulation=hand.get("accumulation"), table=tuple(rec.get("table") or ()), result=result)
 
     @classmethod
     def from_summary(cls, summary: dict) -> BatchSizeAdvice:
-        """The advice in a find_batch_size.json summary (what catsdogs.measure.find_batch_size returns)."""
-        if not isinstance(summary, dict) or "largest_fitting" not in summary:
-            raise CatsdogsError("not find-batch-size's answer: no 'largest_fitting' in it")
-        if summary.get("interrupted"):
-            raise CatsdogsError("an interrupted find-batch-size run holds no answer: run it again")
-        rec = summary.get("recommendation") or {}
-        noise = summary.get("noise_scale") or {}
-        interval = (noise.get("low"), noise.get("high")) if noise.get("b_simple") is not None else None
-        return cls(batch_size=rec.get("batch_size", summary.get("margin_batch_size")),
-                   learning_rate=rec.get("learning_rate"), learning_rate_rule=rec.get("learning_rate_rule"),
-                   binding=rec.get("binding"), largest_fitting=summary["largest_fitting"],
-                   stopped_by=summary.get("stopped_by"), margin_batch_size=summary.get("margin_batch_size"),
-                   fastest=(summary.get("fastest") or {}).get("batch_size"), noise_scale=noise.get("b_simple"),
-                   noise_interval=interval, near_best=tuple(rec.get("near_best") or ()),
-                   eval_batch_size=(summary.get("hand_off") or {}).get("eval_batch_size", summary["largest_fitting"]),
-                   accumulation=(summary.get("hand_off") or {}).get("accumulation"),
-                   table=tuple(rec.get("table") or ()), summary=summary)
+        """The advice in find_batch_size.json's object (checked: catsdogs.find_result)."""
+        return cls.of(FindResult.from_dict(summary))
+
+    @property
+    def summary(self) -> dict:
+        """find_batch_size.json's object, whole."""
+        return self.result.to_dict()
 
     def to_json(self, indent: int | None = 2) -> str:
-        """The summary as find_batch_size.json holds it (strict JSON: no NaN)."""
-        return json.dumps(finite_or_null(self.summary), indent=indent)
+        """The answer as find_batch_size.json holds it (strict JSON: no NaN)."""
+        return self.result.to_json(indent)
 
     @classmethod
     def from_json(cls, source: str | Path) -> BatchSizeAdvice:
-        """The advice from find_batch_size.json's text, or from the file at a Path."""
-        if isinstance(source, Path):
-            try:
-                source = source.read_text()
-            except OSError as exc:
-                raise CatsdogsError(f"cannot read {source}: {exc.strerror or exc}") from None
-        try:
-            summary = json.loads(source)
-        except (TypeError, json.JSONDecodeError) as exc:
-            raise CatsdogsError(f"not find-batch-size's JSON: {exc}") from None
-        return cls.from_summary(summary)
+        """The advice from find_batch_size.json's text, or from the file at a Path; CatsdogsError, in
+        one line, for a file that is not find-batch-size's answer (checked: catsdogs.find_result)."""
+        return cls.of(FindResult.from_json(source))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, BatchSizeAdvice) and self.to_json() == other.to_json()

@@ -36,7 +36,7 @@ from catsdogs import config
 from catsdogs.advice import BatchSizeAdvice
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.model_ref import FUNCTION
-from catsdogs.schema import OPTIMIZERS, PROCESS_FIELDS, check_run_name
+from catsdogs.schema import ARTICLE_OPTIMIZERS, PROCESS_FIELDS, check_run_name
 
 __all__ = ["BatchSizeAdvice", "CatsdogsError", "SettingError", "find_batch_size", "profile", "report", "sweep"]
 
@@ -97,7 +97,40 @@ def find_batch_size(model=None, data=None, *, memory_limit: int | str | None = N
         >>> advice = catsdogs.find_batch_size(model, (x_train, y_train), memory_limit="2GiB")
         >>> advice.batch_size, advice.learning_rate
     """
+    return BatchSizeAdvice.of(find_result(
+        model, data, memory_limit=memory_limit, optimizer=optimizer, max_batch_size=max_batch_size, seed=seed,
+        precision=precision, noise_scale=noise_scale, loss=loss, from_store=from_store, name=name, out=out,
+        data_dir=data_dir, log=log, **search))
+
+
+def find_result(model=None, data=None, *, memory_limit: int | str | None = None, optimizer: str = "adam",
+                max_batch_size: int | None = None, seed: int = 0, precision: str = "float32",
+                noise_scale: bool = True, loss: str = "auto", from_store: str | Path | None = None,
+                name: str = "find-batch-size", out: str | Path = config.DEFAULT_OUT,
+                data_dir: str | Path | None = None, log: Callable[[str], None] | None = print,
+                **search: object):
+    """find-batch-size's one core, for the command line and `find_batch_size` alike: the options
+    made into FindSettings (`find_settings`), the model made ready for the workers, the search run;
+    its result (catsdogs.find_result.FindResult). A SettingError names its setting by its key: the
+    command line says it by the option, `find_batch_size` by the keyword argument."""
     from catsdogs.measure.find_batch_size import find_batch_size as run
+
+    settings, data_dir, arrays = find_settings(
+        model, data, memory_limit=memory_limit, optimizer=optimizer, max_batch_size=max_batch_size, seed=seed,
+        precision=precision, noise_scale=noise_scale, loss=loss, from_store=from_store, name=name,
+        data_dir=data_dir, search=search)
+    ref, saved = _model_reference(model, Path(out) / name / ".work", precision)
+    try:
+        return run(replace(settings, model=ref), data_dir, Path(out), log=log or _quiet, arrays=arrays)
+    finally:
+        if saved is not None:
+            saved.unlink(missing_ok=True)
+
+
+def find_settings(model, data, *, memory_limit, optimizer, max_batch_size, seed, precision, noise_scale, loss,
+                  from_store, name, data_dir, search: dict):
+    """(find-batch-size's settings, checked, its data folder, a user's arrays or None): the one way
+    its options become FindSettings (`search`: FindSettings' other names, the SEARCH keys)."""
     from catsdogs.measure.settings import FindSettings
 
     unknown = sorted(set(search) - set(SEARCH))
@@ -115,14 +148,8 @@ def find_batch_size(model=None, data=None, *, memory_limit: int | str | None = N
         from catsdogs.analysis.anchor import anchor_for
 
         settings = replace(settings, anchor=anchor_for(Path(from_store), optimizer, settings.dataset, data_dir))
-    replace(settings, model=None if model is None else "a:given").check()  # (it reads only whether there is one)
-    ref, saved = _model_reference(model, Path(out) / name / ".work", precision)
-    try:
-        summary = run(replace(settings, model=ref), data_dir, Path(out), log=log or _quiet, arrays=arrays)
-    finally:
-        if saved is not None:
-            saved.unlink(missing_ok=True)
-    return BatchSizeAdvice.from_summary(summary)
+    settings.check(model_given=model is not None)
+    return settings, data_dir, arrays
 
 
 @_keyword_errors
@@ -193,7 +220,7 @@ def sweep(plan=None, *, data_dir: str | Path | None = None, out: str | Path = co
     grid = {k: list(v) if isinstance(v, tuple) else v for k, v in grid.items()}
     if plan is None:  # the command line's sweep without --config: its options' defaults fill the grid
         top = {"name": "sweep", "seeds": config.SEEDS, **top}
-        grid = {"opt": list(OPTIMIZERS), "batch_size": list(config.BATCH_SIZES), "dataset": ["standard"],
+        grid = {"opt": list(ARTICLE_OPTIMIZERS), "batch_size": list(config.BATCH_SIZES), "dataset": ["standard"],
                 **({} if "max_epochs" in top else {"epochs": config.EPOCHS}), **grid}
     base = plan if isinstance(plan, plans.Plan) else plans.load(plan) if plan is not None else plans.command_line_plan()
     chosen = plans.with_overrides(base, top, grid) if top or grid or plan is None else base

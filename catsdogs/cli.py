@@ -165,7 +165,7 @@ def _renamed_backend(ctx, param, value):
 
 @cli.command(cls=TrainingCommand)
 @options(
-    click.option("--opt", multiple=True, default=schema.OPTIMIZERS, show_default=True,
+    click.option("--opt", multiple=True, default=schema.ARTICLE_OPTIMIZERS, show_default=True,
                  help="Optimizers, by Keras name: `--opt adam sgd` or `--opt adam --opt sgd`."),
     click.option("--batch-size", type=int, multiple=True, default=config.BATCH_SIZES, show_default=True,
                  help="Batch sizes: `--batch-size 16 32 64 128`."),

@@ -1,6 +1,7 @@
 """The commands that measure this device: `catsdogs profile` and `catsdogs find-batch-size`,
-each its options parsed, then the public function (catsdogs.api) called as `__wrapped__`, so that
-a setting's error names the option (`--max`), not the keyword argument (`max_batch_size`).
+each its options parsed, then the library's core the Python API calls too (catsdogs.api:
+`find_result`; `profile` as `__wrapped__`), whose SettingError the command names by the option
+(`--max`), not the keyword argument (`max_batch_size`).
 """
 
 from __future__ import annotations
@@ -154,13 +155,13 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
     predicted to reach a target soonest (its steps by the noise scale times its step time),
     naming the limit that binds (memory, speed, statistics), with a learning rate by the optimizer's
     rule. Without --memory-limit a GPU's own memory is the cap, on the CPU 90% of what is available."""
-    from catsdogs.api import find_batch_size as run
+    from catsdogs.api import find_result
 
     search = dict(mode=mode, margin=margin, steps=steps, resolution=resolution, dataset=dataset, isolate=isolate,
                   deterministic=deterministic is not False, tf32=tf32, worker_env=worker_env(compile_cache),
                   effective_batch=effective_batch)
     if max_batch is None or click.get_current_context().get_parameter_source("start").name != "DEFAULT":
         search["start"] = start  # (--max alone: the search starts no higher than it)
-    run.__wrapped__(model, images, memory_limit=memory_limit, optimizer=opt, max_batch_size=max_batch, seed=seed,
-                    precision=precision, noise_scale=measure_noise, loss=loss, from_store=from_store, name=name,
-                    out=out, data_dir=data_dir, log=click.echo, **search)
+    find_result(model, images, memory_limit=memory_limit, optimizer=opt, max_batch_size=max_batch, seed=seed,
+                precision=precision, noise_scale=measure_noise, loss=loss, from_store=from_store, name=name,
+                out=out, data_dir=data_dir, log=click.echo, **search)

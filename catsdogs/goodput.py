@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import replace
 
 from catsdogs.gradient_noise import NoiseEstimate
@@ -65,8 +66,6 @@ RETIME = "retime"  # the phase of a probe run again for its step time alone
 BETWEEN = "between"  # ... and of a size first timed in the retime's worker, between two probed sizes
 TIMING_PHASES = (RETIME, BETWEEN)  # run beside other sizes' steps: their memory says nothing of the size's
 BETWEEN_MOST = 3  # the gaps' sizes timed before the decision (`between`), the nearest its choice
-RETIME_ROOM = 0.75  # ... of a size whose peak left a quarter of its cap free
-RETIME_FILL = 0.9  # a live worker times a size while what it holds plus that step stays within this share
 RISK_AT = float(default("base_batch_size"))  # unresolved: what speed's choice risks should B_noise be this small
 
 
@@ -94,15 +93,17 @@ def passed(probes: list[ProbeRecord], at_most: int | None = None) -> dict[int, P
     return out
 
 
-def contested(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None) -> list[int]:
+def contested(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None,
+              timeable: Callable[[ProbeRecord], bool] = lambda probe: True) -> list[int]:
     """The sizes the recommendation could fall on, what find-batch-size times again before it
     decides: the CONTESTED_MOST nearest the least worst case's size on a log scale (itself
     included), among those whose worst case is within CONTESTED times the least and whose peak
-    left room under the cap (`_room`: near the limit a timing worker would run out of memory). Chosen by their
+    a worker can time again (`timeable`: the prober's rule, ProbeRun.can_retime: near the limit a timing
+    worker would run out of memory). Chosen by their
     batch size, not by how their one noisy probe came out: a probe timed at half its speed in a busy
     moment looks twice as bad, and still gets its second look."""
     candidates, near, least = _contest(probes, safe, estimate)
-    nearest = sorted((b for b in near if _room(candidates[b])), key=lambda b: (abs(math.log(b / least)), b))
+    nearest = sorted((b for b in near if timeable(candidates[b])), key=lambda b: (abs(math.log(b / least)), b))
     return sorted(nearest[:CONTESTED_MOST])
 
 
@@ -118,7 +119,8 @@ def _contest(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | Non
     return candidates, {b for b, w in worst.items() if w <= CONTESTED * worst[least]}, least
 
 
-def between(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None) -> list[int]:
+def between(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None,
+            timeable: Callable[[ProbeRecord], bool] = lambda probe: True) -> list[int]:
     """The sizes the decision interpolates over near its choice: in each gap wider than a factor
     of 2 between two neighbouring candidates, one of them within CONTESTED times the least worst
     case, the sizes that halve it (doubling from the smaller, on the margin's grid: `round_batch`),
@@ -126,14 +128,14 @@ def between(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None
     between the calibration's 1 and the start's 8 the decision had two points, and the best size
     can lie in the gap: on JAX's CPU the critical plan measured 4 the fastest to the target, and a
     find-batch-size that never probed it recommended 8, 1.38 times the best. Run in the retime's
-    worker, first timed there ("between"), then decided with the rest; so only below a size whose
-    peak left room under the cap (`_room`), as for the sizes timed again."""
+    worker, first timed there ("between"), then decided with the rest; so only below a size that
+    worker can time beside the others (`timeable`: the prober's rule, ProbeRun.can_retime)."""
     candidates, near, least = _contest(probes, safe, estimate)
     sizes = sorted(candidates) if near else []
     probed = {p.batch_size for p in probes}
     gaps = set()
     for a, c in zip(sizes, sizes[1:], strict=False):  # below a size with room: the retime's worker keeps every step
-        if c > 2 * a and (a in near or c in near) and _room(candidates[c]):
+        if c > 2 * a and (a in near or c in near) and timeable(candidates[c]):
             gaps |= {n for k in range(1, math.ceil(math.log2(c / a))) if a < (n := round_batch(a * 2**k)) < c}
     nearest = sorted(gaps - probed, key=lambda b: (abs(math.log(b / least)), b))
     return sorted(nearest[:BETWEEN_MOST])
@@ -144,13 +146,6 @@ def round_batch(value: float) -> int:
     of two below 8; at least 1."""
     whole = max(1, math.floor(value + 1e-9))
     return whole // 8 * 8 if whole >= 8 else 2 ** int(math.log2(whole))
-
-
-def _room(probe: ProbeRecord) -> bool:
-    """Whether a size left room enough under its cap to be timed again beside the others' steps (a
-    retime worker keeps them all): its peak at most RETIME_ROOM of the cap, or no cap known."""
-    cap = probe.memory_cap_mb or probe.device_memory_limit_mb
-    return not cap or probe.peak_memory_mb is None or probe.peak_memory_mb <= RETIME_ROOM * cap
 
 
 def step_seconds_at(batch: float, step_seconds: dict[int, float]) -> float | None:

@@ -16,6 +16,7 @@ class Optimizer:
     slots: int  # float32 state tensors of the weights' shape (the memory model counts them)
     rule: str  # the learning-rate rule find-batch-size scales it by (catsdogs.lr_rules.RULES)
     note: str  # said where find-batch-size anchors its rate at Keras's default
+    article: bool = False  # the article trained it: a sweep's default optimizers are the article's
 
 
 _ANCHOR = "--from-store STORE anchors it at a sweep's tuned rates."
@@ -25,14 +26,18 @@ _ANCHOR = "--from-store STORE anchors it at a sweep's tuned rates."
 OPTIMIZERS = {o.name: o for o in (
     Optimizer("sgd", "SGD", "SGD", 0.01, 0, "paper",
               "Keras's default is not a tuned rate: on the article's model catsdogs's tuned plans chose SGD rates "
-              "5 to 10 times it (0.05 to 0.1 at batch 16 to 32), so this one is likely too small; " + _ANCHOR),
+              "5 to 10 times it (0.05 to 0.1 at batch 16 to 32), so this one is likely too small; " + _ANCHOR,
+              article=True),
     Optimizer("adam", "Adam", "Adam", 0.001, 2, "sqrt",
               "Keras's default is not a tuned rate: on the article's model catsdogs's tuned plan chose Adam 0.01, "
-              "ten times it, at batch 16 to 128; " + _ANCHOR),
+              "ten times it, at batch 16 to 128; " + _ANCHOR, article=True),
     Optimizer("adamw", "AdamW", "AdamW", 0.001, 2, "sqrt",
               "Keras's default is not a tuned rate, and catsdogs has not tuned AdamW on the article's model; "
               + _ANCHOR),
 )}
+
+
+ARTICLE = tuple(name for name, o in OPTIMIZERS.items() if o.article)  # sgd, adam: a sweep's default
 
 
 def label(name: str) -> str:

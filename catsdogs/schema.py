@@ -78,6 +78,7 @@ UNFINISHED = (Status.FAILED, Status.OOM, Status.PENDING, Status.INTERRUPTED, Sta
 
 # --- allowed values ------------------------------------------------------------------------------
 OPTIMIZERS = tuple(optimizers.OPTIMIZERS)  # by Keras name, so their Keras defaults (catsdogs.optimizers)
+ARTICLE_OPTIMIZERS = optimizers.ARTICLE  # a sweep's default: the article's two
 DEFAULT_LR = {name: o.default_lr for name, o in optimizers.OPTIMIZERS.items()}  # what optimizer="sgd" gives
 DATASETS = ("standard", "augmented")  # the prepared folders (docs/protocol.md, "Data")
 LR_SCALINGS = lr_rules.TRIAL_SCALINGS  # none, linear, sqrt (catsdogs.lr_rules)

@@ -46,13 +46,14 @@ import contextlib
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from catsdogs import config, goodput
 from catsdogs.data import folder as folder_data
 from catsdogs.errors import CatsdogsError, Interrupted, SettingError
 from catsdogs.files import write_json_atomic
+from catsdogs.find_result import FindResult
 from catsdogs.host import host_memory_available, versions
 from catsdogs.manifest import require_intact
 from catsdogs.measure import model_check
@@ -70,6 +71,7 @@ from catsdogs.measure.probe_run import ProbeRun
 from catsdogs.measure.search import (
     RESOLUTION_SHARE,
     RSS_RESOLUTION_SHARE,
+    SearchResult,
     apply_margin,
     confirm,
     critical_probe,
@@ -87,13 +89,65 @@ PROBE_COLUMNS = columns(ProbeRecord, "search")  # find_batch_size.csv, and each 
 
 
 def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(config.DEFAULT_OUT),
-                    log: Callable[[str], None] = print, arrays: tuple | None = None) -> dict:
+                    log: Callable[[str], None] = print, arrays: tuple | None = None) -> FindResult:
     """Measure the noise scale, predict, search, recommend; write OUT/NAME/find_batch_size.json and
-    .csv; return the summary (what the .json holds). `arrays`: a user's model's images and labels
+    .csv; return the result (what the .json holds). `arrays`: a user's model's images and labels
     as numpy arrays (x, y) instead of a folder (the Python API's).
 
-    Raises SettingError for impossible settings, CatsdogsError when the data is not prepared or
-    when not even batch size 1 fits (after writing the records)."""
+    The phases, in order, over one state (`FindRun`): the model and data checked and the search
+    bounded (`begin`), the statistics (`measure_statistics`), the memory model (`predict_memory`),
+    the search (`search_memory`), the answer (`answer`). Raises SettingError for impossible
+    settings, CatsdogsError when the data is not prepared or when not even batch size 1 fits
+    (after writing the records)."""
+    run = begin(settings, data_dir, out, log, arrays)
+    try:
+        measure_statistics(run)
+        predict_memory(run)
+        search_memory(run)
+    except KeyboardInterrupt:
+        keep_interrupted(run.folder, run.settings, run.probes.probes, log)
+    finally:
+        end(run)
+    result = answer(run)
+    write_json_atomic(run.folder / "find_batch_size.json", result.to_dict(), indent=2)
+    write_csv(result.probes, run.folder / "find_batch_size.csv", PROBE_COLUMNS)
+    for line in summary_lines(result) + time_lines(result):
+        log(line)
+    if result.largest_fitting is None:
+        raise _nothing_fits(run.probes.probes[0], run.settings, run.folder)
+    return result
+
+
+@dataclass
+class FindRun:
+    """What find-batch-size's phases share: its settings and data, then what each phase adds."""
+
+    settings: FindSettings
+    data_dir: Path
+    folder: Path  # OUT/NAME
+    log: Callable[[str], None]
+    manifest: dict | None  # the prepared data's (None: a user's model on its own data or random images)
+    size: int  # the images' side
+    user: model_check.ModelInfo | None  # a user's model, checked
+    probe_data: model_check.ProbeData | None  # what a user's model's probes run on
+    shared: Worker | None  # the worker a user's model was checked in, kept for the noise scale's runs
+    bound: SearchBound
+    cpu_cap: int | None  # the CPU's cap without --memory-limit
+    started: float
+    probes: ProbeRun  # every probe, in the order run
+    plan: BackgroundPlan | None  # XLA's plan, compiling beside the statistics
+    noise: NoiseRun | None = None  # measure_statistics'
+    calibration: ProbeRecord | None = None  # predict_memory's ...
+    prediction: dict | None = None
+    predict_seconds: float = 0.0
+    search: SearchResult | None = None  # search_memory's ...
+    safe: int | None = None  # the margin's size, confirmed
+    margin_failed: list[int] = field(default_factory=list)
+
+
+def begin(settings: FindSettings, data_dir: Path, out: Path, log, arrays) -> FindRun:
+    """The settings checked, the model and data made ready, the search's bound and the CPU's cap
+    set, the opening lines said; the probes' worker and XLA's plan started."""
     settings.check()
     folder = Path(out) / settings.name
     work = folder / ".work"
@@ -111,55 +165,73 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
         a = settings.anchor
         log(f"Learning rate scaled from {a['store']}: the {a['kind']} sweep {a['sweep']!r}, tuned at batch sizes "
             f"{', '.join(map(str, sorted(int(b) for b in a['rates'])))}.")
-    run = ProbeRun(settings, data_dir, work, cpu_cap, env, log, probe_data)
+    probes = ProbeRun(settings, data_dir, work, cpu_cap, env, log, probe_data)
     # XLA's plan (JAX, the article's model) compiles in a worker of its own while the noise scale trains
     plan = BackgroundPlan.start(settings, manifest, user, data_dir, work, env, bound.batch_size)
-    try:
-        # The statistics first, in a worker of its own that ends before any probe runs (the first
-        # probe's worker imports its framework meanwhile): the probes' memory is not touched, and
-        # the search can then probe the critical batch size on its way up.
-        noise_run = _noise_scale(run, bound, data_dir, manifest, user, probe_data, shared) if settings.measure_noise \
-            else None
-        waiting = time.perf_counter()
-        planned = plan.result(log) if plan else None  # before the calibration: no compilation beside its timing
-        plan_wait = time.perf_counter() - waiting
-        if run.prober.spares:  # without the noise scale's wait too: the two import side by side
-            run.prober.prestart(fresh_before_search(user, manifest))
-        calib = run.probe(CALIBRATION_BATCH, "calibrate")
-        predicting = time.perf_counter()
-        pred = predict_first(run, calib, manifest, size, planned, log, user)
-        predict_seconds = plan_wait + time.perf_counter() - predicting
-        result, safe, margin_failed = _search(run, noise_run, pred, bound)
-    except KeyboardInterrupt:
-        keep_interrupted(folder, settings, run.probes, log)
-    finally:
-        run.close()  # (a plan still compiling is not waited for: its worker ends with this process)
-        if shared:  # (where the noise scale was not measured after all)
-            shared.close()
-        if probe_data and probe_data.decoded:  # the folder's decoded copy: the workers are done with it
-            Path(probe_data.decoded).unlink(missing_ok=True)
-            with contextlib.suppress(OSError):  # ... and the work folder, empty unless a log was kept
-                work.rmdir()
-    anchor = settings.anchor or short_run_anchor(noise_run.rate_test if noise_run else None)
-    summary = _answer(result, run.probes, safe, replace(settings, anchor=anchor),
-                      noise_run.estimate if noise_run else None, bound.stopped_by(result))
-    summary.update(margin_failed=margin_failed, noise_scale=noise_run.as_json() if noise_run else None,
-                   settings=settings.recorded(size, cpu_cap, data_dir,
-                                              manifest["fingerprint"][settings.dataset] if manifest else None),
-                   search_bound=bound.as_json(), backend=backends.name(), host=platform.node(),
-                   prediction=prediction_record(pred, calib, run, result, size),
-                   memory_fraction=calib.memory_fraction,
-                   probes=[p.view("search") for p in run.probes], versions=versions(),
-                   seconds=_seconds(started, noise_run, predict_seconds, run.probes))
-    if user:
-        summary["model"] = {**model_check.recorded(user), **probe_data.record()}
-    write_json_atomic(folder / "find_batch_size.json", summary, indent=2)
-    write_csv(summary["probes"], folder / "find_batch_size.csv", PROBE_COLUMNS)
-    for line in summary_lines(summary) + time_lines(summary):
-        log(line)
-    if result.largest_fit is None:
-        raise _nothing_fits(run.probes[0], settings, folder)
-    return summary
+    return FindRun(settings, Path(data_dir), folder, log, manifest, size, user, probe_data, shared, bound, cpu_cap,
+                   started, probes, plan)
+
+
+def measure_statistics(run: FindRun) -> None:
+    """The noise scale's short runs, in a worker of their own that ends before any probe runs (the
+    first probe's worker imports its framework meanwhile): the probes' memory is not touched, and
+    the search can then probe the critical batch size on its way up."""
+    if run.settings.measure_noise:
+        run.noise = _noise_scale(run)
+
+
+def predict_memory(run: FindRun) -> None:
+    """The calibration probe (batch size 1), then the memory model's prediction from it (XLA's plan,
+    awaited before the calibration: no compilation beside its timing)."""
+    waiting = time.perf_counter()
+    planned = run.plan.result(run.log) if run.plan else None
+    plan_wait = time.perf_counter() - waiting
+    run.probes.start_ahead(fresh_before_search(run.user, run.manifest), only_beside=True)
+    run.calibration = run.probes.probe(CALIBRATION_BATCH, "calibrate")
+    predicting = time.perf_counter()
+    run.prediction = predict_first(run.probes, run.calibration, run.manifest, run.size, planned, run.log, run.user)
+    run.predict_seconds = plan_wait + time.perf_counter() - predicting
+
+
+def end(run: FindRun) -> None:
+    """The workers ended, the decoded copy and the work folder let go."""
+    run.probes.close()  # (a plan still compiling is not waited for: its worker ends with this process)
+    if run.shared:  # (where the noise scale was not measured after all)
+        run.shared.close()
+    if run.probe_data and run.probe_data.decoded:  # the folder's decoded copy: the workers are done with it
+        Path(run.probe_data.decoded).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # ... and the work folder, empty unless a log was kept
+            (run.folder / ".work").rmdir()
+
+
+def answer(run: FindRun) -> FindResult:
+    """The measured answer, the margin's size, the fastest and the recommendation with its learning
+    rate (catsdogs.recommendation), with everything that traces them: find_batch_size.json."""
+    settings, result, noise = run.settings, run.search, run.noise
+    anchor = settings.anchor or short_run_anchor(noise.rate_test if noise else None)
+    stopped_by = run.bound.stopped_by(result)
+    probes = run.probes.probes
+    fits = result.largest_fit is not None
+    rec = None
+    if fits and run.safe is not None:
+        rec = recommend(probes, run.safe, settings.optimizer, noise.estimate if noise else None, anchor,
+                        bound_by=stopped_by if run.safe == result.largest_fit else None)
+    fingerprint = run.manifest["fingerprint"][settings.dataset] if run.manifest else None
+    return FindResult.answered(
+        largest_fitting=result.largest_fit, first_not_fitting=result.first_failure, reached_max=result.reached_max,
+        stopped_by=stopped_by, noise_scale=noise.as_json() if noise else None,
+        margin_batch_size=run.safe if fits else None,
+        fastest=fastest(probes, result.largest_fit) if fits else None,  # none above the answer
+        recommendation=rec or None,
+        hand_off=hand_off(rec["batch_size"] if rec else run.safe, result.largest_fit, run.safe,
+                          settings.effective_batch) if fits else None,
+        margin_failed=run.margin_failed,
+        settings=settings.recorded(run.size, run.cpu_cap, run.data_dir, fingerprint),
+        search_bound=run.bound.as_json(), backend=backends.name(), host=platform.node(),
+        prediction=prediction_record(run.prediction, run.calibration, run.probes, result, run.size),
+        memory_fraction=run.calibration.memory_fraction, probes=[p.view("search") for p in probes],
+        versions=versions(), seconds=_seconds(run.started, noise, run.predict_seconds, probes),
+        model={**model_check.recorded(run.user), **run.probe_data.record()} if run.user else None)
 
 
 def _nothing_fits(first: ProbeRecord, settings: FindSettings, folder: Path) -> CatsdogsError:
@@ -174,18 +246,18 @@ def _nothing_fits(first: ProbeRecord, settings: FindSettings, folder: Path) -> C
     return CatsdogsError(message)
 
 
-def _noise_scale(run: ProbeRun, bound: SearchBound, data_dir: Path, manifest: dict | None, user,
-                 probe_data: model_check.ProbeData | None, worker: Worker | None = None) -> NoiseRun | None:
-    """The noise scale's short runs (noise_run; in `worker`, where a user's model was checked), or
+def _noise_scale(run: FindRun) -> NoiseRun | None:
+    """The noise scale's short runs (noise_run; in the worker a user's model was checked in), or
     None, said, where they cannot measure one: a user's model on random images (no signal), or
     fewer training images than their batch."""
     settings, log, base = run.settings, run.log, default("base_batch_size")
+    user, probe_data, worker = run.user, run.probe_data, run.shared
     why = None
     if user and not probe_data.real:
         why = ("it needs real images (random ones carry no signal to measure): give --data DIR, or prepared data "
                "of the model's input size; the recommendation is speed's within memory.")
-    elif bound.train_images is not None and bound.train_images < base:
-        why = (f"its short runs train at batch size {base}, more than the {bound.train_images:,} training images; "
+    elif run.bound.train_images is not None and run.bound.train_images < base:
+        why = (f"its short runs train at batch size {base}, more than the {run.bound.train_images:,} training images; "
                "the recommendation is speed's within memory and the data.")
     if why:
         log(f"Noise scale: not measured: {why}")
@@ -193,9 +265,10 @@ def _noise_scale(run: ProbeRun, bound: SearchBound, data_dir: Path, manifest: di
             worker.close()
             worker.log_path.unlink(missing_ok=True)
         return None
-    run.prober.prestart(fresh_before_search(user, manifest))
-    return measure_noise_scale(data_dir, manifest, settings, run.work, run.env, log, probe_data=probe_data,
-                               sampling=user_noise_sampling(bool(user.batch_norm)) if user else None, worker=worker)
+    run.probes.start_ahead(fresh_before_search(user, run.manifest))
+    return measure_noise_scale(run.data_dir, run.manifest, settings, run.probes.work, run.probes.env, log,
+                               probe_data=probe_data, sampling=user_noise_sampling(bool(user.batch_norm)) if user
+                               else None, worker=worker)
 
 
 def fresh_before_search(user, manifest: dict | None) -> int:
@@ -219,26 +292,6 @@ def keep_interrupted(folder: Path, settings: FindSettings, probes: list[ProbeRec
     raise Interrupted() from None
 
 
-def _answer(result, probes: list[ProbeRecord], safe: int | None, settings: FindSettings, estimate,
-            stopped_by: str) -> dict:
-    """The measured answer, the margin's size, the fastest and the recommendation with its
-    learning rate (catsdogs.recommendation), as find_batch_size.json holds them."""
-    summary: dict = {"largest_fitting": result.largest_fit, "first_not_fitting": result.first_failure,
-                     "reached_max": result.reached_max, "stopped_by": stopped_by,
-                     "noise_scale": None}  # the caller's, in this place
-    if result.largest_fit is None:
-        return summary
-    summary["margin_batch_size"] = safe
-    summary["fastest"] = fastest(probes, result.largest_fit)  # none above the answer (a prediction probe may be)
-    rec = recommend(probes, safe, settings.optimizer, estimate, settings.anchor,
-                    bound_by=stopped_by if safe == result.largest_fit else None) if safe is not None else None
-    if rec:
-        summary["recommendation"] = rec
-    summary["hand_off"] = hand_off(rec["batch_size"] if rec else safe, result.largest_fit, safe,
-                                   settings.effective_batch)
-    return summary
-
-
 def short_run_anchor(test: dict | None) -> dict | None:
     """The learning-rate anchor the noise scale's short runs give (noise_run.rate_test), in the
     form a store's tuned rates take (recommendation.anchor_at); None when none was chosen."""
@@ -251,45 +304,42 @@ def short_run_anchor(test: dict | None) -> dict | None:
                     f"{test['epochs']} epochs at batch size {b})"}
 
 
-def _search(run: ProbeRun, noise_run: NoiseRun | None, pred: dict | None, bound: SearchBound):
+def search_memory(run: FindRun) -> None:
     """The search up to the bound, then the margin's size confirmed and the critical batch size
-    probed: (the search's result, the margin's size, the sizes that failed their confirmation)."""
-    s = run.settings
-    estimate = noise_run.estimate if noise_run else None
+    probed; on the CPU the sizes the answer could fall on timed again."""
+    s, probes = run.settings, run.probes
+    estimate = run.noise.estimate if run.noise else None
     early = critical_probe(estimate, safe=None)
-    run.prediction = pred
-    rss = bool(run.probes) and run.probes[0].memory_kind == "cpu-rss"  # the calibration's: a resident set's noise
-    fresh_from = run.prober.fresh_from
-    if rss and fresh_from is not None and (bound.batch_size is None or bound.batch_size >= fresh_from):
-        run.prober.prestart()  # the first fresh probe near the limit: its import while the way up runs
-    result = search(lambda b: run.probe_on_the_way(b, early), mode=s.mode, start=s.start,
-                    max_batch=bound.batch_size, resolution=s.resolution,
-                    guess=run.guess if pred and s.mode == "binsearch" else None,
-                    share=RSS_RESOLUTION_SHARE if rss else RESOLUTION_SHARE)
-    safe, margin_failed = None, []
+    probes.prediction = run.prediction
+    rss = probes.on_resident_sets()
+    probes.start_way_up(run.bound.batch_size)
+    result = run.search = search(lambda b: probes.probe_on_the_way(b, early), mode=s.mode, start=s.start,
+                                 max_batch=run.bound.batch_size, resolution=s.resolution,
+                                 guess=probes.guess if run.prediction and s.mode == "binsearch" else None,
+                                 share=RSS_RESOLUTION_SHARE if rss else RESOLUTION_SHARE)
     if result.largest_fit is not None:
-        largest = next(p for p in reversed(run.probes) if p.batch_size == result.largest_fit)
-        if bound.stopped_by(result) in ("data", "max") and room_beyond_margin(largest, s.margin):
-            safe = result.largest_fit  # memory never bound, nor came near: no margin to take against it
+        largest = next(p for p in reversed(probes.probes) if p.batch_size == result.largest_fit)
+        if run.bound.stopped_by(result) in ("data", "max") and room_beyond_margin(largest, s.margin):
+            run.safe = result.largest_fit  # memory never bound, nor came near: no margin to take against it
         else:  # the margin's size must pass itself: down the margin's grid until one does
-            safe, margin_failed = confirm(lambda b: run.probe(b, "confirm").status,
-                                          apply_margin(result.largest_fit, s.margin))
-    critical = critical_probe(estimate, safe)  # the statistics' limit, so the recommendation can stand on it
-    if critical is not None and any(p.batch_size == critical for p in run.probes):
+            run.safe, run.margin_failed = confirm(lambda b: probes.probe(b, "confirm").status,
+                                                  apply_margin(result.largest_fit, s.margin))
+    critical = critical_probe(estimate, run.safe)  # the statistics' limit, so the recommendation can stand on it
+    if critical is not None and any(p.batch_size == critical for p in probes.probes):
         critical = None  # probed on the search's way up
-    if safe is None or any(p.memory_kind and p.memory_kind.startswith("gpu") for p in run.probes):
+    if run.safe is None or probes.on_gpu():
         if critical is not None:
-            run.probe(critical, "critical")
-        return result, safe, margin_failed
+            probes.probe(critical, "critical")
+        return
     # On the CPU the sizes the answer could fall on are timed again in a fresh worker: an unprobed
     # critical size (below the search's start, say) is timed there first, rather than in a fresh
     # worker of its own (seconds of import), as are the gaps beside the choice
-    timed = set(goodput.contested(run.probes, safe, estimate)) | set(goodput.between(run.probes, safe, estimate))
+    timed = set(goodput.contested(probes.probes, run.safe, estimate, timeable=probes.can_retime))
+    timed |= set(goodput.between(probes.probes, run.safe, estimate, timeable=probes.can_retime))
     if len(timed) > 1 or critical is not None:
         if critical is not None:
             timed.add(critical)
-        run.retime(sorted(timed), first={critical: "critical"} if critical is not None else None)
-    return result, safe, margin_failed
+        probes.retime(sorted(timed), first={critical: "critical"} if critical is not None else None)
 
 
 def room_beyond_margin(probe: ProbeRecord, margin: float) -> bool:

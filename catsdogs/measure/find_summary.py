@@ -6,6 +6,7 @@ lines are the same whether the search just ran or its JSON is read back.
 
 from __future__ import annotations
 
+from catsdogs.find_result import FindResult
 from catsdogs.goodput import TIE
 from catsdogs.gradient_noise import NoiseEstimate, describe
 from catsdogs.lr_rules import RULES
@@ -61,21 +62,21 @@ def _noise_lines(measured: dict | None, settings: dict, model: dict | None = Non
     return []
 
 
-def _margin_lines(summary: dict, s: dict) -> list[str]:
+def _margin_lines(result: FindResult, s: dict) -> list[str]:
     """The margin's size, and where its confirmation failed, how far the answer moved and why."""
     lines: list[str] = []
-    failed = summary.get("margin_failed") or []
-    unneeded = (s["margin"] and summary.get("stopped_by") in ("data", "max")
-                and summary["margin_batch_size"] == summary["largest_fitting"])
+    failed = result.margin_failed or []
+    unneeded = (s["margin"] and result.stopped_by in ("data", "max")
+                and result.margin_batch_size == result.largest_fitting)
     if unneeded:
         lines.append(f"No {s['margin']:.0%} margin taken: memory did not stop the search, and the largest size's "
                      f"peak left more room than the margin would.")
     elif s["margin"] or failed:
-        safe = summary["margin_batch_size"]
+        safe = result.margin_batch_size
         lines.append(f"With a {s['margin']:.0%} margin: {safe if safe is not None else 'none that passed'}."
                      if s["margin"] else f"The largest that passed again: {safe}.")
     if failed:
-        safe = summary["margin_batch_size"]
+        safe = result.margin_batch_size
         outcome = ("and no size below them passed: no answer with the margin; try a larger --margin" if safe is None
                    else f"so the answer moved down the margin's grid to {safe}, the first size that passed again")
         lines.append(f"The limit is noisy there: {', '.join(map(str, failed))} did not pass "
@@ -116,61 +117,63 @@ def _prediction_lines(pred: dict, largest: int | None, optimizer: str) -> list[s
     return lines
 
 
-def summary_lines(summary: dict) -> list[str]:
-    """The end of the command's output: measured, predicted, margin, fastest, recommendation."""
-    s = summary["settings"]
-    lines = []
-    largest = summary["largest_fitting"]
-    probes = summary["probes"]
-    cap_mb = next((p.get("memory_cap_mb") or p.get("device_memory_limit_mb") for p in probes
+def summary_lines(result: FindResult) -> list[str]:
+    """The end of the command's output, rendered from its result: measured, predicted, margin,
+    fastest, recommendation."""
+    s = result.settings
+    largest = result.largest_fitting
+    cap_mb = next((p.get("memory_cap_mb") or p.get("device_memory_limit_mb") for p in result.probes
                    if p.get("memory_cap_mb") or p.get("device_memory_limit_mb")), None)
-    under = f" under {cap_mb:.0f} MiB" if cap_mb else ""
-    if largest is None:
-        lines.append(f"No batch size fits{under}.")
-    elif summary.get("stopped_by") == "data":
-        train = (summary.get("search_bound") or {}).get("train_images") or largest
-        lines.append(f"Largest batch size that fits{under}: {largest} (measured): every size up to the {train:,} "
-                     f"training images fits: a larger batch cannot be trained on these data; --max N searches further.")
-    else:
-        nxt = summary["first_not_fitting"]
-        why = (f"; {nxt} did not" if nxt else
-               f"; every size up to --max {s['max']} fit" if summary["reached_max"] else "")
-        lines.append(f"Largest batch size that fits{under}: {largest} (measured{why}).")
-    fraction = summary.get("memory_fraction")
-    if fraction and cap_mb:
-        lines.append(f"That limit is XLA's: {fraction:.0%} of the GPU's memory (XLA_CLIENT_MEM_FRACTION, 75% by "
-                     f"default, with preallocation off too); a training run gets the same unless it sets it.")
-    if summary.get("prediction"):
-        lines += _prediction_lines(summary["prediction"], largest, s["optimizer"])
+    lines = [_largest_line(result, cap_mb)]
+    if result.memory_fraction and cap_mb:
+        lines.append(f"That limit is XLA's: {result.memory_fraction:.0%} of the GPU's memory (XLA_CLIENT_MEM_FRACTION, "
+                     f"75% by default, with preallocation off too); a training run gets the same unless it sets it.")
+    if result.prediction:
+        lines += _prediction_lines(result.prediction, largest, s["optimizer"])
     if largest is None:
         return lines
-    if summary.get("fastest"):
-        f = summary["fastest"]
+    if result.fastest:
+        f = result.fastest
         lines.append(f"Fastest that fits: {f['batch_size']} at {f['images_per_second']:.1f} images/s "
                      f"(the median step of each probe's {s['steps']} or more, timed for at least "
                      f"{s.get('min_seconds') or 0:g} s).")
-    lines += _margin_lines(summary, s)
-    measured = summary.get("noise_scale")
-    lines += _noise_lines(measured, s, summary.get("model"))
-    rec = summary.get("recommendation")
+    lines += _margin_lines(result, s)
+    lines += _noise_lines(result.noise_scale, s, result.model)
+    rec = result.recommendation
     if not rec:
         lines.append("No recommendation: no size at or below the margin's fit with a throughput measured.")
         return lines
     lines += time_table_lines(rec)
-    lines += _decision_lines(rec, s, measured)
+    lines += _decision_lines(rec, s, result.noise_scale)
     lr, base = rec["learning_rate"], rec["base_learning_rate"]
     anchor = rec.get("learning_rate_anchor", "Keras's default")  # a JSON of 0.11.0 read back has none
     lines.append(f"Learning rate {lr:.3g}: {RULES[rec['learning_rate_rule']].text}, anchored at {anchor}: {base:g} at "
                  f"batch size {rec['base_batch_size']}.")
     lines.append(learning_rate_caveat(rec["learning_rate_rule"], anchor, s["optimizer"]))
-    plan = (summary.get("hand_off") or {}).get("accumulation")
+    plan = (result.hand_off or {}).get("accumulation")
     if plan:
         m, k, e = plan["micro_batch_size"], plan["steps"], plan["effective_batch_size"]
-        lines.append(f"Effective batch {e:,}: " + (f"fits as one batch (the margin's size is {summary['margin_batch_size']:,})."
+        safe = result.margin_batch_size
+        lines.append(f"Effective batch {e:,}: " + (f"fits as one batch (the margin's size is {safe:,})."
                      if k == 1 else f"accumulate {k} micro-batches of {m:,} a step ({m:,} x {k} = {e:,}; the "
-                     f"margin's size is {summary['margin_batch_size']:,}): each step costs {k} step times of "
+                     f"margin's size is {safe:,}): each step costs {k} step times of "
                      f"{m:,}, which no fewer steps repay, so train at {rec['batch_size']:,} unless the recipe needs {e:,}."))
     return lines
+
+
+def _largest_line(result: FindResult, cap_mb: float | None) -> str:
+    """The measured limit, and what ended the search."""
+    under, largest = f" under {cap_mb:.0f} MiB" if cap_mb else "", result.largest_fitting
+    if largest is None:
+        return f"No batch size fits{under}."
+    if result.stopped_by == "data":
+        train = (result.search_bound or {}).get("train_images") or largest
+        return (f"Largest batch size that fits{under}: {largest} (measured): every size up to the {train:,} "
+                f"training images fits: a larger batch cannot be trained on these data; --max N searches further.")
+    nxt = result.first_not_fitting
+    why = (f"; {nxt} did not" if nxt else
+           f"; every size up to --max {result.settings['max']} fit" if result.reached_max else "")
+    return f"Largest batch size that fits{under}: {largest} (measured{why})."
 
 
 def learning_rate_caveat(rule: str, anchor: str, optimizer: str) -> str:
@@ -253,14 +256,14 @@ def time_table_lines(rec: dict) -> list[str]:
     return lines
 
 
-def time_lines(summary: dict) -> list[str]:
+def time_lines(result: FindResult) -> list[str]:
     """Where the answer's time went (none for a JSON from before 0.13.0)."""
-    t = summary.get("seconds")
+    t, n = result.seconds, len(result.probes)
     if not t:
         return []
     noise = f"the noise scale {t['noise_scale']:.0f} s, " if t.get("noise_scale") is not None else ""
     return [f"Answered in {t['total']:.0f} s: {noise}the memory model {t['prediction']:.0f} s, "
-            f"{len(summary['probes'])} probe{'s' if len(summary['probes']) != 1 else ''} {t['probes']:.0f} s (their workers' starts included)."]
+            f"{n} probe{'s' if n != 1 else ''} {t['probes']:.0f} s (their workers' starts included)."]
 
 
 def opening_line(s, size: int, cpu_cap: int | None, user=None, bound=None) -> str:

@@ -19,6 +19,8 @@ from catsdogs.schema import Status
 from catsdogs.training.costs import PLAN_MOST
 
 RETIME_ROUNDS = 2  # the contested sizes timed again twice, in alternating order: each size's step time a median of 3
+RETIME_ROOM = 0.75  # a size is timed again beside the others' steps where its peak left a quarter of its cap free
+RETIME_FILL = 0.9  # a live worker times a size while what it holds plus that step stays within this share
 
 
 class ProbeRun:
@@ -43,6 +45,38 @@ class ProbeRun:
             if p.batch_size == batch_size:
                 return p
         return self._run(batch_size, phase, fresh=fresh, aside=aside)
+
+    # --- which worker runs what: the prober's spares, started ahead ----------------------------------
+
+    def start_ahead(self, count: int = 1, only_beside: bool = False) -> None:
+        """Have the next `count` fresh workers import now, while other work runs (Prober.prestart);
+        `only_beside`: only where spares run beside the probes (the CPU), not where the one worker
+        started would wait alone."""
+        if not only_beside or self.prober.spares:
+            self.prober.prestart(count)
+
+    def on_resident_sets(self) -> bool:
+        """Whether the probes' memory is a resident set (the CPU's), as the calibration's was."""
+        return bool(self.probes) and self.probes[0].memory_kind == "cpu-rss"
+
+    def on_gpu(self) -> bool:
+        return any(p.memory_kind and p.memory_kind.startswith("gpu") for p in self.probes)
+
+    def start_way_up(self, bound: int | None) -> None:
+        """On the CPU, where the search will reach the sizes that run in fresh workers (the
+        prediction's `fresh_from`), the first of them imports while the way up runs."""
+        fresh_from = self.prober.fresh_from
+        if self.on_resident_sets() and fresh_from is not None and (bound is None or bound >= fresh_from):
+            self.prober.prestart()
+
+    @staticmethod
+    def can_retime(probe: ProbeRecord) -> bool:
+        """Whether a size left room enough under its cap to be timed again beside the others' steps
+        (a retime's worker keeps them all): its peak at most RETIME_ROOM of the cap, or no cap known."""
+        cap = probe.memory_cap_mb or probe.device_memory_limit_mb
+        return not cap or probe.peak_memory_mb is None or probe.peak_memory_mb <= RETIME_ROOM * cap
+
+    # --- the probes ------------------------------------------------------------------------------------
 
     def retime(self, sizes: list[int], rounds: int = RETIME_ROUNDS, first: dict[int, str] | None = None) -> None:
         """`sizes` timed again, `rounds` times in alternating order (largest first, the search's
@@ -79,13 +113,13 @@ class ProbeRun:
 
     def _live_worker_has_room(self, need: float) -> bool | None:
         """Whether the live worker can time a size beside what it holds: its resident set now plus
-        `need` within goodput.RETIME_FILL of the cap (the tenth left over is the next kept step's:
+        `need` within RETIME_FILL of the cap (the tenth left over is the next kept step's:
         on JAX 30-120 MiB). None where that is not known (no live worker; a GPU's memory; no cap)."""
         held = self.prober.resident_mb()
         cap = next((p.memory_cap_mb for p in reversed(self.probes) if p.memory_cap_mb), None)
         if held is None or not cap:
             return None
-        return held + need <= goodput.RETIME_FILL * cap
+        return held + need <= RETIME_FILL * cap
 
     def _run(self, batch_size: int, phase: str, fresh: bool = False, timing: bool = False,
              timing_only: bool = False, aside: bool = False, spare: bool = True) -> ProbeRecord:

@@ -55,8 +55,10 @@ class FindSettings:
     images: Path | None = None  # its images: a folder of class subfolders (--data; None: prepared or random)
     effective_batch: int | None = None  # a batch the user keeps (a recipe's): its accumulation plan (--effective-batch)
 
-    def check(self) -> None:
-        """A SettingError naming the setting, for one no search can run with."""
+    def check(self, model_given: bool | None = None) -> None:
+        """A SettingError naming the setting, for one no search can run with. `model_given`: whether
+        a user's model comes (before it is made ready: `model` names it then), else `model`'s."""
+        model_given = self.model is not None if model_given is None else model_given
         if self.start > LIMITS["batch_size"][0]:
             raise SettingError(f"must be at most {LIMITS['batch_size'][0]:,}, the largest batch size, got {self.start:,}",
                                "start")
@@ -80,7 +82,7 @@ class FindSettings:
             raise SettingError(f"must be a whole number from 1 to {most:,}, the largest batch size, got {e!r}",
                                "effective_batch")
         check_loss(self.loss)
-        if self.model is not None and self.anchor:
+        if model_given and self.anchor:
             raise SettingError("the stores' tuned rates are the article's model's, not this one's", "from_store")
 
     def environment(self) -> dict:

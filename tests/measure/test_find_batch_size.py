@@ -38,7 +38,7 @@ def test_the_prediction_comes_before_the_search_from_the_calibration_probe_alone
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, resolution=1, margin=0.0,
                                             measure_noise=False, max_batch=4096), data_dir, tmp_path,
-                               log=lines.append)
+                               log=lines.append).to_dict()
     # then the prediction was stated after the calibration probe, before any search probe
     predicted = s["prediction"]["max_batch_size"]
     at = next(i for i, ln in enumerate(lines) if ln.startswith("Predicted before the search"))
@@ -73,7 +73,7 @@ def test_xlas_memory_fraction_is_reported_beside_the_limit(data_dir, tmp_path, m
     LinearProber.record_extra = {"memory_fraction": 0.75}
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, measure_noise=False), data_dir,
-                               tmp_path, log=lines.append)
+                               tmp_path, log=lines.append).to_dict()
     LinearProber.record_extra = {}
     # then the summary records it and says it beside the limit found
     assert s["memory_fraction"] == 0.75
@@ -90,7 +90,7 @@ def test_a_max_that_everything_fit_is_no_limit_to_measure_the_prediction_against
     # given a search stopped by --max 64 with every size fitting, under a cap far above it
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, max_batch=64, measure_noise=False),
-                               data_dir, tmp_path, log=lines.append)
+                               data_dir, tmp_path, log=lines.append).to_dict()
     # then the prediction is stated, but never "% from the measured 64": 64 is no limit
     assert s["reached_max"] and "percent_apart" not in s["prediction"]
     assert s["stopped_by"] == "max" and s["search_bound"] == {"batch_size": 64, "by": "max", "train_images": 48}
@@ -136,7 +136,7 @@ def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_di
     # margin), where T(B) = (1 + B_noise/B) sqrt(B) is least at B = B_noise, and a noise scale
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", optimizer=optimizer, memory_cap_bytes=1000 * 2**20,
-                                            max_batch=4096), data_dir, tmp_path, log=lines.append)
+                                            max_batch=4096), data_dir, tmp_path, log=lines.append).to_dict()
     rec = s["recommendation"]
     text = "\n".join(lines)
     # then the recommendation names the limit that binds, and the learning rate follows its rule
@@ -172,7 +172,7 @@ def test_fewer_training_images_than_the_noise_runs_batch_skip_the_noise_scale_an
     # given prepared data of 24 training images, fewer than the noise runs' batch of 32
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20), prepared_data(SIZE, (12, 4, 4)),
-                               tmp_path, log=lines.append)
+                               tmp_path, log=lines.append).to_dict()
     # then no short run was started, the output says why, and every size printed is trainable there
     assert any(ln.startswith("Noise scale: not measured: its short runs train at batch size 32, more than the 24 "
                              "training images") for ln in lines)
@@ -191,7 +191,7 @@ def test_with_a_store_s_tuned_rates_the_learning_rate_is_scaled_from_the_nearest
     anchor = {"store": "s", "sweep": "crit", "kind": "critical", "rates": {8: 0.05, 64: 0.2}, "edges": []}
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", optimizer="sgd", memory_cap_bytes=1000 * 2**20, anchor=anchor),
-                               data_dir, tmp_path, log=lines.append)
+                               data_dir, tmp_path, log=lines.append).to_dict()
     rec = s["recommendation"]
     # then 64, a factor 2 from 32 where 8 is a factor 4, gives the rate, carried to 32 by SGD's rule
     assert rec["batch_size"] == 32 and rec["base_batch_size"] == 64 and rec["base_learning_rate"] == 0.2
@@ -215,7 +215,7 @@ def test_the_critical_batch_size_is_probed_and_joins_the_choice_when_statistics_
     # given a noise scale of 50 and throughput growing as sqrt(B) up to the memory limit (its margin)
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, max_batch=4096), data_dir,
-                               tmp_path, log=lines.append)
+                               tmp_path, log=lines.append).to_dict()
     # then 48, the critical batch size rounded down, is probed on the search's way up, between 32 and
     # 64 (so in the worker of the way up, not a fresh one), and has the least worst case over 30 to 90
     critical = [p for p in s["probes"] if p["phase"] == "critical"]
@@ -262,7 +262,7 @@ def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_is_not_off_b
     lines: list[str] = []
     settings = FindSettings("fbs", start=start, margin=0.0, steps=2, warmup=1, memory_cap_bytes=int(cap_mb * 2**20),
                             resolution=resolution, measure_noise=False, max_batch=4096)  # past the 48 images
-    s = findbs.find_batch_size(settings, data_dir, tmp_path, log=lines.append)
+    s = findbs.find_batch_size(settings, data_dir, tmp_path, log=lines.append).to_dict()
     probes = s["probes"]
     by_size = {p["batch_size"]: p for p in probes if p["phase"] not in ("retime", "between")}
     # sizes timed again were those with room to spare under the cap (a timing worker keeps their
@@ -525,11 +525,11 @@ def test_the_sizes_the_answer_could_fall_on_are_timed_again_on_the_cpu_so_one_bu
     monkeypatch.setattr(prober, "Prober", UnluckyProber)
     monkeypatch.setattr(UnluckyProber, "kind", kind)
     monkeypatch.setattr(UnluckyProber, "unlucky", False)
-    steady = findbs.find_batch_size(settings, data_dir, tmp_path / "steady", log=lambda line: None)
+    steady = findbs.find_batch_size(settings, data_dir, tmp_path / "steady", log=lambda line: None).to_dict()
     # given the same device, its first probe of 16 at half speed (a busy moment of the machine)
     monkeypatch.setattr(UnluckyProber, "unlucky", True)
     UnluckyProber.timed = []
-    s = findbs.find_batch_size(settings, data_dir, tmp_path / "unlucky", log=lambda line: None)
+    s = findbs.find_batch_size(settings, data_dir, tmp_path / "unlucky", log=lambda line: None).to_dict()
     timed = [(p["batch_size"], p["phase"]) for p in s["probes"] if p["phase"] in ("retime", "between")]
     if kind == "gpu-worker":  # a GPU's synced timers are steady: nothing is timed again
         assert timed == []
@@ -597,7 +597,7 @@ def test_a_critical_size_below_the_searchs_start_is_timed_in_the_retimes_worker_
     monkeypatch.setattr(findbs, "measure_noise_scale", lambda *args, **kwargs: measured(5.0, 3.0, 9.0))
     monkeypatch.setattr(findbs, "predict_first", lambda run, *args: run.probe(16, "predict", fresh=True) and None)
     s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=4000 * 2**20, max_batch=64), data_dir,
-                               tmp_path, log=lambda line: None)
+                               tmp_path, log=lambda line: None).to_dict()
     # when the search is done (1 and 16, then 8 up to 64) and the CPU's sizes are timed again in a fresh worker
     retime_starts = max(n for n, (b, fresh, timing_only) in enumerate(calls) if fresh)
     # then 4 is probed once for its memory nowhere: it is timed first in that worker, as "critical"
@@ -685,7 +685,7 @@ def test_an_effective_batch_that_does_not_fit_gets_its_accumulation_plan(data_di
     # given a device whose margin's size is well below a recipe's batch of 4,000
     lines: list[str] = []
     s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, max_batch=4096,
-                                            effective_batch=4000), data_dir, tmp_path, log=lines.append)
+                                            effective_batch=4000), data_dir, tmp_path, log=lines.append).to_dict()
     # then the hand-off keeps 4,000 exactly in micro-batches no larger than the margin's size, and says so
     plan, safe = s["hand_off"]["accumulation"], s["margin_batch_size"]
     assert plan["micro_batch_size"] * plan["steps"] == 4000 and plan["micro_batch_size"] <= safe < 4000

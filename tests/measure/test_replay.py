@@ -16,7 +16,7 @@ def answer(monkeypatch, tmp_path, device, **settings):
     clock = replay(monkeypatch, device)
     lines: list[str] = []
     summary = findbs.find_batch_size(FindSettings("replay", **settings), tmp_path / "data", tmp_path,
-                                     log=lines.append)
+                                     log=lines.append).to_dict()
     return summary, clock, lines
 
 

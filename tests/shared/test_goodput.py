@@ -13,6 +13,7 @@ import pytest
 
 from catsdogs import goodput
 from catsdogs.gradient_noise import NoiseEstimate
+from catsdogs.measure.probe_run import ProbeRun
 from catsdogs.measure.search import confirm
 from catsdogs.messages import ProbeRecord
 
@@ -208,7 +209,7 @@ def test_a_size_timed_again_counts_by_its_median_and_a_failed_retime_says_nothin
     crowded = probes_of(SATURATING)
     for p in crowded:
         p.peak_memory_mb, p.memory_cap_mb = 100.0 + p.batch_size * 3, 1000.0  # 256: 868 of 1000 MiB
-    assert goodput.contested(crowded, 256, noise(64.0, 64.0, 64.0)) == [16, 32, 64, 128]
+    assert goodput.contested(crowded, 256, noise(64.0, 64.0, 64.0), timeable=ProbeRun.can_retime) == [16, 32, 64, 128]
 
 
 # JAX's run at 64 px (docs/results.md, seed 0): images/s by batch size, the search's doubling from 8
@@ -245,9 +246,9 @@ def test_the_gaps_filled_are_the_few_nearest_the_choice_within_its_contest_and_b
     # worker, where the gap's sizes are timed, keeps every size's step
     for p in probes:
         p.peak_memory_mb, p.memory_cap_mb = 100.0 + 3 * p.batch_size, 1000.0  # 64: 292 of 1000 MiB
-    assert goodput.between(probes, 512, noise(400.0, 300.0, 500.0)) == [8, 16, 32]
+    assert goodput.between(probes, 512, noise(400.0, 300.0, 500.0), timeable=ProbeRun.can_retime) == [8, 16, 32]
     probes[1].peak_memory_mb = 800.0  # 64 crowded: 800 of 1000 MiB
-    assert goodput.between(probes, 512, noise(400.0, 300.0, 500.0)) == []
+    assert goodput.between(probes, 512, noise(400.0, 300.0, 500.0), timeable=ProbeRun.can_retime) == []
 
 
 def test_a_size_first_timed_between_that_failed_is_no_candidate_and_is_not_tried_again():

@@ -32,8 +32,9 @@ def test_every_optimizer_names_a_rule_of_the_table_and_keras_has_its_class():
         assert opt.rule in lr_rules.RULES and opt.note and opt.label
         made = getattr(keras.optimizers, opt.keras_class)()
         assert float(made.learning_rate) == pytest.approx(opt.default_lr), name
-    # and the schema's allowed values are the table's
+    # and the schema's allowed values are the table's, a sweep's default the article's two
     assert schema.OPTIMIZERS == tuple(optimizers.OPTIMIZERS) and "adamw" in schema.OPTIMIZERS
+    assert schema.ARTICLE_OPTIMIZERS == ("sgd", "adam")
 
 
 @pytest.mark.parametrize("scaling, expected", [("none", 0.001), ("linear", 0.001 * 8 / 32),

@@ -74,12 +74,26 @@ def test_the_advice_plots_the_predicted_time_on_the_axis_it_is_given():
     assert ax.get_xscale() == "log" and f"recommended: {advice.batch_size}" in ax.get_legend_handles_labels()[1]
 
 
-@pytest.mark.parametrize("text, said", [("{}", "no 'largest_fitting'"), ("[1]", "no 'largest_fitting'"),
-                                        ("not json", "not find-batch-size's JSON"),
-                                        ('{"interrupted": true, "largest_fitting": null}', "interrupted")])
+@pytest.mark.parametrize("text, said", [
+    ("{}", "no 'largest_fitting'"), ("[1]", "a JSON object is due, got list"),
+    ("not json", "not find-batch-size's JSON"),
+    ('{"interrupted": true, "largest_fitting": null}', "interrupted"),
+    ('{"interrupted": true}', "an interrupted find-batch-size run holds no answer"),  # its own words, reached
+    ('{"largest_fitting": "big"}', "largest_fitting must be a batch size"),
+    ('{"largest_fitting": NaN}', "NaN is no JSON number"), ('{"largest_fitting": 1e400}', "must be a batch size"),
+    ('{"largest_fitting": 8, "recommendation": []}', "recommendation must be an object"),
+    ('{"largest_fitting": 8, "recommendation": {"batch_size": "8"}}', "recommendation.batch_size must be"),
+    ('{"largest_fitting": 8, "noise_scale": {"b_simple": "x"}}', "noise_scale.b_simple must be a number"),
+    ('{"largest_fitting": 8, "race": {}}', "unknown key 'race'"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
 def test_what_is_not_an_answer_is_no_advice(text, said):
-    with pytest.raises(catsdogs.CatsdogsError, match=said):
+    # given a text that is not find-batch-size's answer as it writes one
+    # when it is read as advice, then it is one line of CatsdogsError saying why, at once (not at
+    # repr, plot or a field's first use)
+    with pytest.raises(catsdogs.CatsdogsError, match=said) as refused:
         catsdogs.BatchSizeAdvice.from_json(text)
+    assert "\n" not in str(refused.value)
 
 
 # --- hostile inputs: one line, the keyword named, nothing written ----------------------------------------
