@@ -36,7 +36,7 @@ from catsdogs import config
 from catsdogs.advice import BatchSizeAdvice
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.model_ref import FUNCTION
-from catsdogs.schema import ARTICLE_OPTIMIZERS, PROCESS_FIELDS, check_run_name
+from catsdogs.schema import PROCESS_FIELDS, check_run_name
 
 __all__ = ["BatchSizeAdvice", "CatsdogsError", "SettingError", "find_batch_size", "profile", "report", "sweep"]
 
@@ -209,6 +209,7 @@ def sweep(plan=None, *, data_dir: str | Path | None = None, out: str | Path = co
     """
     from catsdogs import plans
     from catsdogs.analysis.tensorboard_export import live
+    from catsdogs.plans.options import from_options
     from catsdogs.training.study import run_plan
 
     if "optimizer" in grid:
@@ -218,12 +219,7 @@ def sweep(plan=None, *, data_dir: str | Path | None = None, out: str | Path = co
     if unknown:
         raise TypeError(f"sweep() got unexpected keyword arguments: {', '.join(unknown)}")
     grid = {k: list(v) if isinstance(v, tuple) else v for k, v in grid.items()}
-    if plan is None:  # the command line's sweep without --config: its options' defaults fill the grid
-        top = {"name": "sweep", "seeds": config.SEEDS, **top}
-        grid = {"opt": list(ARTICLE_OPTIMIZERS), "batch_size": list(config.BATCH_SIZES), "dataset": ["standard"],
-                **({} if "max_epochs" in top else {"epochs": config.EPOCHS}), **grid}
-    base = plan if isinstance(plan, plans.Plan) else plans.load(plan) if plan is not None else plans.command_line_plan()
-    chosen = plans.with_overrides(base, top, grid) if top or grid or plan is None else base
+    chosen = from_options(plan, top, grid)
     return run_plan(chosen, plans.data_dir(chosen, Path(data_dir) if data_dir is not None else None), Path(out),
                     runner=runner, workers=workers, isolate=isolate, ray_address=ray_address, worker_env=worker_env,
                     overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, log=log or _quiet,

@@ -232,6 +232,7 @@ def sweep(ctx, **values):
     OUT/results.sqlite and OUT/NAME/results.csv. Run the same command again to resume."""
     from catsdogs.api import PLAN_OVERRIDES
     from catsdogs.api import sweep as run
+    from catsdogs.plans.options import from_options
     from catsdogs.training.sweep import succeeded
 
     # Without a plan every option counts, its default too; with one, only those given.
@@ -242,7 +243,7 @@ def sweep(ctx, **values):
         counted = (lambda was: lambda k: k != "epochs" and was(k))(counted)
     grid = {k: _plan_value(values[k]) for k in plans.GRID_KEYS if counted(k) and values[k] not in (None, ())}
     top = {k: values[k] for k in PLAN_OVERRIDES if counted(k) and values[k] is not None}
-    plan = plans.with_overrides(values["plan"] or plans.command_line_plan(), top, grid)
+    plan = from_options(values["plan"], top, grid)
     counts = run.__wrapped__(plan, data_dir=values["data_dir"], out=values["out"], runner=values["runner"],
                              workers=values["workers"] if given(ctx, "workers") else None, isolate=values["isolate"],
                              ray_address=values["ray_address"], worker_env=worker_env(values["compile_cache"]),

@@ -292,12 +292,6 @@ def with_overrides(plan: Plan, top: dict, grid: dict) -> Plan:
     return Plan(settings, plan.origin, plan.text, plan.ref)
 
 
-def command_line_plan() -> Plan:
-    """The plan of a sweep given without --config: one grid, which the command line's values
-    fill (`with_overrides`), every option counting with its default."""
-    return Plan({"grids": {"sweep": {}}}, "the command line")
-
-
 def data_dir(plan: Plan, explicit: Path | None) -> Path:
     """--data-dir, else $CATSDOGS_DATA_DIR, else the plan's data_dir, else ./data: a plan at
     other image sizes keeps its images apart."""

@@ -10,18 +10,25 @@ the target (catsdogs.seeds decides which). The resolved plan is recorded with th
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from catsdogs import config, plans
 from catsdogs.errors import CatsdogsError, SettingError
-from catsdogs.gradient_noise import NoiseSampling
 from catsdogs.manifest import require_prepared, test_images
 from catsdogs.plans import Plan
 from catsdogs.runtime import backends
 from catsdogs.schema import TrialConfig
 from catsdogs.seeds import next_seeds
 from catsdogs.store import Store, store_path
-from catsdogs.training.sweep import SlotFactory, check_workers, describe, make_slots, run_sweep
+from catsdogs.training.sweep import (
+    SlotFactory,
+    SweepSettings,
+    check_workers,
+    describe,
+    make_slots,
+    run_sweep,
+)
 
 
 def run_plan(plan: Plan, data_dir: Path, out: Path, *, runner: str = "local", workers: int | None = None,
@@ -53,41 +60,38 @@ def run_plan(plan: Plan, data_dir: Path, out: Path, *, runner: str = "local", wo
 
         slots, workers = ray_runner.make_slots(ray_address, workers=workers, isolate=isolate, log=log, env=worker_env)
     target_ci, max_seeds = plans.adaptive(plan)
-    sweep = dict(overwrite=overwrite, retry_failed=retry_failed, log=log, workers=workers or 1, isolate=isolate,
-                 slots=slots, worker_env=worker_env, noise_sampling=plans.noise_sampling(plan),
-                 eval_every=plans.eval_every(plan), on_finished=on_finished,
-                 sweep_config={"plan": plan.settings, "plan_origin": plan.origin})
+    settings = SweepSettings(overwrite=overwrite, retry_failed=retry_failed, log=log, workers=workers or 1,
+                             isolate=isolate, slots=slots, worker_env=worker_env,
+                             noise_sampling=plans.noise_sampling(plan), eval_every=plans.eval_every(plan),
+                             on_finished=on_finished, sweep_config={"plan": plan.settings, "plan_origin": plan.origin})
     if target_ci is None:
-        return {**run_sweep(plan.name, trials, data_dir, out, **sweep), "trials": len(trials)}
-    return run_adaptive_sweep(plan.name, trials, data_dir, out, target_ci=target_ci, max_seeds=max_seeds, **sweep)
+        return {**run_sweep(plan.name, trials, data_dir, out, settings), "trials": len(trials)}
+    return run_adaptive_sweep(plan.name, trials, data_dir, out, settings, target_ci=target_ci, max_seeds=max_seeds)
 
 
-def run_adaptive_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *, target_ci: float,
-                       max_seeds: int = config.MAX_SEEDS, overwrite: bool = False, retry_failed: bool = False,
-                       log=print, sweep_config: dict | None = None, workers: int = 1, isolate: bool = False,
-                       slots: SlotFactory | None = None, worker_env: dict | None = None,
-                       noise_sampling: NoiseSampling | None = None, eval_every: int | None = None,
-                       on_finished=None) -> dict:
+def run_adaptive_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path,
+                       settings: SweepSettings | None = None, *, target_ci: float,
+                       max_seeds: int = config.MAX_SEEDS) -> dict:
     """Run `grid`, then keep adding one seed to every cell whose interval is still wider than
     ±target_ci points, round after round (seed-major, as every sweep), until each cell meets it or
     has max_seeds seeds. Resumable: the rounds are decided from the store, so the same command
     again finds the same cells, runs what is left, and goes on. The status counts, "trials" and
-    each cell's state ("cells"). The other settings are `run_sweep`'s."""
+    each cell's state ("cells"). `settings`: how the trials run (run_sweep's)."""
+    settings = settings or SweepSettings()
+    log = settings.log
     seeds_run = _seeds_in_store(name, grid, out)
     if seeds_run > max_seeds:
         raise CatsdogsError(f"sweep {name!r} already has seeds 0-{seeds_run - 1} of these cells: "
                             f"--max-seeds must be at least {seeds_run}")
-    sweep_config = {**(sweep_config or {}), "adaptive": {"target_ci": target_ci, "max_seeds": max_seeds}}
+    sweep_config = {**(settings.sweep_config or {}), "adaptive": {"target_ci": target_ci, "max_seeds": max_seeds}}
     n_test = test_images(require_prepared(Path(data_dir))["counts"])  # for the binomial floor
     # One set of slots for every round: their workers keep their decoded data and compiled steps
-    kept = make_slots(out, workers, isolate, worker_env, slots)
+    kept = make_slots(out, settings)
     try:
         round_no = 1
         while True:
-            counts = run_sweep(name, grid, data_dir, out, overwrite=overwrite and round_no == 1,
-                               retry_failed=retry_failed, log=log, sweep_config=sweep_config, workers=workers,
-                               kept=kept, noise_sampling=noise_sampling, eval_every=eval_every,
-                               on_finished=on_finished)
+            counts = run_sweep(name, grid, data_dir, out, replace(settings, overwrite=settings.overwrite and round_no == 1,
+                                                                  sweep_config=sweep_config), kept=kept)
             with Store(store_path(out)) as store:
                 rows = {c.key(): store.get(c.key()) or {} for c in grid}
             step = next_seeds(grid, rows, target_ci, max_seeds, n_test=n_test)

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -112,24 +112,39 @@ class _Board:
         return f", ETA {_fmt_seconds(mean * left / min(self.workers, max(left, 1)))}"
 
 
-def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
-              overwrite: bool = False, retry_failed: bool = False, log=print,
-              sweep_config: dict | None = None, worker_env: dict | None = None,
-              workers: int = 1, isolate: bool = False, slots: SlotFactory | None = None,
-              kept: list[Slot] | None = None, noise_sampling: NoiseSampling | None = None,
-              eval_every: int | None = None, on_finished=None) -> dict:
-    """Run every trial of `grid` not finished yet, up to `workers` at once; return status counts.
-    `on_finished()`: called after each trial's outcome is in the store (from the slot's thread;
-    the CLI's `sweep --tensorboard` exports the sweep then: training imports no analysis).
+@dataclass(frozen=True)
+class SweepSettings:
+    """How a sweep runs its trials, not which (that is its grid's TrialConfigs): one object, from
+    the plan's settings and the run's options (catsdogs.training.study.run_plan)."""
 
-    `noise_sampling`: record each trial's gradient noise scale, sampled so (catsdogs.gradient_noise).
-    `eval_every`: record each trial's validation curve every so many training images. Neither is
-    part of a trial's identity: trials already finished are not run again for them.
-    `slots(index, workers, workdir)` makes slot `index` (a `Slot`); by default a LocalSlot, a
-    worker process on this machine. `kept`: slots made by the caller (`make_slots`), used and
-    left open, so their workers' decoded data and compiled steps serve the caller's next call too
-    (the adaptive rounds). Whatever runs the trials, only this process writes the store, one
+    overwrite: bool = False  # run finished trials again
+    retry_failed: bool = False  # run failed and out-of-memory trials again
+    workers: int = 1  # trials at once
+    isolate: bool = False  # a fresh worker per trial
+    worker_env: dict | None = None  # more of the workers' environment
+    slots: SlotFactory | None = None  # `slots(index, workers, workdir)` makes slot `index`; None: LocalSlots
+    noise_sampling: NoiseSampling | None = None  # record each trial's gradient noise scale, sampled so
+    eval_every: int | None = None  # record each trial's validation curve every so many training images
+    sweep_config: dict | None = None  # more of what sweep.json and the store record of the sweep
+    log: Callable[[str], None] = print
+    on_finished: Callable[[], None] | None = None  # after each trial's outcome is in the store
+
+
+def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path,
+              settings: SweepSettings | None = None, *, kept: list[Slot] | None = None) -> dict:
+    """Run every trial of `grid` not finished yet, up to `settings.workers` at once; return status
+    counts. `on_finished()`: called after each trial's outcome is in the store (from the slot's
+    thread; the CLI's `sweep --tensorboard` exports the sweep then: training imports no analysis).
+
+    `noise_sampling` and `eval_every` are not part of a trial's identity: trials already finished
+    are not run again for them. `kept`: slots made by the caller (`make_slots`), used and left open,
+    so their workers' decoded data and compiled steps serve the caller's next call too (the
+    adaptive rounds). Whatever runs the trials, only this process writes the store, one
     transaction per outcome."""
+    s = settings = settings or SweepSettings()
+    overwrite, retry_failed, log, workers, isolate = s.overwrite, s.retry_failed, s.log, s.workers, s.isolate
+    noise_sampling, eval_every, on_finished = s.noise_sampling, s.eval_every, s.on_finished
+    sweep_config = s.sweep_config
     out = Path(out)
     sweep_dir = out / name
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -151,7 +166,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path, *,
     log(f"Sweep {name}: {total} trials, {workers} at a time in {how}; results in {store_path(out)} "
         f"and {csv_path}")
     board = _Board(total, already, workers, log)
-    runners = kept if kept is not None else make_slots(out, workers, isolate, worker_env, slots)
+    runners = kept if kept is not None else make_slots(out, settings)
     work = dict(keys=keys, by_key={c.key(): c for c in grid}, data_dir=data_dir, out=out, name=name,
                 board=board, retry_failed=retry_failed,
                 noise_sampling=noise_sampling.as_dict() if noise_sampling else None, eval_every=eval_every,
@@ -208,11 +223,12 @@ RUNNING_ELSEWHERE = "running_elsewhere"  # counts' key: trials another live swee
 RETRY_HINT = "the same command with --retry-failed runs them again"
 
 
-def make_slots(out: Path, workers: int = 1, isolate: bool = False, worker_env: dict | None = None,
-               slots: SlotFactory | None = None) -> list[Slot]:
-    """The slots a sweep runs its trials in: `slots(index, workers, workdir)` each, else LocalSlots."""
-    make_slot = slots or (lambda i, n, workdir: LocalSlot(i, n, workdir, isolate=isolate, env=worker_env))
-    return [make_slot(i, max(1, workers), Path(out) / ".work") for i in range(max(1, workers))]
+def make_slots(out: Path, settings: SweepSettings) -> list[Slot]:
+    """The slots a sweep runs its trials in: `settings.slots(index, workers, workdir)` each, else LocalSlots."""
+    workers = max(1, settings.workers)
+    make_slot = settings.slots or (lambda i, n, workdir: LocalSlot(i, n, workdir, isolate=settings.isolate,
+                                                                     env=settings.worker_env))
+    return [make_slot(i, workers, Path(out) / ".work") for i in range(workers)]
 
 
 def succeeded(counts: dict, total: int) -> bool:

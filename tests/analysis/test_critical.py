@@ -18,6 +18,7 @@ from catsdogs.analysis.summary import summarize
 from catsdogs.cli import cli
 from catsdogs.gradient_noise import pool
 from catsdogs.schema import Status, TrialConfig
+from catsdogs.training.sweep import SweepSettings
 
 
 def measured(v) -> gradient_noise.NoiseEstimate:
@@ -286,16 +287,15 @@ def test_noise_scale_reaches_each_trial_but_not_its_key_and_done_trials_are_not_
     settings = NoiseSampling()
     NoiseSlot.runs = []
     # given a sweep run without the noise scale
-    run_sweep("s", grid, data, tmp_path, slots=NoiseSlot, log=lambda *a: None)
+    run_sweep("s", grid, data, tmp_path, SweepSettings(slots=NoiseSlot, log=lambda *a: None))
     assert [n for _, n in NoiseSlot.runs] == [None, None]
     # when the same sweep runs again with it
     NoiseSlot.runs = []
-    run_sweep("s", grid, data, tmp_path, slots=NoiseSlot, log=lambda *a: None, noise_sampling=settings)
+    run_sweep("s", grid, data, tmp_path, SweepSettings(slots=NoiseSlot, log=lambda *a: None, noise_sampling=settings))
     # then nothing runs again: the same trials, keyed as before
     assert NoiseSlot.runs == []
     # and with --overwrite every trial runs, given the settings, and the sweep records them
-    run_sweep("s", grid, data, tmp_path, slots=NoiseSlot, log=lambda *a: None, noise_sampling=settings,
-              overwrite=True)
+    run_sweep("s", grid, data, tmp_path, SweepSettings(slots=NoiseSlot, log=lambda *a: None, noise_sampling=settings, overwrite=True))
     assert sorted(NoiseSlot.runs) == sorted((c.key(), settings.as_dict()) for c in grid)
     assert json.loads((tmp_path / "s" / "sweep.json").read_text())["noise_scale"] == settings.as_dict()
 
@@ -306,8 +306,8 @@ def test_the_sweep_command_passes_noise_scale_to_the_sweep(prepared_data, tmp_pa
 
     seen = {}
 
-    def fake_run(name, trials, data_dir, out, **kwargs):
-        seen["noise"] = kwargs.get("noise_sampling")
+    def fake_run(name, trials, data_dir, out, settings):
+        seen["noise"] = settings.noise_sampling
         return {"done": len(trials), "failed": 0, "oom": 0, "pending": 0, "running": 0}
 
     monkeypatch.setattr(study, "run_sweep", fake_run)

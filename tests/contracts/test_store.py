@@ -31,7 +31,7 @@ def data_dir(prepared_data) -> Path:
 
 
 def grid_of(data_dir: Path, batch_sizes=(8, 16), name: str = "s") -> list[TrialConfig]:
-    return trials(plans.with_overrides(plans.command_line_plan(), {"seeds": 1, "name": name},
+    return trials(plans.with_overrides(plans.Plan({"grids": {"sweep": {}}}, "the command line"), {"seeds": 1, "name": name},
                                        {"opt": ["adam"], "batch_size": list(batch_sizes), "epochs": 1}),
                   data_dir, "tensorflow")
 
@@ -111,7 +111,7 @@ def test_a_sweep_that_ends_while_another_runs_a_trial_counts_it_neither_way(data
         keys = register(other, grid)
         other.claim(keys)  # given another live sweep running the first trial
         # when this sweep runs the rest and ends first
-        counts = sweep.run_sweep("s", grid, data_dir, tmp_path, log=lines.append, slots=InstantSlot)
+        counts = sweep.run_sweep("s", grid, data_dir, tmp_path, sweep.SweepSettings(log=lines.append, slots=InstantSlot))
         # then it says so, and it is a success, not a failure
         assert counts[Status.DONE] == 1 and counts[sweep.RUNNING_ELSEWHERE] == 1
         assert f"1 done, 0 failed, 0 out of memory, 1 running in another sweep (pid {os.getpid()}), of 2" \
@@ -119,7 +119,7 @@ def test_a_sweep_that_ends_while_another_runs_a_trial_counts_it_neither_way(data
         assert sweep.succeeded(counts, len(grid))
         # and when the other sweep finishes its trial first, this one finds everything done
         other.finish(keys[0], TrialRecord(status=Status.DONE, test_accuracy=0.5))
-    counts = sweep.run_sweep("s", grid, data_dir, tmp_path, log=lines.append, slots=InstantSlot)
+    counts = sweep.run_sweep("s", grid, data_dir, tmp_path, sweep.SweepSettings(log=lines.append, slots=InstantSlot))
     assert counts[Status.DONE] == 2 and counts[sweep.RUNNING_ELSEWHERE] == 0
     # while a failed trial still fails the sweep
     assert not sweep.succeeded({Status.DONE: 1, Status.FAILED: 1, sweep.RUNNING_ELSEWHERE: 0}, 2)
@@ -174,18 +174,19 @@ def test_a_sweep_whose_trials_failed_says_so_again_and_names_retry_failed(data_d
     # given a sweep whose trials failed
     grid = grid_of(data_dir)
     first: list[str] = []
-    sweep.run_sweep("s", grid, data_dir, tmp_path, log=first.append, slots=FailingSlot)
+    sweep.run_sweep("s", grid, data_dir, tmp_path, sweep.SweepSettings(log=first.append, slots=FailingSlot))
     assert "--retry-failed" in first[-1]
     # when it runs again
     again: list[str] = []
-    counts = sweep.run_sweep("s", grid, data_dir, tmp_path, log=again.append, slots=InstantSlot)
+    counts = sweep.run_sweep("s", grid, data_dir, tmp_path, sweep.SweepSettings(log=again.append, slots=InstantSlot))
     # then it says they failed and are not run again, and how to run them again
     assert "2 of 2 trials already finished (2 of them failed or ran out of memory, and are not run again: " \
            "the same command with --retry-failed runs them again)" in again[0]
     assert counts[Status.FAILED] == 2
     # and with --retry-failed they run, and nothing more is suggested
     retried: list[str] = []
-    counts = sweep.run_sweep("s", grid, data_dir, tmp_path, log=retried.append, slots=InstantSlot, retry_failed=True)
+    counts = sweep.run_sweep("s", grid, data_dir, tmp_path,
+                             sweep.SweepSettings(log=retried.append, slots=InstantSlot, retry_failed=True))
     assert counts[Status.DONE] == 2 and not any("--retry-failed" in line for line in retried)
     # and none of them is said to have finished already (they had failed)
     assert retried[0] == "Sweep s: 2 of 2 trials failed or ran out of memory before, and run again, as asked."
@@ -195,6 +196,7 @@ def test_a_sweep_whose_trials_failed_says_so_again_and_names_retry_failed(data_d
 CLAIM_AND_DIE = """
 import os, sys
 from catsdogs.store import Store, StoreError
+from catsdogs.training.sweep import SweepSettings
 store = Store(sys.argv[1])
 store.claim([sys.argv[2]])
 os.kill(os.getpid(), 9)
@@ -221,14 +223,14 @@ def test_a_trial_whose_sweep_was_killed_shows_as_interrupted_to_readers(data_dir
     from catsdogs.analysis.rows import load_trials
     assert [t["status"] for t in load_trials(path, "s")] == [Status.INTERRUPTED, Status.PENDING]
     # and the next sweep runs it again
-    counts = sweep.run_sweep("s", grid, data_dir, tmp_path, log=lambda _: None, slots=InstantSlot)
+    counts = sweep.run_sweep("s", grid, data_dir, tmp_path, sweep.SweepSettings(log=lambda _: None, slots=InstantSlot))
     assert counts[Status.DONE] == 2
 
 
 def test_the_report_reads_the_store_without_changing_it(data_dir, tmp_path):
     # given a store with a finished sweep
     grid = grid_of(data_dir)
-    sweep.run_sweep("s", grid, data_dir, tmp_path, log=lambda _: None, slots=InstantSlot)
+    sweep.run_sweep("s", grid, data_dir, tmp_path, sweep.SweepSettings(log=lambda _: None, slots=InstantSlot))
     path = tmp_path / "results.sqlite"
     wal = tmp_path / "results.sqlite-wal"
     before, log_before = path.read_bytes(), wal.read_bytes() if wal.exists() else b""
@@ -300,7 +302,7 @@ def test_a_sweeps_csv_has_a_shared_trial_that_another_sweep_finished_after_it_en
         (shared,) = register(other, grid[1:], name="b")
         assert other.claim([shared])["key"] == shared
         # when "a" ends first, and "b" finishes the shared trial after
-        sweep.run_sweep("a", grid, data_dir, tmp_path, log=lambda _: None, slots=InstantSlot)
+        sweep.run_sweep("a", grid, data_dir, tmp_path, sweep.SweepSettings(log=lambda _: None, slots=InstantSlot))
         with open(tmp_path / "a" / "results.csv") as f:
             assert [r["status"] for r in csv.DictReader(f)] == ["done", "running"]
         sweep.record_outcome(other, tmp_path, shared, TrialRecord(status=Status.DONE, test_accuracy=0.5))
@@ -313,7 +315,7 @@ def test_a_sweeps_csv_has_a_shared_trial_that_another_sweep_finished_after_it_en
 def test_an_export_that_cannot_be_written_names_the_copy_not_the_store(data_dir, tmp_path):
     # given a store, and a copy to be written where no file can be made (/proc)
     grid = grid_of(data_dir)
-    sweep.run_sweep("s", grid, data_dir, tmp_path, log=lambda _: None, slots=InstantSlot)
+    sweep.run_sweep("s", grid, data_dir, tmp_path, sweep.SweepSettings(log=lambda _: None, slots=InstantSlot))
     before = (tmp_path / "results.sqlite").read_bytes()
     result = CliRunner().invoke(cli, ["report", "--out", str(tmp_path), "--name", "s",
                                       "--export-store", "/proc/catsdogs-copy.sqlite"])
@@ -327,7 +329,7 @@ def test_an_export_never_replaces_what_catsdogs_did_not_write(data_dir, tmp_path
     # given a store, a text file of the user's, a link to it, a FIFO standing in for a device
     # (/dev/null as root was turned into a regular file), and an earlier export
     grid = grid_of(data_dir)
-    sweep.run_sweep("s", grid, data_dir, tmp_path, log=lambda _: None, slots=InstantSlot)
+    sweep.run_sweep("s", grid, data_dir, tmp_path, sweep.SweepSettings(log=lambda _: None, slots=InstantSlot))
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
     link = tmp_path / "link.sqlite"
@@ -350,7 +352,7 @@ def test_an_export_never_replaces_what_catsdogs_did_not_write(data_dir, tmp_path
     assert notes.read_text() == "mine" and link.is_symlink() and stat.S_ISFIFO(fifo.stat().st_mode)
     # and so is another --out's live store (WAL mode: a sweep may be writing it)
     other = tmp_path / "other"
-    sweep.run_sweep("s", grid, data_dir, other, log=lambda _: None, slots=InstantSlot)
+    sweep.run_sweep("s", grid, data_dir, other, sweep.SweepSettings(log=lambda _: None, slots=InstantSlot))
     live = export(str(other / "results.sqlite"))
     assert live.exit_code == 2 and "is not a store copy catsdogs wrote" in live.output
     # and a copy catsdogs wrote is replaced

@@ -23,6 +23,7 @@ from catsdogs.errors import CatsdogsError
 from catsdogs.messages import TrialRecord
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.store import Store, StoreError
+from catsdogs.training.sweep import SweepSettings
 
 SIZE = 32
 HUGE = "99999999999999999999"  # beyond 64 bits
@@ -329,7 +330,7 @@ def test_a_disk_that_fills_mid_sweep_loses_no_finished_trial(data_dir, tmp_path,
     monkeypatch.setattr(Store, "finish", store_module._guarded(fills_after_two))
     CountingSlot.ran = []
     with pytest.raises(StoreError, match="database or disk is full") as raised:
-        run_sweep("s", grid, data_dir, tmp_path, slots=CountingSlot, log=lambda *a: None)
+        run_sweep("s", grid, data_dir, tmp_path, SweepSettings(slots=CountingSlot, log=lambda *a: None))
     # then the sweep stops there with one error (a CatsdogsError: one line at the command line)
     assert isinstance(raised.value, CatsdogsError) and "resume" in raised.value.hint
     with Store(tmp_path / "results.sqlite") as store:
@@ -338,7 +339,7 @@ def test_a_disk_that_fills_mid_sweep_loses_no_finished_trial(data_dir, tmp_path,
     # when the same sweep runs again, with room on the disk, then the two finished are not run again
     monkeypatch.setattr(Store, "finish", store_module._guarded(finish))
     CountingSlot.ran = []
-    counts = run_sweep("s", grid, data_dir, tmp_path, slots=CountingSlot, log=lambda *a: None)
+    counts = run_sweep("s", grid, data_dir, tmp_path, SweepSettings(slots=CountingSlot, log=lambda *a: None))
     assert counts[Status.DONE] == 4 and not set(CountingSlot.ran) & set(written) and len(CountingSlot.ran) == 2
 
 

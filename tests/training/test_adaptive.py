@@ -13,6 +13,7 @@ from catsdogs.cli import cli
 from catsdogs.plans import load, trials
 from catsdogs.schema import TrialConfig
 from catsdogs.store import Store
+from catsdogs.training.sweep import SweepSettings
 
 SIZE = 32
 
@@ -25,7 +26,7 @@ def data_dir(prepared_data) -> Path:
 
 def one_seed_grid(data_dir: Path) -> list[TrialConfig]:
     """Adam at batch sizes 8 and 16, one epoch, seed 0 only: two cells to add seeds to."""
-    return trials(plans.with_overrides(plans.command_line_plan(), {"seeds": 1, "name": "a"},
+    return trials(plans.with_overrides(plans.Plan({"grids": {"sweep": {}}}, "the command line"), {"seeds": 1, "name": "a"},
                                        {"opt": ["adam"], "batch_size": [8, 16], "epochs": 1}), data_dir, "tensorflow")
 
 
@@ -102,8 +103,8 @@ def test_an_adaptive_sweep_adds_seeds_to_wide_cells_until_the_cap_and_resumes(da
     lines: list[str] = []
 
     def sweep_adaptively():
-        return run_adaptive_sweep("a", grid, data_dir, tmp_path, target_ci=0.001, max_seeds=3, log=lines.append,
-                                  slots=lambda i, n, workdir: InProcessSlot())
+        return run_adaptive_sweep("a", grid, data_dir, tmp_path, SweepSettings(log=lines.append, slots=lambda i, n, workdir: InProcessSlot()),
+                                  target_ci=0.001, max_seeds=3)
     counts = sweep_adaptively()
     # then round 2 gives both cells seed 1, and round 3 seed 2: no cell is settled by its seeds
     # agreeing (the binomial floor of its 16 test images keeps every interval wider than ±0.001)
@@ -224,8 +225,8 @@ def test_the_adaptive_rounds_share_one_set_of_slots_and_close_it_at_the_end(data
     grid = one_seed_grid(data_dir)
     CountedSlot.made = []
     lines: list[str] = []
-    counts = run_adaptive_sweep("a", grid, data_dir, tmp_path, target_ci=0.001, max_seeds=3, workers=2,
-                                log=lines.append, slots=CountedSlot)
+    counts = run_adaptive_sweep("a", grid, data_dir, tmp_path, SweepSettings(workers=2, log=lines.append, slots=CountedSlot),
+                                target_ci=0.001, max_seeds=3)
     # then three rounds ran 6 trials in the same two slots, closed once the rounds were over
     assert "Adaptive seeds, round 3" in "\n".join(lines) and counts["trials"] == 6
     assert len(CountedSlot.made) == 2 and sum(s.trials for s in CountedSlot.made) == 6

@@ -17,7 +17,7 @@ from catsdogs.runtime.worker import Worker
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.store import Store
 from catsdogs.training.local_slot import LocalSlot
-from catsdogs.training.sweep import claim_order, run_sweep
+from catsdogs.training.sweep import SweepSettings, claim_order, run_sweep
 
 SIZE = 32
 ALONE: dict[str, object] = {}  # a trial's record alone in a fresh worker, by key: made once, compared often
@@ -234,8 +234,8 @@ def faulty_sweep(data_dir, tmp_path_factory):
     grid = [trial(data_dir, batch_size=16), trial(data_dir, batch_size=64), trial(data_dir, batch_size=8, epochs=3),
             trial(data_dir, batch_size=16, seed=1)]
     lines: list[str] = []
-    counts = run_sweep("f", grid, data_dir, out, log=lines.append,
-                       slots=lambda i, n, workdir: FaultySlot(i, n, workdir))
+    counts = run_sweep("f", grid, data_dir, out, SweepSettings(log=lines.append,
+                                                      slots=lambda i, n, workdir: FaultySlot(i, n, workdir)))
     with Store(out / "results.sqlite") as store:
         rows = {(t["batch_size"], t["seed"]): t for t in store.trials("f")}
     return {"grid": grid, "rows": rows, "counts": counts, "lines": lines, "pids": FaultySlot.pids}

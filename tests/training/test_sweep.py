@@ -19,6 +19,7 @@ from catsdogs.cli import cli
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.store import CSV_COLUMNS, Store
 from catsdogs.training import sweep as sweep_module
+from catsdogs.training.sweep import SweepSettings
 
 SIZE = 32
 FAST = ["--epochs", "1", "--seeds", "1"]
@@ -120,7 +121,7 @@ def swept(data_dir, tmp_path_factory):
     planned = trials(load(str(plan)), data_dir, "tensorflow")
     too_large = replace(planned[-1], optimizer="sgd", batch_size=64)
     lines: list[str] = []
-    counts = run_sweep("grid", [*planned, too_large], data_dir, out, log=lines.append)
+    counts = run_sweep("grid", [*planned, too_large], data_dir, out, SweepSettings(log=lines.append))
     return {"out": out, "args": args, "result": result, "counts": counts, "lines": lines}
 
 
@@ -497,8 +498,8 @@ def test_digests_hashed_while_the_next_trial_trains_are_the_same_and_every_trial
     for defer in (False, True):
         out = tmp_path / f"defer-{defer}"
         lines: list[str] = []
-        counts = run_sweep("grid", [*grid, failing], data_dir, out, log=lines.append,
-                           slots=lambda i, n, workdir, defer=defer: LocalSlot(i, n, workdir, defer_digest=defer))
+        slots = lambda i, n, workdir, defer=defer: LocalSlot(i, n, workdir, defer_digest=defer)  # noqa: E731
+        counts = run_sweep("grid", [*grid, failing], data_dir, out, SweepSettings(log=lines.append, slots=slots))
         assert (counts[Status.DONE], counts[Status.FAILED]) == (len(grid), 1), lines
         with Store(out / "results.sqlite", read_only=True) as store:
             found[defer] = {c.key(): store.get(c.key())["weights_digest"] for c in grid}
