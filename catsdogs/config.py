@@ -42,7 +42,7 @@ MAX_SEEDS = 20
 # The gradient noise scale (catsdogs.gradient_noise; `sweep --noise-scale`, find-batch-size). A measurement
 # is NOISE_PAIRS large batches, each NOISE_MICROS micro-batches of NOISE_MICRO images drawn with
 # replacement: 80 images' per-example gradients. Sized so that measuring at a trial's start and
-# after each of its epochs costs at most 15% of its training at 64 px (scripts/bench_noise.py);
+# after each of its epochs costs at most 15% of its training at 64 px (benchmarks/bench_noise.py);
 # the report pools a cell's seeds, find-batch-size measures more pairs once.
 NOISE_MICRO = 1  # B_s: each example its own micro-batch (the Gram matrix gives any B_s for free)
 NOISE_MICROS = 10  # micro-batches per large batch: B_b = 10

@@ -21,7 +21,7 @@ values (BatchNormalization's statistics and a dropout's seed move in no variable
 come from its own generator, and no weight, optimizer slot or metric is touched; the weights after
 `fit` are the same, bit for bit, with and without it (tests/surfaces/test_keras_callback.py, both backends).
 Its cost: about a training step of 400 images a measurement for the article's kind, a gradient a
-micro-batch (`pairs * micros`) for any other (scripts/bench_callback.py times it against the
+micro-batch (`pairs * micros`) for any other (benchmarks/bench_callback.py times it against the
 training it rides on).
 """
 
@@ -39,7 +39,7 @@ from catsdogs.gradient_noise import NoiseSampling
 from catsdogs.measure.noise_run import NOISE_PAIRS, noise_sampling, user_noise_sampling
 
 # Pairs a measurement: find-batch-size's 16 less a quarter, so that a measurement costs at most 15%
-# of an epoch of the article's 1,200 training images at 64 px (scripts/bench_callback.py: 0.22 s,
+# of an epoch of the article's 1,200 training images at 64 px (benchmarks/bench_callback.py: 0.22 s,
 # 18.5% of a 1.2 s epoch, at 16; 0.18 s at 12); the price, an interval about 15% wider
 # (sqrt(16/12)), is paid once a measurement, where find-batch-size pools four seeds'.
 CALLBACK_PAIRS = NOISE_PAIRS * 3 // 4

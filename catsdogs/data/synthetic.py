@@ -43,7 +43,7 @@ a dense layer that holds a separate weight for every position, so it has to lear
 cue at every place an animal may sit, through clutter of similar colours, and the
 orientation cue needs its filters to turn into oriented edge detectors; a few hundred updates
 get part of the way, fewer updates (large batches, plain SGD) get less. Measured with
-``scripts/calibrate_synthetic.py`` (1,000 images per class, split 600/200/200, 5 epochs,
+``studies/calibrate_synthetic.py`` (1,000 images per class, split 600/200/200, 5 epochs,
 training seed 0, 2-core CPU): at 200 px, Adam reaches 82.5 % at batch size 32 and 67 % at
 256, SGD 63 % at batch size 32 and 53 % at 256; at 64 px with 100 training images per class,
 Adam at batch size 16 reaches 63-79 % (mean 74 % over five seeds). With an earlier, weaker

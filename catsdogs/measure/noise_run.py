@@ -32,7 +32,7 @@ from catsdogs.schema import DEFAULT_LR, Status, TrialConfig, default
 # sweep's, over four short runs, past their first epoch (measure_noise_scale). A pair of 25 images
 # gives |G|^2 from 600 products of two examples' gradients where a pair of 10 gives 90: for about
 # the same images, intervals a third as wide (docs/results.md, "The noise scale find-batch-size
-# decides with"; scripts/noise_spread.py). What varies most is not the pairs but the seeds: the
+# decides with"; studies/noise_spread.py). What varies most is not the pairs but the seeds: the
 # same protocol measured 28 (17 to 79) at seeds 2-3 and 5 (4 to 6) at seeds 4-5, so each seed is
 # one cluster and the interval is over seeds; four seeds are the fewest whose geometric mean
 # moved less than 2-fold with which four (docs/results.md), paid for with one measurement a seed

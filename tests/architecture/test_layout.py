@@ -200,6 +200,18 @@ def test_no_function_is_longer_than_80_lines_and_no_module_longer_than_450():
     assert not too_long, "\n".join(too_long)
 
 
+def test_every_benchmark_and_study_is_named_where_its_figures_are_read():
+    # given the benchmarks (what they measured is docs/performance.md's table) and the studies
+    # (docs/results.md's findings, each with its page in studies/README.md)
+    docs = {d: (ROOT / d).read_text() for d in ("docs/performance.md", "docs/results.md", "studies/README.md")}
+    unnamed = [f"benchmarks/{p.name}" for p in sorted((ROOT / "benchmarks").glob("bench_*.py"))
+               if f"benchmarks/{p.name}" not in docs["docs/performance.md"]]
+    unnamed += [f"studies/{p.name}" for p in sorted((ROOT / "studies").glob("*.py"))
+                if p.name not in docs["studies/README.md"] and f"studies/{p.name}" not in docs["docs/results.md"]]
+    # then each is named there: a figure can be traced to the script that printed it
+    assert not unnamed, unnamed
+
+
 # --- the documentation's command lines ------------------------------------------------------------
 
 SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "<", "2>&1"}

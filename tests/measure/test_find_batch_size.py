@@ -245,7 +245,7 @@ TOLERANCE_PERCENT = 40.0
 @pytest.mark.usefixtures("brief_probes")
 def test_a_search_under_a_cap_brackets_the_limit_and_the_prediction_is_not_off_by_a_factor_of_2(data_dir, tmp_path):
     # On TensorFlow: JAX's memory model (XLA's plan) is held to its 15% by the benchmark
-    # (scripts/bench_memory_model.py), and the search and the cap's watcher run no framework.
+    # (benchmarks/bench_memory_model.py), and the search and the cap's watcher run no framework.
     keras_backend = "tensorflow"
     # The runtime's own footprint differs from machine to machine: measure it, cap above it.
     base = run_isolated(ProbeTask(1, str(data_dir), "adam", "standard", "float32", steps=1, warmup=0),

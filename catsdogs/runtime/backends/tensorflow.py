@@ -12,7 +12,7 @@ TensorFlow's default CPU allocator hands each to glibc, which serves blocks abov
 threshold (32 MiB at most) with fresh mmaps and unmaps them on free: every step, the kernel
 zeroes and maps hundreds of MB again, and a 200 px trial spent two thirds of its time in the
 kernel. TensorFlow's own BFC allocator keeps freed blocks in a pool instead
-(`TF_CPU_ALLOCATOR_USE_BFC`); scripts/bench_trial.py measures it (`--variants sysalloc` runs
+(`TF_CPU_ALLOCATOR_USE_BFC`); benchmarks/bench_trial.py measures it (`--variants sysalloc` runs
 without it) and tests/training/test_engine.py checks that results are identical with and without it.
 """
 
@@ -204,7 +204,7 @@ def adam_class(fused: bool):
 
     Keras 3's Adam updates each variable with a dozen element-wise ops, each a full pass over
     the 41M-parameter Dense kernel and its two slots; tf.raw_ops.ResourceApplyAdam does the
-    same arithmetic in one pass: a third less CPU per training step here (scripts/bench_trial.py),
+    same arithmetic in one pass: a third less CPU per training step here (benchmarks/bench_trial.py),
     with weights equal to 1e-6 (tests/contracts/test_protocol.py). Not used under a distribution
     strategy, whose per-replica variables the kernel would have to be handed one by one."""
     import keras

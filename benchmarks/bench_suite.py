@@ -7,8 +7,8 @@ catsdogs first on the path, its own pytest settings: two processes), the commits
 waited for (pytest's and everything they started and reaped: Ray's daemons are not among them)
 and its last line are printed; then each side's median and the ratio of the medians.
 
-    python scripts/bench_suite.py                          # 0.6.0 (bf83e8c) against HEAD, one round
-    python scripts/bench_suite.py --base bf83e8c --head main --repeats 2
+    python benchmarks/bench_suite.py                          # 0.6.0 (bf83e8c) against HEAD, one round
+    python benchmarks/bench_suite.py --base bf83e8c --head main --repeats 2
 
 A run takes 5-7 minutes on two cores. Commits, not the working tree: commit what is measured.
 """

@@ -10,8 +10,8 @@ training clock should not move with it. Per batch size it prints the medians ove
 evaluations per epoch, their seconds against the epoch's training seconds, and the first curved
 trial of a shape apart (it compiles the evaluation at its batch size).
 
-    python scripts/bench_eval_every.py --data-dir data/beyond
-    KERAS_BACKEND=jax python scripts/bench_eval_every.py --data-dir data/beyond --seeds 2
+    python benchmarks/bench_eval_every.py --data-dir data/beyond
+    KERAS_BACKEND=jax python benchmarks/bench_eval_every.py --data-dir data/beyond --seeds 2
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ and must have the same weights digest (the recording changes nothing the trial t
 size it prints the medians over seeds; the first recorded trial of a shape is shown apart, since
 it compiles the measurement's function (JAX) or traces it (TensorFlow).
 
-    python scripts/bench_noise.py --data-dir data/beyond
-    KERAS_BACKEND=jax python scripts/bench_noise.py --data-dir data/beyond --seeds 2
+    python benchmarks/bench_noise.py --data-dir data/beyond
+    KERAS_BACKEND=jax python benchmarks/bench_noise.py --data-dir data/beyond --seeds 2
 """
 
 from __future__ import annotations

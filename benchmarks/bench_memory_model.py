@@ -9,7 +9,7 @@ Target: within 15% everywhere.
 
     catsdogs prepare --source synthetic --data-dir /tmp/d40 --per-class 300 --split 200,50,50 --size 40
     catsdogs prepare --source synthetic --data-dir /tmp/d64 --per-class 300 --split 200,50,50 --size 64
-    python scripts/bench_memory_model.py --data-dir /tmp/d40 /tmp/d64 --caps 1536MiB 2GiB
+    python benchmarks/bench_memory_model.py --data-dir /tmp/d40 /tmp/d64 --caps 1536MiB 2GiB
 
 On the CPU the cap is on each probe's peak resident memory (catsdogs.measure.profile), so the caps
 must leave room above the runtime's own (about 0.75 GiB with TensorFlow, 0.45 GiB with JAX): the
@@ -18,12 +18,12 @@ varies by 60-130 MiB with the scheduling of its ops (docs/performance.md), so wi
 room no model can be held to 15%. On a GPU the cap is the device's memory limit. This process imports no framework: each backend runs in
 its workers, chosen by KERAS_BACKEND. About a minute per search on a 2-core CPU.
 
-`--models scripts.example_models:resnet_small scripts.example_models:mobilenet` does the same for
+`--models examples.example_models:resnet_small examples.example_models:mobilenet` does the same for
 other models than the article's (each on the first --data-dir, without the noise scale): their
 prediction is the line through the batch-size-1 probe and one fresh probe (docs/performance.md).
 
-    python scripts/bench_memory_model.py --data-dir data/p32 --caps 2GiB --resolution 8 \
-        --models scripts.example_models:resnet_small scripts.example_models:mobilenet
+    python benchmarks/bench_memory_model.py --data-dir data/p32 --caps 2GiB --resolution 8 \
+        --models examples.example_models:resnet_small examples.example_models:mobilenet
 
 Each row is searched `--repeats` times (3 by default) and printed as the median with its spread
 (the least and the most apart): one search's answer moves with that run-to-run variation, which

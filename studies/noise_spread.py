@@ -10,8 +10,8 @@ the measurement over `--runs` pairs of seeds (0-1, 2-3, ...: every sampling sees
 trajectories, since measuring changes nothing a trial trains) and prints each run's B_simple and
 interval, how many resolved (bounded above), and the spread (largest over smallest value).
 
-    python scripts/noise_spread.py --data-dir data/beyond
-    KERAS_BACKEND=jax python scripts/noise_spread.py --data-dir data/beyond --samplings 32x10 16x50
+    python studies/noise_spread.py --data-dir data/beyond
+    KERAS_BACKEND=jax python studies/noise_spread.py --data-dir data/beyond --samplings 32x10 16x50
 """
 
 from __future__ import annotations

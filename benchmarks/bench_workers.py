@@ -12,9 +12,9 @@ N workers each get cores // N intra-op threads and one inter-op thread (`worker.
 `--runner ray` the same split comes from the CPUs each Ray actor asks for, and every sweep starts
 its own local Ray (about 10 s, counted in its wall time).
 
-    python scripts/bench_workers.py                         # local runner, 1 vs 2 workers
-    python scripts/bench_workers.py --runner ray --repeat 2
-    python scripts/bench_workers.py --work /tmp/bw --keep   # keep the data and the outputs
+    python benchmarks/bench_workers.py                         # local runner, 1 vs 2 workers
+    python benchmarks/bench_workers.py --runner ray --repeat 2
+    python benchmarks/bench_workers.py --work /tmp/bw --keep   # keep the data and the outputs
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ while an epoch's grows with the training images: the table gives both, and the s
 at these data's size. The issue's target: at most 15% of training at 64 px.
 
     catsdogs prepare --source synthetic --size 64 --data-dir /tmp/d64
-    python scripts/bench_callback.py --data-dir /tmp/d64 --epochs 3 --repeats 2
+    python benchmarks/bench_callback.py --data-dir /tmp/d64 --epochs 3 --repeats 2
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ it decodes, the manifest and fingerprints included). The sides alternate, each r
 `--repeats` times; the medians are reported. After the runs, the two output trees are
 compared byte for byte.
 
-    python scripts/bench_prepare.py                      # the article's parameters
-    python scripts/bench_prepare.py --n-valid 330 --per-class 300 --split 180,60,60 --repeats 2
+    python benchmarks/bench_prepare.py                      # the article's parameters
+    python benchmarks/bench_prepare.py --n-valid 330 --per-class 300 --split 180,60,60 --repeats 2
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Why do find-batch-size's noise scales differ from seed to seed? The trajectories, epoch by epoch.
 
 find-batch-size pools B_simple over epochs 2-3 of two seeds (catsdogs.measure.noise_run).
-scripts/noise_spread.py showed that its spread between pairs of seeds is not the sampling's.
+studies/noise_spread.py showed that its spread between pairs of seeds is not the sampling's.
 This looks at the trajectories themselves: `--seeds` short runs at batch 32, each measured after
 every epoch with find-batch-size's sampling (pairs of 1 and 25 images), printing per seed and
 epoch the training loss, B_simple, |G|^2 and tr(Sigma); then each seed's epochs 2-3 pooled, and
 the geometric mean of those per-seed values over every window of `--window` consecutive seeds
 (how far a decision pooled per seed over that many seeds would still move).
 
-    python scripts/noise_trajectories.py --data-dir data/beyond
-    KERAS_BACKEND=jax python scripts/noise_trajectories.py --data-dir data/beyond --seeds 4
+    python studies/noise_trajectories.py --data-dir data/beyond
+    KERAS_BACKEND=jax python studies/noise_trajectories.py --data-dir data/beyond --seeds 4
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Each trial records the XLA compilations it made and the cache's loads (`compiles
 `compile_cache_hits`: jax.monitoring's backend-compile events, less the loads, which fire that
 event too). The target: the second run compiles at most 10% of what the first compiled.
 
-    KERAS_BACKEND=jax python scripts/bench_compile_cache.py               # the quick plan
-    KERAS_BACKEND=jax python scripts/bench_compile_cache.py --config article-64px --keep /tmp/cc
+    KERAS_BACKEND=jax python benchmarks/bench_compile_cache.py               # the quick plan
+    KERAS_BACKEND=jax python benchmarks/bench_compile_cache.py --config article-64px --keep /tmp/cc
 """
 
 from __future__ import annotations

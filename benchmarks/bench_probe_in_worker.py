@@ -10,7 +10,7 @@ the ratio of the medians; the first size of each worker (its data loaded, its fi
 is shown apart.
 
     git worktree add /tmp/old-catsdogs fcc96f3
-    python scripts/bench_probe_in_worker.py --data-dir data/beyond --old /tmp/old-catsdogs
+    python benchmarks/bench_probe_in_worker.py --data-dir data/beyond --old /tmp/old-catsdogs
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ per-trial overhead: a trial's wall time (claimed to recorded) less its `fit` tim
 trial of each shape in a worker and for the later ones that reuse its compiled step.
 
     git worktree add /tmp/old-catsdogs b4d70ad
-    python scripts/bench_engine.py --old /tmp/old-catsdogs --repeats 3
-    python scripts/bench_engine.py --old /tmp/old-catsdogs --isolate   # ours with --isolate too
+    python benchmarks/bench_engine.py --old /tmp/old-catsdogs --repeats 3
+    python benchmarks/bench_engine.py --old /tmp/old-catsdogs --isolate   # ours with --isolate too
 """
 
 from __future__ import annotations

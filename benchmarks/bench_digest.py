@@ -9,7 +9,7 @@ same both ways (checked). Prints per way the median trial wall time and what the
 held the trial up (`digest_seconds`: its start and its wait; before: its whole time).
 
     catsdogs prepare --source synthetic --size 200 --per-class 280 --split 60,20,200 --data-dir /tmp/d200
-    python scripts/bench_digest.py --data-dir /tmp/d200 --trials 4
+    python benchmarks/bench_digest.py --data-dir /tmp/d200 --trials 4
 """
 
 from __future__ import annotations

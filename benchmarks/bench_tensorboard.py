@@ -6,7 +6,7 @@ optimizers x batch sizes x data sets x seeds repeated to that count) in a tempor
 times catsdogs.analysis.tensorboard_export.export three times, alternating nothing (each export
 is a different situation), and prints the seconds and the event files each wrote.
 
-    python scripts/bench_tensorboard.py --trials 140
+    python benchmarks/bench_tensorboard.py --trials 140
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ article's first figure, a tuned learning rate (three rates a batch size), the gr
 at every epoch, the critical batch size's claim and the collapses; 40 px, 2 epochs, 2 seeds.
 
     git worktree add /tmp/old-catsdogs 45ed307
-    python scripts/same_results.py --old /tmp/old-catsdogs
-    python scripts/same_results.py --old /tmp/old-catsdogs --plan quick --backends tensorflow
+    python benchmarks/same_results.py --old /tmp/old-catsdogs
+    python benchmarks/same_results.py --old /tmp/old-catsdogs --plan quick --backends tensorflow
 """
 
 from __future__ import annotations

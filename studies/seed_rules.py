@@ -6,7 +6,7 @@ a trial is deterministic for its seed, and the floor only ever widens an interva
 old rule every cell stops at a seed count the new rule also reached, and the store holds every
 trial the old rule would have run.
 
-    python scripts/seed_rules.py --out-dir outputs --sweep article-64px
+    python studies/seed_rules.py --out-dir outputs --sweep article-64px
 
 Prints, per cell, its seeds and 95% half-width under each rule (and whether the floor decided
 the new one), the total trials, then the claims' verdicts under each rule.

@@ -16,9 +16,9 @@ overhead, the step's reset, the data pipelines, the initial and final collapse d
 test evaluation, the digest's wait, and the rest; medians over the trials that reused a step.
 
     git worktree add /tmp/catsdogs-0.15.0 53f39ec
-    python scripts/bench_trial_overhead.py --old /tmp/catsdogs-0.15.0 --repeats 3
-    python scripts/bench_trial_overhead.py --old /tmp/catsdogs-0.15.0 --backends jax --repeats 2
-    KERAS_BACKEND=jax python scripts/bench_trial_overhead.py --split data/quick
+    python benchmarks/bench_trial_overhead.py --old /tmp/catsdogs-0.15.0 --repeats 3
+    python benchmarks/bench_trial_overhead.py --old /tmp/catsdogs-0.15.0 --backends jax --repeats 2
+    KERAS_BACKEND=jax python benchmarks/bench_trial_overhead.py --split data/quick
 """
 
 from __future__ import annotations

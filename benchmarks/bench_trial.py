@@ -22,9 +22,9 @@ medians. Import time is excluded from the trial and pipeline figures (each child
 clock after importing TensorFlow and the Keras it uses); the process wall time, imports
 included, is shown as well.
 
-    python scripts/bench_trial.py --data-dir /tmp/bdata              # the full run
-    python scripts/bench_trial.py --data-dir /tmp/bdata --quick      # a shorter one
-    python scripts/bench_trial.py --data-dir /tmp/bdata --variants kerasadam,bf16  # what-ifs
+    python benchmarks/bench_trial.py --data-dir /tmp/bdata              # the full run
+    python benchmarks/bench_trial.py --data-dir /tmp/bdata --quick      # a shorter one
+    python benchmarks/bench_trial.py --data-dir /tmp/bdata --variants kerasadam,bf16  # what-ifs
 """
 
 from __future__ import annotations

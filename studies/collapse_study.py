@@ -6,8 +6,8 @@ images: the share of Dense(128) ReLU units that are dead (output 0 for every ima
 update moved the units' pre-activations against how much they vary between images, the share
 predicted Dog, and the spread of the logit. Prints one line per update for each trial asked.
 
-    python scripts/collapse_study.py --data-dir data/beyond --opt adam --batch-size 16 128 --seed 0
-    python scripts/collapse_study.py --data-dir data/beyond --batch-size 128 --warmup-epochs 1
+    python studies/collapse_study.py --data-dir data/beyond --opt adam --batch-size 16 128 --seed 0
+    python studies/collapse_study.py --data-dir data/beyond --batch-size 128 --warmup-epochs 1
 
 What it showed (synthetic data, 64 px; README, "Why large batches collapse"): the first Adam
 update moves every unit's pre-activation by many times its spread between images, the same way

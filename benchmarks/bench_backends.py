@@ -6,7 +6,7 @@ backends alternating (A B A B) so that a machine whose speed drifts treats both 
 each run, then the medians and the ratio JAX / TensorFlow of the command's wall time, of `fit`
 (training and validation, compilation included) and of the training steps alone.
 
-    python scripts/bench_backends.py --data-dir /tmp/b200 --repeats 2
+    python benchmarks/bench_backends.py --data-dir /tmp/b200 --repeats 2
     (prepare it first: catsdogs prepare --source synthetic --data-dir /tmp/b200)
 """
 

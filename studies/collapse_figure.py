@@ -1,7 +1,7 @@
 """One collapse figure over several sweeps of a store: the README's, which sets the article's
 protocol beside the remedy (Adam with a 1-epoch warm-up) run as a sweep of its own.
 
-    python scripts/collapse_figure.py --out-dir outputs --sweeps article-64px remedy \\
+    python studies/collapse_figure.py --out-dir outputs --sweeps article-64px remedy \\
         --figure outputs/readme/collapse
 
 Prints the table it draws (rate, Wilson interval, accuracy of the runs that did not collapse).

@@ -8,7 +8,7 @@ start and, per backend and side, the median with its spread and the ratio of the
 worker imports what its framework tries, docs/usage.md).
 
     git worktree add /tmp/old-catsdogs 72e0589
-    python scripts/bench_worker_start.py --old /tmp/old-catsdogs
+    python benchmarks/bench_worker_start.py --old /tmp/old-catsdogs
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Models that are not the article's, for `--model` (issue 35's measurements): a small ResNet with
 BatchNormalization, and keras.applications' MobileNet without weights, both at 32 px, two classes.
 
-    catsdogs find-batch-size --model scripts.example_models:resnet_small --memory-limit 2GiB
-    catsdogs find-batch-size --model scripts.example_models:mobilenet --memory-limit 2GiB
+    catsdogs find-batch-size --model examples.example_models:resnet_small --memory-limit 2GiB
+    catsdogs find-batch-size --model examples.example_models:mobilenet --memory-limit 2GiB
 
-Run from the repository's root, so that `scripts.example_models` imports.
+Run from the repository's root, so that `examples.example_models` imports.
 """
 
 from __future__ import annotations

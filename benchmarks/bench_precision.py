@@ -5,7 +5,7 @@ with --fp16, mixed_float16), alternating the two in rounds so that both see the 
 load, each probe in a fresh process. Prints per batch size the median images/s and peak memory
 of each precision and their ratios.
 
-    python scripts/bench_precision.py --data-dir data/beyond --batch-sizes 32 128 --rounds 3
+    python benchmarks/bench_precision.py --data-dir data/beyond --batch-sizes 32 128 --rounds 3
 """
 
 from __future__ import annotations

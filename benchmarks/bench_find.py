@@ -15,11 +15,11 @@ With `--old CHECKOUT` (a `git worktree` of an earlier version), each run of this
 alternates with the same run of the old one (same backend, seed and options), and the summary
 adds each side's median and the ratios pair by pair.
 
-    python scripts/bench_find.py --data-dir data/beyond
-    python scripts/bench_find.py --data-dir data/beyond --backends tensorflow --seeds 0
+    python benchmarks/bench_find.py --data-dir data/beyond
+    python benchmarks/bench_find.py --data-dir data/beyond --backends tensorflow --seeds 0
     git worktree add /tmp/old-catsdogs 72e0589
-    python scripts/bench_find.py --data-dir data/beyond --backends tensorflow --opt sgd --seeds 0 1 2 --old /tmp/old-catsdogs
-    python scripts/bench_find.py --backends tensorflow --memory-limit 1GiB --old /tmp/old-catsdogs \
+    python benchmarks/bench_find.py --data-dir data/beyond --backends tensorflow --opt sgd --seeds 0 1 2 --old /tmp/old-catsdogs
+    python benchmarks/bench_find.py --backends tensorflow --memory-limit 1GiB --old /tmp/old-catsdogs \
         --extra "--model small.keras --data pics --max 16 --no-noise-scale"
 """
 
