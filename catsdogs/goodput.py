@@ -30,7 +30,7 @@ in b, so the best is a concave piecewise-linear envelope, and on each of its pie
 a ratio of two linear functions, monotone in b; the worst case lies at an end of the interval or
 at a crossing of two candidates' lines (infinity's regret is speed's, t_step/B against the best
 per image). The recommendation is the candidate whose worst case is least. Read an open interval
-as B_noise = infinity (0.15.0 did) and a size fast per image can cost 7 times the best should
+as B_noise = infinity and a size fast per image can cost 7 times the best should
 B_noise be at the interval's low end; the worst case over the interval prices that risk.
 
 **Ties** (`TIE`): step times are measured, so predicted times are only as sure as they are. Every

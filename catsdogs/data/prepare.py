@@ -250,8 +250,8 @@ def _decode_context():
     numpy and Pillow (a tenth of the CPU of a 2,000-image prepare); but a process whose framework
     runs threads (the Python API's, a test's) must not be forked. There they are forked from a
     fork server instead: a fresh process, started once for every prepare of this one, that has
-    imported this module and nothing of a framework (spawned instead, as up to 0.24.0, each decode
-    process imported numpy and Pillow anew: 0.35 s of CPU a process here, one process a core)."""
+    imported this module and nothing of a framework (spawned instead, each decode process would
+    import numpy and Pillow anew)."""
     if not any(name in sys.modules for name in FRAMEWORKS_WITH_THREADS):
         return get_context("fork")
     ctx = get_context("forkserver")

@@ -21,8 +21,7 @@ off the largest size that fits where memory stopped the search or came within th
 cap, and its size confirmed by a probe ("confirm"). Last, the sizes the recommendation could
 fall on (goodput.contested) are timed again twice, interleaved ("retime"), on the CPU: on a
 shared machine a probe's throughput moved by 20% from one run to the next, more than its own steps
-spread. Not on a GPU, whose synced timers are steady: two calls on the H200 a session apart
-measured 16,081 and 16,112 images/s at batch 64, 34,905 and 34,964 at 1,024 (docs/gpu.md).
+spread. Not on a GPU, whose synced timers are steady from one call to the next (docs/gpu.md).
 
 The prediction comes first (catsdogs.measure.memory_prediction), after the batch-size-1 probe (the
 calibration) and before the search; on a GPU the search's own probes carry it on (`probe_run.ProbeRun.guess`).
@@ -275,7 +274,8 @@ def fresh_before_search(user, manifest: dict | None) -> int:
     """The fresh workers the probes before the search take: the calibration's, and where the
     prediction is a line through two probes (memory_prediction.by_line), its second's, run aside:
     launched together, they import while the noise scale trains, where the second started when
-    asked (4 s of a 24 s run)."""
+    asked would make the search wait for its import (docs/performance.md, "Measurements behind
+    the code's choices")."""
     return 2 if by_line(user, manifest) else 1
 
 

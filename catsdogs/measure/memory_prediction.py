@@ -42,7 +42,7 @@ class BackgroundPlan:
     """XLA's memory plan of the article's step (JAX), compiled in a worker of its own at a few
     small batch sizes (costs.plan_batch_sizes: none above 256, none above the search's bound)
     while the noise scale trains: it needs no probe, and on a GPU its worker's start and three
-    compilations (about 16 s on the H200) hide behind the noise scale's short runs (15 s)."""
+    compilations take about as long as the noise scale's short runs, behind which they hide."""
 
     def __init__(self, task: MemoryPlanTask, log_path: Path, env: dict):
         self.task, self.log_path, self.env = task, log_path, env

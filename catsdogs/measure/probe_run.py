@@ -88,8 +88,8 @@ class ProbeRun:
         look, while that worker has room for it (`_live_worker_has_room`: on the CPU, where --max
         or the data bound the search far from the limit, the search's own worker, sparing a
         start); else in a fresh one (a worker that ran the limit's probes holds memory a small
-        step then has to share the cap with; on JAX each kept step holds 30-120 MiB more, and
-        under a 1 GiB cap one worker's ten looks came to 1,029 MiB). On a GPU, whose memory is not
+        step then has to share the cap with, and on JAX each kept step holds more: one worker's
+        ten looks can pass a small cap). On a GPU, whose memory is not
         the resident set, and under isolate, the first look starts a fresh worker and the others
         follow in it."""
         order = [b for r in range(rounds) for b in (sorted(sizes, reverse=True) if r % 2 == 0 else sorted(sizes))]
@@ -113,8 +113,7 @@ class ProbeRun:
 
     def _live_worker_has_room(self, need: float) -> bool | None:
         """Whether the live worker can time a size beside what it holds: its resident set now plus
-        `need` within RETIME_FILL of the cap (the tenth left over is the next kept step's:
-        on JAX 30-120 MiB). None where that is not known (no live worker; a GPU's memory; no cap)."""
+        `need` within RETIME_FILL of the cap (the tenth left over is the next kept step's). None where that is not known (no live worker; a GPU's memory; no cap)."""
         held = self.prober.resident_mb()
         cap = next((p.memory_cap_mb for p in reversed(self.probes) if p.memory_cap_mb), None)
         if held is None or not cap:
@@ -149,9 +148,8 @@ class ProbeRun:
         model's prediction, or, once two probes above what the model was fitted on have
         fitted with an exact peak (a GPU's allocator, whose bytes in use no retained region
         inflates; never a reused CPU worker's resident set), the line through the largest two,
-        when it climbs more steeply than the model's.
-        On the H200 XLA's plan said 4,815 where the peaks of 1,024 and 2,048 put it at 3,140:
-        the device's own workspaces grow faster than the plan above a few hundred images."""
+        when it climbs more steeply than the model's: on a GPU the device's own workspaces grow
+        faster than XLA's plan above a few hundred images (docs/gpu.md)."""
         exact = sorted((p for p in self.probes if p.status == Status.DONE and p.memory_kind == "gpu-worker"
                         and p.peak_memory_mb and p.batch_size > PLAN_MOST), key=lambda p: p.batch_size)
         cap = next((p.device_memory_limit_mb or p.memory_cap_mb for p in reversed(exact)), None)

@@ -5,9 +5,8 @@ probe larger than every probe it has run, and replaced after any probe that did 
 
 A reused worker also holds more than a fresh one would at the same batch size: TensorFlow's BFC
 pool and XLA's allocator keep the regions earlier, smaller steps grew, and a larger step needs
-larger blocks than those regions free. On this CPU at 40 px, batch size 128 peaked at 961 MiB in
-a worker that had run 1 to 64, and at 827 MiB in a fresh one (TensorFlow; JAX at 256: 989
-against 880). A fit in a reused worker is still a fit, but an out-of-memory there says nothing
+larger blocks than those regions free: a reused worker's peak at a size lies above a fresh one's
+(docs/performance.md, "Measurements behind the code's choices"). A fit in a reused worker is still a fit, but an out-of-memory there says nothing
 about a training process, which runs one batch size from its start. So:
 - a probe at or above `fresh_from` (find-batch-size: 80% of its predicted limit) gets a fresh
   worker, as does every probe of `isolate`;
@@ -19,7 +18,7 @@ which retained regions do not inflate, and an out-of-memory there is an exceptio
 survives, after which its allocator's bytes in use are back to what they were before the probe
 (the worker measures it at every out-of-memory: ProbeRecord.residue_mb). There every probe runs
 in the one worker, in any order, none fresh near the limit and none asked again: a fresh worker
-costs a start and a compilation anew (7 s and 2.5 to 48 s on the H200), for the same answer. The
+costs a start and a compilation anew, seconds on a GPU, for the same answer. The
 first out-of-memory that leaves something behind ends it: from then on, the rules above.
 
 `memory_cap_bytes` caps every probe (the CPU: the worker's peak resident memory, watched by
@@ -104,8 +103,7 @@ class Prober:
         launched at once (unless not `spare`: the last fresh worker a search needs). It imports
         its framework while this worker's probes run, paused while their steps are timed
         (`_run_once`), so the next fresh probe finds its import done, or under way: on two cores a
-        fresh worker's import (4.7 s of TensorFlow's) then costs the wait for what is left of it,
-        not the whole. Nowhere else: a spare no probe takes is an import for nothing, on cores
+        fresh worker's import then costs the wait for what is left of it, not the whole. Nowhere else: a spare no probe takes is an import for nothing, on cores
         that may have other work. A spare that died waiting is replaced."""
         worker = self.waiting.pop(0) if self.waiting else None
         if worker is None or not worker.alive:

@@ -172,7 +172,7 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
 def next_size(b: int, max_batch: int | None) -> int:
     """The doubling's next size: twice `b`, or `max_batch` where twice `b` would pass it or come
     within NEAR_MAX of it (the bound is probed anyway, and a size that close to it says little
-    more: on the H200, 1,024 below the 1,200 training images cost a compilation of 8 s)."""
+    more, at the price of a compilation of its own)."""
     if max_batch is None:
         return 2 * b
     return max_batch if 2 * b >= NEAR_MAX * max_batch else 2 * b

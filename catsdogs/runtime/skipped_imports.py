@@ -4,10 +4,9 @@ Keras and TensorFlow try modules that neither declares as a dependency, for feat
 never uses: JAX (TensorFlow Lite's converter, Keras's Orbax checkpoint), matplotlib (Keras's image
 galleries) and IPython (Keras's file editor, to detect a notebook). Each import sits in
 `try: ... except ImportError`, as it must: both frameworks run where these are not installed.
-Where they are installed they cost every worker's start. On this two-core machine, in a
-TensorFlow worker (`python -X importtime`): jax 0.61 s, matplotlib.pyplot 0.53 s, IPython 0.24 s,
-of a 4.2 s import of TensorFlow; find-batch-size starts up to seven workers, the test suite
-hundreds.
+Where they are installed they cost every worker's start a share of its import (docs/performance.md,
+"Measurements behind the code's choices"); find-batch-size starts up to seven workers, the test
+suite hundreds.
 
 `skipping()` makes those imports fail as they would where the module is not installed: an import
 of one of SKIPPED (and its submodules) by a module of Keras or TensorFlow, and by no other; never
@@ -16,10 +15,9 @@ that a user's model imports any of them as usual.
 
 Not where a worker's resident memory is the measurement: a probe's on the CPU stands for a
 training process of the user's, which imports them all (a TensorFlow worker's runtime baseline
-was 735 MiB with them, 582 without). catsdogs.measure.prober starts its CPU workers with
-ENV=0, unless its own environment sets ENV=1: a training process that imports none of them (the
-test suite sets it: its searches check what the search does, and each probe's worker started
-1.3 s of CPU sooner).
+is far larger with them). catsdogs.measure.prober starts its CPU workers with ENV=0, unless its
+own environment sets ENV=1: a training process that imports none of them (the test suite sets
+it: its searches check what the search does, and each probe's worker starts sooner).
 """
 
 from __future__ import annotations

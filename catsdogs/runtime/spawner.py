@@ -23,9 +23,8 @@ class _Spawner:
 
     PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not the process. A
     worker started from a sweep slot's thread would be killed the moment that thread ends,
-    which is what the adaptive rounds did to the workers they keep from round to round
-    (catsdogs 0.7.1: the next round's first trial either met a dead worker and started a fresh
-    one, or, racing the kill, was recorded as failed)."""
+    as the adaptive rounds' kept workers would be (the next round's first trial would meet a dead
+    worker, or, racing the kill, be recorded as failed: CHANGELOG, 0.7.2)."""
 
     def __init__(self):
         self._reset()

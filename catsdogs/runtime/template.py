@@ -1,15 +1,16 @@
 """Worker processes forked from a template that has imported TensorFlow, on a CPU.
 
-A TensorFlow worker's start is mostly importing TensorFlow and Keras (2.5-3.7 s of CPU here, at
-every fresh worker). Importing starts none of TensorFlow's threads, so a process that has only
-imported it can be forked: the child is what a fresh worker would be after its imports, in
-milliseconds. A fork maps none of the shared libraries' file pages again (a child's resident set
-after a first op: 245 MiB where a fresh worker's was 563), so the template lists its own
-(/proc/self/pagemap) and each child maps them before anything else (MADV_POPULATE_READ, Linux
-5.14): 565 MiB, as fresh. Where the kernel lacks it, workers start fresh.
+A TensorFlow worker's start is mostly importing TensorFlow and Keras, at every fresh worker.
+Importing starts none of TensorFlow's threads, so a process that has only imported it can be
+forked: the child is what a fresh worker would be after its imports, in milliseconds. A fork maps
+none of the shared libraries' file pages again (a child's resident set after a first op would be
+far below a fresh worker's, and a probe's memory not a training process's), so the template lists
+its own (/proc/self/pagemap) and each child maps them before anything else (MADV_POPULATE_READ,
+Linux 5.14): its resident set then a fresh worker's. Where the kernel lacks it, workers start
+fresh.
 
-A template (`python -m catsdogs.runtime.template FD`) imports what a worker imports before its
-framework starts, then forks a child for every request on socket FD (the worker's environment
+A template (`python -m catsdogs.runtime.template FD ENTRY`) imports what a worker imports before its
+framework starts, and the entry's module ("module:function", named, never imported here), then forks a child for every request on socket FD (the worker's environment
 and folder; its stdin, stdout and stderr as descriptors). The child takes them, a session of its
 own and death with the template (which dies with catsdogs: catsdogs.runtime.spawner), and runs
 the worker process (catsdogs.training.child) as `python -m` would run it. The template reaps its

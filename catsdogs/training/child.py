@@ -81,12 +81,10 @@ def main() -> int:
 
 def freeze_imported() -> None:
     """Leave what the start imported out of the garbage collector's full passes (gc.freeze): the
-    framework's 230,000 (JAX) to 414,000 (TensorFlow) objects live as long as the worker, and
-    each full pass walked them all, 0.2 s on this CPU, which a probe paid at every one
-    (steps.StepCache.clear collects the last probe's model before the next one's memory is
-    read): 0.45 s of a probe's 1.1 s at batch size 16. What the tasks make is collected as
-    before, the models a probe drops included; the start's own garbage (29 objects on
-    TensorFlow) stays."""
+    framework's hundreds of thousands of objects live as long as the worker, and each full pass
+    walked them all, which a probe paid at every one (steps.StepCache.clear collects the last
+    probe's model before the next one's memory is read). What the tasks make is collected as
+    before, the models a probe drops included; the start's own few garbage objects stay."""
     gc.freeze()
 
 

@@ -159,9 +159,8 @@ def eval_batch_size() -> int:
     """The batch size every trial validates and tests at, whatever it trains at (as the
     validation curve does): config.EVAL_BATCH_SIZE. Evaluation changes no weight and each image's
     prediction is its own, so accuracies are the same at any batch size (a loss's mean differs in
-    float32 rounding only); at batch 8 the test set's 48 images took 6 steps of Keras's per-step
-    overhead, and at 16 the H200 spent half a trial's time outside training in 25-step passes over
-    400 images. One size for all also makes the model as it starts evaluate alike in every trial
+    float32 rounding only), while a small training batch would make evaluation pay Keras's
+    per-step overhead many times over. One size for all also makes the model as it starts evaluate alike in every trial
     of a seed (`initial_diagnosis`), and a model handed in as a user's alike to the built-in one."""
     return config.EVAL_BATCH_SIZE
 

@@ -139,9 +139,9 @@ class TrainingStep:
 class InitialWeights:
     """The variables a freshly built model of one seed starts with, kept for the next trial of
     that seed. A sweep runs seed-major, and every shape of a seed (optimizer, batch size, data
-    set) starts from the same weights: building the model again for each cost 0.05 s a trial on
-    this CPU at 40 px, and drew 41 million numbers at 200 px. Only the last model's are kept
-    (at 200 px, 164 MB of host memory). Building draws from Python's and NumPy's global generators
+    set) starts from the same weights: building the model again for each is time a trial need
+    not spend (at 200 px, 41 million numbers drawn). Only the last model's are kept (at 200 px,
+    164 MB of host memory). Building draws from Python's and NumPy's global generators
     (Keras's default seeds): their states after the build are kept too, and put back, so what
     follows a reset draws as it would after a build."""
 

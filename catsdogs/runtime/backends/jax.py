@@ -335,8 +335,7 @@ def _micro_gram_function(model, loss, micro: int, micros: int):
 def device_bytes_in_use() -> int | None:
     """XLA's GPU allocator's bytes in use besides the data sets copied to the device
     (`_device_arrays`); None on the CPU, whose out-of-memory is a kill. After a probe out of
-    memory has let go of its step, what it held is back (../shared/GPU.md: batch 16,384 failed,
-    and the same process then held 0.27 GiB and trained a normal trial); catsdogs checks it at
+    memory has let go of its step, what it held is back (docs/gpu.md); catsdogs checks it at
     every out-of-memory (training.probes.run_probe: ProbeRecord.residue_mb)."""
     stats = device_stats()
     if "bytes_in_use" not in stats:

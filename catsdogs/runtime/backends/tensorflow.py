@@ -172,7 +172,7 @@ def _host_tensors(split) -> tuple:
 
 def eval_batches(split, batch_size: int):
     """Every image once, in order, the last batch partial: accuracy over the whole split. One
-    dataset per split and batch size: a new one each trial cost Keras a trace (50 ms at 40 px)."""
+    dataset per split and batch size: a new one each trial would cost Keras a trace."""
     import tensorflow as tf
 
     key = (id(split.images), int(batch_size))
