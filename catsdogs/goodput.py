@@ -56,15 +56,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from catsdogs.gradient_noise import NoiseEstimate
-from catsdogs.messages import ProbeRecord
+from catsdogs.messages import TIMING_PHASES, ProbeRecord
 from catsdogs.schema import Status, default
 
 TIE = 0.10  # within 10% of the least worst case (plus the step times' spread): a tie, the near-best set
 CONTESTED = 3.0  # a size whose worst case is within 3 times the least may be timed again ...
 CONTESTED_MOST = 5  # ... the 5 nearest the least's size, before the decision (`contested`)
-RETIME = "retime"  # the phase of a probe run again for its step time alone
-BETWEEN = "between"  # ... and of a size first timed in the retime's worker, between two probed sizes
-TIMING_PHASES = (RETIME, BETWEEN)  # run beside other sizes' steps: their memory says nothing of the size's
 BETWEEN_MOST = 3  # the gaps' sizes timed before the decision (`between`), the nearest its choice
 RISK_AT = float(default("base_batch_size"))  # unresolved: what speed's choice risks should B_noise be this small
 

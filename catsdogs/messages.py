@@ -140,6 +140,11 @@ class TrialRecord(Record):
     digest_pending: bool | None = _field(stored=False)  # weights_digest still to come (TrialTask.defer_digest)
 
 
+RETIME = "retime"  # the phase of a probe run again for its step time alone
+BETWEEN = "between"  # ... and of a size first timed in the retime's worker, between two probed sizes
+TIMING_PHASES = (RETIME, BETWEEN)  # run beside other sizes' steps: their memory says nothing of the size's
+
+
 @dataclass
 class ProbeRecord(Record):
     """One probe's outcome. The worker fills what it measured; the parent adds the cap, the

@@ -9,12 +9,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from catsdogs import goodput
 from catsdogs.measure import model_check
 from catsdogs.measure import prober as probers
 from catsdogs.measure.find_summary import probe_line
 from catsdogs.measure.settings import FindSettings
-from catsdogs.messages import ProbeRecord, ProbeTask
+from catsdogs.messages import BETWEEN, RETIME, ProbeRecord, ProbeTask
 from catsdogs.schema import Status
 from catsdogs.training.costs import PLAN_MOST
 
@@ -96,7 +95,7 @@ class ProbeRun:
         need = self._retime_need(sizes)
         for n, b in enumerate(order):  # each size's compiled step kept for its second look (timing_only)
             probed = any(p.batch_size == b for p in self.probes)
-            phase = goodput.RETIME if probed else (first or {}).get(b, goodput.BETWEEN)
+            phase = RETIME if probed else (first or {}).get(b, BETWEEN)
             room = self._live_worker_has_room(need)
             fresh = room is False or (n == 0 and room is None)
             self._run(b, phase, fresh=fresh, timing=not fresh, timing_only=True, spare=False)  # the last fresh workers

@@ -60,6 +60,23 @@ class Plan:
     def name(self) -> str:
         return self.settings["name"]
 
+    @property
+    def noise_sampling(self) -> NoiseSampling | None:
+        """How each trial's gradient noise scale is measured, when the plan asks for it
+        (`noise_scale = true`; `--noise-scale`); None when it does not."""
+        return NoiseSampling() if self.settings.get("noise_scale") else None
+
+    @property
+    def eval_every(self) -> int | None:
+        """Training images between validation evaluations (`eval_every`; --eval-every), None: no curve."""
+        return self.settings.get("eval_every")
+
+    @property
+    def adaptive(self) -> tuple[float | None, int | None]:
+        """(target_ci, max_seeds): adaptive seeds when the plan sets a target."""
+        target = self.settings.get("target_ci")
+        return target, (self.settings.get("max_seeds", config.MAX_SEEDS) if target is not None else None)
+
 
 # --- finding and reading -------------------------------------------------------------------------
 
@@ -314,25 +331,6 @@ def prepare_command(plan: Plan, data_dir: Path) -> str:
     return "catsdogs prepare " + " ".join(options)
 
 
-def noise_sampling(plan: Plan) -> NoiseSampling | None:
-    """How each trial's gradient noise scale is measured, when the plan asks for it
-    (`noise_scale = true`; `--noise-scale`); None when it does not."""
-    if not plan.settings.get("noise_scale"):
-        return None
-    return NoiseSampling()
-
-
-def eval_every(plan: Plan) -> int | None:
-    """Training images between validation evaluations (`eval_every`; --eval-every), None: no curve."""
-    return plan.settings.get("eval_every")
-
-
-def adaptive(plan: Plan) -> tuple[float | None, int | None]:
-    """(target_ci, max_seeds): adaptive seeds when the plan sets a target."""
-    target = plan.settings.get("target_ci")
-    return target, (plan.settings.get("max_seeds", config.MAX_SEEDS) if target is not None else None)
-
-
 def listing() -> list[str]:
     """`catsdogs plans`: each built-in plan's name and description, its trials (a range for an
     adaptive plan) and how long it takes, then how to run or print one."""
@@ -340,7 +338,7 @@ def listing() -> list[str]:
     for name in names():
         plan = load(name)
         n = count(plan)
-        target, most = adaptive(plan)
+        target, most = plan.adaptive
         trials = f"{n} trials" if target is None else f"{n}-{count(plan, seeds=most)} trials"
         lines.append(f"{name:<14}{plan.settings.get('description', '')}")
         lines.append(f"{'':<14}{trials}; {plan.settings.get('duration', 'duration not measured')}")

@@ -59,10 +59,10 @@ def run_plan(plan: Plan, data_dir: Path, out: Path, *, runner: str = "local", wo
         from catsdogs.training import ray_runner  # Ray is an extra: imported only when asked for
 
         slots, workers = ray_runner.make_slots(ray_address, workers=workers, isolate=isolate, log=log, env=worker_env)
-    target_ci, max_seeds = plans.adaptive(plan)
+    target_ci, max_seeds = plan.adaptive
     settings = SweepSettings(overwrite=overwrite, retry_failed=retry_failed, log=log, workers=workers or 1,
                              isolate=isolate, slots=slots, worker_env=worker_env,
-                             noise_sampling=plans.noise_sampling(plan), eval_every=plans.eval_every(plan),
+                             noise_sampling=plan.noise_sampling, eval_every=plan.eval_every,
                              on_finished=on_finished, sweep_config={"plan": plan.settings, "plan_origin": plan.origin})
     if target_ci is None:
         return {**run_sweep(plan.name, trials, data_dir, out, settings), "trials": len(trials)}

@@ -242,7 +242,7 @@ def test_the_plan_key_noise_scale_is_true_or_false(tmp_path):
 
     ok = tmp_path / "ok.toml"
     ok.write_text('noise_scale = true\n[grids.g]\nopt = ["adam"]\nbatch_size = [16]\n')
-    settings = plans.noise_sampling(plans.load(str(ok)))
+    settings = plans.load(str(ok)).noise_sampling
     assert (settings.micro, settings.micros, settings.pairs) == (config.NOISE_MICRO, config.NOISE_MICROS,
                                                                  config.NOISE_PAIRS)
     bad = tmp_path / "bad.toml"
@@ -319,7 +319,7 @@ def test_the_sweep_command_passes_noise_scale_to_the_sweep(prepared_data, tmp_pa
     # the same settings as a plan that says noise_scale = true
     plan_file = tmp_path / "p.toml"
     plan_file.write_text('noise_scale = true\n[grids.g]\nopt = ["adam"]\nbatch_size = [8]\n')
-    assert seen["noise"] == plans.noise_sampling(plans.load(str(plan_file)))
+    assert seen["noise"] == plans.load(str(plan_file)).noise_sampling
 
 
 def test_a_group_whose_measured_rates_are_neither_default_nor_chosen_is_still_drawn():

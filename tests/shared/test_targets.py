@@ -110,7 +110,7 @@ def test_a_plan_gives_its_target_and_cap_to_each_trial_and_its_curve_to_the_swee
     assert [(t.batch_size, t.until, t.eval_every, t.epochs) for t in with_target] == [(4, "val_loss=0.45", 64, 30)]
     # the grid without: the cap is its epochs, and the curve is the sweep's measurement only
     assert {(t.until, t.eval_every, t.epochs) for t in trials if not t.until} == {(None, None, 30)}
-    assert plans.eval_every(plan) == 64
+    assert plan.eval_every == 64
 
 
 @pytest.mark.parametrize("text, key, says", [
