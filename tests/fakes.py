@@ -209,3 +209,50 @@ class FakeDevice:
         if b in self.failing:
             return "failed"
         return "done" if b <= self.limit else "oom"
+
+
+# --- a device the race runs on --------------------------------------------------------------------
+
+
+class RaceDevice:
+    """Steps to a target as the paper's model has them, S(B) = S_MIN (1 + B_noise / B), worse away
+    from each size's best rate (`best_factor` times the rule's rate: by exp(RATE_COST (log2 f)^2)),
+    each seed's steps log-normal about that median with `log_sd` (by batch size) and a seed's own
+    luck shared by every arm (`shared`); times a step time by batch size. Its true median time for
+    each arm is known, so a race's answer can be judged against the best."""
+
+    S_MIN, RATE_COST = 40.0, 0.35
+
+    def __init__(self, step_seconds: dict[int, float], b_noise: float, log_sd: dict[int, float],
+                 best_factor: dict[int, float] | None = None, shared: float = 0.7, seed: int = 0):
+        import numpy as np
+
+        self.step_seconds, self.b_noise, self.log_sd = step_seconds, b_noise, log_sd
+        self.best_factor, self.shared = best_factor or {}, shared
+        self.rng = np.random.default_rng(seed)
+        self.luck: dict[int, float] = {}  # each seed's shared luck
+        self.runs = 0
+
+    def rule_rate(self, b: int) -> float:
+        return 0.01 * b / 32  # any rule: the race's rates are factors of it
+
+    def median_steps(self, b: int, lr: float) -> float:
+        import math
+
+        f = lr / (self.rule_rate(b) * self.best_factor.get(b, 1.0))
+        return self.S_MIN * (1 + self.b_noise / b) * math.exp(self.RATE_COST * math.log2(f) ** 2)
+
+    def median_seconds(self, b: int, lr: float) -> float:
+        return self.median_steps(b, lr) * self.step_seconds[b]
+
+    def run(self, b: int, lr: float, seed: int, cap: float | None) -> tuple[float, bool]:
+        """(seconds to the target, censored): a run of this arm and seed, stopped at `cap`."""
+        import math
+
+        self.runs += 1
+        sd = self.log_sd[b]
+        luck = self.luck.setdefault(seed, float(self.rng.normal()))
+        own = float(self.rng.normal())
+        z = math.sqrt(self.shared) * luck + math.sqrt(1 - self.shared) * own
+        seconds = self.median_seconds(b, lr) * math.exp(sd * z)
+        return (cap, True) if cap is not None and seconds > cap else (seconds, False)
