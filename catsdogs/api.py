@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import numbers
 import os
 import sys
 import uuid
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from catsdogs import config
 from catsdogs.advice import BatchSizeAdvice
-from catsdogs.errors import CatsdogsError, SettingError
+from catsdogs.errors import CatsdogsError, SettingError, os_error_line
 from catsdogs.model_ref import FUNCTION
 from catsdogs.schema import PROCESS_FIELDS, check_run_name
 
@@ -51,12 +52,15 @@ PLAN_OVERRIDES = ("seeds", "name", "target_ci", "max_seeds", "noise_scale", "eva
                   *PROCESS_FIELDS)
 SEARCH = ("mode", "start", "margin", "steps", "resolution", "dataset", "isolate", "deterministic", "tf32", "worker_env",
           "effective_batch")
+WHOLE = ("start", "steps", "resolution", "effective_batch")  # ... whole numbers (numpy's too), checked here
+FLAGS = ("isolate", "deterministic")  # ... true or false
 
 
 def _keyword_errors(function):
     """The function with a SettingError's message begun with the keyword argument it names, as the
-    CLI begins it with the option ("max_batch_size: --max 4 is below --start 8 ..."); the command
-    line calls the function itself (`__wrapped__`), and names the option."""
+    CLI begins it with the option ("max_batch_size: --max 4 is below --start 8 ..."), and the
+    filesystem's errors one line of CatsdogsError naming the path, as the CLI says them (an `out`
+    that is a file, a name too long for the filesystem, a full disk)."""
 
     @functools.wraps(function)
     def said(*args, **kwargs):
@@ -67,6 +71,8 @@ def _keyword_errors(function):
                 raise
             keyword, text = _KEYWORDS.get(exc.key, exc.key), str(exc)
             raise SettingError(text if text.startswith(f"{keyword}:") else f"{keyword}: {text}", exc.key) from None
+        except OSError as exc:
+            raise CatsdogsError(os_error_line(exc)) from None
 
     return said
 
@@ -137,6 +143,9 @@ def find_settings(model, data, *, memory_limit, optimizer, max_batch_size, seed,
     if unknown:
         raise TypeError(f"find_batch_size() got unexpected keyword arguments: {', '.join(unknown)}")
     check_run_name(name)  # it names a folder under `out`
+    max_batch_size, seed = _whole(max_batch_size, "max"), _whole(seed, "seed")
+    search = {k: _whole(v, k) if k in WHOLE else _flag(v, k) if k in FLAGS else v for k, v in search.items()}
+    noise_scale = _flag(noise_scale, "noise_scale")
     data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
     images, arrays = _data(data, model)
     settings = FindSettings(name=name, optimizer=optimizer, max_batch=max_batch_size, seed=seed, precision=precision,
@@ -173,6 +182,11 @@ def profile(model=None, batch_sizes: Sequence[int] = (4, 8, 16, 32, 64, 128, 256
     if unknown:
         raise TypeError(f"profile() got unexpected keyword arguments: {', '.join(unknown)}")
     check_run_name(name)
+    if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Sequence):
+        raise SettingError(f"a list of batch sizes, got {type(batch_sizes).__name__}", "batch_size")
+    batch_sizes = [_whole(b, "batch_size") for b in batch_sizes]
+    steps, warmup = _whole(steps, "steps"), _whole(warmup, "warmup")
+    probe = {k: _flag(v, k) if k in FLAGS else v for k, v in probe.items()}
     images, arrays = _data(data, model)
     if arrays is not None:
         raise SettingError("profile reads a folder of images (or none: memory and speed do not depend on "
@@ -260,13 +274,38 @@ def _memory_limit(value) -> int | None:
 
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
         raise SettingError(f"a number of bytes or a size like '4GiB', got {type(value).__name__}", "memory_limit")
     if isinstance(value, str):
         return check_memory_limit(parse_memory(value))
+    value = float(value) if not isinstance(value, numbers.Integral) else int(value)  # numpy's numbers too
     if not math.isfinite(value) or value < 1:
         raise SettingError(f"a positive, finite number of bytes, got {value!r}", "memory_limit")
     return check_memory_limit(int(value))
+
+
+def _whole(value, key: str) -> int | None:
+    """A whole number given as Python's or numpy's int, as an int (None stays None); a SettingError
+    naming `key` for anything else (a bool, a float, a string): the options' types, as the command
+    line parses them."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise SettingError(f"a whole number, got {value!r} ({type(value).__name__})", key)
+    return int(value)
+
+
+def _flag(value, key: str) -> bool:
+    """True or False (numpy's too); a SettingError naming `key` for anything else."""
+    if not isinstance(value, (bool, _np_bool())):
+        raise SettingError(f"True or False, got {value!r} ({type(value).__name__})", key)
+    return bool(value)
+
+
+def _np_bool() -> type:
+    import numpy as np
+
+    return np.bool_
 
 
 def _data(data, model) -> tuple[Path | None, tuple | None]:
@@ -292,6 +331,12 @@ def _model_io(model) -> tuple[tuple | None, int | None]:
     a reference, whose model is built in a worker."""
     if not _is_keras_model(model):
         return None, None
+    try:
+        outputs = model.outputs or []
+    except (AttributeError, ValueError):  # a Sequential without keras.Input: model_check says
+        outputs = []
+    if len(outputs) > 1:
+        raise SettingError(f"has {len(outputs)} outputs; an image classifier has one", "model")
     try:
         shape, width = tuple(model.input_shape[1:]), model.output_shape[-1]
     except (AttributeError, TypeError, IndexError, ValueError):  # several inputs or outputs: model_check says

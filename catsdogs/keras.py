@@ -43,6 +43,7 @@ from catsdogs.measure.noise_run import NOISE_PAIRS, noise_sampling, user_noise_s
 # 18.5% of a 1.2 s epoch, at 16; 0.18 s at 12); the price, an interval about 15% wider
 # (sqrt(16/12)), is paid once a measurement, where find-batch-size pools four seeds'.
 CALLBACK_PAIRS = NOISE_PAIRS * 3 // 4
+MOST_PAIRS = 1024  # a measurement's pairs at most: each holds a gradient's worth of numbers
 
 
 class GradientNoiseScale(keras.callbacks.Callback):
@@ -60,12 +61,25 @@ class GradientNoiseScale(keras.callbacks.Callback):
         self.images, self.labels = np.asarray(images), np.asarray(labels)
         if len(self.images) != len(self.labels):
             raise CatsdogsError(f"GradientNoiseScale(data): {len(self.images)} images but {len(self.labels)} labels")
-        if not isinstance(every, int) or every < 1:
-            raise CatsdogsError(f"GradientNoiseScale(every={every!r}): a whole number of epochs, at least 1")
+        if self.labels.dtype.kind not in "iub" and not (self.labels.dtype.kind == "f" and
+                                                         np.isfinite(self.labels).all()):
+            raise CatsdogsError(f"GradientNoiseScale(data): labels are numbers a loss can read, got "
+                                f"{self.labels.dtype} labels")
+        for name, value, least, most in (("every", every, 1, None), ("pairs", pairs, 2, MOST_PAIRS),
+                                         ("micros", micros, 2, MOST_PAIRS), ("micro", micro, 1, None),
+                                         ("seed", seed, 0, None)):
+            if value is None and name in ("micros", "micro"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least or (
+                    most is not None and value > most):
+                bounds = f"from {least}" + (f" to {most}" if most is not None else "")
+                raise CatsdogsError(f"GradientNoiseScale({name}={value!r}): a whole number {bounds}")
+        every, pairs, seed = int(every), int(pairs), int(seed)
         self.every, self.pairs, self.seed, self._loss = every, pairs, seed, loss
         self._micro, self._micros = micro, micros
         self.history: list[dict] = []  # one row a measurement: epoch, b_simple, low, high, seconds
         self._cache: dict = {}  # the backend's compiled gradient function, kept between epochs
+        self._warned = False  # a measurement that was not a number said once
 
     def sampling(self) -> NoiseSampling:
         """What one measurement of the two-batch estimator draws: find-batch-size's for a model of
@@ -104,15 +118,50 @@ class GradientNoiseScale(keras.callbacks.Callback):
         return engine.noise_estimate_at(step, Split(self.images, self.labels, []), sampling, self.seed, epoch,
                                         backends.current())
 
+    def on_train_begin(self, logs=None):
+        """What `fit` hands it, checked before an epoch trains: one output, one loss, the labels'
+        range within the output's classes."""
+        try:
+            outputs = self.model.outputs or []
+        except (AttributeError, ValueError):
+            outputs = []
+        if len(outputs) > 1:
+            raise CatsdogsError(f"GradientNoiseScale: the model has {len(outputs)} outputs; it measures a model of one")
+        loss = self._loss or getattr(self.model, "loss", None)
+        if loss is None or isinstance(loss, list | dict):
+            raise CatsdogsError("GradientNoiseScale: the model has no single loss to differentiate: compile it with "
+                                "one, or give loss=")
+        width = int(outputs[0].shape[-1]) if outputs and outputs[0].shape[-1] is not None else None
+        top = int(np.max(self.labels)) if self.labels.size and self.labels.dtype.kind in "iub" else None
+        if width is not None and top is not None and top >= max(2, width):
+            raise CatsdogsError(f"GradientNoiseScale(data): labels up to {top}, but the model's output has {width} "
+                                f"class{'es' if width != 1 else ''}")
+
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every:
             return
         e = self.measure(epoch + 1)
+        if not all(v is not None and math.isfinite(v) for v in (e.gradient_sq, e.trace)):
+            e = self._undetermined(e)
         row = {"epoch": epoch + 1, "b_simple": e.b_simple, "low": e.low, "high": e.high, "seconds": e.seconds}
         self.history.append(row)
         if logs is not None:  # numbers only: History and CSVLogger take NaN where an end is open
             for key, value in (("b_simple", e.b_simple), ("b_simple_low", e.low), ("b_simple_high", e.high)):
                 logs[key] = math.nan if value is None else float(value)
+
+
+    def _undetermined(self, e: gradient_noise.NoiseEstimate) -> gradient_noise.NoiseEstimate:
+        """A measurement whose gradients were not numbers (a NaN or infinity in the data or the
+        weights): no reading, NaN in all three logs, said once."""
+        if not self._warned:
+            import warnings
+
+            warnings.warn("GradientNoiseScale: a gradient was NaN or infinite (the data or the weights hold one): "
+                          "the noise scale is undetermined, logged as NaN", RuntimeWarning, stacklevel=2)
+            self._warned = True
+        from dataclasses import replace
+
+        return replace(e, b_simple=None, low=None, high=None)
 
 
 def articles_kind(model, loss) -> bool:

@@ -99,6 +99,14 @@ def test_what_is_not_an_answer_is_no_advice(text, said):
 # --- hostile inputs: one line, the keyword named, nothing written ----------------------------------------
 
 
+def two_outputs():
+    import keras
+
+    inputs = keras.Input((16, 16, 3))
+    flat = keras.layers.Flatten()(inputs)
+    return keras.Model(inputs, [keras.layers.Dense(3)(flat), keras.layers.Dense(1)(flat)])
+
+
 def hostile_cases():
     x, y = coloured(4)
     return [
@@ -117,6 +125,16 @@ def hostile_cases():
         (dict(model=small_model(), data=(x, y), max_batch_size=4, start=8), "max_batch_size: --max 4 is below"),
         (dict(model=small_model(), data=(x, y), precision="mixed_float16"), "precision: a keras.Model keeps"),
         (dict(model=small_model(), data=(x, y), name="../elsewhere"), "name: '../elsewhere': use letters"),
+        # the keywords' types, as the command line's options have them (issue 64)
+        (dict(model=small_model(), data=(x, y), max_batch_size="16"), r"max_batch_size: a whole number, got '16'"),
+        (dict(model=small_model(), data=(x, y), max_batch_size=2.5), "max_batch_size: a whole number, got 2.5"),
+        (dict(model=small_model(), data=(x, y), max_batch_size=True), "max_batch_size: a whole number, got True"),
+        (dict(model=small_model(), data=(x, y), seed=1.5), "seed: a whole number, got 1.5"),
+        (dict(model=small_model(), data=(x, y), steps="5"), "steps: a whole number, got '5'"),
+        (dict(model=small_model(), data=(x, y), noise_scale="no"), "noise_scale: True or False, got 'no'"),
+        (dict(model=small_model(), data=(x, y), isolate=1), "isolate: True or False, got 1"),
+        (dict(model=small_model(), data=(x, y), memory_limit=[1]), "memory_limit: a number of bytes"),
+        (dict(model=two_outputs(), data=(x, y)), "model: has 2 outputs; an image classifier has one"),
     ]
 
 
@@ -128,6 +146,32 @@ def test_a_hostile_input_raises_the_documented_error_in_one_line_and_writes_noth
     # then the error is one line, and no run folder (nor a half-written answer) was left
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_numpy_numbers_are_taken_where_python_s_are(tmp_path, monkeypatch):
+    from catsdogs import api
+
+    # given numpy's integers and floats where find_batch_size takes whole numbers and bytes
+    x, y = coloured(4)
+    settings, _, _ = api.find_settings(small_model(), (x, y), memory_limit=np.int64(2**30), optimizer="adam",
+                                       max_batch_size=np.int32(64), seed=np.int64(3), precision="float32",
+                                       noise_scale=np.bool_(True), loss="auto", from_store=None, name="n",
+                                       data_dir=tmp_path, search={"steps": np.int16(4)})
+    # then they are read as Python's, as the command line's would be
+    assert (settings.memory_cap_bytes, settings.max_batch, settings.seed, settings.steps) == (2**30, 64, 3, 4)
+    assert type(settings.max_batch) is int and settings.measure_noise is True
+
+
+def test_the_filesystems_refusal_is_one_line_naming_the_path(tmp_path):
+    # given `out` that is a file, not a folder
+    (tmp_path / "out").write_text("mine")
+    x, y = coloured(4)
+    # when find_batch_size would write under it, then one line of CatsdogsError naming the path, and
+    # the file is as it was
+    with pytest.raises(catsdogs.CatsdogsError, match="Not a directory") as caught:
+        catsdogs.find_batch_size(small_model(), (x, y), out=tmp_path / "out", data_dir=tmp_path / "none", log=None)
+    assert "\n" not in str(caught.value) and not isinstance(caught.value, OSError)
+    assert (tmp_path / "out").read_text() == "mine"
 
 
 def test_an_unknown_keyword_is_a_type_error_as_python_says_it():

@@ -76,6 +76,97 @@ def test_bad_data_is_one_line_of_the_documented_error():
         GradientNoiseScale(([0] * 4, [0] * 4), every=0)
 
 
+@pytest.mark.parametrize("kwargs, said", [
+    (dict(pairs=0), "pairs=0"), (dict(pairs=-1), "pairs=-1"), (dict(pairs=1), "pairs=1"),
+    (dict(pairs=2.5), "pairs=2.5"), (dict(pairs=10**9), "from 2 to 1024"), (dict(pairs=True), "pairs=True"),
+    (dict(micros=1), "micros=1"), (dict(micro=0), "micro=0"), (dict(seed="x"), "seed='x'"),
+])
+def test_a_bad_setting_is_refused_when_the_callback_is_made_not_after_an_epoch(kwargs, said):
+    from catsdogs.errors import CatsdogsError
+    from catsdogs.keras import GradientNoiseScale
+
+    # given a setting no measurement can run with, then the constructor says so, in one line
+    with pytest.raises(CatsdogsError, match=f"{said}.*whole number|whole number.*{said}|{said}") as refused:
+        GradientNoiseScale(([0.0] * 4, [0] * 4), **kwargs)
+    assert "\n" not in str(refused.value)
+
+
+def test_labels_no_loss_can_read_are_refused_when_the_callback_is_made():
+    from catsdogs.errors import CatsdogsError
+    from catsdogs.keras import GradientNoiseScale
+
+    with pytest.raises(CatsdogsError, match="labels are numbers a loss can read, got <U3"):
+        GradientNoiseScale(([0.0] * 2, ["cat", "dog"]))
+
+
+def _counted_fit(model, labels, loss, fit_labels=None):
+    """`fit` one epoch of 8 random images with the callback (its data: the images and `labels`),
+    and a counter of the epochs begun."""
+    import keras
+    import numpy as np
+
+    from catsdogs.keras import GradientNoiseScale
+
+    x = np.random.default_rng(0).random((8, 8, 8, 3)).astype("float32")
+    begun = []
+    counter = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: begun.append(epoch))
+    model.compile(optimizer="sgd", loss=loss)
+    noise = GradientNoiseScale((x, labels))
+    model.fit(x, labels if fit_labels is None else fit_labels, epochs=1, batch_size=4, verbose=0,
+              callbacks=[noise, counter])
+    return begun
+
+
+@pytest.mark.parametrize("outputs, labels, loss, said", [
+    (2, [0, 1] * 4, ["binary_crossentropy", "binary_crossentropy"], "the model has 2 outputs"),
+    (1, [0, 1, 2, 0, 1, 2, 0, 1], "binary_crossentropy", "labels up to 2, but the model's output has 1 class"),
+])
+def test_a_model_or_labels_the_callback_cannot_measure_are_refused_before_an_epoch_trains(outputs, labels, loss, said):
+    import keras
+    import numpy as np
+
+    from catsdogs.errors import CatsdogsError
+
+    # given a model of two outputs, or binary cross-entropy on labels of three classes
+    inputs = keras.Input((8, 8, 3))
+    flat = keras.layers.Flatten()(inputs)
+    heads = [keras.layers.Dense(1, activation="sigmoid")(flat) for _ in range(outputs)]
+    model = keras.Model(inputs, heads if outputs > 1 else heads[0])
+    y = np.array(labels)
+    begun: list = []
+    # when `fit` starts with the callback, then it is refused in one line before the first epoch begins
+    with pytest.raises(CatsdogsError, match=said):
+        begun = _counted_fit(model, y, loss, fit_labels=[y] * outputs if outputs > 1 else None)
+    assert begun == []
+
+
+@pytest.mark.slow
+def test_a_nan_in_the_data_gives_an_undetermined_reading_and_one_warning_not_a_confident_bound():
+    import keras
+    import numpy as np
+
+    from catsdogs.keras import GradientNoiseScale
+
+    # given images with a NaN pixel, as the callback's sample of the data (in every image, so that
+    # every measurement draws one)
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 8, 8, 3)).astype("float32")
+    y = rng.integers(0, 2, 64)
+    sample = x.copy()
+    sample[:, 1, 1, 0] = np.nan
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    noise = GradientNoiseScale((sample, y), pairs=4)
+    # when it measures after each of two epochs
+    with pytest.warns(RuntimeWarning, match="NaN or infinite") as warned:
+        history = model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[noise])
+    # then every reading is undetermined (NaN in all three logs, None in its history), said once
+    for key in ("b_simple", "b_simple_low", "b_simple_high"):
+        assert all(math.isnan(v) for v in history.history[key]), key
+    assert all(r["b_simple"] is None and r["low"] is None and r["high"] is None for r in noise.history)
+    assert len([w for w in warned if "NaN or infinite" in str(w.message)]) == 1
+
+
 @pytest.mark.slow
 def test_the_callbacks_b_simple_on_the_articles_model_agrees_with_the_sweeps_at_the_same_weights(prepared_data):
     # (TensorFlow: the estimator is one code on both backends, and the bit-identity test above runs both.
