@@ -9,7 +9,7 @@ process) stays light.
 
 from catsdogs.version import __version__
 
-_API = ("BatchSizeAdvice", "CatsdogsError", "SettingError", "find_batch_size", "profile", "report", "sweep")
+_API = ("BatchSizeAdvice", "CatsdogsError", "SettingError", "close", "find_batch_size", "profile", "report", "sweep")
 __all__ = [*_API, "__version__"]
 
 

@@ -39,7 +39,7 @@ from catsdogs.errors import CatsdogsError, SettingError, os_error_line
 from catsdogs.model_ref import FUNCTION
 from catsdogs.schema import PROCESS_FIELDS, check_run_name
 
-__all__ = ["BatchSizeAdvice", "CatsdogsError", "SettingError", "find_batch_size", "profile", "report", "sweep"]
+__all__ = ["BatchSizeAdvice", "CatsdogsError", "SettingError", "close", "find_batch_size", "profile", "report", "sweep"]
 
 # the command line's option -> the keyword argument that sets it here, for an error's first word
 # (a key not here is its keyword's own name: data, model, seed ...)
@@ -73,8 +73,19 @@ def _keyword_errors(function):
             raise SettingError(text if text.startswith(f"{keyword}:") else f"{keyword}: {text}", exc.key) from None
         except OSError as exc:
             raise CatsdogsError(os_error_line(exc)) from None
+        finally:
+            close()  # the call's worker templates let go: the caller's process keeps none between calls
 
     return said
+
+
+def close() -> None:
+    """Let go of every process catsdogs holds between calls in this Python process (the worker
+    templates a call on TensorFlow starts, about 0.6-0.8 GiB each); each public function does it as
+    it returns, so this is for a caller that used catsdogs's internals."""
+    template = sys.modules.get("catsdogs.runtime.template")  # none started where it was never imported
+    if template is not None:
+        template.release_all()
 
 
 @_keyword_errors

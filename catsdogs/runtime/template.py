@@ -9,13 +9,13 @@ its own (/proc/self/pagemap) and each child maps them before anything else (MADV
 Linux 5.14): its resident set then a fresh worker's. Where the kernel lacks it, workers start
 fresh.
 
-A template (`python -m catsdogs.runtime.template FD ENTRY`) imports what a worker imports before its
-framework starts, and the entry's module ("module:function", named, never imported here), then forks a child for every request on socket FD (the worker's environment
-and folder; its stdin, stdout and stderr as descriptors). The child takes them, a session of its
-own and death with the template (which dies with catsdogs: catsdogs.runtime.spawner), and runs
-the worker process (catsdogs.training.child) as `python -m` would run it. The template reaps its
-children and sends their exit statuses back; `TemplateChild` answers what `Worker` asks of
-`subprocess.Popen`. Where it applies (`usable`): TensorFlow on Linux on a host without an NVIDIA
+This module is the parent's side; the template process is catsdogs.runtime.fork_server, a fork
+server that runs an entry it is given by name (the worker's: catsdogs.training.child, as `python
+-m` would run it), its children dying with it (and it with catsdogs: catsdogs.runtime.spawner).
+`Template` is the parent's handle on one, `TemplateChild` answers what `Worker` asks of
+`subprocess.Popen`; every wait on a template is bounded (ANSWER_SECONDS, READY_SECONDS, and a
+child's end read from the kernel where its template cannot say it): a template that does not
+answer is let go, said, and workers start fresh. Where it applies (`usable`): TensorFlow on Linux on a host without an NVIDIA
 device, unless CATSDOGS_WORKER_TEMPLATE=0 (JAX reads its XLA flags and cache settings at import,
 each worker's own). One template serves the workers that agree with it in what an import reads
 (`import_key`). docs/performance.md, "The trial engine", gives the measurements.
@@ -24,22 +24,17 @@ each worker's own). One template serves the workers that agree with it in what a
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import importlib
 import json
 import os
-import random
-import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import traceback
+import time
 from pathlib import Path
 
-import numpy as np
-
+from catsdogs.runtime.fork_server import MESSAGE_BYTES, WORKER_ENTRY, WORKER_MAIN  # noqa: F401 - the worker handle reads WORKER_ENTRY here
 from catsdogs.runtime.spawner import SPAWNER, die_with_parent
 
 ENV = "CATSDOGS_WORKER_TEMPLATE"  # "0": every worker a fresh process
@@ -48,8 +43,9 @@ ENV = "CATSDOGS_WORKER_TEMPLATE"  # "0": every worker a fresh process
 IMPORT_PREFIXES = ("TF_", "KERAS_", "PYTHON", "LD_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "CUDA_", "XLA_",
                    "JAX_", "NVIDIA_", "CATSDOGS_SKIP_OPTIONAL_IMPORTS", "HOME", "XDG_")
 MAX_TEMPLATES = 2  # a template holds a framework's import in memory (about 0.6 GiB)
-MESSAGE_BYTES = 1 << 20  # a request: the worker's environment, as JSON
-MADV_POPULATE_READ = 22  # linux/mman.h: map a range's pages, as reading each would
+ANSWER_SECONDS = 30.0  # a template that has not forked a requested worker by then is let go
+READY_SECONDS = 120.0  # ... or has not imported the framework by then
+LOOK_SECONDS = 1.0  # how often a wait for a child's end asks the kernel too (a stopped template says nothing)
 
 
 def usable(env: dict) -> bool:
@@ -81,175 +77,6 @@ def import_key(env: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_PREFIXES)))
 
 
-# --- the template process ----------------------------------------------------------------------
-
-
-WORKER_ENTRY = "catsdogs.training.child"  # the worker process's module (run as `python -m`), named, not imported
-WORKER_MAIN = f"{WORKER_ENTRY}:main"
-
-
-def _import_framework() -> None:
-    """What a TensorFlow worker imports before its framework starts (catsdogs.training.child.main),
-    and nothing that starts it."""
-    from catsdogs.runtime import backends, skipped_imports
-
-    backend = backends.current()
-    if backend.NAME != "tensorflow":
-        raise RuntimeError(f"a template serves TensorFlow's workers, not {backend.NAME}'s")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", backend.LOG_LEVEL)
-    with skipped_imports.skipping(backend.NAME):
-        import keras  # noqa: F401
-        import tensorflow  # noqa: F401
-
-
-def mapped_file_pages() -> list[tuple[int, int]]:
-    """(address, length) of every run of pages this process has mapped from files, as its page
-    tables hold them (/proc/self/pagemap's present bit)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    ranges = []
-    with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:
-        for line in maps:
-            fields = line.split()
-            if len(fields) < 6 or not fields[5].startswith("/"):
-                continue
-            low, high = (int(x, 16) for x in fields[0].split("-"))
-            pagemap.seek(low // page * 8)
-            entries = np.frombuffer(pagemap.read((high - low) // page * 8), dtype=np.uint64)
-            present = (entries >> np.uint64(63)).astype(np.int8)
-            edges = np.diff(np.concatenate(([0], present, [0])))
-            for start, end in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True):
-                ranges.append((low + int(start) * page, int(end - start) * page))
-    return ranges
-
-
-def populate(ranges: list[tuple[int, int]]) -> None:
-    """Map these pages into this process's page tables (OSError where the kernel cannot)."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    for address, length in ranges:
-        if libc.madvise(address, length, MADV_POPULATE_READ) != 0:
-            errno = ctypes.get_errno()
-            if errno != 12:  # ENOMEM: the range is no longer mapped (a library let go)
-                raise OSError(errno, f"madvise(MADV_POPULATE_READ): {os.strerror(errno)}")
-
-
-def serve(fd: int, entry: str = WORKER_MAIN) -> int:
-    """The template's loop: fork a child running `entry` ("module:function", its return value the
-    exit status) for each request; report exits. Only the worker's entry imports the framework."""
-    sock = socket.socket(fileno=fd)
-    try:
-        if entry == WORKER_MAIN:
-            _import_framework()
-        importlib.import_module(entry.partition(":")[0])  # the entry's code, loaded once for every child
-        pages = mapped_file_pages()
-        populate(pages[:1])  # the kernel can (Linux 5.14 on), or no child could match a fresh worker
-    except BaseException as e:  # noqa: BLE001 - said to the parent, which starts fresh workers
-        _send(sock, {"failed": f"{type(e).__name__}: {e}"})
-        return 1
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.set_wakeup_fd(wake_w)
-    _send(sock, {"ready": os.getpid()})
-    while True:
-        readable, _, _ = select.select([sock, wake_r], [], [])
-        if wake_r in readable:
-            os.read(wake_r, 4096)
-        if sock in readable:
-            data, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 3)
-            if not data:  # the parent closed its end (it ended, or let this template go)
-                break
-            request = json.loads(data)
-            settled_r, settled_w = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                os.close(settled_r)
-                _child(request, fds, entry, pages, settled_w)
-            os.close(settled_w)
-            os.read(settled_r, 1)  # its session made (a kill of its group reaches it), or it ended
-            os.close(settled_r)
-            for f in fds:
-                os.close(f)
-            _send(sock, {"spawned": pid, "id": request["id"]})
-        _reap(sock)
-    return 0
-
-
-def _reap(sock: socket.socket) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
-
-
-def _send(sock: socket.socket, message: dict) -> None:
-    with contextlib.suppress(OSError):  # the parent is gone: its children die with this process
-        sock.send(json.dumps(message).encode())
-
-
-def _move_to(cwd: str) -> None:
-    """The worker's folder, where a fresh `python -m` started in it would be: its current
-    folder, and first on sys.path (where a user's model module may lie)."""
-    started_in = os.getcwd()
-    os.chdir(cwd)
-    if sys.path and sys.path[0] == started_in:
-        sys.path[0] = cwd
-    importlib.invalidate_caches()
-
-
-def _exit_status(value) -> int:
-    """The status `sys.exit(value)` ends a process with: None 0, a number itself, anything else
-    said on stderr and 1. (An int always: os._exit of anything else raises, and the child would
-    go on in the template's loop.)"""
-    if value is None or isinstance(value, int):
-        return value or 0
-    print(value, file=sys.stderr)
-    return 1
-
-
-def _child(request: dict, fds: list[int], entry: str, pages: list[tuple[int, int]], settled: int) -> None:
-    """In the forked child: a session of its own, death with the template, the request's
-    descriptors as stdin, stdout and stderr, the template's file pages mapped again, the request's
-    environment; then the worker. Never returns."""
-    code = 1
-    try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        template = os.getppid()
-        os.setsid()
-        die_with_parent()
-        if os.getppid() != template:  # the template ended before the signal was armed
-            os._exit(1)
-        os.write(settled, b"1")  # the template may say it is here: its group can be killed
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
-            if fd > 2:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        populate(pages)
-        os.environ.clear()
-        os.environ.update(request["env"])
-        _move_to(request["cwd"])
-        random.seed()  # a fresh process's draws, not the template's (every child would share them)
-        np.random.seed()
-        module, _, function = entry.partition(":")
-        __import__(module)
-        sys.argv = [sys.modules[module].__file__]  # as `python -m module` would have it
-        code = _exit_status(getattr(sys.modules[module], function)())
-    except SystemExit as e:
-        code = _exit_status(e.code)
-    except BaseException:  # noqa: BLE001 - into the worker's log, as a fresh process's would go
-        traceback.print_exc()
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
-    os._exit(code)
-
-
 # --- the parent's side -------------------------------------------------------------------------
 
 
@@ -257,7 +84,7 @@ class TemplateChild:
     """A worker forked by a template: the parts of subprocess.Popen a Worker uses."""
 
     def __init__(self, template: Template, env: dict, stderr):
-        self.args = ["catsdogs.runtime.template", template.pid]
+        self.args = ["catsdogs.runtime.fork_server", template.pid]
         self.template = template
         self.returncode: int | None = None
         self._pid: int | None = None
@@ -279,17 +106,44 @@ class TemplateChild:
 
     @property
     def pid(self) -> int | None:
-        """The child's pid, once the template has forked it (None: it never did)."""
-        self._spawned.wait()
+        """The child's pid, once the template has forked it (None: it never did, or the template did
+        not answer within ANSWER_SECONDS: stopped, say; it is then let go, and workers start fresh)."""
+        if not self._spawned.wait(ANSWER_SECONDS):
+            self.template.give_up("did not fork a worker")
+            self._spawn(None)
         return self._pid
 
     def poll(self) -> int | None:
+        if not self._exited.is_set():
+            self._seen_exit()
         return self.returncode if self._exited.is_set() else None
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self._exited.wait(timeout):
-            raise subprocess.TimeoutExpired(self.args, timeout)
+        """The child's exit status, as the template reports it, or as the kernel shows it where the
+        template cannot (stopped: its child a zombie it has not reaped); TimeoutExpired after
+        `timeout` (None: no limit, but the kernel is asked every LOOK_SECONDS)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._exited.wait(LOOK_SECONDS if deadline is None else
+                                    max(0.0, min(LOOK_SECONDS, deadline - time.monotonic()))):
+            if self._seen_exit():
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
+
+    def _seen_exit(self) -> bool:
+        """Whether the kernel shows the child ended (a zombie its stopped template has not reaped:
+        its exit status read from /proc), recorded as its exit where so."""
+        if not self._spawned.is_set() or self._pid is None:
+            return False
+        try:
+            fields = Path(f"/proc/{self._pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return False  # reaped (the template's word is on its way) or never ours to read
+        if fields[0] != "Z" or len(fields) < 50:
+            return False
+        self._exit(os.waitstatus_to_exitcode(int(fields[49])))
+        return True
 
     def _spawn(self, pid: int | None) -> None:
         self._pid = pid
@@ -308,7 +162,7 @@ class Template:
     def __init__(self, env: dict, entry: str = WORKER_MAIN):
         """Start the template and wait until it has imported (or failed: `failed` says why)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = SPAWNER.popen([sys.executable, "-m", "catsdogs.runtime.template", str(theirs.fileno()), entry],
+        self.proc = SPAWNER.popen([sys.executable, "-m", "catsdogs.runtime.fork_server", str(theirs.fileno()), entry],
                                   pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True,  # a terminal's Ctrl-C is the parent's to handle
@@ -324,7 +178,8 @@ class Template:
         self._ended = threading.Event()
         self._ready = threading.Event()
         threading.Thread(target=self._listen, name="catsdogs-template", daemon=True).start()
-        self._ready.wait()
+        if not self._ready.wait(READY_SECONDS):
+            self.give_up(f"was not ready within {READY_SECONDS:.0f} s")
         if self._ended.is_set() and not self.failed:
             self.failed = f"the template process ended ({self.proc.poll()}) before it was ready"
 
@@ -349,6 +204,16 @@ class Template:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
+
+    def give_up(self, what: str) -> None:
+        """A template that does not answer (stopped, say): said once, ended with its children, and
+        never asked again (`failed`: workers start fresh)."""
+        if not self.failed:
+            self.failed = f"the worker template (pid {self.pid}) {what} within the time allowed"
+            print(f"catsdogs: {self.failed}: workers start fresh from now on", file=sys.stderr, flush=True)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)  # its children die with it (their parent-death signal)
+        self.close()
 
     def _listen(self) -> None:
         try:
@@ -405,6 +270,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_templates)
 
 
+def release_all() -> int:
+    """Let every template go and wait for its process to end (a Python call's end: its process keeps
+    none between calls); the number let go. A template with workers still running keeps them
+    until it ends with them."""
+    with _TEMPLATES_LOCK:
+        made = list(_TEMPLATES.values())
+        _TEMPLATES.clear()
+    for made_one in made:
+        made_one.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            made_one.proc.wait(timeout=10)
+    return len(made)
+
+
 def launch(env: dict, stderr) -> TemplateChild | None:
     """A worker of environment `env` forked from its template (started the first time), its stderr
     `stderr`; None where a template does not apply (`usable`) or has failed: a fresh process then."""
@@ -434,7 +313,3 @@ def launch_from(key: tuple, env: dict, stderr, entry: str) -> TemplateChild | No
             return TemplateChild(template, env, stderr)
         except OSError:
             return None
-
-
-if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1]), *sys.argv[2:3]))

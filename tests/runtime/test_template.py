@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -113,6 +114,49 @@ def test_a_child_ends_with_the_status_python_would_give_its_entrys_end(tmp_path)
         assert quiet.wait(timeout=10) == 0 and said.wait(timeout=10) == 1
         assert "no data" in (tmp_path / "child.log").read_text()
     finally:
+        made.close()
+
+
+@pytest.mark.slow
+def test_a_stopped_template_hangs_no_wait_a_childs_end_is_read_from_the_kernel(echo_template, tmp_path):
+    import threading
+
+    # given a child at work, and its template stopped (kill -STOP), so it can report nothing
+    child = _child(echo_template, tmp_path)
+    child.stdin.write("hello\n")
+    assert child.stdout.readline() == "HELLO\n"
+    os.kill(echo_template.pid, signal.SIGSTOP)
+    try:
+        # when the child ends, then a wait with no limit returns its status within seconds (a zombie
+        # its stopped template has not reaped), where it waited for the template's word for ever
+        child.stdin.write("exit 3\n")
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(child.wait()), daemon=True)
+        waiter.start()
+        waiter.join(timeout=15)
+        assert got == [3]
+    finally:
+        os.kill(echo_template.pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_a_template_that_does_not_fork_in_time_is_let_go_and_workers_start_fresh(tmp_path, monkeypatch, capfd):
+    # given a stopped template, and the parent's patience for an answer a second
+    made = Template(_env(), "template_entries:echo")
+    monkeypatch.setattr(template, "ANSWER_SECONDS", 1.0)
+    os.kill(made.pid, signal.SIGSTOP)
+    try:
+        # when a worker is asked of it, then the handle gives up within seconds: no pid, ended
+        started = time.monotonic()
+        child = _child(made, tmp_path)
+        assert child.pid is None and child.wait(timeout=5) == -signal.SIGKILL
+        assert time.monotonic() - started < 10
+        # and the template is let go, said once, and asked for nothing more (workers start fresh)
+        assert made.failed and "did not fork a worker" in made.failed
+        assert "workers start fresh" in capfd.readouterr().err
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(made.pid, signal.SIGCONT)
         made.close()
 
 

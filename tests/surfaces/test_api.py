@@ -4,6 +4,7 @@ BatchSizeAdvice it returns, and hostile inputs refused in one line before anythi
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -323,3 +324,48 @@ def test_the_other_functions_refuse_in_one_line_naming_their_keyword(tmp_path):
     assert "\n" not in str(caught.value)
     with pytest.raises(catsdogs.SettingError, match="^data: profile reads a folder"):
         catsdogs.profile(small_model(), [4], data=coloured(4), out=tmp_path, log=None)
+
+
+NOTEBOOK = """
+import os, sys
+import keras, catsdogs
+from keras import layers
+
+def children():
+    mine = str(os.getpid())
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+        except OSError:
+            continue
+        if status.get("PPid", "").strip() == mine and status["State"].split()[0] != "Z":
+            out.append((pid, status["Name"].strip()))
+    return out
+
+model = keras.Sequential([keras.Input((16, 16, 3)), layers.Conv2D(4, 3), layers.GlobalAveragePooling2D(),
+                          layers.Dense(2)])
+for call in range(2):
+    rows = catsdogs.profile(model, [2], memory_limit="2GiB", steps=2, warmup=1, out=sys.argv[1],
+                            data_dir=sys.argv[2], log=None, name=f"p{call}")
+    assert rows[0]["status"] == "done", rows
+    print("after call", call, children(), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_notebook_calling_twice_holds_no_catsdogs_process_between_or_after_its_calls(tmp_path):
+    import subprocess
+    import sys
+
+    # given a Python process that calls catsdogs twice, as a notebook's kernel would (TensorFlow's
+    # workers forked from a template, which a call starts)
+    script = tmp_path / "notebook.py"
+    script.write_text(NOTEBOOK)
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "CATSDOGS_WORKER_TEMPLATE": "1"}
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), str(tmp_path / "none")],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # then after each call it holds no process of catsdogs's (no template, no worker)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("after call")]
+    assert lines == ["after call 0 []", "after call 1 []"], out.stdout
