@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                                         max_batch=PAST_THE_DATA,
                                         precision=args.precision, steps=args.steps, memory_cap_bytes=cap,
                                         resolution=args.resolution, model=model, measure_noise=model is None)
-                s = find_batch_size(settings, data_dir, args.out, log=print if args.verbose else (lambda line: None))
+                s = find_batch_size(settings, data_dir, args.out, log=print if args.verbose else (lambda line: None)).to_dict()
                 pred = s["prediction"] or {}
                 row = {"backend": backend, "image_size": s["settings"]["image_size"], "cap": format_bytes(cap),
                        "model": (s.get("model") or {}).get("name", "article"),

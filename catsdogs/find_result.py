@@ -48,6 +48,7 @@ class FindResult:
     seconds: dict | None = None  # where the time went
     model: dict | None = None  # a user's model and its data
     absent: frozenset = field(default=frozenset(), repr=False, compare=False)
+    order: tuple = field(default=(), repr=False, compare=False)  # its source's order of keys (an older file's)
 
     @classmethod
     def answered(cls, **values) -> FindResult:
@@ -60,8 +61,11 @@ class FindResult:
         return cls(**values, absent=frozenset(absent))
 
     def to_dict(self) -> dict:
-        """find_batch_size.json's object."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "absent" and f.name not in self.absent}
+        """find_batch_size.json's object, its keys in its source's order (this version's otherwise)."""
+        names = [f.name for f in fields(self) if f.name not in ("absent", "order") and f.name not in self.absent]
+        ranked = {name: i for i, name in enumerate(self.order)}
+        names.sort(key=lambda name: ranked.get(name, len(ranked)))  # (stable: this version's order for the rest)
+        return {name: getattr(self, name) for name in names}
 
     def to_json(self, indent: int | None = 2) -> str:
         """find_batch_size.json's text (strict JSON: a NaN written as null)."""
@@ -76,13 +80,13 @@ class FindResult:
             raise CatsdogsError("an interrupted find-batch-size run holds no answer: run it again")
         if "largest_fitting" not in data:
             raise CatsdogsError("not find-batch-size's answer: no 'largest_fitting' in it")
-        known = {f.name for f in fields(cls)} - {"absent"}
+        known = {f.name for f in fields(cls)} - {"absent", "order"}
         unknown = sorted(set(data) - known, key=str)
         if unknown:
             raise CatsdogsError(f"not find-batch-size's answer as this catsdogs writes it: unknown key {unknown[0]!r}")
         for key, value in data.items():
             _check(key, value)
-        return cls(**data, absent=frozenset(known - set(data)))
+        return cls(**data, absent=frozenset(known - set(data)), order=tuple(data))
 
     @classmethod
     def from_json(cls, source: str | Path) -> FindResult:
@@ -136,7 +140,7 @@ _SHAPES = {
     "probes": (lambda v: isinstance(v, list) and all(isinstance(p, dict) for p in v), "a list of objects"),
     "backend": (lambda v: v is None or isinstance(v, str), "text or null"),
     "host": (lambda v: v is None or isinstance(v, str), "text or null"),
-    "memory_fraction": (lambda v: v is None or (_is_number(v) and 0 < v <= 1), "a fraction or null"),
+    "memory_fraction": (lambda v: v is None or (_is_number(v) and v > 0), "a positive number or null"),  # > 1: oversubscribed
 }
 # the fields the advice reads inside the objects, each of its type
 _INSIDE = {

@@ -90,8 +90,8 @@ def passed(probes: list[ProbeRecord], at_most: int | None = None) -> dict[int, P
     return out
 
 
-def contested(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None,
-              timeable: Callable[[ProbeRecord], bool] = lambda probe: True) -> list[int]:
+def contested(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None, *,
+              timeable: Callable[[ProbeRecord], bool]) -> list[int]:
     """The sizes the recommendation could fall on, what find-batch-size times again before it
     decides: the CONTESTED_MOST nearest the least worst case's size on a log scale (itself
     included), among those whose worst case is within CONTESTED times the least and whose peak
@@ -116,8 +116,8 @@ def _contest(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | Non
     return candidates, {b for b, w in worst.items() if w <= CONTESTED * worst[least]}, least
 
 
-def between(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None,
-            timeable: Callable[[ProbeRecord], bool] = lambda probe: True) -> list[int]:
+def between(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None, *,
+            timeable: Callable[[ProbeRecord], bool]) -> list[int]:
     """The sizes the decision interpolates over near its choice: in each gap wider than a factor
     of 2 between two neighbouring candidates, one of them within CONTESTED times the least worst
     case, the sizes that halve it (doubling from the smaller, on the margin's grid: `round_batch`),

@@ -53,11 +53,11 @@ class Arm:
 
 @dataclass(frozen=True)
 class Trial:
-    """An arm's run on one seed, stopped at `cap_seconds` of steady time (None: uncapped)."""
+    """An arm's run on one seed. Its cap is asked when it starts (`Race.cap_for(seed)`): the seed's
+    best time so far, which the trials run before it on that seed set."""
 
     arm: Arm
     seed: int
-    cap_seconds: float | None
 
 
 @dataclass(frozen=True)
@@ -132,10 +132,10 @@ class Race:
 
     def next_trials(self) -> list[Trial]:
         """The current rung's trials not run yet, seed by seed (each seed's arms together, so that a
-        seed's best time caps the rest), each capped at CAP times its seed's best so far."""
+        seed's best time caps the rest: the runner asks `cap_for(seed)` as each starts)."""
         if self.finished:
             return []
-        return [Trial(arm, seed, self.cap_for(seed)) for seed in self.rung_seeds() for arm in self.alive
+        return [Trial(arm, seed) for seed in self.rung_seeds() for arm in self.alive
                 if (arm, seed) not in self.outcomes]
 
     def cap_for(self, seed: int) -> float | None:
@@ -151,6 +151,8 @@ class Race:
     def advance(self) -> list[Arm]:
         """End the current rung (its trials all recorded): keep the best KEEP of its arms (at least
         one), and move to the next rung; the arms left behind, returned."""
+        if self.finished:
+            raise ValueError("the race is over: no rung to end")
         missing = self.next_trials()
         if missing:
             raise ValueError(f"{len(missing)} trials of rung {self.rung + 1} have not run")
@@ -194,7 +196,10 @@ class Race:
 
     def decision(self, tie: float = TIE) -> dict:
         """The leader, its time with an interval, every arm's ratio to it with an interval (paired
-        log-differences over their common seeds), and the arms it cannot tell from it."""
+        log-differences over their common seeds; a censored run's time is its cap, a lower bound,
+        so an arm censored anywhere is slower than its ratio says), and the arms it cannot tell
+        from it: those that ran every seed the leader did, none censored, whose interval reaches
+        below TIE times the leader's."""
         lead = self.leader()
         seeds = [s for s in self.seeds if (lead, s) in self.outcomes]
         lead_logs = {s: math.log(self.outcomes[(lead, s)].seconds) for s in seeds}
@@ -211,15 +216,15 @@ class Race:
                          "left_at_rung": self.dropped.get(arm)})
         times = [self.outcomes[(lead, s)].seconds for s in seeds]
         low, mid, high = _interval([math.log(t) for t in times])
-        mean_arm = min(self.alive, key=lambda a: (statistics.fmean(self.outcomes[(a, s)].seconds for s in seeds
-                                                                   if (a, s) in self.outcomes), a))
-        tied = [r for r in rows if (r["batch_size"], r["lr"]) != (lead.batch_size, lead.lr)
-                and r["ratio_low"] is not None and r["ratio_low"] < tie]
+        finished = [a for a in self.alive if all((a, s) in self.outcomes for s in seeds)]
+        mean_arm = min(finished, key=lambda a: (statistics.fmean(self.outcomes[(a, s)].seconds for s in seeds), a))
+        tied = [r for r in rows if (r["batch_size"], r["lr"]) != (lead.batch_size, lead.lr) and r["seeds"] == len(seeds)
+                and not r["censored"] and r["ratio_low"] is not None and r["ratio_low"] < tie]
         return {"batch_size": lead.batch_size, "lr": lead.lr, "seconds": math.exp(mid),
                 "seconds_low": math.exp(low), "seconds_high": math.exp(high) if math.isfinite(high) else None,
-                "seeds": len(seeds), "criterion": "median",
-                "mean_leader": {"batch_size": mean_arm.batch_size, "lr": mean_arm.lr},
-                "tied": sorted({r["batch_size"] for r in tied}), "arms": rows}
+                "seeds": len(seeds), "censored": sum(self.outcomes[(lead, s)].censored for s in seeds),
+                "criterion": "median", "mean_leader": {"batch_size": mean_arm.batch_size, "lr": mean_arm.lr},
+                "tied": [{"batch_size": r["batch_size"], "lr": r["lr"]} for r in tied], "arms": rows}
 
 
 def _interval(values: list[float]) -> tuple[float, float, float]:

@@ -96,20 +96,45 @@ def test_the_decision_gives_the_leaders_time_with_an_interval_and_the_arms_it_ca
     # then the leader's time has an interval around it, the close arm is tied with it, the slow
     # one is not, and the criterion (the median's) is said beside the mean's leader
     assert decided["seconds_low"] < decided["seconds"] < decided["seconds_high"]
-    assert decided["tied"] == [{8: 16, 16: 8}[decided["batch_size"]]]
+    assert [t["batch_size"] for t in decided["tied"]] == [{8: 16, 16: 8}[decided["batch_size"]]]
     slow = next(r for r in decided["arms"] if r["batch_size"] == 32)
     assert slow["ratio_low"] > 1.25 and decided["criterion"] == "median" and decided["mean_leader"]
 
 
 def test_bad_times_are_refused_and_a_rung_with_trials_missing_does_not_end():
-    race = Race([Arm(8, 0.01), Arm(16, 0.01)])
+    race = Race([Arm(8, 0.01), Arm(16, 0.01)], rungs=(1,), seeds=[0])
     with pytest.raises(ValueError, match="positive number of seconds"):
         race.record(Outcome(Arm(8, 0.01), 0, math.nan))
     race.record(Outcome(Arm(8, 0.01), 0, 1.0))
     with pytest.raises(ValueError, match="have not run"):
         race.advance()
+    race.record(Outcome(Arm(16, 0.01), 0, 2.0))
+    race.advance()
+    with pytest.raises(ValueError, match="the race is over"):
+        race.advance()
     with pytest.raises(ValueError, match="at least one arm"):
         Race([])
+
+
+def test_an_arm_censored_or_short_of_the_leaders_seeds_is_never_tied_with_it():
+    # given a race whose arm 16 was capped on a seed (censored) and whose arm 32 ran one seed only
+    race = Race([Arm(8, 0.01), Arm(16, 0.01), Arm(32, 0.01)], rungs=(1, 3), seeds=[0, 1, 2])
+    for arm, seed, seconds, censored in ((Arm(8, 0.01), 0, 1.0, False), (Arm(16, 0.01), 0, 1.1, False),
+                                         (Arm(32, 0.01), 0, 1.05, False)):
+        race.record(Outcome(arm, seed, seconds, censored))
+    race.advance()  # keeps the better half: 8 and 32
+    race.alive = [Arm(8, 0.01), Arm(16, 0.01)]  # (16 kept instead, to race it censored)
+    for seed in (1, 2):
+        race.record(Outcome(Arm(8, 0.01), seed, 1.0))
+        race.record(Outcome(Arm(16, 0.01), seed, 3.0 if seed == 1 else 1.1, seed == 1))
+    race.advance()
+    decided = race.decision()
+    # then neither is said to tie the leader: one was censored, the other never met its seeds
+    assert decided["batch_size"] == 8 and decided["tied"] == []
+    # and an arm just added (a rate's edge) with no run yet breaks no decision
+    race.arms.append(Arm(8, 0.02))
+    race.alive.append(Arm(8, 0.02))
+    assert race.decision()["batch_size"] == 8
 
 
 @pytest.mark.parametrize("steps, b_noise", [(H200_STEPS, 8.0), (H200_STEPS, 64.0), (CPU_STEPS, 32.0)],

@@ -203,8 +203,8 @@ def test_a_size_timed_again_counts_by_its_median_and_a_failed_retime_says_nothin
     assert passed[32].images_per_second == 1000.0
     # and the sizes timed again are the 5 nearest the least worst case's size (the saturating device
     # at B_noise 64: 64), whatever their own probe said, if within 3 times the least (below, 8 is 3.3 times)
-    assert goodput.contested(probes_of(SATURATING), 256, noise(64.0, 64.0, 64.0)) == [16, 32, 64, 128, 256]
-    assert goodput.contested(probes_of({8: 0.01, 16: 0.01, 32: 0.01}), 32, noise(100.0, 100.0, 100.0)) == [16, 32]
+    assert goodput.contested(probes_of(SATURATING), 256, noise(64.0, 64.0, 64.0), timeable=ProbeRun.can_retime) == [16, 32, 64, 128, 256]
+    assert goodput.contested(probes_of({8: 0.01, 16: 0.01, 32: 0.01}), 32, noise(100.0, 100.0, 100.0), timeable=ProbeRun.can_retime) == [16, 32]
     # but not a size whose peak came within a quarter of its cap: a timing worker keeps every size's step
     crowded = probes_of(SATURATING)
     for p in crowded:
@@ -223,25 +223,25 @@ def test_a_gap_wider_than_twice_beside_the_choice_is_filled_before_the_decision(
     # when B_noise is bounded below only (102, 13 to unbounded) or hardly at all (0 to unbounded)
     for estimate in (noise(102.0, 12.7, None), noise(43.0, 1e-4, None)):
         # then the sizes that halve the gap beside the choice are timed before it decides: 2 and 4
-        assert goodput.between(probes, 312, estimate) == [2, 4]
+        assert goodput.between(probes, 312, estimate, timeable=ProbeRun.can_retime) == [2, 4]
     # and once 4 is measured (the critical plan's fastest to the target: 305 images/s) it is the answer
     filled = probes + [ProbeRecord(batch_size=4, status="done", images_per_second=305.0, phase="between"),
                        ProbeRecord(batch_size=2, status="done", images_per_second=240.0, phase="between")]
     assert goodput.choose(filled, 312, noise(102.0, 12.7, None))["batch_size"] == 4
-    assert goodput.between(filled, 312, noise(102.0, 12.7, None)) == []  # nothing left to fill
+    assert goodput.between(filled, 312, noise(102.0, 12.7, None), timeable=ProbeRun.can_retime) == []  # nothing left to fill
 
 
 def test_the_gaps_filled_are_the_few_nearest_the_choice_within_its_contest_and_below_the_margin():
     # given a search started at 64 (--start 64): 1, then 64 to 512, a device flat in step time to 64
     probes = probes_of({b: 0.01 * max(1.0, b / 64) for b in (1, 64, 128, 256, 512)})
     # when B_noise is large (the larger sizes contest it), the gap 1..64's three sizes nearest 64 come first
-    assert goodput.between(probes, 512, noise(400.0, 300.0, 500.0)) == [8, 16, 32]
+    assert goodput.between(probes, 512, noise(400.0, 300.0, 500.0), timeable=ProbeRun.can_retime) == [8, 16, 32]
     # and a gap far from the choice, its two sides beyond 3 times the least worst case, is left alone
     # (the saturating device at B_noise 64: 8 is 3.3 times the least, 1 more)
     far = probes_of({1: 0.01, **SATURATING})
-    assert goodput.between(far, 256, noise(64.0, 64.0, 64.0)) == []
+    assert goodput.between(far, 256, noise(64.0, 64.0, 64.0), timeable=ProbeRun.can_retime) == []
     # and a size above the margin's is never filled: the candidates stop there
-    assert all(b <= 64 for b in goodput.between(probes, 64, noise(400.0, 300.0, 500.0)))
+    assert all(b <= 64 for b in goodput.between(probes, 64, noise(400.0, 300.0, 500.0), timeable=ProbeRun.can_retime))
     # and a gap is filled only below a size whose peak left a quarter of its cap free: the retime's
     # worker, where the gap's sizes are timed, keeps every size's step
     for p in probes:
@@ -257,4 +257,4 @@ def test_a_size_first_timed_between_that_failed_is_no_candidate_and_is_not_tried
     # then 4 is not a candidate (its worker held other sizes' steps: it says nothing of 4's memory)
     assert 4 not in goodput.passed(probes)
     # and the gap's fill does not ask for it again
-    assert goodput.between(probes, 312, noise(102.0, 12.7, None)) == [2]
+    assert goodput.between(probes, 312, noise(102.0, 12.7, None), timeable=ProbeRun.can_retime) == [2]
