@@ -25,7 +25,9 @@ spread. Not on a GPU, whose synced timers are steady from one call to the next (
 
 The prediction comes first (catsdogs.measure.memory_prediction), after the batch-size-1 probe (the
 calibration) and before the search; on a GPU the search's own probes carry it on (`probe_run.ProbeRun.guess`).
-The statistics come before both (catsdogs.measure.noise_run): the gradient noise scale's
+The statistics come before both (catsdogs.measure.noise_run), but for a cap the user gave, which
+batch size 1 is probed against first (`calibrate`): one it does not fit ends the run there, in one
+error line, with no noise scale trained for nothing. The gradient noise scale's
 rounded-down value is probed on the search's way up ("critical"), in the worker of the small
 sizes (on the CPU, when it lies below the search's start, first in the retime's worker rather than
 a fresh one of its own), so the recommendation (catsdogs.goodput: the least predicted time to a
@@ -42,6 +44,7 @@ run, stopped while their steps are timed (catsdogs.measure.prober). The summary 
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -49,11 +52,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from catsdogs import config, goodput
-from catsdogs.data import folder as folder_data
 from catsdogs.errors import CatsdogsError, Interrupted, SettingError
 from catsdogs.files import write_json_atomic
 from catsdogs.find_result import FindResult
-from catsdogs.host import host_memory_available, versions
+from catsdogs.host import host_memory_available, process_alive, versions
 from catsdogs.manifest import require_intact
 from catsdogs.measure import model_check
 from catsdogs.measure.common import check_memory_floor, format_bytes, write_csv
@@ -76,7 +78,7 @@ from catsdogs.measure.search import (
     critical_probe,
     search,
 )
-from catsdogs.measure.settings import FindSettings
+from catsdogs.measure.settings import FindSettings, SearchBound
 from catsdogs.messages import ProbeRecord, columns
 from catsdogs.recommendation import fastest, hand_off, recommend
 from catsdogs.runtime import backends
@@ -84,6 +86,7 @@ from catsdogs.runtime.worker import Worker
 from catsdogs.schema import Status, default
 
 HOST_CAP_FRACTION = 0.9
+LOCK = ".running"  # OUT/NAME/.running: the pid of the run writing there
 PROBE_COLUMNS = columns(ProbeRecord, "search")  # find_batch_size.csv, and each probe in the .json
 
 
@@ -100,9 +103,22 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     (after writing the records)."""
     run = begin(settings, data_dir, out, log, arrays)
     try:
-        measure_statistics(run)
-        predict_memory(run)
-        search_memory(run)
+        return _measure_and_answer(run, log)
+    finally:
+        (run.folder / LOCK).unlink(missing_ok=True)
+
+
+def _measure_and_answer(run: FindRun, log) -> FindResult:
+    """The phases, the answer written (find_batch_size.json and .csv) and said."""
+    try:
+        if run.settings.memory_cap_bytes is not None:  # a cap of the user's: batch size 1 first (`calibrate`)
+            calibrate(run)
+        if not run.search:  # (none where batch size 1 did not fit the user's cap: nothing more to measure)
+            run.plan = BackgroundPlan.start(run.settings, run.manifest, run.user, run.data_dir, run.probes.work,
+                                            run.probes.env, run.bound.batch_size)
+            measure_statistics(run)
+            predict_memory(run)
+            search_memory(run)
     except KeyboardInterrupt:
         keep_interrupted(run.folder, run.settings, run.probes.probes, log)
     finally:
@@ -110,10 +126,10 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     result = answer(run)
     write_json_atomic(run.folder / "find_batch_size.json", result.to_dict(), indent=2)
     write_csv(result.probes, run.folder / "find_batch_size.csv", PROBE_COLUMNS)
+    if result.largest_fitting is None:  # the error says it all, where to find the records too
+        raise _nothing_fits(run.probes.probes[0], run.settings, run.folder)
     for line in summary_lines(result) + time_lines(result):
         log(line)
-    if result.largest_fitting is None:
-        raise _nothing_fits(run.probes.probes[0], run.settings, run.folder)
     return result
 
 
@@ -134,7 +150,7 @@ class FindRun:
     cpu_cap: int | None  # the CPU's cap without --memory-limit
     started: float
     probes: ProbeRun  # every probe, in the order run
-    plan: BackgroundPlan | None  # XLA's plan, compiling beside the statistics
+    plan: BackgroundPlan | None = None  # XLA's plan (JAX, the article's model), compiling beside the statistics
     noise: NoiseRun | None = None  # measure_statistics'
     calibration: ProbeRecord | None = None  # predict_memory's ...
     prediction: dict | None = None
@@ -154,6 +170,7 @@ def begin(settings: FindSettings, data_dir: Path, out: Path, log, arrays) -> Fin
     settings, manifest, size, user, probe_data, shared = _model_and_data(settings, data_dir, work, env, log, arrays)
     bound = SearchBound.of(settings, manifest, probe_data)
     folder.mkdir(parents=True, exist_ok=True)
+    _take(folder / LOCK, shared)
     cpu_cap = None
     if settings.memory_cap_bytes is None:
         avail = host_memory_available()
@@ -165,10 +182,27 @@ def begin(settings: FindSettings, data_dir: Path, out: Path, log, arrays) -> Fin
         log(f"Learning rate scaled from {a['store']}: the {a['kind']} sweep {a['sweep']!r}, tuned at batch sizes "
             f"{', '.join(map(str, sorted(int(b) for b in a['rates'])))}.")
     probes = ProbeRun(settings, data_dir, work, cpu_cap, env, log, probe_data)
-    # XLA's plan (JAX, the article's model) compiles in a worker of its own while the noise scale trains
-    plan = BackgroundPlan.start(settings, manifest, user, data_dir, work, env, bound.batch_size)
     return FindRun(settings, Path(data_dir), folder, log, manifest, size, user, probe_data, shared, bound, cpu_cap,
-                   started, probes, plan)
+                   started, probes)
+
+
+def _take(lock: Path, shared: Worker | None) -> None:
+    """This run's claim on its folder (a file of its pid); a CatsdogsError where another live run
+    holds it, whose answer this one's would overwrite (a claim whose process is gone is taken)."""
+    for _ in range(2):
+        try:
+            with open(lock, "x") as f:
+                f.write(str(os.getpid()))
+            return
+        except FileExistsError:
+            holder = lock.read_text().strip()
+            if holder.isdigit() and int(holder) != os.getpid() and process_alive(int(holder)):
+                if shared:
+                    shared.close()
+                raise CatsdogsError(f"another find-batch-size (pid {holder}) is writing {lock.parent}: wait for it to "
+                                    "end, or give this run another --name") from None
+            lock.unlink(missing_ok=True)  # its run is gone (killed): its claim with it
+    raise CatsdogsError(f"cannot claim {lock.parent}: another run keeps claiming it")
 
 
 def measure_statistics(run: FindRun) -> None:
@@ -185,11 +219,22 @@ def predict_memory(run: FindRun) -> None:
     waiting = time.perf_counter()
     planned = run.plan.result(run.log) if run.plan else None
     plan_wait = time.perf_counter() - waiting
-    run.probes.start_ahead(fresh_before_search(run.user, run.manifest), only_beside=True)
-    run.calibration = run.probes.probe(CALIBRATION_BATCH, "calibrate")
+    if run.calibration is None:
+        run.probes.start_ahead(fresh_before_search(run.user, run.manifest), only_beside=True)
+        run.calibration = run.probes.probe(CALIBRATION_BATCH, "calibrate")
     predicting = time.perf_counter()
     run.prediction = predict_first(run.probes, run.calibration, run.manifest, run.size, planned, run.log, run.user)
     run.predict_seconds = plan_wait + time.perf_counter() - predicting
+
+
+def calibrate(run: FindRun) -> None:
+    """Batch size 1 first, where the user set the cap: a cap it cannot fit ends the run at once (no
+    noise scale trained, no larger size probed), where it was found after both. Its record is the
+    calibration the prediction reads later (its worker started before the noise scale's)."""
+    run.calibration = run.probes.probe(CALIBRATION_BATCH, "calibrate")
+    if run.calibration.status != Status.DONE:
+        run.search = SearchResult(None, CALIBRATION_BATCH, [CALIBRATION_BATCH],
+                                  {CALIBRATION_BATCH: run.calibration.status})
 
 
 def end(run: FindRun) -> None:
@@ -264,7 +309,9 @@ def _noise_scale(run: FindRun) -> NoiseRun | None:
             worker.close()
             worker.log_path.unlink(missing_ok=True)
         return None
-    run.probes.start_ahead(fresh_before_search(user, run.manifest))
+    ahead = fresh_before_search(user, run.manifest) - (run.calibration is not None)  # (the calibration's: run)
+    if ahead:
+        run.probes.start_ahead(ahead)
     return measure_noise_scale(run.data_dir, run.manifest, settings, run.probes.work, run.probes.env, log,
                                probe_data=probe_data, sampling=user_noise_sampling(bool(user.batch_norm)) if user
                                else None, worker=worker)
@@ -347,42 +394,6 @@ def room_beyond_margin(probe: ProbeRecord, margin: float) -> bool:
     size that fitted at a bound memory did not set needs no margin against memory."""
     cap = probe.memory_cap_mb or probe.device_memory_limit_mb
     return bool(cap and probe.peak_memory_mb is not None and probe.peak_memory_mb <= (1 - margin) * cap)
-
-
-@dataclass(frozen=True)
-class SearchBound:
-    """The largest batch size the search probes, and why: --max when given, else the training
-    split (the prepared data's, or the training part of a --data folder), since no batch larger
-    than the data can be trained on them; None where neither says (a user's model on random
-    images, no --max): then memory alone stops the search."""
-
-    batch_size: int | None
-    by: str | None  # "max" or "data"
-    train_images: int | None
-
-    @classmethod
-    def of(cls, settings: FindSettings, manifest: dict | None, probe_data: model_check.ProbeData | None) -> SearchBound:
-        if probe_data is not None and probe_data.own:
-            train = folder_data.train_count(probe_data.count or 0) or None
-        elif manifest:
-            train = sum(manifest["counts"][settings.dataset]["train"].values())
-        else:
-            train = None
-        if settings.max_batch is not None:
-            return cls(settings.max_batch, "max", train)
-        return cls(train, "data" if train else None, train)
-
-    def stopped_by(self, result) -> str:
-        """What ended the search: "data" or "max" (every size up to the bound fit), "memory" (a
-        size ran out of it), or "failures" (sizes failed for another reason)."""
-        if result.reached_max:
-            return self.by or "max"
-        if result.first_failure is not None and result.statuses.get(result.first_failure) == Status.OOM:
-            return "memory"
-        return "memory" if result.largest_fit is None and Status.OOM in result.statuses.values() else "failures"
-
-    def as_json(self) -> dict:
-        return {"batch_size": self.batch_size, "by": self.by, "train_images": self.train_images}
 
 
 def _seconds(started: float, noise_run: NoiseRun | None, predict_seconds: float, probes: list[ProbeRecord]) -> dict:

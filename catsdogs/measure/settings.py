@@ -1,6 +1,6 @@
 """find-batch-size's options, each with its one default (the command line's too), checked in one
-place (`FindSettings.check`) and recorded in find_batch_size.json (`recorded`). The search's own
-constants are catsdogs.measure.search's.
+place (`FindSettings.check`) and recorded in find_batch_size.json (`recorded`), and the search's
+bound they and the data set (`SearchBound`). The search's own constants are catsdogs.measure.search's.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from catsdogs.data import folder as folder_data
 from catsdogs.errors import SettingError
 from catsdogs.measure import search
 from catsdogs.measure.common import check_settings
@@ -21,7 +22,7 @@ from catsdogs.measure.search import (
 )
 from catsdogs.model_ref import check_loss
 from catsdogs.runtime import backends
-from catsdogs.schema import LIMITS, check_number
+from catsdogs.schema import LIMITS, Status, check_number
 
 
 @dataclass(frozen=True)
@@ -102,3 +103,39 @@ class FindSettings:
                 **({"model": self.model, "loss": self.loss, "images": str(self.images) if self.images else None}
                    if self.model is not None else {}),
                 **({"effective_batch": self.effective_batch} if self.effective_batch is not None else {})}
+
+
+@dataclass(frozen=True)
+class SearchBound:
+    """The largest batch size the search probes, and why: --max when given, else the training
+    split (the prepared data's, or the training part of a --data folder), since no batch larger
+    than the data can be trained on them; None where neither says (a user's model on random
+    images, no --max): then memory alone stops the search."""
+
+    batch_size: int | None
+    by: str | None  # "max" or "data"
+    train_images: int | None
+
+    @classmethod
+    def of(cls, settings: FindSettings, manifest: dict | None, probe_data) -> SearchBound:  # probe_data: model_check.ProbeData or None
+        if probe_data is not None and probe_data.own:
+            train = folder_data.train_count(probe_data.count or 0) or None
+        elif manifest:
+            train = sum(manifest["counts"][settings.dataset]["train"].values())
+        else:
+            train = None
+        if settings.max_batch is not None:
+            return cls(settings.max_batch, "max", train)
+        return cls(train, "data" if train else None, train)
+
+    def stopped_by(self, result) -> str:
+        """What ended the search: "data" or "max" (every size up to the bound fit), "memory" (a
+        size ran out of it), or "failures" (sizes failed for another reason)."""
+        if result.reached_max:
+            return self.by or "max"
+        if result.first_failure is not None and result.statuses.get(result.first_failure) == Status.OOM:
+            return "memory"
+        return "memory" if result.largest_fit is None and Status.OOM in result.statuses.values() else "failures"
+
+    def as_json(self) -> dict:
+        return {"batch_size": self.batch_size, "by": self.by, "train_images": self.train_images}

@@ -227,9 +227,11 @@ def test_the_critical_batch_size_is_probed_and_joins_the_choice_when_statistics_
     # and of the sizes tied with it (within 10%), the middle one is recommended: 48 itself
     assert rec["near_best"] == [32, 48, 64] and rec["batch_size"] == 48
     assert all(worst[b] <= 1.1 * worst[48] for b in rec["near_best"])
-    # and the statistics were measured before the first probe
-    first_probe = next(i for i, ln in enumerate(lines) if ln.startswith("calibrate"))
-    assert lines.index("Noise scale: measured") < first_probe
+    # and the cap, the user's, was checked by batch size 1 first, then the statistics measured
+    # before the search's first probe
+    calibrated = next(i for i, ln in enumerate(lines) if ln.startswith("calibrate"))
+    first_search = next(i for i, ln in enumerate(lines) if ln.startswith("search"))
+    assert calibrated < lines.index("Noise scale: measured") < first_search
 
 
 @pytest.fixture(scope="module")
@@ -367,15 +369,21 @@ def test_the_command_prints_only_its_own_lines_on_either_backend(keras_backend, 
 
 
 @pytest.mark.slow
-def test_a_cap_below_the_runtime_is_an_error_with_the_records_written(data_dir, tmp_path):
+def test_a_cap_below_the_runtime_ends_the_run_at_batch_size_1_before_the_noise_scale(data_dir, tmp_path):
+    # given a cap below what the runtime itself needs, with the noise scale on and the default start
     result = CliRunner().invoke(cli, ["find-batch-size", "--data-dir", str(data_dir), "--out", str(tmp_path),
-                                      "--memory-limit", "200MiB", "--start", "1", "--name", "tiny", "--no-noise-scale"])
-    # then a usage error naming --memory-limit (exit 2: a value below what batch size 1 needs), its
-    # records written all the same
+                                      "--memory-limit", "200MiB", "--name", "tiny"])
+    # then a usage error naming --memory-limit (exit 2: a value below what batch size 1 needs), in
+    # three lines (the opening, batch size 1's probe, the error): no noise scale trained, no larger
+    # size probed after batch size 1 did not fit
     assert result.exit_code == 2, result.output
-    assert "Invalid value for '--memory-limit'" in result.output and "no batch size fits" in result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) <= 3 and lines[1].startswith("calibrate batch size     1: oom"), lines
+    assert "Invalid value for '--memory-limit'" in lines[-1] and "no batch size fits" in lines[-1]
+    assert not any(ln.startswith("Noise scale") for ln in lines)
+    # and its records written all the same
     saved = json.loads((tmp_path / "tiny" / "find_batch_size.json").read_text())
-    assert [p["status"] for p in saved["probes"]] == ["oom"]
+    assert [p["status"] for p in saved["probes"]] == ["oom"] and saved["noise_scale"] is None
 
 
 def test_a_probes_least_timed_seconds_are_read_when_the_settings_are_made(monkeypatch):
@@ -698,3 +706,19 @@ def test_an_effective_batch_that_does_not_fit_gets_its_accumulation_plan(data_di
 def test_an_effective_batch_below_one_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(cli, ["find-batch-size", "--effective-batch", "0", "--data-dir", str(tmp_path)])
     assert result.exit_code == 2 and "'--effective-batch': must be a whole number from 1 to" in result.output
+
+
+def test_a_run_into_the_folder_another_live_run_writes_is_refused_and_a_dead_runs_claim_is_taken(tmp_path):
+    from catsdogs.errors import CatsdogsError
+
+    # given a folder claimed by a live process (this test's parent, say) and one by a process gone
+    live, gone = tmp_path / "live", tmp_path / "gone"
+    live.mkdir()
+    gone.mkdir()
+    (live / findbs.LOCK).write_text(str(os.getppid()))
+    (gone / findbs.LOCK).write_text("999999999")
+    # then a run into the first is refused in one line, saying whose it is; into the second, it claims it
+    with pytest.raises(CatsdogsError, match=f"another find-batch-size \\(pid {os.getppid()}\\) is writing"):
+        findbs._take(live / findbs.LOCK, None)
+    findbs._take(gone / findbs.LOCK, None)
+    assert (gone / findbs.LOCK).read_text() == str(os.getpid())
