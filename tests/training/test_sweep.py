@@ -104,6 +104,17 @@ batch_size = [8, 16]
 """
 
 
+@pytest.mark.slow
+def test_adamw_trains_in_a_sweep_on_either_backend_with_its_keras_default_rate(keras_backend, data_dir, tmp_path):
+    # given AdamW, one row of catsdogs.optimizers' table (Keras's own AdamW), in a sweep
+    result = CliRunner().invoke(cli, sweep_args(data_dir, tmp_path, "aw", "--opt", "adamw", "--batch-size", "8"))
+    # then its trial trains on this backend, with Keras's default rate, and is recorded as AdamW's
+    assert result.exit_code == 0, result.output
+    (row,) = rows(tmp_path, "aw")
+    assert (row["optimizer"], row["status"], row["backend"]) == ("adamw", "done", keras_backend)
+    assert float(row["learning_rate"]) == pytest.approx(0.001) and int(row["steps"]) > 0
+
+
 @pytest.fixture(scope="module")
 def swept(data_dir, tmp_path_factory):
     """When: `catsdogs sweep` runs a plan of Adam and SGD at batch sizes 8 and 16; then the same
