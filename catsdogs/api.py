@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import math
-import numbers
 import os
 import sys
 import uuid
@@ -36,6 +34,8 @@ from pathlib import Path
 from catsdogs import config
 from catsdogs.advice import BatchSizeAdvice
 from catsdogs.errors import CatsdogsError, SettingError, os_error_line
+from catsdogs.keywords import flag, keras_data, whole
+from catsdogs.keywords import memory_limit as memory_limit_bytes
 from catsdogs.model_ref import FUNCTION
 from catsdogs.schema import PROCESS_FIELDS, check_run_name
 
@@ -154,14 +154,14 @@ def find_settings(model, data, *, memory_limit, optimizer, max_batch_size, seed,
     if unknown:
         raise TypeError(f"find_batch_size() got unexpected keyword arguments: {', '.join(unknown)}")
     check_run_name(name)  # it names a folder under `out`
-    max_batch_size, seed = _whole(max_batch_size, "max"), _whole(seed, "seed")
-    search = {k: _whole(v, k) if k in WHOLE else _flag(v, k) if k in FLAGS else v for k, v in search.items()}
-    noise_scale = _flag(noise_scale, "noise_scale")
+    max_batch_size, seed = whole(max_batch_size, "max"), whole(seed, "seed")
+    search = {k: whole(v, k) if k in WHOLE else flag(v, k) if k in FLAGS else v for k, v in search.items()}
+    noise_scale = flag(noise_scale, "noise_scale")
     data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
     images, arrays = _data(data, model)
     settings = FindSettings(name=name, optimizer=optimizer, max_batch=max_batch_size, seed=seed, precision=precision,
                             measure_noise=bool(noise_scale), loss=loss, images=images,
-                            memory_cap_bytes=_memory_limit(memory_limit), **search)
+                            memory_cap_bytes=memory_limit_bytes(memory_limit), **search)
     if max_batch_size is not None and "start" not in search:  # max alone: the search starts no higher
         settings = replace(settings, start=min(settings.start, max_batch_size))
     if from_store is not None:
@@ -195,9 +195,9 @@ def profile(model=None, batch_sizes: Sequence[int] = (4, 8, 16, 32, 64, 128, 256
     check_run_name(name)
     if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Sequence):
         raise SettingError(f"a list of batch sizes, got {type(batch_sizes).__name__}", "batch_size")
-    batch_sizes = [_whole(b, "batch_size") for b in batch_sizes]
-    steps, warmup = _whole(steps, "steps"), _whole(warmup, "warmup")
-    probe = {k: _flag(v, k) if k in FLAGS else v for k, v in probe.items()}
+    batch_sizes = [whole(b, "batch_size") for b in batch_sizes]
+    steps, warmup = whole(steps, "steps"), whole(warmup, "warmup")
+    probe = {k: flag(v, k) if k in FLAGS else v for k, v in probe.items()}
     images, arrays = _data(data, model)
     if arrays is not None:
         raise SettingError("profile reads a folder of images (or none: memory and speed do not depend on "
@@ -207,7 +207,7 @@ def profile(model=None, batch_sizes: Sequence[int] = (4, 8, 16, 32, 64, 128, 256
     try:
         return run(name, list(batch_sizes), Path(data_dir) if data_dir is not None else config.default_data_dir(),
                    Path(out), optimizer=optimizer, precision=precision, steps=steps, warmup=warmup,
-                   memory_cap_bytes=_memory_limit(memory_limit), model=ref, loss=loss, images=images,
+                   memory_cap_bytes=memory_limit_bytes(memory_limit), model=ref, loss=loss, images=images,
                    log=log or _quiet, **probe)
     finally:
         if saved is not None:
@@ -279,46 +279,6 @@ def _quiet(line: str) -> None:
     pass
 
 
-def _memory_limit(value) -> int | None:
-    """Bytes from an int, a float or a "4GiB"; a SettingError for anything else, or one not finite."""
-    from catsdogs.measure.common import check_memory_limit, parse_memory
-
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
-        raise SettingError(f"a number of bytes or a size like '4GiB', got {type(value).__name__}", "memory_limit")
-    if isinstance(value, str):
-        return check_memory_limit(parse_memory(value))
-    value = float(value) if not isinstance(value, numbers.Integral) else int(value)  # numpy's numbers too
-    if not math.isfinite(value) or value < 1:
-        raise SettingError(f"a positive, finite number of bytes, got {value!r}", "memory_limit")
-    return check_memory_limit(int(value))
-
-
-def _whole(value, key: str) -> int | None:
-    """A whole number given as Python's or numpy's int, as an int (None stays None); a SettingError
-    naming `key` for anything else (a bool, a float, a string): the options' types, as the command
-    line parses them."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise SettingError(f"a whole number, got {value!r} ({type(value).__name__})", key)
-    return int(value)
-
-
-def _flag(value, key: str) -> bool:
-    """True or False (numpy's too); a SettingError naming `key` for anything else."""
-    if not isinstance(value, (bool, _np_bool())):
-        raise SettingError(f"True or False, got {value!r} ({type(value).__name__})", key)
-    return bool(value)
-
-
-def _np_bool() -> type:
-    import numpy as np
-
-    return np.bool_
-
-
 def _data(data, model) -> tuple[Path | None, tuple | None]:
     """(a folder, numpy arrays) from `data`: a path, or a pair (x, y)."""
     if data is None:
@@ -328,6 +288,9 @@ def _data(data, model) -> tuple[Path | None, tuple | None]:
     if model is None:
         raise SettingError("your own images go with your own model: give `model` too (the article's model "
                            "trains on the prepared data)", "data")
+    read = keras_data(data)
+    if read is not None:  # a tf.data.Dataset (image_dataset_from_directory's too) or a PyDataset, read once
+        data = read
     if isinstance(data, (tuple, list)) and len(data) == 2:
         from catsdogs.data.folder import from_arrays
 

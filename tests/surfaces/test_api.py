@@ -4,6 +4,7 @@ BatchSizeAdvice it returns, and hostile inputs refused in one line before anythi
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -369,3 +370,76 @@ def test_a_notebook_calling_twice_holds_no_catsdogs_process_between_or_after_its
     # then after each call it holds no process of catsdogs's (no template, no worker)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("after call")]
     assert lines == ["after call 0 []", "after call 1 []"], out.stdout
+
+
+def _tf_dataset(x, y, batch=None, repeat=False):
+    tf = pytest.importorskip("tensorflow")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    dataset = dataset.batch(batch) if batch else dataset
+    return dataset.repeat() if repeat else dataset
+
+
+class _Batches:
+    """A keras.utils.PyDataset of (x, y) in batches of 5 (`endless`: num_batches None)."""
+
+    def __new__(cls, x, y, endless=False):
+        import keras
+
+        class Batches(keras.utils.PyDataset):
+            def __len__(self):
+                return math.ceil(len(x) / 5)
+
+            @property
+            def num_batches(self):
+                return None if endless else len(self)
+
+            def __getitem__(self, i):
+                return x[5 * i:5 * i + 5], y[5 * i:5 * i + 5]
+
+        return Batches()
+
+
+@pytest.mark.parametrize("how", ["slices", "batched", "pydataset"])
+def test_data_as_keras_users_hold_it_reads_as_the_same_arrays(how):
+    from catsdogs import api
+
+    # given the arrays, and the same as a tf.data.Dataset (one image an element, or batched as
+    # image_dataset_from_directory gives them) or a keras.utils.PyDataset
+    x, y = coloured(4)
+    data = {"slices": lambda: _tf_dataset(x, y), "batched": lambda: _tf_dataset(x, y, batch=5),
+            "pydataset": lambda: _Batches(x, y)}[how]()
+    # when find_batch_size reads it (before any worker starts), then it is the arrays' decoded copy
+    images, labels = api._data(data, small_model())[1]
+    assert images.shape == x.shape and (images == x).all() and (labels == y).all()
+
+
+def test_a_folder_read_by_image_dataset_from_directory_is_taken_as_its_images(tmp_path):
+    keras = pytest.importorskip("keras")
+    from PIL import Image
+
+    from catsdogs import api
+
+    # given a folder of two classes, as keras.utils.image_dataset_from_directory reads it
+    x, y = coloured(4)
+    for i, (image, label) in enumerate(zip(x, y, strict=True)):
+        if label < 2:
+            (tmp_path / f"c{label}").mkdir(exist_ok=True)
+            Image.fromarray(image).save(tmp_path / f"c{label}" / f"{i}.png")
+    dataset = keras.utils.image_dataset_from_directory(tmp_path, image_size=(16, 16), batch_size=3, shuffle=False)
+    # then its images (float32, as Keras gives them) and labels are what the workers get
+    images, labels = api._data(dataset, small_model(classes=2))[1]
+    assert images.shape == (8, 16, 16, 3) and images.dtype == np.float32 and sorted(set(labels)) == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("how, said", [
+    ("endless", "an endless tf.data.Dataset"), ("endless-py", "an endless PyDataset"),
+    ("images", "a dataset of \\(images, labels\\): its elements hold no labels"),
+])
+def test_data_as_keras_users_hold_it_is_refused_in_one_line_where_it_cannot_be_read(tmp_path, how, said):
+    x, y = coloured(4)
+    data = {"endless": lambda: _tf_dataset(x, y, batch=5, repeat=True),
+            "images": lambda: _tf_dataset(x, y, batch=5).map(lambda a, b: a),
+            "endless-py": lambda: _Batches(x, y, endless=True)}[how]()
+    with pytest.raises(catsdogs.SettingError, match=f"data: {said}"):
+        catsdogs.find_batch_size(small_model(), data, out=tmp_path / "out", data_dir=tmp_path / "none", log=None)
+    assert not (tmp_path / "out").exists()
