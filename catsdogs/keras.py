@@ -103,11 +103,7 @@ class GradientNoiseScale(keras.callbacks.Callback):
         from catsdogs.runtime import backends
         from catsdogs.training import engine
 
-        loss = self._loss or self.model.loss
-        loss = keras.losses.get(loss) if isinstance(loss, str) else loss
-        if loss is None or isinstance(loss, list | dict):
-            raise CatsdogsError("GradientNoiseScale: the model has no single loss to differentiate: compile it with "
-                                "one, or give loss=")
+        loss = self._single_loss()
         article = self._micro is None and self._micros is None and articles_kind(self.model, loss)
         articles = noise_sampling()  # find-batch-size's for the article's model: pairs of 1 and 25 images
         sampling = (NoiseSampling(micro=articles.micro, micros=articles.micros, pairs=self.pairs) if article
@@ -127,15 +123,25 @@ class GradientNoiseScale(keras.callbacks.Callback):
             outputs = []
         if len(outputs) > 1:
             raise CatsdogsError(f"GradientNoiseScale: the model has {len(outputs)} outputs; it measures a model of one")
-        loss = self._loss or getattr(self.model, "loss", None)
-        if loss is None or isinstance(loss, list | dict):
-            raise CatsdogsError("GradientNoiseScale: the model has no single loss to differentiate: compile it with "
-                                "one, or give loss=")
+        self._single_loss()
         width = int(outputs[0].shape[-1]) if outputs and outputs[0].shape[-1] is not None else None
         top = int(np.max(self.labels)) if self.labels.size and self.labels.dtype.kind in "iub" else None
         if width is not None and top is not None and top >= max(2, width):
             raise CatsdogsError(f"GradientNoiseScale(data): labels up to {top}, but the model's output has {width} "
                                 f"class{'es' if width != 1 else ''}")
+
+    def _single_loss(self):
+        """The loss to differentiate (given, or the model's compiled one), as Keras resolves a name;
+        a CatsdogsError where there is no single one."""
+        loss = self._loss or getattr(self.model, "loss", None)
+        try:
+            loss = keras.losses.get(loss) if isinstance(loss, str) else loss
+        except ValueError:
+            raise CatsdogsError(f"GradientNoiseScale(loss={loss!r}): not a loss Keras knows") from None
+        if loss is None or isinstance(loss, list | dict):
+            raise CatsdogsError("GradientNoiseScale: the model has no single loss to differentiate: compile it with "
+                                "one, or give loss=")
+        return loss
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every:

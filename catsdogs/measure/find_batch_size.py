@@ -113,6 +113,9 @@ def _measure_and_answer(run: FindRun, log) -> FindResult:
     try:
         if run.settings.memory_cap_bytes is not None:  # a cap of the user's: batch size 1 first (`calibrate`)
             calibrate(run)
+            if run.calibration.status != Status.DONE:  # nothing fits: nothing more to measure
+                run.search = SearchResult(None, CALIBRATION_BATCH, [CALIBRATION_BATCH],
+                                          {CALIBRATION_BATCH: run.calibration.status})
         if not run.search:  # (none where batch size 1 did not fit the user's cap: nothing more to measure)
             run.plan = BackgroundPlan.start(run.settings, run.manifest, run.user, run.data_dir, run.probes.work,
                                             run.probes.env, run.bound.batch_size)
@@ -195,14 +198,28 @@ def _take(lock: Path, shared: Worker | None) -> None:
                 f.write(str(os.getpid()))
             return
         except FileExistsError:
-            holder = lock.read_text().strip()
-            if holder.isdigit() and int(holder) != os.getpid() and process_alive(int(holder)):
+            holder = _claim(lock)
+            why = (None if holder is not None and (holder == os.getpid() or not process_alive(holder)) else
+                   f"another find-batch-size (pid {holder}) is writing {lock.parent}: wait for it to end, or give "
+                   "this run another --name" if holder is not None else
+                   f"{lock} is not a claim of catsdogs's (a pid): remove it, or give this run another --name")
+            if why:
                 if shared:
                     shared.close()
-                raise CatsdogsError(f"another find-batch-size (pid {holder}) is writing {lock.parent}: wait for it to "
-                                    "end, or give this run another --name") from None
+                raise CatsdogsError(why) from None
             lock.unlink(missing_ok=True)  # its run is gone (killed): its claim with it
     raise CatsdogsError(f"cannot claim {lock.parent}: another run keeps claiming it")
+
+
+def _claim(lock: Path) -> int | None:
+    """The pid a claim holds; None for what no run of catsdogs wrote (a folder, a link, other bytes)."""
+    if lock.is_symlink() or not lock.is_file():
+        return None
+    try:
+        text = lock.read_bytes().decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and len(text) <= 10 else None
 
 
 def measure_statistics(run: FindRun) -> None:
@@ -221,20 +238,17 @@ def predict_memory(run: FindRun) -> None:
     plan_wait = time.perf_counter() - waiting
     if run.calibration is None:
         run.probes.start_ahead(fresh_before_search(run.user, run.manifest), only_beside=True)
-        run.calibration = run.probes.probe(CALIBRATION_BATCH, "calibrate")
+        calibrate(run)
     predicting = time.perf_counter()
     run.prediction = predict_first(run.probes, run.calibration, run.manifest, run.size, planned, run.log, run.user)
     run.predict_seconds = plan_wait + time.perf_counter() - predicting
 
 
 def calibrate(run: FindRun) -> None:
-    """Batch size 1 first, where the user set the cap: a cap it cannot fit ends the run at once (no
-    noise scale trained, no larger size probed), where it was found after both. Its record is the
-    calibration the prediction reads later (its worker started before the noise scale's)."""
+    """The probe of batch size 1, which the prediction reads: before the search, or, where the user
+    set the cap, before anything else, so that a cap it cannot fit ends the run at once (no noise
+    scale trained, no larger size probed)."""
     run.calibration = run.probes.probe(CALIBRATION_BATCH, "calibrate")
-    if run.calibration.status != Status.DONE:
-        run.search = SearchResult(None, CALIBRATION_BATCH, [CALIBRATION_BATCH],
-                                  {CALIBRATION_BATCH: run.calibration.status})
 
 
 def end(run: FindRun) -> None:

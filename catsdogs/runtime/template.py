@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from catsdogs.runtime.fork_server import MESSAGE_BYTES, WORKER_ENTRY, WORKER_MAIN  # noqa: F401 - the worker handle reads WORKER_ENTRY here
+from catsdogs.runtime.fork_server import MESSAGE_BYTES, WORKER_MAIN
 from catsdogs.runtime.spawner import SPAWNER, die_with_parent
 
 ENV = "CATSDOGS_WORKER_TEMPLATE"  # "0": every worker a fresh process

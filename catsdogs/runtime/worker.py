@@ -40,6 +40,7 @@ from catsdogs.errors import CatsdogsError
 from catsdogs.host import oom_kills, proc_status_kb
 from catsdogs.messages import Task
 from catsdogs.runtime import backends, template
+from catsdogs.runtime.fork_server import WORKER_ENTRY
 from catsdogs.runtime.spawner import SPAWNER, die_with_parent
 from catsdogs.schema import Status
 
@@ -98,7 +99,7 @@ class Worker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)  # here, not before: a handle writes nothing
         with open(self.log_path, "a") as log:  # the child has its own copy of the descriptor
             self.proc = template.launch(self.env, log) or SPAWNER.popen(
-                [sys.executable, "-m", template.WORKER_ENTRY], stdin=subprocess.PIPE,
+                [sys.executable, "-m", WORKER_ENTRY], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, text=True, env=self.env, bufsize=1,
                 start_new_session=True,  # Ctrl-C reaches the parent, which stops the worker
                 preexec_fn=die_with_parent)

@@ -722,3 +722,10 @@ def test_a_run_into_the_folder_another_live_run_writes_is_refused_and_a_dead_run
         findbs._take(live / findbs.LOCK, None)
     findbs._take(gone / findbs.LOCK, None)
     assert (gone / findbs.LOCK).read_text() == str(os.getpid())
+    # and a file of that name catsdogs did not write (other bytes, not UTF-8 either) is refused, kept
+    for name, body in (("text", b"mine"), ("binary", b"\xff\xfe")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / findbs.LOCK).write_bytes(body)
+        with pytest.raises(CatsdogsError, match="is not a claim of catsdogs's"):
+            findbs._take(tmp_path / name / findbs.LOCK, None)
+        assert (tmp_path / name / findbs.LOCK).read_bytes() == body
