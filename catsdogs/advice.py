@@ -29,9 +29,9 @@ class BatchSizeAdvice:
         >>> model.fit(x, y, batch_size=advice.batch_size)
     """
 
-    batch_size: int | None  # the recommendation: the least predicted time to a target (None: nothing fits)
+    batch_size: int | None  # the race's measured fastest, else the least predicted time to a target (None: nothing fits)
     learning_rate: float | None  # for it, by `learning_rate_rule` from the anchor the summary names
-    learning_rate_rule: str | None  # "linear" (SGD), "sqrt" (Adam), ...
+    learning_rate_rule: str | None  # "linear" (SGD), "sqrt" (Adam), ...; "raced": the race measured it
     binding: str | None  # what set the recommendation: "statistics", "speed", "memory", "data", "max"
     largest_fitting: int | None  # the largest batch size that fits in memory (measured)
     stopped_by: str | None  # what ended the search: "memory", "data", "max" or "failures"
@@ -44,6 +44,14 @@ class BatchSizeAdvice:
     accumulation: dict | None  # for an effective batch kept: {"effective_batch_size", "micro_batch_size", "steps"}
     table: tuple[dict, ...] = field(repr=False)  # each probed size: step time, predicted relative time ...
     result: FindResult = field(repr=False)  # find_batch_size.json, whole and typed
+    # the prediction's choice (the least predicted time to a target): batch_size's too without a race
+    predicted_batch_size: int | None = None
+    predicted_learning_rate: float | None = None
+    # with --race (race=True): the measured fastest is batch_size and learning_rate; its steady
+    # seconds to the race's target (the median over its seeds) with their 95% interval (None above:
+    # open), and the sizes the race cannot tell from it (within 1.25x)
+    race_seconds: tuple[float, float, float | None] | None = None
+    race_tied: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, result: FindResult) -> BatchSizeAdvice:
@@ -52,14 +60,20 @@ class BatchSizeAdvice:
         noise = result.noise_scale or {}
         hand = result.hand_off or {}
         interval = (noise.get("low"), noise.get("high")) if noise.get("b_simple") is not None else None
-        return cls(batch_size=rec.get("batch_size", result.margin_batch_size),
-                   learning_rate=rec.get("learning_rate"), learning_rate_rule=rec.get("learning_rate_rule"),
+        raced = (result.race or {}).get("decision") or {}
+        measured = dict(race_seconds=(raced["seconds"], raced["seconds_low"], raced.get("seconds_high")),
+                        race_tied=tuple(sorted({t["batch_size"] for t in raced.get("tied") or ()}))) if raced else {}
+        return cls(batch_size=raced.get("batch_size", rec.get("batch_size", result.margin_batch_size)),
+                   learning_rate=raced.get("lr", rec.get("learning_rate")),
+                   learning_rate_rule="raced" if raced else rec.get("learning_rate_rule"),
                    binding=rec.get("binding"), largest_fitting=result.largest_fitting,
                    stopped_by=result.stopped_by, margin_batch_size=result.margin_batch_size,
                    fastest=(result.fastest or {}).get("batch_size"), noise_scale=noise.get("b_simple"),
                    noise_interval=interval, near_best=tuple(rec.get("near_best") or ()),
                    eval_batch_size=hand.get("eval_batch_size", result.largest_fitting),
-                   accumulation=hand.get("accumulation"), table=tuple(rec.get("table") or ()), result=result)
+                   accumulation=hand.get("accumulation"), table=tuple(rec.get("table") or ()), result=result,
+                   predicted_batch_size=rec.get("batch_size"), predicted_learning_rate=rec.get("learning_rate"),
+                   **measured)
 
     @classmethod
     def from_summary(cls, summary: dict) -> BatchSizeAdvice:
@@ -92,7 +106,11 @@ class BatchSizeAdvice:
 
         parts = [f"batch_size={self.batch_size}"]
         if self.learning_rate is not None:
-            parts.append(f"learning_rate={self.learning_rate:.3g} ({self.learning_rate_rule} rule)")
+            how = "measured in the race" if self.race_seconds else f"{self.learning_rate_rule} rule"
+            parts.append(f"learning_rate={self.learning_rate:.3g} ({how})")
+        if self.race_seconds:
+            parts.append(f"race_seconds={self.race_seconds[0]:.3g} [{num(self.race_seconds[1])}, "
+                         f"{num(self.race_seconds[2])}], predicted_batch_size={self.predicted_batch_size}")
         if self.binding:
             parts.append(f"binding={self.binding!r}")
         parts.append(f"largest_fitting={self.largest_fitting} ({self.stopped_by})")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import numbers
 import os
 import sys
 import uuid
@@ -51,9 +52,9 @@ _KEYWORDS = {"opt": "optimizer", "max": "max_batch_size", "batch_size": "batch_s
 PLAN_OVERRIDES = ("seeds", "name", "target_ci", "max_seeds", "noise_scale", "eval_every", "max_epochs",
                   *PROCESS_FIELDS)
 SEARCH = ("mode", "start", "margin", "steps", "resolution", "dataset", "isolate", "deterministic", "tf32", "worker_env",
-          "effective_batch")
-WHOLE = ("start", "steps", "resolution", "effective_batch")  # ... whole numbers (numpy's too), checked here
-FLAGS = ("isolate", "deterministic")  # ... true or false
+          "effective_batch", "race", "race_budget", "until", "race_workers")
+WHOLE = ("start", "steps", "resolution", "effective_batch", "race_workers")  # ... whole numbers (numpy's too), checked here
+FLAGS = ("isolate", "deterministic", "race")  # ... true or false
 
 
 def _keyword_errors(function):
@@ -107,7 +108,9 @@ def find_batch_size(model=None, data=None, *, memory_limit: int | str | None = N
     memory_limit: bytes, or "4GiB"; None: a GPU's memory, on the CPU 90% of what is available.
     search: the command's other settings by FindSettings' names (mode, start, margin, steps,
         resolution, dataset, isolate, deterministic, tf32, worker_env; effective_batch: a batch to
-        keep, whose gradient-accumulation plan the advice gives).
+        keep, whose gradient-accumulation plan the advice gives; race=True: the sizes that fit
+        raced to a target, the advice's batch_size then the measured fastest, with race_budget
+        (seconds), until ("val_loss=0.49"; default: a reference run's) and race_workers).
     log: where the progress lines go (None: nowhere).
 
     Example:
@@ -156,6 +159,8 @@ def find_settings(model, data, *, memory_limit, optimizer, max_batch_size, seed,
     check_run_name(name)  # it names a folder under `out`
     max_batch_size, seed = whole(max_batch_size, "max"), whole(seed, "seed")
     search = {k: whole(v, k) if k in WHOLE else flag(v, k) if k in FLAGS else v for k, v in search.items()}
+    if isinstance(search.get("race_budget"), numbers.Real) and not isinstance(search["race_budget"], bool):
+        search["race_budget"] = float(search["race_budget"])  # (numpy's numbers too)
     noise_scale = flag(noise_scale, "noise_scale")
     data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
     images, arrays = _data(data, model)

@@ -141,10 +141,25 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
               help="A batch size your training keeps (a recipe's): where it does not fit, the plan of "
                    "gradient accumulation that keeps it (micro-batches that fit, so many a step), in the "
                    "output and the JSON's hand_off.")
+@click.option("--race", is_flag=True, default=FIND.race,
+              help="After the search, race the sizes that fit (a factor-2 grid of at most 8, each at its rule's "
+                   "learning rate, half and twice it) to a validation target on the same seeds, by successive "
+                   "halving (2, 6, 18 seeds), and answer with the measured fastest, the prediction beside it. Its "
+                   "trials are a sweep in the results store, NAME-race: Ctrl-C and the same command continue it. "
+                   "Minutes on a GPU, about ten on two CPU cores at 64 px.")
+@click.option("--race-budget", type=float, default=FIND.race_budget, metavar="SECONDS",
+              help="The race's time, at most: a rung that would pass it (estimated from the trials so far) is "
+                   "not started, and the answer is the last whole rung's [default: every rung].")
+@click.option("--until", default=FIND.until, metavar="METRIC=VALUE",
+              help="The race's target, as a sweep's --until takes it (val_loss=0.49, val_accuracy=0.8) [default: "
+                   "the validation loss a reference run at the learning rate's anchor reaches in 3 epochs].")
+@click.option("--workers", "race_workers", type=int, default=FIND.race_workers, show_default=True,
+              help="The race's trials at once, each in a worker process of its own.")
 @MODEL_OPTIONS
 @name_option(FIND.name, "Name of the run: OUT/NAME/find_batch_size.json and .csv.")
 @MEASUREMENT_OPTIONS
 def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, seed, from_store, effective_batch,
+                    race, race_budget, until, race_workers,
                     model, images, loss, name, opt, dataset, precision, memory_limit, deterministic, tf32, data_dir, out,
                     isolate, compile_cache):
     """The largest batch size that fits, the fastest, the critical one, and which to train with.
@@ -159,7 +174,8 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
 
     search = dict(mode=mode, margin=margin, steps=steps, resolution=resolution, dataset=dataset, isolate=isolate,
                   deterministic=deterministic is not False, tf32=tf32, worker_env=worker_env(compile_cache),
-                  effective_batch=effective_batch)
+                  effective_batch=effective_batch, race=race, race_budget=race_budget, until=until,
+                  race_workers=race_workers)
     if max_batch is None or click.get_current_context().get_parameter_source("start").name != "DEFAULT":
         search["start"] = start  # (--max alone: the search starts no higher than it)
     find_result(model, images, memory_limit=memory_limit, optimizer=opt, max_batch_size=max_batch, seed=seed,

@@ -47,6 +47,7 @@ class FindResult:
     versions: dict = field(default_factory=dict)
     seconds: dict | None = None  # where the time went
     model: dict | None = None  # a user's model and its data
+    race: dict | None = None  # the race's measured answer (--race: catsdogs.measure.race_run)
     absent: frozenset = field(default=frozenset(), repr=False, compare=False)
     order: tuple = field(default=(), repr=False, compare=False)  # its source's order of keys (an older file's)
 
@@ -57,7 +58,7 @@ class FindResult:
         absent = set()
         if values.get("largest_fitting") is None:
             absent |= {"margin_batch_size", "fastest", "hand_off"}
-        absent |= {k for k in ("recommendation", "model") if values.get(k) is None}
+        absent |= {k for k in ("recommendation", "model", "race") if values.get(k) is None}
         return cls(**values, absent=frozenset(absent))
 
     def to_dict(self) -> dict:
@@ -134,7 +135,7 @@ _SHAPES = {
     "reached_max": (lambda v: isinstance(v, bool), "true or false"),
     "stopped_by": (lambda v: v is None or v in STOPPED_BY, f"one of {', '.join(STOPPED_BY)} or null"),
     "noise_scale": _OBJECT, "fastest": _OBJECT, "recommendation": _OBJECT, "hand_off": _OBJECT,
-    "search_bound": _OBJECT, "prediction": _OBJECT, "seconds": _OBJECT, "model": _OBJECT,
+    "search_bound": _OBJECT, "prediction": _OBJECT, "seconds": _OBJECT, "model": _OBJECT, "race": _OBJECT,
     "settings": (lambda v: isinstance(v, dict), "an object"), "versions": (lambda v: isinstance(v, dict), "an object"),
     "margin_failed": (lambda v: isinstance(v, list) and all(_is_int(b) for b in v), "a list of batch sizes"),
     "probes": (lambda v: isinstance(v, list) and all(isinstance(p, dict) for p in v), "a list of objects"),
@@ -154,6 +155,7 @@ _INSIDE = {
                                  "a list of objects or null")},
     "noise_scale": {k: (lambda v: v is None or _is_number(v), "a number or null") for k in ("b_simple", "low", "high")},
     "fastest": {"batch_size": _BATCH},
+    "race": {"decision": _OBJECT, "target": (lambda v: isinstance(v, str), "text")},
     "hand_off": {"eval_batch_size": _BATCH, "accumulation": _OBJECT},
 }
 

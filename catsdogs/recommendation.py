@@ -70,6 +70,18 @@ def anchor_at(batch_size: int, optimizer: str, anchor: dict | None) -> tuple[int
     return base, rates[base], f"{said}{edge}"
 
 
+def short_run_anchor(test: dict | None) -> dict | None:
+    """The learning-rate anchor the noise scale's short runs give (noise_run.rate_test), in the
+    form a store's tuned rates take (recommendation.anchor_at); None when none was chosen."""
+    if not test or test.get("chosen") is None:
+        return None
+    b = test["batch_size"]
+    grid = ", ".join(f"{r:g}" for r in test["rates"])
+    return {"kind": "short-run", "rates": {b: test["chosen"]}, "edges": [b] if test["edge"] else [],
+            "said": f"the best of the noise scale's short runs at {grid} (the least final loss after "
+                    f"{test['epochs']} epochs at batch size {b})"}
+
+
 def linear_scaled_lr(optimizer: str, batch_size: int) -> float:
     """The linear scaling rule from the optimizer's Keras default at the base batch size: the
     learning rate a trial with `--lr-scaling linear` trains with."""

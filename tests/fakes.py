@@ -256,3 +256,71 @@ class RaceDevice:
         z = math.sqrt(self.shared) * luck + math.sqrt(1 - self.shared) * own
         seconds = self.median_seconds(b, lr) * math.exp(sd * z)
         return (cap, True) if cap is not None and seconds > cap else (seconds, False)
+
+    def trial_seconds(self, b: int, lr: float, seed: int) -> float:
+        """A run's seconds to the target, as `run`'s but the same whenever it is asked (its own luck
+        drawn from the arm and seed, the seed's shared luck from the seed): a race that resumes
+        sees the trials it ran before as they were."""
+        import math
+
+        import numpy as np
+
+        luck = float(np.random.default_rng([7, seed]).normal())
+        own = float(np.random.default_rng([7, seed, b, round(lr * 1e9)]).normal())
+        z = math.sqrt(self.shared) * luck + math.sqrt(1 - self.shared) * own
+        return self.median_seconds(b, lr) * math.exp(self.log_sd[b] * z)
+
+
+class RaceSlot:
+    """A sweep slot whose trials are a RaceDevice's (catsdogs.measure.race_run's trials without
+    training): a trial with a target trains until `trial_seconds` or its epochs run out, its
+    epochs each `step_seconds` a step; a reference run (no target) ends its epochs at validation
+    losses REFERENCE_LOSSES. Each trial's wall time is its steps' plus `fixed` seconds. `ran`:
+    every trial run, in order; `interrupt_after`: a Ctrl-C in the main thread as that trial ends."""
+
+    REFERENCE_LOSSES = (0.62, 0.55, 0.503, 0.47)
+
+    def __init__(self, device: RaceDevice, n_train: int, fixed: float = 0.5, ran: list | None = None,
+                 interrupt_after: int | None = None):
+        self.device, self.n_train, self.fixed = device, n_train, fixed
+        self.ran = ran if ran is not None else []
+        self.interrupt_after = interrupt_after
+
+    def shapes(self) -> set[str]:
+        return set()
+
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None):
+        import _thread
+        import math
+
+        from catsdogs.messages import TrialRecord
+        from catsdogs.schema import Status
+
+        self.ran.append(cfg)
+        b, step = cfg.batch_size, self.device.step_seconds[cfg.batch_size]
+        per_epoch = max(1, self.n_train // b)
+        if cfg.until is None:
+            history = [{"epoch": e + 1, "seconds": per_epoch * step, "val_loss": self.REFERENCE_LOSSES[e]}
+                       for e in range(cfg.epochs)]
+            steps, reached, to_target = per_epoch * cfg.epochs, None, None
+        else:
+            needed = self.device.trial_seconds(b, cfg.lr, cfg.seed) / step
+            allowed = cfg.epochs * per_epoch
+            reached = needed <= allowed
+            steps = math.ceil(needed) if reached else allowed
+            to_target = needed if reached else None
+            history = [{"epoch": e + 1, "seconds": per_epoch * step} for e in range(steps // per_epoch)]
+            if steps % per_epoch:
+                history.append({"epoch": len(history) + 1, "seconds": steps % per_epoch * step,
+                                "batches": steps % per_epoch})
+        if self.interrupt_after is not None and len(self.ran) == self.interrupt_after:
+            _thread.interrupt_main()
+        return TrialRecord(status=Status.DONE, test_accuracy=0.5, history=history, steps=steps,
+                           target_reached=None if reached is None else int(reached), steps_to_target=to_target,
+                           wall_seconds=steps * step + self.fixed)
+
+    def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -59,7 +59,7 @@ from catsdogs.host import host_memory_available, process_alive, versions
 from catsdogs.manifest import require_intact
 from catsdogs.measure import model_check
 from catsdogs.measure.common import check_memory_floor, format_bytes, write_csv
-from catsdogs.measure.find_summary import opening_line, summary_lines, time_lines
+from catsdogs.measure.find_summary import opening_line, race_lines, summary_lines, time_lines
 from catsdogs.measure.memory_prediction import (
     CALIBRATION_BATCH,
     BackgroundPlan,
@@ -69,6 +69,7 @@ from catsdogs.measure.memory_prediction import (
 )
 from catsdogs.measure.noise_run import NoiseRun, measure_noise_scale, user_noise_sampling
 from catsdogs.measure.probe_run import ProbeRun
+from catsdogs.measure.race_run import race_into, run_race
 from catsdogs.measure.search import (
     RESOLUTION_SHARE,
     RSS_RESOLUTION_SHARE,
@@ -80,7 +81,7 @@ from catsdogs.measure.search import (
 )
 from catsdogs.measure.settings import FindSettings, SearchBound
 from catsdogs.messages import ProbeRecord, columns
-from catsdogs.recommendation import fastest, hand_off, recommend
+from catsdogs.recommendation import fastest, hand_off, recommend, short_run_anchor
 from catsdogs.runtime import backends
 from catsdogs.runtime.worker import Worker
 from catsdogs.schema import Status, default
@@ -133,7 +134,23 @@ def _measure_and_answer(run: FindRun, log) -> FindResult:
         raise _nothing_fits(run.probes.probes[0], run.settings, run.folder)
     for line in summary_lines(result) + time_lines(result):
         log(line)
+    if run.settings.race:
+        race(run, result)
     return result
+
+
+def race(run: FindRun, result: FindResult) -> None:
+    """The sizes that fit raced to a target (catsdogs.measure.race_run), after the prediction is
+    written and said: find_batch_size.json again, with the race's measured answer beside it."""
+    if not result.recommendation:
+        run.log("Race: not run: no size passed its probe with a time to race.")
+        return
+    anchor = run.settings.anchor or short_run_anchor(run.noise.rate_test if run.noise else None)
+    race_into(result, run_race(run.settings, run.data_dir, run.folder.parent, run.manifest, run.size,
+                               result.recommendation, anchor, run.log))
+    write_json_atomic(run.folder / "find_batch_size.json", result.to_dict(), indent=2)
+    for line in race_lines(result.race):
+        run.log(line)
 
 
 @dataclass
@@ -351,18 +368,6 @@ def keep_interrupted(folder: Path, settings: FindSettings, probes: list[ProbeRec
     log(f"Interrupted: {len(kept)} finished probe{'s' if len(kept) != 1 else ''} kept in {folder / 'find_batch_size.json'}"
         " (marked interrupted, no answer); the same command runs the search again.")
     raise Interrupted() from None
-
-
-def short_run_anchor(test: dict | None) -> dict | None:
-    """The learning-rate anchor the noise scale's short runs give (noise_run.rate_test), in the
-    form a store's tuned rates take (recommendation.anchor_at); None when none was chosen."""
-    if not test or test.get("chosen") is None:
-        return None
-    b = test["batch_size"]
-    grid = ", ".join(f"{r:g}" for r in test["rates"])
-    return {"kind": "short-run", "rates": {b: test["chosen"]}, "edges": [b] if test["edge"] else [],
-            "said": f"the best of the noise scale's short runs at {grid} (the least final loss after "
-                    f"{test['epochs']} epochs at batch size {b})"}
 
 
 def search_memory(run: FindRun) -> None:

@@ -6,6 +6,7 @@ lines are the same whether the search just ran or its JSON is read back.
 
 from __future__ import annotations
 
+from catsdogs import targets
 from catsdogs.find_result import FindResult
 from catsdogs.goodput import TIE
 from catsdogs.gradient_noise import NoiseEstimate, describe
@@ -280,3 +281,36 @@ def opening_line(s, size: int, cpu_cap: int | None, user=None, bound=None) -> st
     return (f"Find batch size {s.name}: {s.mode} from {s.start}{up_to}, "
             f"{s.optimizer}, {what}, {s.precision}; {cap_text}"
             + settings_note(s.deterministic, s.tf32))
+
+
+def race_lines(race: dict) -> list[str]:
+    """The race's answer as printed: the target, the measured fastest with its interval, what it
+    cannot be told from, the fixed costs apart, and the prediction beside it."""
+    d = race.get("decision")
+    lines = [f"Race to {targets.parse(race['target']).describe()} ({race['target_said']}): {race['trials']} trials "
+             f"in {race['seconds']:.0f} s (sweep {race['sweep']})."]
+    if race["stopped"]["by"] == "budget":
+        n = race["stopped"]["rungs_finished"]
+        lines.append(f"  Stopped by --race-budget {race['stopped']['budget_seconds']:g} s after "
+                     f"{n} whole rung{'s' if n != 1 else ''}: the answer is theirs, on fewer seeds.")
+    if d is None:
+        lines.append("  No measured answer: no trial finished; the prediction stands alone.")
+        return lines
+    high = f"{d['seconds_high']:.2f}" if d["seconds_high"] is not None else "unbounded"
+    lines.append(f"  Measured fastest: batch size {d['batch_size']} at learning rate {d['lr']:g}: "
+                 f"{d['seconds']:.2f} s of steady training to the target ({d['seconds_low']:.2f}-{high}, 95%, "
+                 f"{d['seeds']} seeds; the median time, a log-normal spread's; its least mean: "
+                 f"{d['mean_leader']['batch_size']} at {d['mean_leader']['lr']:g}).")
+    tied = ", ".join(f"{t['batch_size']} at {t['lr']:g}" for t in d["tied"])
+    lines.append(f"  Not told apart from it (within {race['tie']:g}x): {tied or 'none'}.")
+    if race["fixed_seconds"]:
+        fixed = ", ".join(f"{b}: {s:.2f}" for b, s in race["fixed_seconds"].items())
+        lines.append(f"  Fixed costs apart, a trial's median seconds by batch size (compilation, evaluations, "
+                     f"data; not in T): {fixed}.")
+    p = race["prediction"]
+    if p:
+        verdict = ("agrees" if p["agrees"] else
+                   f"does not: {p['ratio']:.2f}x the fastest's time on {p['seeds']} seeds" if p["raced"] else
+                   "was not raced (thinned from the race's grid)")
+        lines.append(f"  The prediction recommended {p['batch_size']}: it {verdict}.")
+    return lines

@@ -5,9 +5,11 @@ bound they and the data set (`SearchBound`). The search's own constants are cats
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from catsdogs import targets
 from catsdogs.data import folder as folder_data
 from catsdogs.errors import SettingError
 from catsdogs.measure import search
@@ -23,6 +25,9 @@ from catsdogs.measure.search import (
 from catsdogs.model_ref import check_loss
 from catsdogs.runtime import backends
 from catsdogs.schema import LIMITS, Status, check_number
+
+RACE_BUDGET_MOST = 365 * 24 * 3600.0  # --race-budget's largest: a year of seconds
+RACE_WORKERS_MOST = 64  # --workers' largest for the race (each a worker process)
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,10 @@ class FindSettings:
     loss: str = "auto"  # its loss (--loss)
     images: Path | None = None  # its images: a folder of class subfolders (--data; None: prepared or random)
     effective_batch: int | None = None  # a batch the user keeps (a recipe's): its accumulation plan (--effective-batch)
+    race: bool = False  # after the search, race the sizes that fit to a target (--race: catsdogs.measure.race_run)
+    race_budget: float | None = None  # the race's seconds, at most (--race-budget; None: every rung)
+    until: str | None = None  # the race's target (--until METRIC=VALUE; None: a reference run's)
+    race_workers: int = 1  # the race's trials at once (--workers)
 
     def check(self, model_given: bool | None = None) -> None:
         """A SettingError naming the setting, for one no search can run with. `model_given`: whether
@@ -83,8 +92,34 @@ class FindSettings:
             raise SettingError(f"must be a whole number from 1 to {most:,}, the largest batch size, got {e!r}",
                                "effective_batch")
         check_loss(self.loss)
+        self.check_race(model_given)
         if model_given and self.anchor:
             raise SettingError("the stores' tuned rates are the article's model's, not this one's", "from_store")
+
+    def check_race(self, model_given: bool) -> None:
+        """The race's settings: each only with --race, a budget a positive number of seconds, a
+        target one a sweep takes, the article's model (its trials are a sweep's)."""
+        if not isinstance(self.race, bool):
+            raise SettingError(f"must be True or False, got {self.race!r}", "race")
+        if not self.race:
+            for key, value, unset in (("race_budget", self.race_budget, None), ("until", self.until, None),
+                                      ("race_workers", self.race_workers, 1)):
+                if value != unset:
+                    raise SettingError("sets the race: give --race too (race=True)", key)
+            return
+        b = self.race_budget
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b)
+                              or not 0 < b <= RACE_BUDGET_MOST):
+            raise SettingError(f"must be a number of seconds above 0 and at most {RACE_BUDGET_MOST:g} (a year), "
+                               f"got {b!r}", "race_budget")
+        if self.until is not None:
+            targets.parse(self.until)
+        w = self.race_workers
+        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= RACE_WORKERS_MOST:
+            raise SettingError(f"must be a whole number from 1 to {RACE_WORKERS_MOST}, got {w!r}", "race_workers")
+        if model_given:
+            raise SettingError("races the article's model (its trials are a sweep's); a model of yours is not "
+                               "raced yet: leave --race out", "race")
 
     def environment(self) -> dict:
         """Every worker's environment: its process settings, and what `worker_env` adds."""
@@ -102,7 +137,9 @@ class FindSettings:
                 "data_fingerprint": data_fingerprint,
                 **({"model": self.model, "loss": self.loss, "images": str(self.images) if self.images else None}
                    if self.model is not None else {}),
-                **({"effective_batch": self.effective_batch} if self.effective_batch is not None else {})}
+                **({"effective_batch": self.effective_batch} if self.effective_batch is not None else {}),
+                **({"race": True, "race_budget": self.race_budget, "until": self.until,
+                    "race_workers": self.race_workers} if self.race else {})}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 from fakes import SIZE, LinearProber, ResidentProber, SqrtSpeedProber, UnluckyProber
 
+from catsdogs import recommendation
 from catsdogs.cli import cli
 from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.measure import find_batch_size as findbs
@@ -454,7 +455,7 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_and_on
     assert runs[4:] == [(7, 2, 32, pytest.approx(0.003)), (7, 2, 32, pytest.approx(0.01))]
     assert saved["rate_test"]["chosen"] == pytest.approx(0.003) and not saved["rate_test"]["edge"]
     assert saved["rate_test"]["losses"] == [0.62, 0.48, 0.55]
-    anchor = findbs.short_run_anchor(saved["rate_test"])
+    anchor = recommendation.short_run_anchor(saved["rate_test"])
     assert anchor["rates"] == {32: pytest.approx(0.003)} and "the best of the noise scale's short runs" in anchor["said"]
     # and with a store's tuned rate, no extra runs
     runs.clear()
@@ -509,7 +510,7 @@ def test_the_anchor_tries_the_next_seed_where_no_rate_trained_and_says_when_none
     # and its least loss chose 0.1, at the grid's edge, said so in the anchor
     test = noise_run.rate_test(rates, rounds, learned, [6, 7, 8])
     assert (test["chosen"], test["seed"], test["edge"]) == (0.1, 6, True)
-    assert findbs.short_run_anchor(test)["edges"] == [32]
+    assert recommendation.short_run_anchor(test)["edges"] == [32]
     # and where no run of either seed trained, no rate is chosen, it is said, and the rule keeps
     # Keras's default (a loss at chance ranks no rate)
     losses.update({(6, 0.03): 0.69, (6, 0.1): 0.69})
@@ -519,7 +520,7 @@ def test_the_anchor_tries_the_next_seed_where_no_rate_trained_and_says_when_none
                                learned, [7, 8], lines.append)
     assert len(ran) == 2 * noise_run.ANCHOR_SEEDS and none["chosen"] is None and none["seed"] is None
     assert "no short run trained at 0.01, 0.03, 0.1 (seeds 5, 6)" in lines[0]
-    assert findbs.short_run_anchor(none) is None
+    assert recommendation.short_run_anchor(none) is None
 
 
 @pytest.mark.parametrize("kind", ["cpu-rss", "gpu-worker"])

@@ -86,7 +86,8 @@ def test_the_advice_plots_the_predicted_time_on_the_axis_it_is_given():
     ('{"largest_fitting": 8, "recommendation": []}', "recommendation must be an object"),
     ('{"largest_fitting": 8, "recommendation": {"batch_size": "8"}}', "recommendation.batch_size must be"),
     ('{"largest_fitting": 8, "noise_scale": {"b_simple": "x"}}', "noise_scale.b_simple must be a number"),
-    ('{"largest_fitting": 8, "race": {}}', "unknown key 'race'"),
+    ('{"largest_fitting": 8, "racing": {}}', "unknown key 'racing'"),
+    ('{"largest_fitting": 8, "race": []}', "race must be an object or null"),
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
 ])
 def test_what_is_not_an_answer_is_no_advice(text, said):
@@ -203,7 +204,7 @@ def redecided(mine: dict, theirs: dict) -> dict:
     find-batch-size's rules with everything else `theirs`: statistics, optimizer, anchor."""
     from catsdogs import goodput, recommendation
     from catsdogs.gradient_noise import NoiseEstimate
-    from catsdogs.measure.find_batch_size import short_run_anchor
+    from catsdogs.recommendation import short_run_anchor
 
     table = mine["recommendation"]["table"]
     estimate = NoiseEstimate.from_dict(theirs["noise_scale"])

@@ -1,0 +1,423 @@
+"""The race run on this device (find-batch-size --race): the batch sizes that fit, each at its rule's
+learning rate and the factor-2 set around it, trained to a validation target on the same seeds,
+rung by rung, the slower half left behind at each (catsdogs.measure.race decides what runs; this
+module runs it and reads what came back). The answer is measured, not predicted: the leader's
+batch size and rate, its time to the target with an interval, the sizes it cannot be told from,
+and the prediction's recommendation held against it.
+
+The race's trials are a sweep in the results store, `NAME-race` (catsdogs.training.sweep runs each
+wave on its slots: `--workers` at once), so `catsdogs report --name NAME-race` and TensorBoard
+show it, and Ctrl-C then the same command continues it: the race's plan (its sizes, rates, seeds,
+target and step times) is the sweep's recorded config, read back rather than made again from
+probes that time differently on a second run, and a trial is found again by its arm and seed
+whatever cap it ran under.
+
+- **The target**: `--until`, or the validation loss a reference run reaches at the anchor (the
+  base batch size at the rate the learning-rate rule starts from) after REFERENCE_EPOCHS epochs,
+  rounded up to 2 digits (so the reference itself reaches it); said with how it was chosen.
+- **Evaluations** every `eval_every` training images, the same at every size (a power of two, at
+  least EVALUATIONS of them in the reference's epochs), the crossing interpolated between them
+  (catsdogs.targets).
+- **Time**: T = steps to the target x the size's steady step time, measured in the race's first
+  rung (every epoch of a trial after its first, which holds its compilation), the probe's where no
+  trial of the size ran a second epoch. Compilation, evaluations and data are fixed costs, measured
+  (each trial's wall time less its steady training) and said apart; the decision is on the steady T.
+- **Caps**: each rung runs its leader's trials first (the prediction's choice in the first rung),
+  then every other arm's, each capped at race.CAP times the leader's time on its seed (in whole
+  epochs, at most MAX_EPOCHS); a trial that stops short of the target is censored at the time it
+  trained.
+- **A budget** (`--race-budget`): before each rung, and again after its leader's trials, the cost
+  of what is left of it is estimated from the trials so far (the median trial's wall time); a rung
+  that would pass the budget is not started or not finished, and the answer is the last whole
+  rung's, said so (none where the first rung does not fit: the prediction then stands alone).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from catsdogs import targets
+from catsdogs.errors import CatsdogsError, Interrupted
+from catsdogs.measure.race import (
+    CAP,
+    SEEDS_PER_RUNG,
+    TIE,
+    Arm,
+    Outcome,
+    Race,
+    race_rates,
+    race_sizes,
+)
+from catsdogs.recommendation import anchor_at, learning_rate
+from catsdogs.runtime import backends
+from catsdogs.schema import Status, TrialConfig
+from catsdogs.store import Store, store_path
+from catsdogs.training.sweep import SlotFactory, SweepSettings, make_slots, run_sweep
+
+REFERENCE_EPOCHS = 3  # the reference run's epochs: the default target is its validation loss after them
+MAX_EPOCHS = 4 * REFERENCE_EPOCHS  # a race trial's cap, in epochs, before any leader's time caps it
+CAPPED_EPOCHS = 10 * MAX_EPOCHS  # ... and once one does, at most (a large batch's epochs are few steps)
+EVALUATIONS = 8  # the reference's epochs hold at least this many evaluations
+BETWEEN_RUNS = 0.2  # the step times' spread from one run to the next on a shared CPU (docs/performance.md)
+PLAN_KEYS = ("optimizer", "dataset", "data", "image_size", "backend", "precision", "deterministic", "tf32",
+             "seed", "until")  # what makes a race another race: a stored plan of other values is not resumed
+
+
+def sweep_name(name: str) -> str:
+    """The race's sweep in the results store: find-batch-size's run name, -race."""
+    return f"{name}-race"
+
+
+def run_race(settings, data_dir: Path, out: Path, manifest: dict, size: int, recommendation: dict,
+             anchor: dict | None, log, slots: SlotFactory | None = None) -> dict:
+    """Race the recommendation table's sizes (those that fit under the margin, each with its probe's
+    step time) to the target; the race's record, find_batch_size.json's `race`. `settings`:
+    find-batch-size's (FindSettings); `anchor`: the learning-rate anchor the recommendation used;
+    `slots`: where the trials run (the sweep's SlotFactory; None: worker processes here)."""
+    started = time.perf_counter()
+    sweep = sweep_name(settings.name)
+    identity = _identity(settings, manifest, size)
+    plan = _stored_plan(out, sweep, identity, log) or _new_plan(settings, manifest, recommendation, anchor, identity)
+    workers = max(1, settings.race_workers)
+    kept = make_slots(out, SweepSettings(workers=workers, worker_env=settings.environment(), slots=slots))
+    runner = _Runner(sweep, plan, settings, data_dir, out, kept, workers, log)
+    try:
+        if plan["target"] is None:
+            runner.reference(manifest)
+        log(f"Race to {_target_words(plan)}: {_arms_words(plan)}, on seeds {plan['seeds'][0]}-{plan['seeds'][-1]} "
+            f"by rungs of {', '.join(map(str, SEEDS_PER_RUNG))} seeds (sweep {sweep} in {store_path(out)}).")
+        race, stopped = runner.run(started)
+    except KeyboardInterrupt:
+        log(f"Interrupted: the race's finished trials are in {store_path(out)} (sweep {sweep}); the same command "
+            "continues it.")
+        raise Interrupted() from None
+    finally:
+        for slot in kept:
+            slot.close()
+    return _record(race, plan, runner, recommendation, stopped, time.perf_counter() - started)
+
+
+# --- the plan --------------------------------------------------------------------------------------
+
+
+def _identity(settings, manifest: dict, size: int) -> dict:
+    return {"optimizer": settings.optimizer, "dataset": settings.dataset,
+            "data": manifest["fingerprint"][settings.dataset], "image_size": size, "backend": backends.check(),
+            "precision": settings.precision, "deterministic": settings.deterministic, "tf32": settings.tf32,
+            "seed": settings.seed, "until": targets.canonical(settings.until)}
+
+
+def _stored_plan(out: Path, sweep: str, identity: dict, log) -> dict | None:
+    """The plan of a race begun before under this name, to continue; None where there is none. A
+    race of other settings under the name is refused: its trials are not this race's."""
+    if not store_path(out).exists():
+        return None
+    with Store(store_path(out), read_only=True) as store:
+        config = store.sweep_config(sweep) if sweep in store.sweeps() else None
+    plan = (config or {}).get("race")
+    if not plan:
+        return None
+    if {k: plan["identity"].get(k) for k in PLAN_KEYS} != identity:
+        differ = [k for k in PLAN_KEYS if plan["identity"].get(k) != identity[k]]
+        raise CatsdogsError(f"the store under {out} holds a race named {sweep!r} with other settings ({', '.join(differ)}): "
+                            "give this run another --name")
+    log(f"Race: continuing the race {sweep!r} begun before (its plan as recorded then).")
+    return plan
+
+
+def _new_plan(settings, manifest: dict, recommendation: dict, anchor: dict | None, identity: dict) -> dict:
+    """The sizes (race.race_sizes over the probes' step times, beyond the between-run spread), each
+    size's rates by the optimizer's rule from the anchor and the factor-2 set around it, the seeds,
+    the evaluations' spacing, and the arm raced first (the prediction's choice at its rule's rate)."""
+    table = {int(r["batch_size"]): float(r["step_seconds"]) for r in recommendation["table"]}
+    sizes = race_sizes(table, BETWEEN_RUNS)
+    b_noise = recommendation.get("b_noise") if recommendation.get("statistics") == "resolved" else None
+    rates, rule_rate = {}, {}
+    for b in sizes:
+        base, base_lr, _ = anchor_at(b, settings.optimizer, anchor)
+        rule_rate[b] = _round(learning_rate(settings.optimizer, b, base_lr, base, b_noise)[0])
+        rates[b] = [_round(r) for r in race_rates(rule_rate[b])]
+    predicted = min(sizes, key=lambda b: (abs(math.log(b / recommendation["batch_size"])), b))
+    base, base_lr, said = anchor_at(predicted, settings.optimizer, anchor)
+    n_train = sum(manifest["counts"][settings.dataset]["train"].values())
+    every = 2 ** max(5, int(math.log2(max(1, n_train * REFERENCE_EPOCHS // EVALUATIONS))))
+    return {"identity": identity, "sizes": sizes, "rates": {str(b): rates[b] for b in sizes},
+            "probe_step_seconds": {str(b): table[b] for b in sizes}, "steady_step_seconds": None,
+            "seeds": [settings.seed + i for i in range(SEEDS_PER_RUNG[-1])], "eval_every": every,
+            "first": {"batch_size": predicted, "lr": rule_rate[predicted]},
+            "anchor": {"batch_size": base, "lr": _round(base_lr), "said": said},
+            "target": targets.canonical(settings.until), "target_said": "given (--until)" if settings.until else None,
+            "n_train": n_train}
+
+
+def _round(lr: float) -> float:
+    """A rate to 3 significant digits: a trial's identity holds it, and a stored plan reads it back."""
+    return float(f"{lr:.3g}")
+
+
+def _target_words(plan: dict) -> str:
+    return f"{targets.parse(plan['target']).describe()} ({plan['target_said']})"
+
+
+def _arms_words(plan: dict) -> str:
+    return (f"{len(plan['sizes'])} batch size{'s' if len(plan['sizes']) != 1 else ''} ("
+            f"{', '.join(map(str, plan['sizes']))}) at 3 rates each, the rule's and half and twice it")
+
+
+# --- running it ------------------------------------------------------------------------------------
+
+
+class _Runner:
+    """Runs the race's waves as sweeps on kept slots and reads their outcomes back from the store."""
+
+    def __init__(self, sweep: str, plan: dict, settings, data_dir: Path, out: Path, slots, workers: int, log):
+        self.sweep, self.plan, self.settings, self.data_dir, self.out = sweep, plan, settings, data_dir, out
+        self.slots, self.workers, self.log = slots, workers, log
+        self.grid: list[TrialConfig] = []  # every trial of the race so far, in the order run
+        self.walls: dict[str, float] = {}  # each trial's wall seconds, by key (the budget's estimates)
+        self.reference_record: dict | None = None
+
+    # -- trials --
+
+    def config(self, batch_size: int, lr: float, seed: int, epochs: int, until: str | None) -> TrialConfig:
+        i = self.plan["identity"]
+        return TrialConfig(i["optimizer"], batch_size, i["dataset"], seed, epochs=epochs, image_size=i["image_size"],
+                           data=i["data"], lr=lr, precision=i["precision"], until=until,
+                           eval_every=self.plan["eval_every"] if until else None, deterministic=i["deterministic"],
+                           tf32=i["tf32"], backend=i["backend"])
+
+    def run_wave(self, configs: list[TrialConfig]) -> None:
+        """One sweep call over the race's trials so far, of which `configs` are new; the sweep's own
+        lines but its opening and closing ones (the race says its own)."""
+        if not configs:
+            return
+        self.grid += configs
+        quiet = (f"Sweep {self.sweep}:", f"Sweep {self.sweep} finished", "    epoch ")  # (a trial's own lines stay)
+        settings = SweepSettings(workers=self.workers, eval_every=self.plan["eval_every"],
+                                 sweep_config={"race": self.plan, "find_batch_size": self.settings.name},
+                                 log=lambda line: None if line.startswith(quiet) else self.log(line))
+        run_sweep(self.sweep, self.grid, self.data_dir, self.out, settings, kept=self.slots)
+
+    def finished(self) -> dict[tuple[int, float, int], dict]:
+        """The race's finished trials in the store, by (batch size, rate, seed), whatever cap they ran under."""
+        if not store_path(self.out).exists():
+            return {}
+        with Store(store_path(self.out), read_only=True) as store:
+            rows = store.trials(self.sweep)
+        until = self.plan["target"]
+        found = {}
+        for row in rows:
+            c = row["config"]
+            if row["status"] in (Status.DONE, Status.FAILED, Status.OOM) and c.get("until") == until:
+                found[(c["batch_size"], c["lr"], c["seed"])] = row
+        return found
+
+    def reference(self, manifest: dict) -> None:
+        """The reference run at the anchor, whose validation loss after REFERENCE_EPOCHS epochs is the
+        target; recorded in the plan (the sweep's config) so that a continued race keeps it."""
+        a = self.plan["anchor"]
+        cfg = self.config(a["batch_size"], a["lr"], self.plan["seeds"][0], REFERENCE_EPOCHS, None)
+        self.log(f"Race: the target first, from a reference run of batch size {a['batch_size']} at "
+                 f"{a['lr']:g} ({a['said']}) for {REFERENCE_EPOCHS} epochs.")
+        self.run_wave([cfg])
+        with Store(store_path(self.out), read_only=True) as store:
+            row = store.get(cfg.key())
+        history = (row or {}).get("history") or []
+        loss = history[-1].get("val_loss") if history else None
+        if row is None or row["status"] != Status.DONE or loss is None or not math.isfinite(loss) \
+                or loss >= 0.9 * math.log(2):
+            why = (f"its validation loss after {REFERENCE_EPOCHS} epochs is {loss:.3f}, not off chance (ln 2 = 0.693)"
+                   if loss is not None and math.isfinite(loss) else f"it ended {(row or {}).get('status')}")
+            raise CatsdogsError(f"the race has no target: the reference run (batch size {a['batch_size']} at "
+                                f"{a['lr']:g}) did not learn ({why}); give one with --until METRIC=VALUE")
+        self.plan["target"] = targets.canonical(f"val_loss={math.ceil(loss * 100) / 100:.2f}")
+        self.plan["target_said"] = (f"the validation loss batch size {a['batch_size']} at {a['lr']:g} reached "
+                                    f"after {REFERENCE_EPOCHS} epochs, {loss:.4f}, rounded up")
+        self.reference_record = {"batch_size": a["batch_size"], "lr": a["lr"], "seed": self.plan["seeds"][0],
+                                 "epochs": REFERENCE_EPOCHS, "val_loss": loss, "wall_seconds": row.get("wall_seconds")}
+        self.plan["reference"] = self.reference_record
+        if row.get("wall_seconds"):
+            self.walls[row["key"]] = row["wall_seconds"]
+
+    # -- times --
+
+    def per_epoch(self, batch_size: int) -> int:
+        return max(1, self.plan["n_train"] // batch_size)
+
+    def step_seconds(self, batch_size: int) -> float:
+        steady = self.plan.get("steady_step_seconds") or {}
+        return steady.get(str(batch_size)) or self.plan["probe_step_seconds"][str(batch_size)]
+
+    def freeze_steady(self, rows: list[dict]) -> None:
+        """The steady step time of each size, from the first rung's trials: the epochs after each
+        trial's first (which holds its compilation), the median over its trials; the probe's where
+        none ran a second epoch. Recorded in the plan: every later decision reads the same."""
+        per: dict[int, list[float]] = {}
+        for row in rows:
+            history = row.get("history") or []
+            later = [(e.get("seconds"), e.get("batches", self.per_epoch(row["config"]["batch_size"])))
+                     for e in history[1:] if e.get("seconds")]
+            batches = sum(b for _, b in later)
+            if batches:
+                per.setdefault(row["config"]["batch_size"], []).append(sum(s for s, _ in later) / batches)
+        self.plan["steady_step_seconds"] = {str(b): (statistics.median(per[b]) if per.get(b) else
+                                                     self.plan["probe_step_seconds"][str(b)]) for b in self.plan["sizes"]}
+        self.plan["steady_from"] = {str(b): "race" if per.get(b) else "probe" for b in self.plan["sizes"]}
+
+    def outcome(self, arm: Arm, seed: int, row: dict) -> Outcome:
+        """A trial's steady time to the target, or censored at the steady time it trained."""
+        b, step = arm.batch_size, self.step_seconds(arm.batch_size)
+        reached = row["status"] == Status.DONE and row.get("target_reached") == 1
+        if reached:
+            seconds = max(row.get("steps_to_target") or 0.0, 1.0) * step
+        else:
+            steps = row.get("steps") or row["config"].get("epochs", MAX_EPOCHS) * self.per_epoch(b)
+            seconds = max(steps, 1) * step
+        return Outcome(arm, seed, seconds, censored=not reached)
+
+    def fixed_seconds(self) -> dict[str, float]:
+        """Per size, the median over its race trials of their fixed seconds: the wall time less the
+        steady training (compilation, evaluations, data, the worker's hand-over)."""
+        fixed: dict[int, list[float]] = {}
+        for row in self.finished().values():
+            b = row["config"]["batch_size"]
+            if row.get("wall_seconds") and str(b) in self.plan["probe_step_seconds"]:
+                fixed.setdefault(b, []).append(max(0.0, row["wall_seconds"] - (row.get("steps") or 0) * self.step_seconds(b)))
+        return {str(b): round(statistics.median(v), 3) for b, v in sorted(fixed.items())}
+
+    def epochs_for(self, batch_size: int, cap: float | None) -> int:
+        """A cap in seconds as the whole epochs of this size's steady steps that reach it (so that a
+        censored trial trained at least its cap), at most CAPPED_EPOCHS; MAX_EPOCHS where no cap is known."""
+        if cap is None:
+            return MAX_EPOCHS
+        return max(1, min(CAPPED_EPOCHS, math.ceil(cap / (self.step_seconds(batch_size) * self.per_epoch(batch_size)))))
+
+    # -- the rungs --
+
+    def run(self, started: float) -> tuple[Race | None, dict]:
+        """Every rung, the leader's trials first then the rest capped by them; the race as its last
+        whole rung left it (None: none finished) and how it stopped: {"by": "finished"} or
+        {"by": "budget", ...}."""
+        plan = self.plan
+        arms = [Arm(b, lr) for b in plan["sizes"] for lr in plan["rates"][str(b)]]
+        race = Race(arms, seeds=list(plan["seeds"]))
+        rates_of = {b: list(plan["rates"][str(b)]) for b in plan["sizes"]}
+        first = Arm(plan["first"]["batch_size"], plan["first"]["lr"])
+        whole = None  # the race as its last whole rung left it
+        extended = False
+        while True:
+            while not race.finished:
+                trials = race.next_trials()
+                cut = self.over_budget(started, len(trials), race.rung)
+                if cut:
+                    return whole, cut
+                self.log(f"Race, rung {race.rung + 1} of {len(race.rungs)}: {len(race.alive)} arm"
+                         f"{'s' if len(race.alive) != 1 else ''} on {len(race.rung_seeds())} seeds ({len(trials)} trials).")
+                lead = first if race.rung == 0 and first in race.alive else race.leader() if race.outcomes else race.alive[0]
+                self.wave(race, [t for t in trials if t.arm == lead])
+                rest = [t for t in trials if t.arm != lead]
+                cut = self.over_budget(started, len(rest), race.rung)  # (the first rung's, where no run came before it)
+                if cut:
+                    return whole, cut
+                self.wave(race, rest)
+                if plan.get("steady_step_seconds") is None:
+                    self.freeze_steady(list(self.finished().values()))
+                done = self.finished()
+                for (arm, seed) in list(race.outcomes):  # every outcome read with the steady step times
+                    race.record(self.outcome(arm, seed, done[(arm.batch_size, arm.lr, seed)]))
+                left = race.advance()
+                if left:
+                    self.log(f"Race: {', '.join(map(str, left))} left behind (the slower "
+                             f"{len(left)} by their times' geometric mean).")
+                whole = _copy(race)
+            if extended:
+                break
+            step = race.extend_edge(rates_of)
+            extended = True
+            if step is None:
+                break
+            self.log(f"Race: the leader's rate is at its set's edge: {step} races on the last rung's seeds.")
+        return race, {"by": "finished"}
+
+    def wave(self, race: Race, trials) -> None:
+        """Trials whose (arm, seed) the store holds already are read back; the rest run in one sweep,
+        each capped at CAP times the best time on its seed so far."""
+        done = self.finished()
+        new = []
+        for t in trials:
+            if (t.arm.batch_size, t.arm.lr, t.seed) not in done:
+                epochs = self.epochs_for(t.arm.batch_size, race.cap_for(t.seed))
+                new.append(self.config(t.arm.batch_size, t.arm.lr, t.seed, epochs, self.plan["target"]))
+        self.run_wave(new)
+        done = self.finished()
+        for t in trials:
+            row = done.get((t.arm.batch_size, t.arm.lr, t.seed))
+            if row is None:  # a trial another live sweep runs, or lost: the race cannot decide without it
+                raise CatsdogsError(f"the race's trial {t.arm} on seed {t.seed} did not finish (another run of "
+                                    f"{self.sweep!r} may hold it): run the same command again")
+            if row.get("wall_seconds"):
+                self.walls[row["key"]] = row["wall_seconds"]
+            race.record(self.outcome(t.arm, t.seed, row))
+
+    def over_budget(self, started: float, trials: int, rung: int) -> dict | None:
+        """Where the rung about to start would pass --race-budget: how the race stopped."""
+        budget = self.settings.race_budget
+        if budget is None or not self.walls:
+            return None
+        elapsed = time.perf_counter() - started
+        estimate = trials * statistics.median(self.walls.values()) / self.workers
+        if elapsed + estimate <= budget:
+            return None
+        self.log(f"Race: rung {rung + 1} ({trials} trials more, about {estimate:.0f} s) would pass the budget of "
+                 f"{budget:g} s ({elapsed:.0f} s spent): the answer is "
+                 f"{'rung ' + str(rung) + chr(39) + 's' if rung else 'none, no rung having finished'}.")
+        return {"by": "budget", "budget_seconds": budget, "rungs_finished": rung, "estimate_seconds": round(estimate, 1)}
+
+
+def _copy(race: Race) -> Race:
+    return replace(race, arms=list(race.arms), seeds=list(race.seeds), outcomes=dict(race.outcomes),
+                   alive=list(race.alive), dropped=dict(race.dropped))
+
+
+# --- the record ------------------------------------------------------------------------------------
+
+
+def _record(race: Race | None, plan: dict, runner: _Runner, recommendation: dict, stopped: dict, seconds: float) -> dict:
+    """find_batch_size.json's `race`: the plan, how it stopped, the decision, the fixed costs, and
+    the prediction's recommendation held against the measured answer."""
+    decision = race.decision() if race is not None else None
+    fixed = runner.fixed_seconds()
+    record = {"target": plan["target"], "target_said": plan["target_said"], "reference": plan.get("reference"),
+              "eval_every": plan["eval_every"], "sizes": plan["sizes"], "rates": plan["rates"],
+              "seeds": plan["seeds"], "rungs": list(SEEDS_PER_RUNG), "cap": CAP, "tie": TIE,
+              "steady_step_seconds": plan.get("steady_step_seconds"), "steady_from": plan.get("steady_from"),
+              "probe_step_seconds": plan["probe_step_seconds"], "fixed_seconds": fixed,
+              "trials": len(runner.finished()), "seconds": round(seconds, 1), "stopped": stopped,
+              "sweep": runner.sweep, "decision": decision, "prediction": None}
+    if decision is not None:
+        record["prediction"] = against_prediction(decision, recommendation["batch_size"])
+    return record
+
+
+def race_into(result, record: dict) -> None:
+    """The race's record into find-batch-size's result (catsdogs.find_result.FindResult): its
+    `race`, and the hand-off's batch size the measured fastest (it fits: it was raced)."""
+    result.race = record
+    result.absent = result.absent - {"race"}
+    if record.get("decision") and result.hand_off:
+        result.hand_off = {**result.hand_off, "batch_size": record["decision"]["batch_size"]}
+
+
+def against_prediction(decision: dict, predicted: int) -> dict:
+    """The prediction's recommended size held against the race's answer: it agrees where it is the
+    leader's size or one the race cannot tell from it; else its best arm's time over the leader's,
+    where it raced."""
+    tied = {t["batch_size"] for t in decision["tied"]} | {decision["batch_size"]}
+    rows = [r for r in decision["arms"] if r["batch_size"] == predicted and r["ratio"] is not None]
+    best = min(rows, key=lambda r: r["ratio"]) if rows else None
+    return {"batch_size": predicted, "agrees": predicted in tied, "raced": bool(rows),
+            "ratio": best["ratio"] if best else None, "seeds": best["seeds"] if best else None}

@@ -1,0 +1,222 @@
+"""The race run (catsdogs.measure.race_run) on simulated devices: its trials are a sweep's in the
+store, run on slots that train nothing (fakes.RaceSlot), so what it decides, resumes, cuts and
+records is tested apart from training (find-batch-size --race end to end: tests/surfaces)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from fakes import RaceDevice, RaceSlot
+
+from catsdogs.errors import CatsdogsError, Interrupted, SettingError
+from catsdogs.find_result import FindResult
+from catsdogs.manifest import require_prepared
+from catsdogs.measure.find_summary import race_lines
+from catsdogs.measure.race_run import (
+    MAX_EPOCHS,
+    _Runner,
+    against_prediction,
+    run_race,
+    sweep_name,
+)
+from catsdogs.measure.settings import FindSettings
+from catsdogs.store import Store, store_path
+
+STEPS = {1: 0.002, 2: 0.0025, 4: 0.003, 8: 0.004, 16: 0.006, 32: 0.01, 64: 0.018}
+LOG_SD = dict.fromkeys(STEPS, 0.4)
+ANCHOR = {"kind": "short-run", "rates": {32: 0.01}, "edges": [], "said": "a test's anchor"}  # SGD's linear rule: RaceDevice's
+
+
+def recommendation(predicted: int = 32) -> dict:
+    return {"batch_size": predicted, "statistics": "open above", "b_noise": None,
+            "table": [{"batch_size": b, "step_seconds": s} for b, s in STEPS.items()]}
+
+
+def race(tmp_path, data, device, *, until="val_loss=0.5", budget=None, predicted=32, ran=None, interrupt_after=None,
+         fixed=0.5, name="fbs", lines=None):
+    settings = FindSettings(name=name, optimizer="sgd", race=True, until=until, race_budget=budget)
+    manifest = require_prepared(data)
+    n_train = sum(manifest["counts"]["standard"]["train"].values())
+    slots = lambda i, n, workdir: RaceSlot(device, n_train, fixed=fixed, ran=ran, interrupt_after=interrupt_after)  # noqa: E731
+    log = lines.append if lines is not None else (lambda line: None)
+    return run_race(settings, data, tmp_path, manifest, 32, recommendation(predicted), ANCHOR, log, slots=slots)
+
+
+@pytest.fixture
+def data(prepared_data):
+    return prepared_data(32, (64, 8, 8))  # 128 training images: every size has whole epochs
+
+
+def true_best(device: RaceDevice, record: dict) -> tuple[float, float]:
+    """(the answer's true median time, the least over every arm raced)."""
+    d = record["decision"]
+    arms = [(int(b), lr) for b, rates in record["rates"].items() for lr in rates]
+    return device.median_seconds(d["batch_size"], d["lr"]), min(device.median_seconds(b, lr) for b, lr in arms)
+
+
+def test_a_race_answers_within_its_tie_of_the_true_best_and_records_its_trials_as_a_sweep(tmp_path, data):
+    # given a device whose best is batch 8 (B_noise 8: steps fall slowly past it, step times grow)
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    ran: list = []
+    # when the race runs
+    record = race(tmp_path, data, device, ran=ran)
+    # then its answer's true time is within 1.25 times the best arm's
+    answer, best = true_best(device, record)
+    assert answer <= 1.25 * best
+    # and every trial it decided on is in the store, under the race's sweep, once
+    with Store(store_path(tmp_path), read_only=True) as store:
+        stored = store.trials(sweep_name("fbs"))
+    assert len(stored) == len(ran) == record["trials"]
+    assert len({(c.batch_size, c.lr, c.seed) for c in ran}) == len(ran)
+    assert record["stopped"] == {"by": "finished"} and record["decision"]["seeds"] == 18
+
+
+def test_a_race_interrupted_continues_where_it_stopped_and_answers_as_an_uninterrupted_one(tmp_path, data):
+    # given a race run whole, and the same race stopped by Ctrl-C after 30 trials
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    whole = race(tmp_path / "whole", data, device)
+    first: list = []
+    with pytest.raises(Interrupted):
+        race(tmp_path / "cut", data, device, ran=first, interrupt_after=30)
+    # when the same command runs again
+    second: list = []
+    lines: list = []
+    again = race(tmp_path / "cut", data, device, ran=second, lines=lines)
+    # then it continues the recorded race: no trial runs twice, and the answer is the whole race's
+    assert any("continuing the race" in line for line in lines)
+    done_first = {(c.batch_size, c.lr, c.seed) for c in first[:29]}  # (the 30th was given back, unrecorded)
+    assert not done_first & {(c.batch_size, c.lr, c.seed) for c in second}
+    assert again["decision"] == whole["decision"]
+
+
+def test_a_budget_stops_the_race_at_its_last_whole_rung_and_says_so(tmp_path, data):
+    # given trials of 100 s each (their wall time): the first rung (21 arms on 2 seeds) costs about 4,200 s, the second 4,400
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    # when the budget holds the first rung (its leader's 2 trials, then 40 more) but not the second
+    record = race(tmp_path, data, device, budget=4300, fixed=100.0)
+    # then the race stops after the first rung, answering from its 2 seeds
+    assert record["stopped"]["by"] == "budget" and record["stopped"]["rungs_finished"] == 1
+    assert record["decision"]["seeds"] == 2
+    assert any("Stopped by --race-budget" in line for line in race_lines(record))
+
+
+def test_a_budget_below_the_first_rung_races_nothing_and_leaves_the_prediction_alone(tmp_path, data):
+    # given trials of 100 s each, and a budget of 1,000 s: the first rung's 40 trials after its leader's would pass it
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    record = race(tmp_path, data, device, budget=1000, fixed=100.0)
+    # then no rung finished, and there is no measured answer
+    assert record["stopped"]["rungs_finished"] == 0 and record["decision"] is None
+    assert any("the prediction stands alone" in line for line in race_lines(record))
+
+
+def test_a_trial_short_of_the_target_is_censored_at_the_time_it_trained(tmp_path, data):
+    # given a device on which batch 64 needs far more steps than any cap gives it
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD, best_factor={64: 64.0})
+    # when raced
+    record = race(tmp_path, data, device)
+    # then batch 64's runs are censored, none counted as reaching the target
+    rows = [r for r in record["decision"]["arms"] if r["batch_size"] == 64]
+    assert rows and all(r["censored"] == r["seeds"] for r in rows)
+
+
+def test_the_default_target_is_the_reference_runs_loss_after_its_epochs_rounded_up(tmp_path, data):
+    # given no --until: the reference run's validation loss after 3 epochs is 0.503
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    lines: list = []
+    record = race(tmp_path, data, device, until=None, lines=lines)
+    # then the target is 0.51, said with how it was chosen
+    assert record["target"] == "val_loss=0.51"
+    assert "reached after 3 epochs, 0.5030, rounded up" in record["target_said"]
+    assert record["reference"]["batch_size"] == 32 and record["reference"]["lr"] == 0.01
+
+
+def test_a_reference_run_that_does_not_leave_chance_is_one_line_naming_until(tmp_path, data, monkeypatch):
+    monkeypatch.setattr(RaceSlot, "REFERENCE_LOSSES", (0.7, 0.69, 0.68))
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    with pytest.raises(CatsdogsError, match="did not learn.*--until"):
+        race(tmp_path, data, device, until=None)
+
+
+def test_a_stored_race_of_other_settings_is_refused_in_one_line(tmp_path, data):
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    race(tmp_path, data, device, budget=4300, fixed=100.0)  # (one rung: quick)
+    with pytest.raises(CatsdogsError, match="other settings \\(until\\).*another --name"):
+        race(tmp_path, data, device, until="val_loss=0.4", budget=4300, fixed=100.0)
+
+
+def test_a_cap_becomes_the_epochs_that_reach_it_beyond_the_uncapped_epochs_where_steps_are_few(tmp_path, data):
+    # given batch 64 (2 steps an epoch of 128 images, 0.018 s a step) and a cap of 2 s
+    runner = _Runner("s", {"n_train": 128, "probe_step_seconds": {"64": 0.018}}, None, data, tmp_path, [], 1, print)
+    # then its trial trains 56 epochs (2 / 0.036, rounded up), past the uncapped 12; none without a cap
+    assert runner.epochs_for(64, 2.0) == 56 > MAX_EPOCHS
+    assert runner.epochs_for(64, None) == MAX_EPOCHS
+
+
+def test_the_prediction_agrees_where_the_race_cannot_tell_it_from_the_leader():
+    decision = {"batch_size": 16, "tied": [{"batch_size": 32, "lr": 0.01}],
+                "arms": [{"batch_size": 32, "ratio": 1.1, "seeds": 18}, {"batch_size": 128, "ratio": 1.9, "seeds": 2}]}
+    assert against_prediction(decision, 32)["agrees"] is True
+    miss = against_prediction(decision, 128)
+    assert miss["agrees"] is False and miss["ratio"] == 1.9 and miss["raced"] is True
+    assert against_prediction(decision, 4)["raced"] is False
+
+
+def test_find_batch_size_json_carries_the_race_and_the_advice_answers_with_it(tmp_path, data):
+    from catsdogs.advice import BatchSizeAdvice
+
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    record = race(tmp_path, data, device, budget=4300, fixed=100.0)
+    base = {"largest_fitting": 64, "recommendation": {"batch_size": 32, "learning_rate": 0.01}, "race": record}
+    advice = BatchSizeAdvice.from_json(FindResult.from_dict(base).to_json())
+    assert advice.batch_size == record["decision"]["batch_size"] and advice.learning_rate == record["decision"]["lr"]
+    assert advice.predicted_batch_size == 32 and advice.race_seconds[0] == pytest.approx(record["decision"]["seconds"])
+    assert advice.learning_rate_rule == "raced"
+    with pytest.raises(CatsdogsError, match="race must be an object"):
+        FindResult.from_dict({**base, "race": [1]})
+
+
+@pytest.mark.parametrize(("field", "value", "key"), [
+    ("race_budget", 0, "race_budget"), ("race_budget", math.nan, "race_budget"),
+    ("race_budget", 10.0 ** 20, "race_budget"), ("race_budget", True, "race_budget"),
+    ("race_workers", 0, "race_workers"), ("until", "val_auc=0.9", "until")])
+def test_a_race_setting_out_of_bounds_is_one_setting_error_naming_it(field, value, key):
+    with pytest.raises(SettingError) as caught:
+        FindSettings(race=True, **{field: value}).check()
+    assert caught.value.key == key
+
+
+def test_a_race_setting_without_the_race_is_refused():
+    with pytest.raises(SettingError, match="give --race") as caught:
+        FindSettings(race_budget=60.0).check()
+    assert caught.value.key == "race_budget"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("brief_probes")
+def test_find_batch_size_races_on_this_device_answers_with_the_measured_fastest_and_continues_when_run_again(
+        prepared_data, tmp_path):
+    # given the article's model on 48 training images, the search up to batch 8, and a target the
+    # untrained model reaches at once (every trial ends at its first evaluation: a race in seconds)
+    import catsdogs
+
+    data = prepared_data(32, (24, 8, 8))
+    lines: list = []
+    call = dict(data_dir=data, out=tmp_path, max_batch_size=8, noise_scale=False, optimizer="sgd", race=True,
+                until="val_loss=50", log=lines.append)
+    # when find_batch_size races
+    advice = catsdogs.find_batch_size(**call)
+    # then the advice is the race's measured fastest, the prediction beside it, and the JSON holds the race
+    race_record = advice.result.race
+    assert race_record["decision"] is not None and advice.batch_size == race_record["decision"]["batch_size"]
+    assert advice.predicted_batch_size == advice.result.recommendation["batch_size"]
+    assert advice.result.hand_off["batch_size"] == advice.batch_size
+    assert catsdogs.BatchSizeAdvice.from_json(tmp_path / "find-batch-size" / "find_batch_size.json") == advice
+    assert any(line.startswith("  Measured fastest: batch size") for line in lines)
+    # and when the same call runs again, the race continues from the store: no trial runs again
+    again: list = []
+    catsdogs.find_batch_size(**{**call, "log": again.append})
+    assert any("continuing the race" in line for line in again)
+    assert not any(line.startswith("[") for line in again)  # no trial's progress line
+    with Store(store_path(tmp_path), read_only=True) as store:
+        assert len(store.trials(sweep_name("find-batch-size"))) == race_record["trials"]
