@@ -37,10 +37,12 @@ B_noise be at the interval's low end; the worst case over the interval prices th
 candidate whose worst case lies within TIE (10%) of the least, widened by the two probes' measured
 step-time spreads (`step_spread`: half the timed steps' interquartile range, relative), is as
 good: the **near-best set**. The
-recommendation is its median size (the lower of two middles), a rule fixed in advance: noise in
-the step times moves the set at its edges, and its middle least. (A first version took the smallest:
-on this project's shared CPU one seed's runs then recommended 8, 16 and 24 as a size entered the
-set at its low edge.)
+recommendation is its middle on a log scale (`log_middle`: the size nearest the geometric mean of
+its smallest and largest, the smaller of two as near), a rule fixed in advance: noise in the step
+times moves the set at its edges, and its middle least. (A first version took the smallest: on this
+project's shared CPU one seed's runs then recommended 8, 16 and 24 as a size entered the set at its
+low edge. The next took the middle by count, which probes added where the search bisects moved: three
+near the limit carried it from 256 to 544, 0.26.0 on the H200.)
 
 **Unresolved statistics**: a noise scale not measured, or undetermined (neither the gradient nor
 the noise clearly positive: not even a lower end), could be anything; then the choice falls back
@@ -224,8 +226,8 @@ def decide(step_seconds: dict[int, float], span: tuple[float, float] | None,
            spread: dict[int, float] | None = None) -> dict:
     """The choice among `step_seconds`'s sizes: {"batch_size", "worst_case": {size: worst regret over
     `span`}, "least": the least worst case, "near_best": the sizes tied with it (within TIE plus
-    the two probes' `spread`), "by": "worst case" or "speed"}. The median size of
-    the near-best set (the lower of two middles) is chosen. With no `span` (unresolved), speed's: the fastest per image, its
+    the two probes' `spread`), "by": "worst case" or "speed"}. The near-best set's middle on a
+    log scale (`log_middle`) is chosen. With no `span` (unresolved), speed's: the fastest per image, its
     ties within TIE, and the regrets at RISK_AT."""
     spread = spread or {}
     if span is None:
@@ -237,8 +239,16 @@ def decide(step_seconds: dict[int, float], span: tuple[float, float] | None,
     least = worst[least_size]
     near = sorted(b for b, w in worst.items()
                   if w <= least * (1 + TIE + spread.get(b, 0.0) + spread.get(least_size, 0.0)))
-    return {"batch_size": near[(len(near) - 1) // 2], "worst_case": worst, "least": least, "near_best": near,
+    return {"batch_size": log_middle(near), "worst_case": worst, "least": least, "near_best": near,
             "by": "speed" if span is None else "worst case", "risk": risk}
+
+
+def log_middle(sizes: list[int]) -> int:
+    """The size nearest the geometric mean of the smallest and the largest (the smaller of two as
+    near): the middle of a set of batch sizes on a log scale, where their times and steps move,
+    which probes added at one end (where the search bisects) do not shift as they shift a count."""
+    centre = (math.log(min(sizes)) + math.log(max(sizes))) / 2
+    return min(sizes, key=lambda b: (round(abs(math.log(b) - centre), 9), b))  # (rounded: two as near tie)
 
 
 def choose(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None) -> dict | None:

@@ -38,6 +38,10 @@ RULES = {r.name: r for r in (
                   "(McCandlish et al. 2018)",
          lambda lr, base, batch, b_noise: paper_learning_rate(lr, base, batch, b_noise),
          trial=False, without_noise="linear"),
+    Rule("paper-low", "the paper's rule for SGD at the low end of B_noise's interval, open above, eps(B) = eps(base) "
+                      "(1 + low/base) / (1 + low/B) (McCandlish et al. 2018): the least rate any B_noise in the "
+                      "interval gives above the base batch, where the linear rule (B_noise unbounded) gives the most",
+         lambda lr, base, batch, b_noise: paper_learning_rate(lr, base, batch, b_noise or 0.0), trial=False),
 )}
 TRIAL_SCALINGS = tuple(name for name, rule in RULES.items() if rule.trial)  # a trial's --lr-scaling values
 

@@ -7,7 +7,8 @@ The recommendation (`recommend`) is the size predicted to reach a target soonest
 that passed, no larger than the margin's (goodput.choose: the paper's steps times each probe's
 step time), with the limit that binds (memory, speed or statistics; the data or --max where the
 search stopped at its bound with room to spare) and a learning rate by the optimizer's rule
-(`learning_rate`): the paper's for SGD with a resolved noise scale, else linear; the square-root
+(`learning_rate`): the paper's for SGD with a resolved noise scale, at its interval's low end above
+the base batch where the interval is open above, else linear; the square-root
 rule for Adam; anchored at a tuned rate from a store (--from-store) at the tuned batch size
 nearest the recommendation, else at the best of the noise scale's short runs at 1, 3 and 10
 times Keras's default at the base batch size, 32 (catsdogs.measure.noise_run), else (no noise
@@ -49,7 +50,8 @@ def recommend(probes: list[ProbeRecord], safe: int, optimizer: str, estimate: No
         chosen["binding"] = bound_by
     base, base_lr, said = anchor_at(chosen["batch_size"], optimizer, anchor)
     lr, rule = learning_rate(optimizer, chosen["batch_size"], base_lr, base,
-                             chosen["b_noise"] if chosen["statistics"] == "resolved" else None)
+                             chosen["b_noise"] if chosen["statistics"] == "resolved" else None,
+                             open_low=chosen["interval"][0] if chosen["statistics"] == "open above" else None)
     return {**chosen, "learning_rate": lr, "learning_rate_rule": rule, "learning_rate_anchor": said,
             "linear_learning_rate": linear_scaled_lr(optimizer, chosen["batch_size"]),
             "base_learning_rate": base_lr, "base_batch_size": base}
@@ -92,12 +94,18 @@ def linear_scaled_lr(optimizer: str, batch_size: int) -> float:
 
 
 def learning_rate(optimizer: str, batch_size: int, base_lr: float, base_batch: int,
-                  b_noise: float | None) -> tuple[float, str]:
+                  b_noise: float | None, open_low: float | None = None) -> tuple[float, str]:
     """(the learning rate at `batch_size`, its rule's name in catsdogs.lr_rules.RULES), anchored at
     `base_lr` for `base_batch` by the optimizer's rule (catsdogs.optimizers): SGD's the paper's with
-    a resolved noise scale, else linear; Adam's the square-root rule, whose SDE argument holds for
-    adaptive methods where the linear one does not."""
-    return lr_rules.scaled(OPTIMIZERS[optimizer].rule, base_lr, base_batch, batch_size, b_noise)
+    a resolved noise scale; where B_noise's interval is open above (`open_low`, its low end), above
+    the base batch the paper's at that end, the least rate the interval allows (the linear rule,
+    B_noise unbounded, printed 0.8 at 256 from 0.1 at 32 where 0.3 collapsed at 32), below it
+    linear; else linear. Adam's the square-root rule, whose SDE argument holds for adaptive
+    methods where the linear one does not."""
+    rule = OPTIMIZERS[optimizer].rule
+    if rule == "paper" and b_noise is None and open_low is not None and batch_size > base_batch:
+        return lr_rules.RULES["paper-low"].rate(base_lr, base_batch, batch_size, open_low), "paper-low"
+    return lr_rules.scaled(rule, base_lr, base_batch, batch_size, b_noise)
 
 
 def hand_off(batch_size: int | None, largest: int | None, safe: int | None, effective: int | None = None) -> dict:

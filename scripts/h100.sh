@@ -20,7 +20,9 @@
 #                        target measured beside the predicted (the report within 60 s more)
 # More, one call each when there is time: reproduce-det (determinism on: what it costs), profile-fp32
 # (TF32 forbidden), profile-det, profile-bf16 (mixed_bfloat16, PyTorch under autocast), find-limit
-# (find-batch-size --max 4096: the device's limit past the data).
+# (find-batch-size --max 4096: the device's limit past the data), race (at 64 px, the critical plan's
+# data: find-batch-size --race to val_loss 0.49, SGD, target at most 90 s of race; then the whole
+# critical plan, its ground truth, and the report; about 5 minutes).
 #
 # A stage that runs past its timeout is stopped (SIGINT, as Ctrl-C: a sweep gives its running trial
 # back and keeps what finished) and named as cut in the summary; a stage with less than 20 s of the
@@ -31,14 +33,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ALL=(prepare reproduce profile-tf32 find time-to-target)
-MORE=(reproduce-det profile-fp32 profile-det profile-bf16 find-limit)
+MORE=(reproduce-det profile-fp32 profile-det profile-bf16 find-limit race)
 declare -A TIMEOUT=(  # seconds on the H100/H200, compilation included
     [prepare]=40 [reproduce]=170 [profile-tf32]=70 [find]=80 [time-to-target]=100
-    [reproduce-det]=400 [profile-fp32]=120 [profile-det]=300 [profile-bf16]=120 [find-limit]=400)
+    [reproduce-det]=400 [profile-fp32]=120 [profile-det]=300 [profile-bf16]=120 [find-limit]=400 [race]=400)
 GPU_BATCHES="64 256 1024"
 MIN_STAGE=20  # a stage with less of the budget left is not started
 
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; }
 
 DRY=0 SMOKE=0 BUDGET= STAGES=()
 while [ $# -gt 0 ]; do
@@ -85,6 +87,8 @@ if [ $SMOKE = 1 ]; then
     CRITICAL_RUN="sweep --data-dir $(printf %q "$DATA") --name critical --opt adam sgd --batch-size 4 8 --lr 0.001 0.01 \
 --seeds 1 --until val_loss=0.9 --eval-every 32 --max-epochs 1 --noise-scale"
     CRITICAL_DATA=$DATA CRITICAL_FIND=(--start 4 --steps 1)
+    # the race on the quick data: batch sizes up to 8, a target met at once, a budget
+    RACE_ARGS=(--start 4 --max 8 --steps 1 --until val_loss=0.9 --race-budget 60) RACE_TRUTH=""
     PY=${PYTHON:-python3}
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} KERAS_BACKEND=jax PYTHONUNBUFFERED=1
     export CATSDOGS_COMPILE_CACHE=$OUT/smoke-work/jax-cache  # not the user's: a smoke leaves nothing behind
@@ -100,6 +104,8 @@ else
     CRITICAL_DATA=$WORK/critical-data
     CRITICAL_RUN="reproduce --config configs/critical-gpu-check.toml --data-dir $(printf %q "$CRITICAL_DATA") --quiet"
     CRITICAL_FIND=()
+    RACE_ARGS=(--until val_loss=0.49)
+    RACE_TRUTH="reproduce --config critical --data-dir $(printf %q "$CRITICAL_DATA") --quiet"
     PY=python3
     export PYTHONPATH=/tmp/site:$PWD KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 fi
@@ -128,6 +134,10 @@ stage_commands() {
         [ $SMOKE = 1 ] || echo "$c prepare --source synthetic --size 64 --data-dir $(printf %q "$CRITICAL_DATA") --quiet"
         echo "$c find-batch-size --data-dir $(printf %q "$CRITICAL_DATA") --out $runs --name h100-find-critical-sgd --opt sgd ${CRITICAL_FIND[*]} ${FAST[*]}"
         echo "$c $CRITICAL_RUN --out $runs ${FAST[*]}" ;;
+    race)  # the race, then the whole critical plan as its ground truth (not in the smoke: time-to-target's stands in)
+        [ $SMOKE = 1 ] || echo "$c prepare --source synthetic --size 64 --data-dir $(printf %q "$CRITICAL_DATA") --quiet"
+        echo "$c find-batch-size --data-dir $(printf %q "$CRITICAL_DATA") --out $runs --name h100-race --opt sgd --race ${RACE_ARGS[*]} ${FAST[*]}"
+        [ -z "$RACE_TRUTH" ] || echo "$c $RACE_TRUTH --out $runs ${FAST[*]}" ;;
     esac
 }
 
@@ -143,6 +153,7 @@ label() {
     find) echo "find-batch-size with its defaults, determinism off, TF32 on" ;;
     find-limit) echo "find-batch-size --max 4096: the device's limit past the data" ;;
     time-to-target) echo "time to the target: one seed of the critical plan measured, find-batch-size's prediction beside it" ;;
+    race) echo "the race: find-batch-size --race to val_loss 0.49 (SGD, 64 px), the whole critical plan its ground truth" ;;
     esac
 }
 
@@ -247,6 +258,10 @@ summarize() {  # the stage's part of summary.md
         $PY scripts/h100_summary.py find --json "$RUNS/h100-$stage/find_batch_size.json" $target --label "$label" \
             >>"$SUMMARY" || printf '## %s\n\nno find_batch_size.json\n\n' "$label" >>"$SUMMARY"
         cp "$RUNS/h100-$stage/find_batch_size.json" "$LOGS/$stage.json" 2>/dev/null || true ;;
+    race)
+        $PY scripts/h100_summary.py race --json "$RUNS/h100-race/find_batch_size.json" --out "$RUNS" --label "$label" \
+            >>"$SUMMARY" || printf '## %s\n\nno race in find_batch_size.json\n\n' "$label" >>"$SUMMARY"
+        cp "$RUNS/h100-race/find_batch_size.json" "$LOGS/$stage.json" 2>/dev/null || true ;;
     time-to-target)  # the report's own section, as it stands (reported again when the trials were cut)
         [ "$rc" = 0 ] && [ -f "$RUNS/critical/results.md" ] ||
             timeout -s INT -k 5 60 $PY -m catsdogs report --name critical --out "$RUNS" >>"$LOGS/$stage.log" 2>&1 || true
@@ -261,7 +276,7 @@ for stage in "${STAGES[@]}"; do
     left=$((BUDGET - ($(date +%s) - began)))
     if [ $left -lt $MIN_STAGE ]; then skipped+=("$stage"); continue; fi
     # every stage trains on the prepared data but the critical plan's, which prepares its own (64 px)
-    if [ "$stage" != prepare ] && { [ "$stage" != time-to-target ] || [ $SMOKE = 1 ]; } &&
+    if [ "$stage" != prepare ] && { { [ "$stage" != time-to-target ] && [ "$stage" != race ]; } || [ $SMOKE = 1 ]; } &&
         [ ! -f "$DATA/manifest.json" ]; then
         run_stage prepare "${TIMEOUT[prepare]}" || { failed=1; break; }
         left=$((BUDGET - ($(date +%s) - began)))

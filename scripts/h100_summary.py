@@ -141,6 +141,47 @@ def find(a) -> list[str]:
     return lines
 
 
+def race(a) -> list[str]:
+    """The race's answer as find-batch-size prints it, its time against the target (at most 90 s), and
+    each raced size's time to the target in the critical plan run beside it, where it ran (median
+    steps over its seeds at its best rate, times the race's steady step time)."""
+    from catsdogs.measure.find_summary import race_lines
+
+    r = json.loads(Path(a.json).read_text())["race"]
+    lines = [f"## {a.label}", "", *race_lines(r),
+             f"- the race took {r['seconds']:.0f} s (target ≤ 90 s: {'met' if r['seconds'] <= 90 else 'NOT met'})"]
+    truth = _critical_times(Path(a.out), r["steady_step_seconds"] or {})
+    d = r.get("decision")
+    if truth and d and d["batch_size"] in truth:
+        best = min(truth, key=truth.get)
+        lines.append(f"- against the critical plan: T({d['batch_size']}) / T(best, {best}) = "
+                     f"{truth[d['batch_size']] / truth[best]:.2f} (target ≤ 1.25); by size: "
+                     + ", ".join(f"{b}: {t:.2f} s" for b, t in sorted(truth.items())))
+    elif d:
+        lines.append(f"- the critical plan gave no time for {d['batch_size']}: {sorted(truth) or 'no store'}")
+    return [*lines, ""]
+
+
+def _critical_times(out: Path, steady: dict) -> dict[int, float]:
+    from catsdogs.store import Store, store_path
+
+    if not store_path(out).exists():
+        return {}
+    steps: dict[tuple, list] = {}
+    with Store(store_path(out), read_only=True) as store:
+        if "critical" not in store.sweeps():
+            return {}
+        for t in store.trials("critical"):
+            c = t["config"]
+            if c["optimizer"] == "sgd" and t["status"] == "done":
+                steps.setdefault((c["batch_size"], c["lr"]), []).append(
+                    t["steps_to_target"] if t.get("target_reached") else float("inf"))
+    best: dict[int, float] = {}
+    for (b, _), runs in steps.items():
+        best[b] = min(best.get(b, float("inf")), statistics.median(runs))
+    return {b: s * steady[str(b)] for b, s in best.items() if str(b) in steady and s != float("inf")}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -155,10 +196,13 @@ def main() -> int:
     f = sub.add_parser("find")
     f.add_argument("--json", required=True)
     f.add_argument("--target", type=float, default=None)
-    for s in (r, p, f):
+    race_ = sub.add_parser("race")
+    race_.add_argument("--json", required=True)
+    race_.add_argument("--out", required=True)
+    for s in (r, p, f, race_):
         s.add_argument("--label", required=True)
     a = ap.parse_args()
-    print("\n".join({"reproduce": reproduce, "profile": profile, "find": find}[a.what](a)))
+    print("\n".join({"reproduce": reproduce, "profile": profile, "find": find, "race": race}[a.what](a)))
     return 0
 
 

@@ -216,6 +216,8 @@ def critical_claims_by_context(trials: list[dict], tuned: dict, n_test: int | No
     the learning rate tuned per batch size (catsdogs.analysis.tuning), whose series are tested too.
     `n_test`: the test images each accuracy was measured on (the floor of Welch's interval)."""
     def results(context: tuple, members: list[dict]) -> list[dict]:
+        if context[0] is None:  # trained until a target: no fixed number of epochs, which the claim is of
+            return []
         series = [*((label, cells, False) for label, cells in _article_series(members)),
                   *((label, cells, True) for label, cells in _tuned_series(tuned, members))]
         return [r for r in (evaluate(label, cells, int(context[0]), n_test, tuned=is_tuned)

@@ -86,8 +86,11 @@ def setting_of(trial: dict, name: str):
 
 def context_of(trial: dict) -> tuple:
     """What a trial ran in, beyond its protocol: epochs, image size, backend, and its process
-    settings (determinism, TF32). Trials of two contexts never share a cell or a claim."""
-    return (field(trial, "epochs"), field(trial, "image_size"),
+    settings (determinism, TF32). Trials of two contexts never share a cell or a claim. A trial
+    that trains until a target has no epochs of its context (None): its epochs only cap it, and
+    trials capped apart (find-batch-size --race caps each by the leader's time) share their cells."""
+    epochs = None if field(trial, "until") else field(trial, "epochs")
+    return (epochs, field(trial, "image_size"),
             *(setting_of(trial, name) for name in ("backend", *schema.PROCESS_FIELDS)))
 
 
@@ -100,7 +103,7 @@ def many_contexts(trials) -> bool:
 def context_label(context: tuple, many: bool) -> str:
     """"5 epochs, 200 px", and where a sweep has several contexts its backend and settings too."""
     epochs, size, backend, deterministic, tf32 = context
-    label = f"{epochs} epochs, {size} px"
+    label = f"{epochs} epochs, {size} px" if epochs is not None else f"to the target, {size} px"
     if many:
         label += f", {BACKEND_NAMES.get(backend, backend)}"
     return label + "".join(f", {text}" for text in schema.process_words(deterministic, tf32))

@@ -226,7 +226,7 @@ def _decision_lines(rec: dict, s: dict, measured: dict | None) -> list[str]:
     if near and "worst_case" in rec:
         what = "least worst case" if span else "best predicted time"
         lines.append(f"As good (within {TIE:.0%} of the {what}, plus the step times' spread): "
-                     f"{_sizes(near)}" + ("; the middle one is recommended." if len(near) > 1 else "."))
+                     f"{_sizes(near)}" + ("; the middle one on a log scale is recommended." if len(near) > 1 else "."))
     elif near:  # a result of 0.16.0 or earlier read back
         wide = rec.get("near_best_interval") or []
         lines.append(f"Within {TIE:.0%} of the best predicted time: {_sizes(near)}"

@@ -130,18 +130,21 @@ def _stored_plan(out: Path, sweep: str, identity: dict, log) -> dict | None:
 
 
 def _new_plan(settings, manifest: dict, recommendation: dict, anchor: dict | None, identity: dict) -> dict:
-    """The sizes (race.race_sizes over the probes' step times, beyond the between-run spread), each
-    size's rates by the optimizer's rule from the anchor and the factor-2 set around it, the seeds,
+    """The sizes (race.race_sizes over the probes' step times, beyond the between-run spread, and the
+    prediction's recommendation, so that it is held against the race), each size's rates by the optimizer's rule from the anchor and the factor-2 set around it, the seeds,
     the evaluations' spacing, and the arm raced first (the prediction's choice at its rule's rate)."""
     table = {int(r["batch_size"]): float(r["step_seconds"]) for r in recommendation["table"]}
-    sizes = race_sizes(table, BETWEEN_RUNS)
-    b_noise = recommendation.get("b_noise") if recommendation.get("statistics") == "resolved" else None
+    predicted = recommendation["batch_size"]  # raced whatever the grid: the prediction is held against the race
+    sizes = sorted({*race_sizes(table, BETWEEN_RUNS), *([predicted] if predicted in table else [])})
+    statistics_ = recommendation.get("statistics")
+    b_noise = recommendation.get("b_noise") if statistics_ == "resolved" else None
+    low = (recommendation.get("interval") or [None])[0] if statistics_ == "open above" else None
     rates, rule_rate = {}, {}
-    for b in sizes:
+    for b in sizes:  # the recommendation's rule, at every size
         base, base_lr, _ = anchor_at(b, settings.optimizer, anchor)
-        rule_rate[b] = _round(learning_rate(settings.optimizer, b, base_lr, base, b_noise)[0])
+        rule_rate[b] = _round(learning_rate(settings.optimizer, b, base_lr, base, b_noise, open_low=low)[0])
         rates[b] = [_round(r) for r in race_rates(rule_rate[b])]
-    predicted = min(sizes, key=lambda b: (abs(math.log(b / recommendation["batch_size"])), b))
+    predicted = min(sizes, key=lambda b: (abs(math.log(b / predicted)), b))  # (itself, where the table has it)
     base, base_lr, said = anchor_at(predicted, settings.optimizer, anchor)
     n_train = sum(manifest["counts"][settings.dataset]["train"].values())
     every = 2 ** max(5, int(math.log2(max(1, n_train * REFERENCE_EPOCHS // EVALUATIONS))))

@@ -237,3 +237,15 @@ def test_the_rate_is_scaled_from_the_tuned_batch_size_nearest_the_recommendation
     base, lr, said = anchor_at(100, "sgd", anchor)
     assert (base, lr) == (128, 0.1) and said.startswith("the tuned rate of the critical sweep 'crit' (at its grid")
     assert anchor_at(48, "adam", None) == (32, 0.001, "Keras's default")
+
+
+def test_trials_to_a_target_capped_apart_share_one_context_and_fixed_epochs_keep_theirs():
+    from catsdogs.analysis.rows import context_label, context_of
+
+    # given two trials to one target capped at 3 and 12 epochs (a race's), and two of fixed epochs
+    to_target = [{"config": {"epochs": e, "image_size": 64, "until": "val_loss=0.49"}} for e in (3, 12)]
+    fixed = [{"config": {"epochs": e, "image_size": 64}} for e in (3, 12)]
+    # then the first two are one context, said "to the target"; the fixed ones stay apart
+    assert context_of(to_target[0]) == context_of(to_target[1])
+    assert context_label(context_of(to_target[0]), False).startswith("to the target, 64 px")
+    assert context_of(fixed[0]) != context_of(fixed[1])

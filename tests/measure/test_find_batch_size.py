@@ -124,7 +124,7 @@ def measured(b_simple, low, high=None) -> NoiseRun:
 @pytest.mark.parametrize("optimizer, noise, binding, rule", [
     ("sgd", measured(30.0, 20.0, 45.0), "statistics", "paper"),  # T(B) least near B_noise: statistics binds
     ("adam", measured(30.0, 20.0, 45.0), "statistics", "sqrt"),  # Adam's rule, whatever the noise scale
-    ("sgd", measured(None, 900.0), "memory", "linear"),  # a lower bound only: open above, the worst case's
+    ("sgd", measured(None, 900.0), "memory", "paper-low"),  # a lower bound only: open above, the worst case's
 ])
 def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_dir, tmp_path, monkeypatch,
                                                                         optimizer, noise, binding, rule):
@@ -145,7 +145,8 @@ def test_the_noise_scale_joins_the_recommendation_with_its_learning_rate(data_di
     assert s["noise_scale"] == noise.as_json()
     base = {"sgd": 0.01, "adam": 0.001}[optimizer]
     b = rec["batch_size"]
-    expected = {"paper": base * (1 + 30 / 32) / (1 + 30 / b), "sqrt": base * (b / 32) ** 0.5, "linear": base * b / 32}
+    expected = {"paper": base * (1 + 30 / 32) / (1 + 30 / b), "sqrt": base * (b / 32) ** 0.5,
+                "paper-low": base * (1 + 900 / 32) / (1 + 900 / b)}  # (open above: the least rate B_noise >= 900 gives)
     assert rec["learning_rate"] == pytest.approx(expected[rule])
     if binding == "statistics":
         # the least worst case over 20 to 45 is at 32, the probed size nearest B_noise; T(B) is flat
@@ -472,6 +473,11 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_and_on
     run_loss[(9, None)] = 0.6929
     at_chance = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
     assert at_chance.trained == [7, 8, 10] and at_chance.rate_test["noise_seeds"] == [7, 8, 10]
+    # and one that barely left chance (0.673 against ln 2 = 0.693: an SGD run of the H200's, near chance,
+    # pooled as trained before), by the anchor's rule: below 0.9 of ln 2 only
+    run_loss[(9, None)] = 0.673
+    near_chance = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
+    assert near_chance.trained == [7, 8, 10]
     # and when fewer than two trained, all four are pooled, an early value, said
     run_loss.update({(7, None): 0.7, (8, None): 0.7, (10, None): 0.7})
     early = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)

@@ -15,6 +15,7 @@ from catsdogs.manifest import require_prepared
 from catsdogs.measure.find_summary import race_lines
 from catsdogs.measure.race_run import (
     MAX_EPOCHS,
+    _new_plan,
     _Runner,
     against_prediction,
     run_race,
@@ -153,6 +154,18 @@ def test_a_cap_becomes_the_epochs_that_reach_it_beyond_the_uncapped_epochs_where
     assert runner.epochs_for(64, None) == MAX_EPOCHS
 
 
+def test_the_predictions_size_races_even_where_the_factor_2_grid_would_thin_it_and_races_first(data):
+    # given probes at 16, 24 and 32 (a factor-2 grid keeps 16 and 32) and a prediction of 24
+    table = {16: 0.006, 24: 0.008, 32: 0.01}
+    rec = {"batch_size": 24, "statistics": "open above", "b_noise": None, "interval": [0.0, None],
+           "table": [{"batch_size": b, "step_seconds": t} for b, t in table.items()]}
+    settings = FindSettings(optimizer="sgd", race=True, until="val_loss=0.5")
+    # when the race is planned
+    plan = _new_plan(settings, require_prepared(data), rec, ANCHOR, {})
+    # then 24 races, and races first (its trials cap the others')
+    assert plan["sizes"] == [16, 24, 32] and plan["first"]["batch_size"] == 24
+
+
 def test_the_prediction_agrees_where_the_race_cannot_tell_it_from_the_leader():
     decision = {"batch_size": 16, "tied": [{"batch_size": 32, "lr": 0.01}],
                 "arms": [{"batch_size": 32, "ratio": 1.1, "seeds": 18}, {"batch_size": 128, "ratio": 1.9, "seeds": 2}]}
@@ -220,3 +233,7 @@ def test_find_batch_size_races_on_this_device_answers_with_the_measured_fastest_
     assert not any(line.startswith("[") for line in again)  # no trial's progress line
     with Store(store_path(tmp_path), read_only=True) as store:
         assert len(store.trials(sweep_name("find-batch-size"))) == race_record["trials"]
+    # and the report reads the race as a sweep: one series to the target, whatever cap each trial ran under
+    said: list = []
+    catsdogs.report(sweep_name("find-batch-size"), out=tmp_path, log=said.append)
+    assert any("time to the target (SGD, standard, to the target, 32 px)" in line for line in said)

@@ -258,3 +258,19 @@ def test_a_size_first_timed_between_that_failed_is_no_candidate_and_is_not_tried
     assert 4 not in goodput.passed(probes)
     # and the gap's fill does not ask for it again
     assert goodput.between(probes, 312, noise(102.0, 12.7, None), timeable=ProbeRun.can_retime) == [2]
+
+
+# --- the near-best set's middle, on a log scale: probes added near the limit do not carry it ----
+def test_probes_added_near_the_limit_do_not_move_the_choice_of_a_tied_set():
+    # given sizes equally fast per image (all tied with speed's choice), 64 to 1,024
+    sizes = [64, 128, 256, 512, 1024]
+    before = goodput.decide({b: 0.001 * b for b in sizes}, None)["batch_size"]
+    # when the search adds three probes near its limit
+    after = goodput.decide({b: 0.001 * b for b in [*sizes, 1056, 1088, 1120]}, None)["batch_size"]
+    # then the choice stays at the set's middle on a log scale (by count it moved from 256 to 512)
+    assert before == after == 256
+
+
+def test_the_log_middle_is_the_size_nearest_the_geometric_mean_the_smaller_of_two():
+    assert goodput.log_middle([16, 24, 32, 512]) == 32 and goodput.log_middle([8, 32]) == 8
+    assert goodput.log_middle([40]) == 40

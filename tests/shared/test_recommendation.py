@@ -23,6 +23,18 @@ def test_the_learning_rate_follows_the_optimizers_rule(optimizer, b_noise, rule,
     assert name == rule and lr == pytest.approx(expected) and rule in lr_rules.RULES
 
 
+@pytest.mark.parametrize("low, batch, rule, expected", [
+    (0.0, 256, "paper-low", 0.1),  # the interval [0, unbounded): no rise at all above the anchor
+    (20.0, 256, "paper-low", 0.1 * (1 + 20 / 32) / (1 + 20 / 256)),
+    (20.0, 16, "linear", 0.1 * 16 / 32),  # below the anchor the linear rule is the lesser rate
+])
+def test_sgds_rate_where_the_noise_scales_interval_is_open_is_the_least_the_interval_allows(low, batch, rule, expected):
+    # given SGD anchored at 0.1 at batch 32, and B_noise's interval open above from `low`
+    lr, name = recommendation.learning_rate("sgd", batch, 0.1, 32, None, open_low=low)
+    # then the rate is the paper's rule at the low end above the anchor (0.8 at 256 by the linear rule before)
+    assert name == rule and lr == pytest.approx(expected) and rule in lr_rules.RULES
+
+
 def test_every_optimizer_names_a_rule_of_the_table_and_keras_has_its_class():
     keras = pytest.importorskip("keras")
     # given the optimizers' table
@@ -46,6 +58,7 @@ def test_a_trials_scaling_and_the_recommendation_read_one_table_of_rules(scaling
     assert schema.learning_rate(cfg) == pytest.approx(expected)
     assert lr_rules.RULES[scaling].rate(0.001, 32, 8, None) == schema.learning_rate(cfg)
     assert schema.LR_SCALINGS == ("none", "linear", "sqrt") and not lr_rules.RULES["paper"].trial
+    assert not lr_rules.RULES["paper-low"].trial
 
 
 

@@ -1,0 +1,99 @@
+"""Benchmark find-batch-size --race as a user runs it: its cost, and its answer against a ground truth.
+
+Runs `catsdogs find-batch-size --race` on prepared data once per `--seeds` value (each a fresh --out,
+the noise scale's seed and so the race's seeds too), and prints per run: the race's seconds and the
+whole command's, its trials, the target, the measured fastest with its interval, the arms it cannot
+tell apart, and the prediction's recommendation with its verdict.
+
+With `--critical OUT` (the results store of `catsdogs sweep --config critical`, or a run of it on
+these data and this backend, at the same target), each answer is held against the critical plan's
+measured times: per batch size, the median over seeds of the steps to the target at its best rate
+times the race's own steady step time of that size (the same device and run), and the answer's T
+over the least: the target is at most 1.25 in each run. Sizes the critical plan did not train are
+said, not guessed.
+
+    python benchmarks/bench_race.py --data-dir data/beyond --opt sgd --seeds 0 1 2 --until val_loss=0.49
+    python benchmarks/bench_race.py --data-dir data/beyond --opt adam --seeds 0 --critical /tmp/crit
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import HERE
+
+sys.path.insert(0, str(HERE))
+
+
+def critical_times(store_out: Path, optimizer: str, steady: dict[str, float]) -> dict[int, float]:
+    """{batch size: median steps to the target at its best rate x the race's steady step time}."""
+    from catsdogs.store import Store, store_path
+
+    steps: dict[tuple[int, float], list[float]] = {}
+    with Store(store_path(store_out), read_only=True) as store:
+        for t in store.trials("critical"):
+            c = t["config"]
+            if c["optimizer"] == optimizer and t["status"] == "done":
+                steps.setdefault((c["batch_size"], c["lr"]), []).append(
+                    t["steps_to_target"] if t.get("target_reached") else math.inf)
+    best: dict[int, float] = {}
+    for (b, _), runs in steps.items():
+        best[b] = min(best.get(b, math.inf), statistics.median(runs))
+    return {b: s * steady[str(b)] for b, s in best.items() if str(b) in steady and math.isfinite(s)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--opt", default="sgd")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--until", default=None, help="the race's target (default: its reference run's)")
+    ap.add_argument("--critical", type=Path, default=None, help="a critical plan's --out, its ground truth")
+    ap.add_argument("--extra", default="", help="more find-batch-size options")
+    args = ap.parse_args()
+    ratios = []
+    for seed in args.seeds:
+        out = Path(tempfile.mkdtemp(prefix=f"race-{seed}-"))
+        command = [sys.executable, "-m", "catsdogs", "find-batch-size", "--data-dir", args.data_dir, "--out", str(out),
+                   "--opt", args.opt, "--seed", str(seed), "--race", *(["--until", args.until] if args.until else []),
+                   *args.extra.split()]
+        t0 = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if done.returncode:
+            print(f"seed {seed}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        race = json.loads((out / "find-batch-size" / "find_batch_size.json").read_text())["race"]
+        d, p = race["decision"], race["prediction"] or {}
+        print(f"seed {seed}: command {wall:.0f} s, race {race['seconds']:.0f} s, {race['trials']} trials, "
+              f"target {race['target']} ({race['target_said']})")
+        if d is None:
+            print("  no measured answer")
+            continue
+        print(f"  fastest {d['batch_size']} at {d['lr']:g}: {d['seconds']:.2f} s ({d['seconds_low']:.2f}-"
+              f"{d['seconds_high'] or math.inf:.2f}); tied {[t['batch_size'] for t in d['tied']]}; prediction "
+              f"{p.get('batch_size')} {'agrees' if p.get('agrees') else 'ratio ' + str(p.get('ratio'))}")
+        if args.critical:
+            truth = critical_times(args.critical, args.opt, race["steady_step_seconds"])
+            if d["batch_size"] in truth:
+                ratio = truth[d["batch_size"]] / min(truth.values())
+                ratios.append(ratio)
+                print(f"  against the critical plan: T({d['batch_size']}) / T(best {min(truth, key=truth.get)}) = "
+                      f"{ratio:.2f} (target <= 1.25)")
+            else:
+                print(f"  the critical plan did not train {d['batch_size']}: its sizes are {sorted(truth)}")
+    if ratios:
+        print(f"ratios {', '.join(f'{r:.2f}' for r in ratios)}: {'met' if max(ratios) <= 1.25 else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
