@@ -8,8 +8,8 @@ tell apart, and the prediction's recommendation with its verdict.
 With `--critical OUT` (the results store of `catsdogs sweep --config critical`, or a run of it on
 these data and this backend, at the same target), each answer is held against the critical plan's
 measured times: per batch size, the median over seeds of the steps to the target at its best rate
-times the race's own steady step time of that size (the same device and run), and the answer's T
-over the least: the target is at most 1.25 in each run. Sizes the critical plan did not train are
+times the race's own steady step time of that size (the same device and run; the probe's for a size
+the race did not train), and the answer's T over the least: the target is at most 1.25 in each run. Sizes the critical plan did not train are
 said, not guessed.
 
     python benchmarks/bench_race.py --data-dir data/beyond --opt sgd --seeds 0 1 2 --until val_loss=0.49
@@ -71,7 +71,8 @@ def main() -> int:
         if done.returncode:
             print(f"seed {seed}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
             continue
-        race = json.loads((out / "find-batch-size" / "find_batch_size.json").read_text())["race"]
+        answer = json.loads((out / "find-batch-size" / "find_batch_size.json").read_text())
+        race = answer["race"]
         d, p = race["decision"], race["prediction"] or {}
         print(f"seed {seed}: command {wall:.0f} s, race {race['seconds']:.0f} s, {race['trials']} trials, "
               f"target {race['target']} ({race['target_said']})")
@@ -82,7 +83,8 @@ def main() -> int:
               f"{d['seconds_high'] or math.inf:.2f}); tied {[t['batch_size'] for t in d['tied']]}; prediction "
               f"{p.get('batch_size')} {'agrees' if p.get('agrees') else 'ratio ' + str(p.get('ratio'))}")
         if args.critical:
-            truth = critical_times(args.critical, args.opt, race["steady_step_seconds"])
+            table = {str(r["batch_size"]): r["step_seconds"] for r in answer["recommendation"]["table"]}
+            truth = critical_times(args.critical, args.opt, {**table, **race["steady_step_seconds"]})
             if d["batch_size"] in truth:
                 ratio = truth[d["batch_size"]] / min(truth.values())
                 ratios.append(ratio)

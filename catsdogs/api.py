@@ -185,7 +185,7 @@ def profile(model=None, batch_sizes: Sequence[int] = (4, 8, 16, 32, 64, 128, 256
             log: Callable[[str], None] | None = print, **probe: object) -> list[dict]:
     """Throughput, memory and utilization at each batch size: `catsdogs profile`, returning its rows
     (OUT/NAME/profile.csv's, one a batch size, in the order given). `model` and `data` as for
-    `find_batch_size`, `data` a folder only; `probe`: the command's other settings (dataset,
+    `find_batch_size` (a folder, numpy arrays, a tf.data.Dataset or a PyDataset); `probe`: the command's other settings (dataset,
     min_seconds, isolate, deterministic, tf32, worker_env).
 
     Example:
@@ -204,16 +204,13 @@ def profile(model=None, batch_sizes: Sequence[int] = (4, 8, 16, 32, 64, 128, 256
     steps, warmup = whole(steps, "steps"), whole(warmup, "warmup")
     probe = {k: flag(v, k) if k in FLAGS else v for k, v in probe.items()}
     images, arrays = _data(data, model)
-    if arrays is not None:
-        raise SettingError("profile reads a folder of images (or none: memory and speed do not depend on "
-                           "what the images show)", "data")
     work = Path(out) / name / ".work"
     ref, saved = _model_reference(model, work, precision)
     try:
         return run(name, list(batch_sizes), Path(data_dir) if data_dir is not None else config.default_data_dir(),
                    Path(out), optimizer=optimizer, precision=precision, steps=steps, warmup=warmup,
                    memory_cap_bytes=memory_limit_bytes(memory_limit), model=ref, loss=loss, images=images,
-                   log=log or _quiet, **probe)
+                   arrays=arrays, log=log or _quiet, **probe)
     finally:
         if saved is not None:
             saved.unlink(missing_ok=True)

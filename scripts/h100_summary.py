@@ -147,10 +147,12 @@ def race(a) -> list[str]:
     steps over its seeds at its best rate, times the race's steady step time)."""
     from catsdogs.measure.find_summary import race_lines
 
-    r = json.loads(Path(a.json).read_text())["race"]
+    answer = json.loads(Path(a.json).read_text())
+    r = answer["race"]
+    table = {str(t["batch_size"]): t["step_seconds"] for t in (answer.get("recommendation") or {}).get("table") or []}
     lines = [f"## {a.label}", "", *race_lines(r),
              f"- the race took {r['seconds']:.0f} s (target ≤ 90 s: {'met' if r['seconds'] <= 90 else 'NOT met'})"]
-    truth = _critical_times(Path(a.out), r["steady_step_seconds"] or {})
+    truth = _critical_times(Path(a.out), {**table, **(r["steady_step_seconds"] or {})})  # (the probe's where not raced)
     d = r.get("decision")
     if truth and d and d["batch_size"] in truth:
         best = min(truth, key=truth.get)

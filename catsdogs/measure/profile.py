@@ -116,14 +116,15 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
             min_seconds: float | None = None, measure_peak: bool = True, peak_seconds: float | None = None,
             isolate: bool = False, deterministic: bool = True, tf32: bool | None = None,
             worker_env: dict | None = None, model: str | None = None, loss: str = "auto",
-            images: Path | None = None, log: Callable[[str], None] = print) -> list[dict]:
+            images: Path | None = None, arrays: tuple | None = None, log: Callable[[str], None] = print) -> list[dict]:
     """Profile each batch size (in workers: measure.prober.Prober); write OUT/NAME/profile.csv|json
     and figures. `isolate`: a fresh worker process for each probe; `deterministic`, `tf32`: the
     workers' process settings (the matmul peak too runs under them: TF32 changes it most);
     `worker_env`: more of the workers' environment (the compile cache). `model`: a user's model
     (catsdogs.model_ref; None: the article's), checked in a worker first, with `loss`
-    (catsdogs.measure.model_check), on `images` (a folder of class subfolders, --data), else the
-    prepared data where they fit it, else random images.
+    (catsdogs.measure.model_check), on `images` (a folder of class subfolders, --data) or `arrays`
+    (the Python API's (x, y), read once into the workers' decoded copy), else the prepared data
+    where they fit it, else random images.
 
     Returns the rows (one per batch size, in the order given). Raises CatsdogsError when the
     data is not prepared, SettingError for impossible settings (a model that cannot be used too)."""
@@ -136,7 +137,7 @@ def profile(name: str, batch_sizes: Sequence[int], data_dir: Path, out: Path = P
     model_check.check_options(model, loss, images, precision)
     if model is not None:
         model, user = model_check.check_user_model(model, loss, work / "model-check.log", env)
-        probe_data = model_check.data_for(user, data_dir, images, work)
+        probe_data = model_check.data_for(user, data_dir, images, work, arrays)
         manifest, size = probe_data.manifest, user.input_shape[0]
     else:
         manifest = require_intact(Path(data_dir))

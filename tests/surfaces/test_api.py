@@ -324,8 +324,23 @@ def test_the_other_functions_refuse_in_one_line_naming_their_keyword(tmp_path):
     with pytest.raises(catsdogs.CatsdogsError, match="no results store") as caught:
         catsdogs.report("nothing", out=tmp_path / "empty", log=None)
     assert "\n" not in str(caught.value)
-    with pytest.raises(catsdogs.SettingError, match="^data: profile reads a folder"):
-        catsdogs.profile(small_model(), [4], data=coloured(4), out=tmp_path, log=None)
+    with pytest.raises(catsdogs.SettingError, match="^data: .*numpy arrays"):
+        catsdogs.profile(small_model(), [4], data={"x": 1}, out=tmp_path, log=None)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("brief_probes")
+def test_profile_takes_numpy_arrays_as_find_batch_size_does_and_lets_go_of_their_copy(tmp_path):
+    # given a live model and its images as numpy arrays
+    x, y = coloured()
+    # when profiled at two batch sizes
+    rows = catsdogs.profile(small_model(), [4, 8], (x, y), memory_limit="1GiB", steps=2, warmup=1, out=tmp_path,
+                            log=None)
+    # then both are measured on the arrays, named by their digest, and their decoded copy is gone
+    assert [r["batch_size"] for r in rows] == [4, 8] and all(r["status"] == "done" for r in rows)
+    saved = json.loads((tmp_path / "profile" / "profile.json").read_text())
+    assert saved["settings"]["data_arrays"] == folder_data.digest(folder_data.from_arrays(x, y))
+    assert not list((tmp_path / "profile" / ".work").glob("arrays-*"))
 
 
 NOTEBOOK = """
