@@ -49,7 +49,7 @@ class BatchSizeAdvice:
     predicted_learning_rate: float | None = None
     # with --race (race=True): the measured fastest is batch_size and learning_rate; its steady
     # seconds to the race's target (the median over its seeds) with their 95% interval (None above:
-    # open), and the sizes the race cannot tell from it (within 1.25x)
+    # open), and the other sizes the race cannot tell from it (within 1.25x)
     race_seconds: tuple[float, float, float | None] | None = None
     race_tied: tuple[int, ...] = ()
 
@@ -62,7 +62,8 @@ class BatchSizeAdvice:
         interval = (noise.get("low"), noise.get("high")) if noise.get("b_simple") is not None else None
         raced = (result.race or {}).get("decision") or {}
         measured = dict(race_seconds=(raced["seconds"], raced["seconds_low"], raced.get("seconds_high")),
-                        race_tied=tuple(sorted({t["batch_size"] for t in raced.get("tied") or ()}))) if raced else {}
+                        race_tied=tuple(sorted({t["batch_size"] for t in raced.get("tied") or ()} - {raced["batch_size"]}))
+                        ) if raced else {}
         return cls(batch_size=raced.get("batch_size", rec.get("batch_size", result.margin_batch_size)),
                    learning_rate=raced.get("lr", rec.get("learning_rate")),
                    learning_rate_rule="raced" if raced else rec.get("learning_rate_rule"),

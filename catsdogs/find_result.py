@@ -155,9 +155,22 @@ _INSIDE = {
                                  "a list of objects or null")},
     "noise_scale": {k: (lambda v: v is None or _is_number(v), "a number or null") for k in ("b_simple", "low", "high")},
     "fastest": {"batch_size": _BATCH},
-    "race": {"decision": _OBJECT, "target": (lambda v: isinstance(v, str), "text")},
+    "race": {"target": (lambda v: isinstance(v, str), "text"),
+             "decision": (lambda v: v is None or _decision(v), "null or an object of batch_size, lr, seconds, "
+                          "seconds_low and seconds_high (positive numbers; the last null where open) and tied "
+                          "(a list of objects of a batch_size)")},
     "hand_off": {"eval_batch_size": _BATCH, "accumulation": _OBJECT},
 }
+
+
+def _decision(v) -> bool:
+    """The race's decision as the advice reads it (BatchSizeAdvice.of)."""
+    positive = lambda x: _is_number(x) and x > 0  # noqa: E731
+    return (isinstance(v, dict) and _is_int(v.get("batch_size")) and v["batch_size"] >= 1 and positive(v.get("lr"))
+            and positive(v.get("seconds")) and positive(v.get("seconds_low"))
+            and (v.get("seconds_high") is None or positive(v["seconds_high"]))
+            and isinstance(v.get("tied"), list)
+            and all(isinstance(t, dict) and _is_int(t.get("batch_size")) for t in v["tied"]))
 
 
 def _check(key: str, value) -> None:

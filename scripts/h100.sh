@@ -21,8 +21,8 @@
 # More, one call each when there is time: reproduce-det (determinism on: what it costs), profile-fp32
 # (TF32 forbidden), profile-det, profile-bf16 (mixed_bfloat16, PyTorch under autocast), find-limit
 # (find-batch-size --max 4096: the device's limit past the data), race (at 64 px, the critical plan's
-# data: find-batch-size --race to val_loss 0.49, SGD, target at most 90 s of race; then the whole
-# critical plan, its ground truth, and the report; about 5 minutes).
+# data: find-batch-size --race to val_loss 0.49, SGD, target at most 90 s of race; then the critical
+# plan's SGD half, its ground truth (configs/critical-sgd.toml, 100 trials); about 5 minutes).
 #
 # A stage that runs past its timeout is stopped (SIGINT, as Ctrl-C: a sweep gives its running trial
 # back and keeps what finished) and named as cut in the summary; a stage with less than 20 s of the
@@ -105,7 +105,7 @@ else
     CRITICAL_RUN="reproduce --config configs/critical-gpu-check.toml --data-dir $(printf %q "$CRITICAL_DATA") --quiet"
     CRITICAL_FIND=()
     RACE_ARGS=(--until val_loss=0.49)
-    RACE_TRUTH="reproduce --config critical --data-dir $(printf %q "$CRITICAL_DATA") --quiet"
+    RACE_TRUTH="reproduce --config configs/critical-sgd.toml --data-dir $(printf %q "$CRITICAL_DATA") --quiet"
     PY=python3
     export PYTHONPATH=/tmp/site:$PWD KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 fi
@@ -134,7 +134,7 @@ stage_commands() {
         [ $SMOKE = 1 ] || echo "$c prepare --source synthetic --size 64 --data-dir $(printf %q "$CRITICAL_DATA") --quiet"
         echo "$c find-batch-size --data-dir $(printf %q "$CRITICAL_DATA") --out $runs --name h100-find-critical-sgd --opt sgd ${CRITICAL_FIND[*]} ${FAST[*]}"
         echo "$c $CRITICAL_RUN --out $runs ${FAST[*]}" ;;
-    race)  # the race, then the whole critical plan as its ground truth (not in the smoke: time-to-target's stands in)
+    race)  # the race, then the critical plan's SGD half as its ground truth (not in the smoke: time-to-target's stands in)
         [ $SMOKE = 1 ] || echo "$c prepare --source synthetic --size 64 --data-dir $(printf %q "$CRITICAL_DATA") --quiet"
         echo "$c find-batch-size --data-dir $(printf %q "$CRITICAL_DATA") --out $runs --name h100-race --opt sgd --race ${RACE_ARGS[*]} ${FAST[*]}"
         [ -z "$RACE_TRUTH" ] || echo "$c $RACE_TRUTH --out $runs ${FAST[*]}" ;;
@@ -153,7 +153,7 @@ label() {
     find) echo "find-batch-size with its defaults, determinism off, TF32 on" ;;
     find-limit) echo "find-batch-size --max 4096: the device's limit past the data" ;;
     time-to-target) echo "time to the target: one seed of the critical plan measured, find-batch-size's prediction beside it" ;;
-    race) echo "the race: find-batch-size --race to val_loss 0.49 (SGD, 64 px), the whole critical plan its ground truth" ;;
+    race) echo "the race: find-batch-size --race to val_loss 0.49 (SGD, 64 px), the critical plan's SGD half its ground truth" ;;
     esac
 }
 

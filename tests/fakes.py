@@ -281,8 +281,8 @@ class RaceSlot:
     REFERENCE_LOSSES = (0.62, 0.55, 0.503, 0.47)
 
     def __init__(self, device: RaceDevice, n_train: int, fixed: float = 0.5, ran: list | None = None,
-                 interrupt_after: int | None = None):
-        self.device, self.n_train, self.fixed = device, n_train, fixed
+                 interrupt_after: int | None = None, slower=lambda seed: 1.0):
+        self.device, self.n_train, self.fixed, self.slower = device, n_train, fixed, slower
         self.ran = ran if ran is not None else []
         self.interrupt_after = interrupt_after
 
@@ -299,8 +299,9 @@ class RaceSlot:
         self.ran.append(cfg)
         b, step = cfg.batch_size, self.device.step_seconds[cfg.batch_size]
         per_epoch = max(1, self.n_train // b)
+        clock = step * self.slower(cfg.seed)  # a trial's own step time, where the device's is its probe's
         if cfg.until is None:
-            history = [{"epoch": e + 1, "seconds": per_epoch * step, "val_loss": self.REFERENCE_LOSSES[e]}
+            history = [{"epoch": e + 1, "seconds": per_epoch * clock, "val_loss": self.REFERENCE_LOSSES[e]}
                        for e in range(cfg.epochs)]
             steps, reached, to_target = per_epoch * cfg.epochs, None, None
         else:
@@ -309,15 +310,16 @@ class RaceSlot:
             reached = needed <= allowed
             steps = math.ceil(needed) if reached else allowed
             to_target = needed if reached else None
-            history = [{"epoch": e + 1, "seconds": per_epoch * step} for e in range(steps // per_epoch)]
+            history = [{"epoch": e + 1, "train_seconds": per_epoch * clock, "seconds": per_epoch * clock + 0.1}
+                       for e in range(steps // per_epoch)]  # (an epoch's seconds hold its validation)
             if steps % per_epoch:
-                history.append({"epoch": len(history) + 1, "seconds": steps % per_epoch * step,
-                                "batches": steps % per_epoch})
+                history.append({"epoch": len(history) + 1, "train_seconds": steps % per_epoch * clock,
+                                "seconds": steps % per_epoch * clock, "batches": steps % per_epoch})
         if self.interrupt_after is not None and len(self.ran) == self.interrupt_after:
             _thread.interrupt_main()
         return TrialRecord(status=Status.DONE, test_accuracy=0.5, history=history, steps=steps,
                            target_reached=None if reached is None else int(reached), steps_to_target=to_target,
-                           wall_seconds=steps * step + self.fixed)
+                           wall_seconds=steps * clock + self.fixed)
 
     def stop(self) -> None:
         pass

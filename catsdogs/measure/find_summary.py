@@ -289,12 +289,16 @@ def race_lines(race: dict) -> list[str]:
     d = race.get("decision")
     lines = [f"Race to {targets.parse(race['target']).describe()} ({race['target_said']}): {race['trials']} trials "
              f"in {race['seconds']:.0f} s (sweep {race['sweep']})."]
-    if race["stopped"]["by"] == "budget":
-        n = race["stopped"]["rungs_finished"]
-        lines.append(f"  Stopped by --race-budget {race['stopped']['budget_seconds']:g} s after "
+    stopped = race["stopped"]
+    if stopped["by"] == "budget" and stopped.get("extension_skipped"):
+        lines.append(f"  Every rung ran; --race-budget {stopped['budget_seconds']:g} s left out the edge's extra rate, "
+                     f"{stopped['extension_skipped']}.")
+    elif stopped["by"] == "budget":
+        n = stopped["rungs_finished"]
+        lines.append(f"  Stopped by --race-budget {stopped['budget_seconds']:g} s after "
                      f"{n} whole rung{'s' if n != 1 else ''}: the answer is theirs, on fewer seeds.")
     if d is None:
-        lines.append("  No measured answer: no trial finished; the prediction stands alone.")
+        lines.append("  No measured answer: no rung finished; the prediction stands alone.")
         return lines
     high = f"{d['seconds_high']:.2f}" if d["seconds_high"] is not None else "unbounded"
     lines.append(f"  Measured fastest: batch size {d['batch_size']} at learning rate {d['lr']:g}: "

@@ -118,6 +118,9 @@ def _stored_plan(out: Path, sweep: str, identity: dict, log) -> dict | None:
         return None
     with Store(store_path(out), read_only=True) as store:
         config = store.sweep_config(sweep) if sweep in store.sweeps() else None
+    if config is not None and not config.get("race"):
+        raise CatsdogsError(f"the store under {out} holds a sweep named {sweep!r} that is not a race: give this run "
+                            "another --name")
     plan = (config or {}).get("race")
     if not plan:
         return None
@@ -182,6 +185,7 @@ class _Runner:
         self.slots, self.workers, self.log = slots, workers, log
         self.grid: list[TrialConfig] = []  # every trial of the race so far, in the order run
         self.walls: dict[str, float] = {}  # each trial's wall seconds, by key (the budget's estimates)
+        self.said: set[str] = set()  # the failed trials said so far
         self.reference_record: dict | None = None
 
     # -- trials --
@@ -211,11 +215,13 @@ class _Runner:
             return {}
         with Store(store_path(self.out), read_only=True) as store:
             rows = store.trials(self.sweep)
-        until = self.plan["target"]
+        until, i = self.plan["target"], self.plan["identity"]
+        same = ("optimizer", "dataset", "data", "image_size", "backend", "precision", "deterministic", "tf32")
         found = {}
         for row in rows:
             c = row["config"]
-            if row["status"] in (Status.DONE, Status.FAILED, Status.OOM) and c.get("until") == until:
+            if row["status"] in (Status.DONE, Status.FAILED, Status.OOM) and c.get("until") == until \
+                    and c.get("eval_every") == self.plan["eval_every"] and all(c.get(k) == i[k] for k in same):
                 found[(c["batch_size"], c["lr"], c["seed"])] = row
         return found
 
@@ -262,8 +268,8 @@ class _Runner:
         per: dict[int, list[float]] = {}
         for row in rows:
             history = row.get("history") or []
-            later = [(e.get("seconds"), e.get("batches", self.per_epoch(row["config"]["batch_size"])))
-                     for e in history[1:] if e.get("seconds")]
+            later = [(e.get("train_seconds", e.get("seconds")), e.get("batches", self.per_epoch(row["config"]["batch_size"])))
+                     for e in history[1:] if e.get("train_seconds", e.get("seconds"))]  # (an epoch's seconds hold its validation)
             batches = sum(b for _, b in later)
             if batches:
                 per.setdefault(row["config"]["batch_size"], []).append(sum(s for s, _ in later) / batches)
@@ -275,6 +281,10 @@ class _Runner:
         """A trial's steady time to the target, or censored at the steady time it trained."""
         b, step = arm.batch_size, self.step_seconds(arm.batch_size)
         reached = row["status"] == Status.DONE and row.get("target_reached") == 1
+        if row["status"] != Status.DONE and row["key"] not in self.said:
+            self.said.add(row["key"])
+            self.log(f"Race: {arm} on seed {seed} {row['status']} ({(row.get('error') or '').splitlines()[0][:120] if row.get('error') else 'no error kept'}): "
+                     "counted as short of the target (the same command with a fresh --name runs it again)")
         if reached:
             seconds = max(row.get("steps_to_target") or 0.0, 1.0) * step
         else:
@@ -315,7 +325,7 @@ class _Runner:
         while True:
             while not race.finished:
                 trials = race.next_trials()
-                cut = self.over_budget(started, len(trials), race.rung)
+                cut = self.over_budget(started, self.to_run(trials), race.rung)
                 if cut:
                     return whole, cut
                 self.log(f"Race, rung {race.rung + 1} of {len(race.rungs)}: {len(race.alive)} arm"
@@ -323,7 +333,7 @@ class _Runner:
                 lead = first if race.rung == 0 and first in race.alive else race.leader() if race.outcomes else race.alive[0]
                 self.wave(race, [t for t in trials if t.arm == lead])
                 rest = [t for t in trials if t.arm != lead]
-                cut = self.over_budget(started, len(rest), race.rung)  # (the first rung's, where no run came before it)
+                cut = self.over_budget(started, self.to_run(rest), race.rung)  # (the first rung's, where no run came before it)
                 if cut:
                     return whole, cut
                 self.wave(race, rest)
@@ -339,10 +349,14 @@ class _Runner:
                 whole = _copy(race)
             if extended:
                 break
+            finished = _copy(race)
             step = race.extend_edge(rates_of)
             extended = True
             if step is None:
                 break
+            cut = self.over_budget(started, self.to_run(race.next_trials()), race.rung)
+            if cut:  # every rung ran: only the edge's extra rate is left out
+                return finished, {**cut, "rungs_finished": len(race.rungs), "extension_skipped": str(step)}
             self.log(f"Race: the leader's rate is at its set's edge: {step} races on the last rung's seeds.")
         return race, {"by": "finished"}
 
@@ -366,13 +380,18 @@ class _Runner:
                 self.walls[row["key"]] = row["wall_seconds"]
             race.record(self.outcome(t.arm, t.seed, row))
 
+    def to_run(self, trials) -> int:
+        """How many of `trials` the store does not hold yet (a continued race runs only those)."""
+        done = self.finished()
+        return sum((t.arm.batch_size, t.arm.lr, t.seed) not in done for t in trials)
+
     def over_budget(self, started: float, trials: int, rung: int) -> dict | None:
         """Where the rung about to start would pass --race-budget: how the race stopped."""
         budget = self.settings.race_budget
-        if budget is None or not self.walls:
+        if budget is None or not self.walls or not trials:
             return None
         elapsed = time.perf_counter() - started
-        estimate = trials * statistics.median(self.walls.values()) / self.workers
+        estimate = math.ceil(trials / self.workers) * statistics.median(self.walls.values())
         if elapsed + estimate <= budget:
             return None
         self.log(f"Race: rung {rung + 1} ({trials} trials more, about {estimate:.0f} s) would pass the budget of "
@@ -395,7 +414,7 @@ def _record(race: Race | None, plan: dict, runner: _Runner, recommendation: dict
     decision = race.decision() if race is not None else None
     fixed = runner.fixed_seconds()
     record = {"target": plan["target"], "target_said": plan["target_said"], "reference": plan.get("reference"),
-              "eval_every": plan["eval_every"], "sizes": plan["sizes"], "rates": plan["rates"],
+              "eval_every": plan["eval_every"], "sizes": plan["sizes"], "rates": _rates(race, plan),
               "seeds": plan["seeds"], "rungs": list(SEEDS_PER_RUNG), "cap": CAP, "tie": TIE,
               "steady_step_seconds": plan.get("steady_step_seconds"), "steady_from": plan.get("steady_from"),
               "probe_step_seconds": plan["probe_step_seconds"], "fixed_seconds": fixed,
@@ -404,6 +423,14 @@ def _record(race: Race | None, plan: dict, runner: _Runner, recommendation: dict
     if decision is not None:
         record["prediction"] = against_prediction(decision, recommendation["batch_size"])
     return record
+
+
+def _rates(race: Race | None, plan: dict) -> dict:
+    """Each size's rates raced: the plan's, and an edge's extra one where it raced."""
+    rates = {b: set(lrs) for b, lrs in plan["rates"].items()}
+    for arm in race.arms if race is not None else ():
+        rates.setdefault(str(arm.batch_size), set()).add(arm.lr)
+    return {b: sorted(lrs) for b, lrs in rates.items()}
 
 
 def race_into(result, record: dict) -> None:

@@ -35,11 +35,12 @@ def recommendation(predicted: int = 32) -> dict:
 
 
 def race(tmp_path, data, device, *, until="val_loss=0.5", budget=None, predicted=32, ran=None, interrupt_after=None,
-         fixed=0.5, name="fbs", lines=None):
+         fixed=0.5, name="fbs", lines=None, slower=lambda seed: 1.0):
     settings = FindSettings(name=name, optimizer="sgd", race=True, until=until, race_budget=budget)
     manifest = require_prepared(data)
     n_train = sum(manifest["counts"]["standard"]["train"].values())
-    slots = lambda i, n, workdir: RaceSlot(device, n_train, fixed=fixed, ran=ran, interrupt_after=interrupt_after)  # noqa: E731
+    slots = lambda i, n, workdir: RaceSlot(device, n_train, fixed=fixed, ran=ran, interrupt_after=interrupt_after,  # noqa: E731
+                                           slower=slower)
     log = lines.append if lines is not None else (lambda line: None)
     return run_race(settings, data, tmp_path, manifest, 32, recommendation(predicted), ANCHOR, log, slots=slots)
 
@@ -73,22 +74,27 @@ def test_a_race_answers_within_its_tie_of_the_true_best_and_records_its_trials_a
     assert record["stopped"] == {"by": "finished"} and record["decision"]["seeds"] == 18
 
 
-def test_a_race_interrupted_continues_where_it_stopped_and_answers_as_an_uninterrupted_one(tmp_path, data):
-    # given a race run whole, and the same race stopped by Ctrl-C after 30 trials
+@pytest.mark.parametrize("stop_after", [30, 55], ids=["in-the-first-rung", "after-its-step-times-were-fixed"])
+def test_a_race_interrupted_continues_where_it_stopped_and_answers_as_an_uninterrupted_one(tmp_path, data,
+                                                                                          stop_after):
+    # given trials whose own step times differ from the probes' and by seed (the first rung fixes
+    # each size's steady time from them), a race run whole, and the same race stopped by Ctrl-C
     device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
-    whole = race(tmp_path / "whole", data, device)
+    slower = lambda seed: 1.0 + 0.15 * (seed % 3)  # noqa: E731
+    whole = race(tmp_path / "whole", data, device, slower=slower)
     first: list = []
     with pytest.raises(Interrupted):
-        race(tmp_path / "cut", data, device, ran=first, interrupt_after=30)
+        race(tmp_path / "cut", data, device, ran=first, interrupt_after=stop_after, slower=slower)
     # when the same command runs again
     second: list = []
     lines: list = []
-    again = race(tmp_path / "cut", data, device, ran=second, lines=lines)
+    again = race(tmp_path / "cut", data, device, ran=second, lines=lines, slower=slower)
     # then it continues the recorded race: no trial runs twice, and the answer is the whole race's
     assert any("continuing the race" in line for line in lines)
-    done_first = {(c.batch_size, c.lr, c.seed) for c in first[:29]}  # (the 30th was given back, unrecorded)
+    done_first = {(c.batch_size, c.lr, c.seed) for c in first[:stop_after - 1]}  # (the last was given back)
     assert not done_first & {(c.batch_size, c.lr, c.seed) for c in second}
-    assert again["decision"] == whole["decision"]
+    assert again["decision"] == whole["decision"] and again["steady_step_seconds"] == whole["steady_step_seconds"]
+    assert whole["steady_step_seconds"] != whole["probe_step_seconds"]
 
 
 def test_a_budget_stops_the_race_at_its_last_whole_rung_and_says_so(tmp_path, data):
@@ -146,6 +152,22 @@ def test_a_stored_race_of_other_settings_is_refused_in_one_line(tmp_path, data):
         race(tmp_path, data, device, until="val_loss=0.4", budget=4300, fixed=100.0)
 
 
+def test_a_sweep_of_the_races_name_that_is_not_a_race_is_refused_and_left_as_it_was(tmp_path, data):
+    # given a sweep of the user's named as the race would be
+    from dataclasses import asdict
+
+    from catsdogs.schema import TrialConfig
+
+    with Store(store_path(tmp_path)) as store:
+        store.register_sweep(sweep_name("fbs"), {"plan": "mine"}, [asdict(TrialConfig("sgd", 8, "standard", 0))])
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    # then the race refuses it in one line, and the sweep keeps its config and its one trial
+    with pytest.raises(CatsdogsError, match="holds a sweep named 'fbs-race' that is not a race"):
+        race(tmp_path, data, device)
+    with Store(store_path(tmp_path), read_only=True) as store:
+        assert store.sweep_config(sweep_name("fbs")) == {"plan": "mine"} and len(store.trials(sweep_name("fbs"))) == 1
+
+
 def test_a_cap_becomes_the_epochs_that_reach_it_beyond_the_uncapped_epochs_where_steps_are_few(tmp_path, data):
     # given batch 64 (2 steps an epoch of 128 images, 0.018 s a step) and a cap of 2 s
     runner = _Runner("s", {"n_train": 128, "probe_step_seconds": {"64": 0.018}}, None, data, tmp_path, [], 1, print)
@@ -184,7 +206,7 @@ def test_find_batch_size_json_carries_the_race_and_the_advice_answers_with_it(tm
     advice = BatchSizeAdvice.from_json(FindResult.from_dict(base).to_json())
     assert advice.batch_size == record["decision"]["batch_size"] and advice.learning_rate == record["decision"]["lr"]
     assert advice.predicted_batch_size == 32 and advice.race_seconds[0] == pytest.approx(record["decision"]["seconds"])
-    assert advice.learning_rate_rule == "raced"
+    assert advice.learning_rate_rule == "raced" and advice.batch_size not in advice.race_tied
     with pytest.raises(CatsdogsError, match="race must be an object"):
         FindResult.from_dict({**base, "race": [1]})
 

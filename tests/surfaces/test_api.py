@@ -88,6 +88,10 @@ def test_the_advice_plots_the_predicted_time_on_the_axis_it_is_given():
     ('{"largest_fitting": 8, "noise_scale": {"b_simple": "x"}}', "noise_scale.b_simple must be a number"),
     ('{"largest_fitting": 8, "racing": {}}', "unknown key 'racing'"),
     ('{"largest_fitting": 8, "race": []}', "race must be an object or null"),
+    ('{"largest_fitting": 8, "race": {"target": "val_loss=0.5", "decision": {"batch_size": 8}}}',
+     "race.decision must be null or an object of batch_size, lr, seconds"),
+    ('{"largest_fitting": 8, "race": {"target": "val_loss=0.5", "decision": {"batch_size": 8, "lr": "fast", '
+     '"seconds": 1, "seconds_low": 1, "seconds_high": null, "tied": []}}}', "race.decision must be"),
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
 ])
 def test_what_is_not_an_answer_is_no_advice(text, said):
