@@ -1,9 +1,8 @@
-"""The race run on this device (find-batch-size --race): the batch sizes that fit, each at its rule's
-learning rate and the factor-2 set around it, trained to a validation target on the same seeds,
-rung by rung, the slower half left behind at each (catsdogs.measure.race decides what runs; this
-module runs it and reads what came back). The answer is measured, not predicted: the leader's
-batch size and rate, its time to the target with an interval, the sizes it cannot be told from,
-and the prediction's recommendation held against it.
+"""The race run on this device (find-batch-size --race): the sizes that fit, each at its rule's rate
+and half and twice it, trained to a validation target on shared seeds, rung by rung, the slower
+half left behind at each (catsdogs.measure.race decides what runs; this module runs it). The
+answer is measured: the leader, its time with an interval, the sizes it cannot be told from, and
+the prediction held against it.
 
 The race's trials are a sweep in the results store, `NAME-race` (catsdogs.training.sweep runs each
 wave on its slots: `--workers` at once), so `catsdogs report --name NAME-race` and TensorBoard
@@ -88,7 +87,7 @@ def run_race(settings, data_dir: Path, out: Path, manifest: dict, size: int, rec
     try:
         if plan["target"] is None:
             runner.reference(manifest)
-        log(f"Race to {_target_words(plan)}: {_arms_words(plan)}, on seeds {plan['seeds'][0]}-{plan['seeds'][-1]} "
+        log(f"Race to {_race_words(plan)}, on seeds {plan['seeds'][0]}-{plan['seeds'][-1]} "
             f"by rungs of {', '.join(map(str, SEEDS_PER_RUNG))} seeds (sweep {sweep} in {store_path(out)}).")
         race, stopped = runner.run(started)
     except KeyboardInterrupt:
@@ -165,13 +164,10 @@ def _round(lr: float) -> float:
     return float(f"{lr:.3g}")
 
 
-def _target_words(plan: dict) -> str:
-    return f"{targets.parse(plan['target']).describe()} ({plan['target_said']})"
-
-
-def _arms_words(plan: dict) -> str:
-    return (f"{len(plan['sizes'])} batch size{'s' if len(plan['sizes']) != 1 else ''} ("
-            f"{', '.join(map(str, plan['sizes']))}) at 3 rates each, the rule's and half and twice it")
+def _race_words(plan: dict) -> str:
+    return (f"{targets.parse(plan['target']).describe()} ({plan['target_said']}): {len(plan['sizes'])} batch size"
+            f"{'s' if len(plan['sizes']) != 1 else ''} ({', '.join(map(str, plan['sizes']))}) at 3 rates each, "
+            "the rule's and half and twice it")
 
 
 # --- running it ------------------------------------------------------------------------------------
@@ -281,10 +277,10 @@ class _Runner:
         """A trial's steady time to the target, or censored at the steady time it trained."""
         b, step = arm.batch_size, self.step_seconds(arm.batch_size)
         reached = row["status"] == Status.DONE and row.get("target_reached") == 1
-        if row["status"] != Status.DONE and row["key"] not in self.said:
+        if row["status"] != Status.DONE and row["key"] not in self.said:  # (said once)
             self.said.add(row["key"])
-            self.log(f"Race: {arm} on seed {seed} {row['status']} ({(row.get('error') or '').splitlines()[0][:120] if row.get('error') else 'no error kept'}): "
-                     "counted as short of the target (the same command with a fresh --name runs it again)")
+            why = (row.get("error") or "no error kept").splitlines()[0][:120]
+            self.log(f"Race: {arm} on seed {seed} {row['status']} ({why}): counted as short of the target")
         if reached:
             seconds = max(row.get("steps_to_target") or 0.0, 1.0) * step
         else:
