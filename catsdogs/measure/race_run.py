@@ -258,9 +258,10 @@ class _Runner:
         return steady.get(str(batch_size)) or self.plan["probe_step_seconds"][str(batch_size)]
 
     def freeze_steady(self, rows: list[dict]) -> None:
-        """The steady step time of each size, from the first rung's trials: the epochs after each
-        trial's first (which holds its compilation), the median over its trials; the probe's where
-        none ran a second epoch. Recorded in the plan: every later decision reads the same."""
+        """Each size's steady step time from the first rung: the epochs after each trial's first (its
+        compilation), the median over its trials; where none ran two, the probe's times the sizes'
+        median ratio of the two (trials' steps took 4-20% longer than probes': the probe's alone
+        favoured small sizes, done in one epoch). In the plan: every later decision reads it."""
         per: dict[int, list[float]] = {}
         for row in rows:
             history = row.get("history") or []
@@ -269,9 +270,11 @@ class _Runner:
             batches = sum(b for _, b in later)
             if batches:
                 per.setdefault(row["config"]["batch_size"], []).append(sum(s for s, _ in later) / batches)
-        self.plan["steady_step_seconds"] = {str(b): (statistics.median(per[b]) if per.get(b) else
-                                                     self.plan["probe_step_seconds"][str(b)]) for b in self.plan["sizes"]}
-        self.plan["steady_from"] = {str(b): "race" if per.get(b) else "probe" for b in self.plan["sizes"]}
+        probe = {int(b): t for b, t in self.plan["probe_step_seconds"].items()}
+        scale = statistics.median([statistics.median(v) / probe[b] for b, v in per.items()]) if per else 1.0
+        self.plan["steady_step_seconds"] = {str(b): statistics.median(per[b]) if per.get(b) else probe[b] * scale
+                                            for b in self.plan["sizes"]}
+        self.plan["steady_from"] = {str(b): "race" if per.get(b) else f"probe x {scale:.3g}" for b in self.plan["sizes"]}
 
     def outcome(self, arm: Arm, seed: int, row: dict) -> Outcome:
         """A trial's steady time to the target, or censored at the steady time it trained."""
@@ -299,11 +302,10 @@ class _Runner:
         return {str(b): round(statistics.median(v), 3) for b, v in sorted(fixed.items())}
 
     def epochs_for(self, batch_size: int, cap: float | None) -> int:
-        """A cap in seconds as the whole epochs of this size's steady steps that reach it (so that a
-        censored trial trained at least its cap), at most CAPPED_EPOCHS; MAX_EPOCHS where no cap is known."""
-        if cap is None:
-            return MAX_EPOCHS
-        return max(1, min(CAPPED_EPOCHS, math.ceil(cap / (self.step_seconds(batch_size) * self.per_epoch(batch_size)))))
+        """A cap in seconds as the whole epochs of this size's steady steps that reach it (a censored
+        trial trained at least its cap), at most CAPPED_EPOCHS; MAX_EPOCHS where none is known."""
+        epoch = self.step_seconds(batch_size) * self.per_epoch(batch_size)
+        return MAX_EPOCHS if cap is None else max(1, min(CAPPED_EPOCHS, math.ceil(cap / epoch)))
 
     # -- the rungs --
 
@@ -376,8 +378,7 @@ class _Runner:
                 self.walls[row["key"]] = row["wall_seconds"]
             race.record(self.outcome(t.arm, t.seed, row))
 
-    def to_run(self, trials) -> int:
-        """How many of `trials` the store does not hold yet (a continued race runs only those)."""
+    def to_run(self, trials) -> int:  # how many of `trials` the store does not hold yet (a continued race runs only those)
         done = self.finished()
         return sum((t.arm.batch_size, t.arm.lr, t.seed) not in done for t in trials)
 

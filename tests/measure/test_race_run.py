@@ -168,6 +168,19 @@ def test_a_sweep_of_the_races_name_that_is_not_a_race_is_refused_and_left_as_it_
         assert store.sweep_config(sweep_name("fbs")) == {"plan": "mine"} and len(store.trials(sweep_name("fbs"))) == 1
 
 
+def test_a_size_no_trial_of_which_ran_a_second_epoch_takes_its_probes_step_time_scaled_as_the_others_were(data):
+    # given trials of 16 whose steps took 1.3 times their probe's, and of 8, done in one epoch each
+    plan = {"n_train": 128, "sizes": [8, 16], "probe_step_seconds": {"8": 0.004, "16": 0.006}}
+    runner = _Runner("s", plan, None, data, data, [], 1, print)
+    rows = [{"config": {"batch_size": 16}, "history": [{"train_seconds": 1.0}, {"train_seconds": 8 * 0.0078}]},
+            {"config": {"batch_size": 8}, "history": [{"train_seconds": 0.5}]}]
+    # when the steady step times are fixed
+    runner.freeze_steady(rows)
+    # then 16's is its trials' own, and 8's its probe's times the same 1.3
+    assert plan["steady_step_seconds"]["16"] == pytest.approx(0.0078)
+    assert plan["steady_step_seconds"]["8"] == pytest.approx(0.004 * 1.3) and plan["steady_from"]["8"] == "probe x 1.3"
+
+
 def test_a_cap_becomes_the_epochs_that_reach_it_beyond_the_uncapped_epochs_where_steps_are_few(tmp_path, data):
     # given batch 64 (2 steps an epoch of 128 images, 0.018 s a step) and a cap of 2 s
     runner = _Runner("s", {"n_train": 128, "probe_step_seconds": {"64": 0.018}}, None, data, tmp_path, [], 1, print)
