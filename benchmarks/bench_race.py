@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,19 +34,12 @@ sys.path.insert(0, str(HERE))
 
 def critical_times(store_out: Path, optimizer: str, steady: dict[str, float]) -> dict[int, float]:
     """{batch size: median steps to the target at its best rate x the race's steady step time}."""
+    from catsdogs.analysis.to_target import best_rate_steps
     from catsdogs.store import Store, store_path
 
-    steps: dict[tuple[int, float], list[float]] = {}
     with Store(store_path(store_out), read_only=True) as store:
-        for t in store.trials("critical"):
-            c = t["config"]
-            if c["optimizer"] == optimizer and t["status"] == "done":
-                steps.setdefault((c["batch_size"], c["lr"]), []).append(
-                    t["steps_to_target"] if t.get("target_reached") else math.inf)
-    best: dict[int, float] = {}
-    for (b, _), runs in steps.items():
-        best[b] = min(best.get(b, math.inf), statistics.median(runs))
-    return {b: s * steady[str(b)] for b, s in best.items() if str(b) in steady and math.isfinite(s)}
+        trials = [t for t in store.trials("critical") if t["config"]["optimizer"] == optimizer]
+    return {b: s * steady[str(b)] for b, s in best_rate_steps(trials).items() if str(b) in steady and math.isfinite(s)}
 
 
 def main() -> int:

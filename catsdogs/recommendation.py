@@ -49,12 +49,19 @@ def recommend(probes: list[ProbeRecord], safe: int, optimizer: str, estimate: No
     if chosen["binding"] == "memory" and bound_by in ("data", "max"):
         chosen["binding"] = bound_by
     base, base_lr, said = anchor_at(chosen["batch_size"], optimizer, anchor)
-    lr, rule = learning_rate(optimizer, chosen["batch_size"], base_lr, base,
-                             chosen["b_noise"] if chosen["statistics"] == "resolved" else None,
-                             open_low=chosen["interval"][0] if chosen["statistics"] == "open above" else None)
+    lr, rule = learning_rate(optimizer, chosen["batch_size"], base_lr, base, *rule_noise(chosen))
     return {**chosen, "learning_rate": lr, "learning_rate_rule": rule, "learning_rate_anchor": said,
             "linear_learning_rate": linear_scaled_lr(optimizer, chosen["batch_size"]),
             "base_learning_rate": base_lr, "base_batch_size": base}
+
+
+def rule_noise(chosen: dict) -> tuple[float | None, float | None]:
+    """(B_noise, the low end of an interval open above) as `learning_rate` reads them from a choice
+    (goodput.choose's, or find_batch_size.json's recommendation): the estimate where resolved, the
+    low end where open above, neither else."""
+    statistics = chosen.get("statistics")
+    return (chosen.get("b_noise") if statistics == "resolved" else None,
+            (chosen.get("interval") or [None])[0] if statistics == "open above" else None)
 
 
 def anchor_at(batch_size: int, optimizer: str, anchor: dict | None) -> tuple[int, float, str]:

@@ -165,23 +165,16 @@ def race(a) -> list[str]:
 
 
 def _critical_times(out: Path, steady: dict) -> dict[int, float]:
+    from catsdogs.analysis.to_target import best_rate_steps
     from catsdogs.store import Store, store_path
 
     if not store_path(out).exists():
         return {}
-    steps: dict[tuple, list] = {}
     with Store(store_path(out), read_only=True) as store:
         if "critical" not in store.sweeps():
             return {}
-        for t in store.trials("critical"):
-            c = t["config"]
-            if c["optimizer"] == "sgd" and t["status"] == "done":
-                steps.setdefault((c["batch_size"], c["lr"]), []).append(
-                    t["steps_to_target"] if t.get("target_reached") else float("inf"))
-    best: dict[int, float] = {}
-    for (b, _), runs in steps.items():
-        best[b] = min(best.get(b, float("inf")), statistics.median(runs))
-    return {b: s * steady[str(b)] for b, s in best.items() if str(b) in steady and s != float("inf")}
+        trials = [t for t in store.trials("critical") if t["config"]["optimizer"] == "sgd"]
+    return {b: s * steady[str(b)] for b, s in best_rate_steps(trials).items() if str(b) in steady and s != float("inf")}
 
 
 def main() -> int:

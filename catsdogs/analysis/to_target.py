@@ -86,6 +86,13 @@ def tables(trials: list[dict]) -> list[dict]:
     return [series_table(members, many) for _, members in sorted(groups.items(), key=lambda kv: trial_order(kv[1][0]))]
 
 
+def best_rate_steps(trials: list[dict]) -> dict[int, float]:
+    """Each batch size's median steps to the target over its seeds at its best rate (`_batch_row`'s
+    `steps_same_seeds`), of `trials` of one series: what a race is held against (benchmarks/
+    bench_race.py, scripts/h100_summary.py)."""
+    return {r["batch_size"]: r["steps_same_seeds"] for table in tables(trials) for r in table["rows"]}
+
+
 def series_table(members: list[dict], many: bool = False) -> dict:
     """{"label", "target", "rows": per batch size, "fit": CriticalFit or None, "why_no_fit",
     "noise": B_simple at the target or None, "claim": {...}}."""

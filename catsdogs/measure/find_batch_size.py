@@ -143,11 +143,9 @@ def race(run: FindRun, result: FindResult) -> None:
     """The sizes that fit raced to a target (catsdogs.measure.race_run), after the prediction is
     written and said: find_batch_size.json again, with the race's measured answer beside it."""
     if not result.recommendation:
-        run.log("Race: not run: no size passed its probe with a time to race.")
-        return
-    anchor = run.settings.anchor or short_run_anchor(run.noise.rate_test if run.noise else None)
+        return run.log("Race: not run: no size passed its probe with a time to race.")
     race_into(result, run_race(run.settings, run.data_dir, run.folder.parent, run.manifest, run.size,
-                               result.recommendation, anchor, run.log))
+                               result.recommendation, run.anchor, run.log))
     write_json_atomic(run.folder / "find_batch_size.json", result.to_dict(), indent=2)
     for line in race_lines(result.race):
         run.log(line)
@@ -178,6 +176,10 @@ class FindRun:
     search: SearchResult | None = None  # search_memory's ...
     safe: int | None = None  # the margin's size, confirmed
     margin_failed: list[int] = field(default_factory=list)
+
+    @property
+    def anchor(self) -> dict | None:  # the rule's starting rate: a store's tuned one, else the short runs' best
+        return self.settings.anchor or short_run_anchor(self.noise.rate_test if self.noise else None)
 
 
 def begin(settings: FindSettings, data_dir: Path, out: Path, log, arrays) -> FindRun:
@@ -283,13 +285,12 @@ def answer(run: FindRun) -> FindResult:
     """The measured answer, the margin's size, the fastest and the recommendation with its learning
     rate (catsdogs.recommendation), with everything that traces them: find_batch_size.json."""
     settings, result, noise = run.settings, run.search, run.noise
-    anchor = settings.anchor or short_run_anchor(noise.rate_test if noise else None)
     stopped_by = run.bound.stopped_by(result)
     probes = run.probes.probes
     fits = result.largest_fit is not None
     rec = None
     if fits and run.safe is not None:
-        rec = recommend(probes, run.safe, settings.optimizer, noise.estimate if noise else None, anchor,
+        rec = recommend(probes, run.safe, settings.optimizer, noise.estimate if noise else None, run.anchor,
                         bound_by=stopped_by if run.safe == result.largest_fit else None)
     fingerprint = run.manifest["fingerprint"][settings.dataset] if run.manifest else None
     return FindResult.answered(

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from catsdogs import targets
 from catsdogs.errors import CatsdogsError, Interrupted
+from catsdogs.measure.noise_run import ANCHOR_LEARNED
 from catsdogs.measure.race import (
     CAP,
     SEEDS_PER_RUNG,
@@ -51,7 +52,7 @@ from catsdogs.measure.race import (
     race_rates,
     race_sizes,
 )
-from catsdogs.recommendation import anchor_at, learning_rate
+from catsdogs.recommendation import anchor_at, learning_rate, rule_noise
 from catsdogs.runtime import backends
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.store import Store, store_path
@@ -138,13 +139,11 @@ def _new_plan(settings, manifest: dict, recommendation: dict, anchor: dict | Non
     table = {int(r["batch_size"]): float(r["step_seconds"]) for r in recommendation["table"]}
     predicted = recommendation["batch_size"]  # raced whatever the grid: the prediction is held against the race
     sizes = sorted({*race_sizes(table, BETWEEN_RUNS), *([predicted] if predicted in table else [])})
-    statistics_ = recommendation.get("statistics")
-    b_noise = recommendation.get("b_noise") if statistics_ == "resolved" else None
-    low = (recommendation.get("interval") or [None])[0] if statistics_ == "open above" else None
+    noise = rule_noise(recommendation)
     rates, rule_rate = {}, {}
     for b in sizes:  # the recommendation's rule, at every size
         base, base_lr, _ = anchor_at(b, settings.optimizer, anchor)
-        rule_rate[b] = _round(learning_rate(settings.optimizer, b, base_lr, base, b_noise, open_low=low)[0])
+        rule_rate[b] = _round(learning_rate(settings.optimizer, b, base_lr, base, *noise)[0])
         rates[b] = [_round(r) for r in race_rates(rule_rate[b])]
     predicted = min(sizes, key=lambda b: (abs(math.log(b / predicted)), b))  # (itself, where the table has it)
     base, base_lr, said = anchor_at(predicted, settings.optimizer, anchor)
@@ -182,7 +181,6 @@ class _Runner:
         self.grid: list[TrialConfig] = []  # every trial of the race so far, in the order run
         self.walls: dict[str, float] = {}  # each trial's wall seconds, by key (the budget's estimates)
         self.said: set[str] = set()  # the failed trials said so far
-        self.reference_record: dict | None = None
 
     # -- trials --
 
@@ -212,7 +210,7 @@ class _Runner:
         with Store(store_path(self.out), read_only=True) as store:
             rows = store.trials(self.sweep)
         until, i = self.plan["target"], self.plan["identity"]
-        same = ("optimizer", "dataset", "data", "image_size", "backend", "precision", "deterministic", "tf32")
+        same = [k for k in PLAN_KEYS if k not in ("seed", "until")]  # (a trial's own seed; its target: `until`)
         found = {}
         for row in rows:
             c = row["config"]
@@ -234,7 +232,7 @@ class _Runner:
         history = (row or {}).get("history") or []
         loss = history[-1].get("val_loss") if history else None
         if row is None or row["status"] != Status.DONE or loss is None or not math.isfinite(loss) \
-                or loss >= 0.9 * math.log(2):
+                or loss >= ANCHOR_LEARNED * math.log(2):  # (the noise runs' rule for a run that took off)
             why = (f"its validation loss after {REFERENCE_EPOCHS} epochs is {loss:.3f}, not off chance (ln 2 = 0.693)"
                    if loss is not None and math.isfinite(loss) else f"it ended {(row or {}).get('status')}")
             raise CatsdogsError(f"the race has no target: the reference run (batch size {a['batch_size']} at "
@@ -242,9 +240,8 @@ class _Runner:
         self.plan["target"] = targets.canonical(f"val_loss={math.ceil(loss * 100) / 100:.2f}")
         self.plan["target_said"] = (f"the validation loss batch size {a['batch_size']} at {a['lr']:g} reached "
                                     f"after {REFERENCE_EPOCHS} epochs, {loss:.4f}, rounded up")
-        self.reference_record = {"batch_size": a["batch_size"], "lr": a["lr"], "seed": self.plan["seeds"][0],
-                                 "epochs": REFERENCE_EPOCHS, "val_loss": loss, "wall_seconds": row.get("wall_seconds")}
-        self.plan["reference"] = self.reference_record
+        self.plan["reference"] = {"batch_size": a["batch_size"], "lr": a["lr"], "seed": self.plan["seeds"][0],
+                                  "epochs": REFERENCE_EPOCHS, "val_loss": loss, "wall_seconds": row.get("wall_seconds")}
         if row.get("wall_seconds"):
             self.walls[row["key"]] = row["wall_seconds"]
 
@@ -335,9 +332,9 @@ class _Runner:
                 if cut:
                     return whole, cut
                 self.wave(race, rest)
-                if plan.get("steady_step_seconds") is None:
-                    self.freeze_steady(list(self.finished().values()))
                 done = self.finished()
+                if plan.get("steady_step_seconds") is None:
+                    self.freeze_steady(list(done.values()))
                 for (arm, seed) in list(race.outcomes):  # every outcome read with the steady step times
                     race.record(self.outcome(arm, seed, done[(arm.batch_size, arm.lr, seed)]))
                 left = race.advance()
