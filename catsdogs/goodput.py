@@ -34,8 +34,10 @@ as B_noise = infinity and a size fast per image can cost 7 times the best should
 B_noise be at the interval's low end; the worst case over the interval prices that risk.
 
 **Ties** (`TIE`): step times are measured, so predicted times are only as sure as they are. Every
-candidate whose worst case lies within TIE (10%) of the least, widened by the two probes' measured
-step-time spreads (`step_spread`: half the timed steps' interquartile range, relative), is as
+candidate whose worst case lies within TIE (10%) of the least, widened by the two sizes' measured
+step-time spreads (`spreads`: between their runs where a size was timed again, half the
+throughputs' range over their median, about 20% on this project's shared CPU; never less than
+within a run, `step_spread`: half the timed steps' interquartile range, relative, 6-9%), is as
 good: the **near-best set**. The
 recommendation is its middle on a log scale (`log_middle`: the size nearest the geometric mean of
 its smallest and largest, the smaller of two as near), a rule fixed in advance: noise in the step
@@ -73,6 +75,29 @@ def passed(probes: list[ProbeRecord], at_most: int | None = None) -> dict[int, P
     than `at_most`. A size probed again for its time ("retime") is one record: its throughput the
     median over its probes that passed, its step times all of theirs; a retime that failed (a
     worker lost, say) says nothing of the size's memory and is left out."""
+    out = {}
+    for b, (p, runs) in _last_and_runs(probes, at_most).items():
+        out[b] = p if len(runs) == 1 else replace(
+            p, images_per_second=statistics.median(r.images_per_second for r in runs),
+            step_times_s=[t for r in runs for t in (r.step_times_s or [])] or None)
+    return out
+
+
+def spreads(probes: list[ProbeRecord], at_most: int | None = None) -> dict[int, float]:
+    """{batch size: its step time's relative spread} for `passed`'s sizes: between its runs where it
+    was timed more than once (half their throughputs' range over their median: on this project's
+    shared CPU one probe's throughput moved by about 20% between runs, where a probe's own steps
+    spread by 6-9%), never less than within its runs (`step_spread`, its steps pooled)."""
+    out = {}
+    for b, (_, runs) in _last_and_runs(probes, at_most).items():
+        ips = [r.images_per_second for r in runs]
+        between = (max(ips) - min(ips)) / 2 / statistics.median(ips) if len(ips) > 1 else 0.0
+        out[b] = max(between, step_spread(passed(runs)[b]))
+    return out
+
+
+def _last_and_runs(probes: list[ProbeRecord], at_most: int | None) -> dict[int, tuple[ProbeRecord, list]]:
+    """{batch size: (its last probe, its timed runs that passed)} for the sizes `passed` keeps."""
     last: dict[int, ProbeRecord] = {}
     timed: dict[int, list[ProbeRecord]] = {}
     for p in probes:
@@ -81,15 +106,8 @@ def passed(probes: list[ProbeRecord], at_most: int | None = None) -> dict[int, P
         last[p.batch_size] = p
         if p.status == Status.DONE and p.images_per_second:
             timed.setdefault(p.batch_size, []).append(p)
-    out = {}
-    for b, p in sorted(last.items()):
-        if p.status != Status.DONE or not p.images_per_second or (at_most is not None and b > at_most):
-            continue
-        runs = timed[b]
-        out[b] = p if len(runs) == 1 else replace(
-            p, images_per_second=statistics.median(r.images_per_second for r in runs),
-            step_times_s=[t for r in runs for t in (r.step_times_s or [])] or None)
-    return out
+    return {b: (p, timed[b]) for b, p in sorted(last.items())
+            if p.status == Status.DONE and p.images_per_second and (at_most is None or b <= at_most)}
 
 
 def contested(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None, *,
@@ -159,6 +177,17 @@ def step_seconds_at(batch: float, step_seconds: dict[int, float]) -> float | Non
     lo = max(b for b in sizes if b < batch)
     f = (math.log(batch) - math.log(lo)) / (math.log(hi) - math.log(lo))
     return math.exp(math.log(step_seconds[lo]) + f * (math.log(step_seconds[hi]) - math.log(step_seconds[lo])))
+
+
+def spread_at(batch: float, spread: dict[int, float]) -> float:
+    """The step-time spread at `batch`: a probed size's own, else the larger of the probed sizes'
+    around it (what `step_seconds_at` interpolates between: as unsure as its less sure end); 0
+    outside them or with none measured."""
+    if batch in spread:
+        return spread[int(batch)]
+    below = [b for b in spread if b < batch]
+    above = [b for b in spread if b > batch]
+    return max(spread[max(below)], spread[min(above)]) if below and above else 0.0
 
 
 def relative_times(step_seconds: dict[int, float], b_noise: float | None) -> dict[int, float]:
@@ -262,7 +291,7 @@ def choose(probes: list[ProbeRecord], safe: int, estimate: NoiseEstimate | None)
     if not candidates:
         return None
     step_seconds = {b: b / p.images_per_second for b, p in candidates.items()}
-    spread = {b: step_spread(p) for b, p in candidates.items()}
+    spread = spreads(probes, safe)
     span = interval(estimate)
     b_noise = estimate.b_simple if span else None
     decision = decide(step_seconds, span, spread)

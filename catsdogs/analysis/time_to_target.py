@@ -95,7 +95,9 @@ def measured_step_seconds(trials: list[dict]) -> float | None:
 
 def compare(table: dict, found: dict) -> dict:
     """One series against one find-batch-size result: per batch size of the series its measured
-    S, t_step and T, and the predicted relative T; the recommended, the best, the ratio, the verdict."""
+    S, t_step and T, and the predicted relative T; the recommended (find-batch-size's rule among the
+    series' sizes, its ties as wide as its probes' step-time spreads made them), the best, the
+    ratio, the verdict."""
     rec = found.get("recommendation") or {}
     probed = {int(r["batch_size"]): r["step_seconds"] for r in rec.get("table") or []}
     b_noise = rec.get("b_noise")
@@ -126,7 +128,10 @@ def compare(table: dict, found: dict) -> dict:
         return {**out, "verdict": "not judged",
                 "why": "find-batch-size's probes cover none of the sweep's batch sizes within its margin"}
     best = min(measured, key=lambda b: (measured[b], b))
-    chosen = goodput.decide(predictable, decision_span(rec))["batch_size"]  # find-batch-size's rule, on these sizes
+    # find-batch-size's rule on these sizes, its ties widened by its probes' step-time spreads
+    probed_spread = {int(r["batch_size"]): r.get("step_spread") or 0.0 for r in rec.get("table") or []}
+    spread = {b: goodput.spread_at(b, probed_spread) for b in predictable}
+    chosen = goodput.decide(predictable, decision_span(rec), spread)["batch_size"]
     ratio = measured.get(chosen, math.inf) / measured[best]
     verdict = "met" if ratio <= TARGET_RATIO else "missed"
     return {**out, "recommended": chosen, "best": best, "ratio": ratio, "verdict": verdict,

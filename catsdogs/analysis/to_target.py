@@ -18,7 +18,8 @@ protocol but for the learning rate) and batch size B:
   spread, which differs by batch size (tests/analysis/test_critical_fit.py), the fitted B_crit's median
   came within 10% of the truth where the same-seed reading was 10-35% low and leave-one-out
   20-27% high. A batch size whose median is not reached leaves the fit and is shown as such;
-- **the fit**: S = S_min + E_min/B by weighted least squares on 1/B, B_crit = E_min/S_min with
+- **the fit**: S = S_min + E_min/B by weighted least squares on 1/B (each size by its relative
+  error: its seeds' spread at the chosen rate, `log_sd`, smoothed), B_crit = E_min/S_min with
   Fieller's 95% interval (catsdogs.analysis.critical_fit says how and why not a bootstrap);
 - **B_simple at the target**: the noise scale measured on the smallest batch size's trials, at
   every learning rate, where each reaches the target (the engine measures it at the evaluation
@@ -107,7 +108,8 @@ def series_table(members: list[dict], many: bool = False) -> dict:
     fit, why = None, None
     at_start = [r["batch_size"] for r in rows if r["steps"] == 0]
     if len(reached) >= 3:
-        fit = fit_critical([r["batch_size"] for r in reached], [r["steps"] for r in reached])
+        fit = fit_critical([r["batch_size"] for r in reached], [r["steps"] for r in reached],
+                           [r["log_sd"] for r in reached])
     else:
         inside = " at a rate inside its grid" if edges else ""
         why = (f"{len(reached)} batch size{'s' if len(reached) != 1 else ''} can enter the fit (the target "
@@ -142,7 +144,9 @@ def _batch_row(batch: int, rates: dict[float, list[dict]]) -> dict:
     held_out = _held_out_steps(rates) if len(tried) > 1 else best["median"]
     same = best["median"]
     steps = math.sqrt(same * held_out) if math.isfinite(same) and math.isfinite(held_out) else math.inf
+    logs = [math.log(s) for s in map(steps_of, best["trials"]) if math.isfinite(s) and s > 0]
     return {"batch_size": batch, "lr": best["lr"], "edge": edge, "steps": steps,
+            "log_sd": statistics.stdev(logs) if len(logs) > 1 else None,
             "steps_same_seeds": same, "steps_held_out": held_out,
             "examples": steps * batch if math.isfinite(steps) else math.inf,
             "seeds": best["seeds"], "reached": best["reached"], "rates": tried, "chosen": best["trials"]}

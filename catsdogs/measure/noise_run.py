@@ -2,7 +2,8 @@
 measured before the search past the first epoch's transient.
 
 Four short runs at the base batch size (32), seeds --seed and the next three, each trained 2
-epochs as a sweep's trial is, in one worker that ends before any probe runs; B_simple measured
+epochs as a sweep's trial is at the rate the learning-rate rule anchors on (the short runs' best of
+three, or a store's), in one worker that ends before any probe runs; B_simple measured
 after epoch 2 of each, past the first epoch's transient, and pooled with each seed one cluster
 weighted alike (`measure_noise_scale`: gradient_noise.pool_seeds, the geometric mean of the
 seeds' values, its interval on seeds - 1 degrees of freedom). The article's model by per-example gradient products,
@@ -24,6 +25,7 @@ from catsdogs.measure import model_check
 from catsdogs.measure.common import first_line
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import TrialRecord, TrialTask
+from catsdogs.recommendation import anchor_at, learning_rate, short_run_anchor
 from catsdogs.runtime import backends
 from catsdogs.runtime.worker import Worker
 from catsdogs.schema import DEFAULT_LR, Status, TrialConfig, default
@@ -42,20 +44,19 @@ NOISE_LARGE = 25  # images a pair (each its own micro-batch: B_s 1, B_b 25)
 NOISE_EPOCHS = 2  # each short run's epochs: measured after the 2nd, past the first's transient
 NOISE_FROM = 2  # the first epoch whose measurement counts
 NOISE_SEEDS = 4  # short runs, each its own seed and one cluster: one seed's trajectory is one draw
-# Without a store's tuned rate (--from-store), the first seed trains twice more, at 3 and 10 times
-# Keras's default rate, and the least validation loss after 2 epochs of the three anchors the
+# Without a store's tuned rate (--from-store), the first seed trains first at Keras's default rate
+# and 3 and 10 times it, and the least validation loss after 2 epochs of the three anchors the
 # learning-rate rule; where none of the three trained (whether a run takes off within 2 epochs is
 # the seed's luck on this model: seed 4 collapsed at 0.01 and stayed at chance at 0.03 and 0.1),
 # the next seed tries them, up to ANCHOR_SEEDS; none took off at all, Keras's default, said. Why:
 # Keras's default is not a tuned rate (the tuned plans chose SGD 0.1 and Adam 0.01 on the article's
 # model, ten times it), and a ramp of Smith's range test said nothing on this model within a budget
-# that fits (docs/results.md, "The learning rate's anchor"). Not the noise
-# seeds themselves at four rates: runs at rates that did not train then took B_noise's interval
-# down to 0.6 and the recommendation to batch 1 on JAX. Those two runs measure no noise scale, and
-# cost their training only: a rate is set at a compiled step's reset (TrialConfig.shape).
-# A noise run that did not train (collapsed: the article's model with every ReLU unit dead;
-# diverged; or its validation loss no better than the class prior's, LEARNED of ln(classes))
-# measures no training gradient and leaves the noise scale.
+# that fits (docs/results.md, "The learning rate's anchor"). Then the noise seeds train at the
+# rate the rule anchors on (`noise_rate`), the first seed's run at it reused: B_simple is read
+# where training at the recommended rates would be (before 0.29.0 at Keras's default, where SGD's
+# runs sat near chance). Not the noise seeds at every rate: runs at rates that did not train took
+# B_noise's interval down to 0.6 and the recommendation to batch 1 on JAX. A rate is set at a
+# compiled step's reset (TrialConfig.shape): the extra runs cost their training only.
 RATE_FACTORS = (3.0, 10.0)
 ANCHOR_SEEDS = 2
 # A run ranks rates when it took off: its final loss below this share of chance's (after 2 epochs
@@ -97,6 +98,7 @@ class NoiseRun:
     estimator: str | None = None  # a user's model's: "two-batch" (None: the article's per-example products)
     trained: list[int] | None = None  # the seeds whose runs trained, which the estimate pools
     rate_test: dict | None = None  # the anchor's rates and final losses, and the rate chosen (`rate_test`)
+    lr: float | None = None  # the rate the runs trained at (`noise_rate`)
 
     def as_json(self) -> dict:
         """As find_batch_size.json's "noise_scale" holds it."""
@@ -105,7 +107,7 @@ class NoiseRun:
                 "trace": e.trace, "epochs": self.epochs, "batch_size": self.batch_size, "pairs": e.pairs, "small": e.small,
                 "large": e.large, "measure_seconds": self.measure_seconds, "seconds": self.seconds,
                 "seeds": self.seeds, "from_epoch": self.from_epoch, "measurements": e.measurements,
-                "clustered": True, "trained_seeds": self.trained, "rate_test": self.rate_test} | (
+                "clustered": True, "trained_seeds": self.trained, "rate_test": self.rate_test, "lr": self.lr} | (
                     {"batch_norm": True} if self.estimator == "two-batch" and e.small == BN_NOISE_MICRO else {})
 
 
@@ -150,30 +152,31 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
         f"from {how} after {after}, each seed one cluster ...")
     rates = None if settings.anchor else [DEFAULT_LR[settings.optimizer] * f for f in (1.0, *RATE_FACTORS)]
     if rates:
-        which = ("validation loss" if not getattr(probe_data, "own", False) else "training loss (a --data folder "
-                 "has no validation split)" if probe_data.folder else "training loss (the arrays have no validation split)")
-        log(f"Learning rate: seed {settings.seed} trains again at {' and '.join(f'{r:g}' for r in rates[1:])}; the "
-            f"least {which} after {NOISE_EPOCHS} epochs, of those and {rates[0]:g}, anchors the rule "
-            f"(where none trained, seed {settings.seed + 1} tries them).")
+        log(_rate_test_line(settings, rates, probe_data))
     chance = math.log(int(probe_data.input_spec[3]) if user and probe_data else 2)  # the class prior's loss
     started = time.perf_counter()
     measured: dict[int, list[NoiseEstimate]] = {}  # the runs that trained; `every`: those of a finite loss
     every: dict[int, list[NoiseEstimate]] = {}
-    at_default: dict[int, float | None] = {}  # each seed's final loss at the default rate (None: collapsed, diverged)
     measure_seconds = 0.0
     worker = worker or Worker(work / "noise-scale.log", env)  # every run in one: a trial trains alike in any
     log_path = worker.log_path
+    ran: dict[tuple[int, float], TrialRecord] = {}  # each (seed, rate) trained once, measured
 
-    def config(seed: int, lr: float | None = None) -> TrialConfig:
-        return TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
-                           image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
-                           data=manifest["fingerprint"][settings.dataset] if manifest else "",
-                           precision=settings.precision, backend=backends.name(), lr=lr,
-                           **backends.process_settings(env or {}))
+    def run(seed: int, lr: float) -> TrialRecord:
+        if (seed, lr) not in ran:
+            config = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
+                                 image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
+                                 data=manifest["fingerprint"][settings.dataset] if manifest else "",
+                                 precision=settings.precision, backend=backends.name(), lr=lr,
+                                 **backends.process_settings(env or {}))
+            ran[seed, lr] = worker.run(TrialTask(config, str(Path(data_dir).resolve()), sampling.as_dict(), user=user))
+        return ran[seed, lr]
     try:
+        rounds = anchor_rounds(run, rates, seeds, ANCHOR_LEARNED * chance) if rates else []
+        test = rate_test(rates, rounds, ANCHOR_LEARNED * chance, [], log) if rates else None
+        lr = noise_rate(settings, test)
         for seed in seeds:
-            task = TrialTask(config(seed), str(Path(data_dir).resolve()), sampling.as_dict(), user=user)
-            record: TrialRecord = worker.run(task)
+            record = run(seed, lr)
             later = [NoiseEstimate.from_record(row) for row in record.history or []]
             later = [replace(m, small=sampling.micro, large=sampling.large) for m in later
                      if m is not None and m.epoch >= sampling.from_epoch]
@@ -184,17 +187,13 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
             loss = final_loss(record)
             if loss is not None:  # a loss that is not finite measured a gradient of NaN, or of a diverged model
                 every[seed] = later
-            at_default[seed] = None if record.collapsed else loss
             if loss is not None and not record.collapsed and loss < LEARNED * chance:  # it trained: its gradient is training's
                 measured[seed] = later
-            measure_seconds += record.noise_seconds or 0.0
-        rounds = anchor_rounds(lambda seed, lr: worker.run(TrialTask(config(seed, lr), str(Path(data_dir).resolve()),
-                                                                     user=user)),
-                               rates, seeds, at_default, ANCHOR_LEARNED * chance) if rates else []
+        measure_seconds = sum(r.noise_seconds or 0.0 for r in ran.values())
     finally:
         worker.close()
     log_path.unlink(missing_ok=True)
-    measured = pooled_seeds(measured, every, DEFAULT_LR[settings.optimizer], log)
+    measured = pooled_seeds(measured, every, lr, log)
     estimate = pool_seeds(measured) if measured else None
     if measured and estimate is None:
         log("Noise scale not measured: fewer than two short runs measured one.")
@@ -202,8 +201,28 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
         return None
     return NoiseRun(estimate, base, NOISE_EPOCHS, round(measure_seconds, 2),
                     round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
-                    estimator="two-batch" if user else None, trained=sorted(measured),
-                    rate_test=rate_test(rates, rounds, ANCHOR_LEARNED * chance, sorted(measured), log) if rates else None)
+                    estimator="two-batch" if user else None, trained=sorted(measured), lr=lr,
+                    rate_test={**test, "noise_seeds": sorted(measured)} if test else None)
+
+
+def _rate_test_line(settings: FindSettings, rates: list[float], probe_data: model_check.ProbeData | None) -> str:
+    which = ("validation loss" if not getattr(probe_data, "own", False) else "training loss (a --data folder "
+             "has no validation split)" if probe_data.folder else "training loss (the arrays have no validation split)")
+    return (f"Learning rate first: seed {settings.seed} trains at {', '.join(f'{r:g}' for r in rates)}; the least "
+            f"{which} after {NOISE_EPOCHS} epochs anchors the rule, and the noise scale's runs train at it (where "
+            f"none trained, seed {settings.seed + 1} tries them).")
+
+
+def noise_rate(settings: FindSettings, test: dict | None) -> float:
+    """The rate the noise scale's runs train at: the one the learning-rate rule anchors on at the
+    base batch size (a store's tuned rate carried there by the rule, else the short runs' best,
+    else Keras's default). B_simple depends on where training is, and so on its rate: measured at
+    Keras's default where the rule anchored at 3-10 times it, SGD's runs sat near chance and the
+    scale above the critical batch size measured everywhere (issue 62)."""
+    base = default("base_batch_size")
+    anchor = settings.anchor or short_run_anchor(test)
+    at, lr, _ = anchor_at(base, settings.optimizer, anchor)
+    return lr if at == base else learning_rate(settings.optimizer, base, lr, at, None)[0]
 
 
 def pooled_seeds(trained: dict, finite: dict, rate: float, log: Callable[[str], None]) -> dict:
@@ -229,16 +248,15 @@ def final_loss(record: TrialRecord) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
-def anchor_rounds(run: Callable[[int, float], TrialRecord], rates: list, seeds: list[int],
-                  at_default: dict[int, float | None], learned: float) -> list[dict]:
-    """The anchor's runs, measuring nothing: the first seed at each rate but the default (its
-    loss there is the noise run's, `at_default`), the next seed too where none of the first's
-    trained, up to ANCHOR_SEEDS. A rate is set at the compiled step's reset: the runs reuse the
-    noise runs' step and cost their training alone."""
+def anchor_rounds(run: Callable[[int, float], TrialRecord], rates: list, seeds: list[int], learned: float) -> list[dict]:
+    """The anchor's runs: the first seed at each of `rates`, the next seed too where none of the
+    first's trained, up to ANCHOR_SEEDS. A rate is set at the compiled step's reset: the runs
+    share one compiled step and cost their training alone; each measures the noise scale too,
+    so the one at the rate chosen is that seed's noise run."""
     rounds = []
     for seed in seeds[:ANCHOR_SEEDS]:
-        losses = [at_default[seed]]
-        for lr in rates[1:]:
+        losses = []
+        for lr in rates:
             record = run(seed, lr)
             losses.append(final_loss(record) if record.status == Status.DONE and not record.collapsed else None)
         rounds.append({"seed": seed, "losses": losses})

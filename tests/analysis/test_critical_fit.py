@@ -68,6 +68,47 @@ def test_given_the_spread_the_critical_plan_measured_then_the_interval_covers_th
     assert unbounded < 200
 
 
+# a spread that falls steadily with the batch size, as the plan's does on the whole (1.12 at 4, 0.38-0.55 at 32-128)
+STEEP = {4: 1.12, 8: 0.9, 16: 0.7, 32: 0.55, 64: 0.45, 128: 0.38}
+
+
+@pytest.mark.parametrize("truth", [MEASURED["log_sd"], STEEP], ids=["measured", "steep"])
+def test_given_each_sizes_seeds_spread_then_the_fit_weighted_by_it_errs_less_and_still_covers(truth):
+    # given 1,000 studies like the plan's (5 seeds at each size scattered by the given spread), each
+    # fitted with and without its sizes' measured spreads (the sd of their seeds' log steps)
+    rng = random.Random(1)
+    errors = {"weighted": [], "unweighted": []}
+    covered = 0
+    for _ in range(1000):
+        medians, sds = [], []
+        for b, sd in truth.items():
+            seeds = [MEASURED["s_min"] * (1 + MEASURED["b_crit"] / b) * math.exp(rng.gauss(0, sd))
+                     for _ in range(MEASURED["seeds"])]
+            medians.append(statistics.median(seeds))
+            sds.append(statistics.stdev(math.log(s) for s in seeds))
+        for kind, spread in (("weighted", sds), ("unweighted", None)):
+            fit = fit_critical(list(truth), medians, spread)
+            errors[kind].append(abs(math.log(fit.b_crit / MEASURED["b_crit"])) if fit.b_crit else 5.0)
+            if kind == "weighted":
+                covered += fit.low is None or fit.low <= MEASURED["b_crit"] <= fit.high
+    # then the weighted fit's B_crit lies nearer the truth (the median error in log), and its 95%
+    # interval still covers the truth in 90-99% of them
+    assert statistics.median(errors["weighted"]) < statistics.median(errors["unweighted"])
+    assert 0.90 <= covered / 1000 <= 0.99
+
+
+def test_a_sizes_spread_is_read_off_the_line_through_all_sizes_not_its_own_few_seeds():
+    from catsdogs.analysis.critical_fit import smooth_spread
+
+    # given spreads that halve with every fourfold batch size, one size's own sd far off the line
+    line = smooth_spread([4, 16, 64], [1.0, 0.5, 0.25])
+    assert line == pytest.approx([1.0, 0.5, 0.25])
+    noisy = smooth_spread([4, 8, 16, 32, 64], [1.0, 2.0, 0.5, 0.35, 0.25])
+    # then the outlier's weight comes from its neighbours' trend, and fewer than 3 spreads weigh nothing
+    assert noisy[1] < 1.0
+    assert smooth_spread([4, 8, 16], [1.0, None, 0.5]) == [1.0, 1.0, 1.0]
+
+
 def test_given_a_wrong_interval_then_the_coverage_check_would_fail():
     # the check above can fail: the same studies judged by an interval a third as wide miss often
     rng = random.Random(2026)

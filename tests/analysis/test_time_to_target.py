@@ -102,6 +102,33 @@ def test_a_miss_is_reported_with_its_cause_split_into_steps_and_step_time(tmp_pa
                           "step time t(128)/t(32): predicted 1.00, measured 4.00")
 
 
+def test_the_choice_among_the_sweeps_sizes_ties_as_wide_as_find_batch_sizes_step_time_spreads(tmp_path):
+    # given the paper's S(B) with B_crit 16 on a device flat up to 32, and find-batch-size's probes
+    # of it whose step times spread by half either way (its table's step_spread)
+    (table,) = tables(build_store(tmp_path, "crit", critical_study()))
+    noisy = found(16.0)
+    for row in noisy["recommendation"]["table"]:
+        row["step_spread"] = 0.5
+    # when compared
+    (c,) = time_to_target.comparisons([table], [noisy])["rows"]
+    (quiet,) = time_to_target.comparisons([table], [found(16.0)])["rows"]
+    # then find-batch-size's rule ties 8 to 64 (within 10% plus both spreads, 2.1 times, of 32's
+    # least) and takes their middle on a log scale, 16, as find-batch-size itself would have; with
+    # no spread it takes 32
+    assert c["recommended"] == 16 and c["ratio"] == pytest.approx(2.0 / 1.5, rel=1e-3)
+    assert quiet["recommended"] == 32
+
+
+def test_a_step_time_spread_between_probed_sizes_is_the_larger_of_its_two_ends():
+    # given spreads measured at 8 and 32: then 16, between them, takes the larger; a probed size
+    # its own; one outside the probes none
+    from catsdogs import goodput
+
+    assert goodput.spread_at(16, {8: 0.05, 32: 0.2}) == 0.2
+    assert goodput.spread_at(8, {8: 0.05, 32: 0.2}) == 0.05
+    assert goodput.spread_at(64, {8: 0.05, 32: 0.2}) == 0.0
+
+
 def test_an_unresolved_noise_scale_predicts_by_speed_alone_and_is_judged_all_the_same(tmp_path):
     (table,) = tables(build_store(tmp_path, "crit", critical_study()))
     (c,) = time_to_target.comparisons([table], [found(None)])["rows"]

@@ -399,7 +399,7 @@ def test_a_probes_least_timed_seconds_are_read_when_the_settings_are_made(monkey
     assert FindSettings().min_seconds == 0.02 and FindSettings(min_seconds=0.5).min_seconds == 0.5
 
 
-def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_and_one_seed_tries_two_more_rates(
+def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_at_the_rate_one_seed_chose_of_three(
         tmp_path, monkeypatch):
     from catsdogs import gradient_noise
     from catsdogs.messages import TrialRecord
@@ -432,58 +432,60 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_and_on
                            collapsed=int(collapsing == task.config.seed))
 
     collapsing = None
-    run_loss = {(7, None): 0.62, (7, 0.003): 0.48, (7, 0.01): 0.55}  # Adam at 0.001, 3 and 10 times it
+    low, mid, high = (0.001 * f for f in (1.0, 3.0, 10.0))  # Adam's default, 3 and 10 times it
+    run_loss = {(7, low): 0.62, (7, mid): 0.48, (7, high): 0.55}
 
     monkeypatch.setattr(noise_run, "Worker", OneWorker)
     manifest = {"params": {"size": 32}, "fingerprint": {"standard": "f"}}
     lines: list[str] = []
     run = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
-    # then four runs of 2 epochs at batch 32, seeds 7 to 10, at Keras's default rate, in one worker,
-    # and the estimate is the geometric mean of the seeds' values after epoch 2, its interval over the
-    # 4 seeds (3 degrees of freedom): each seed weighted alike, one cluster
-    assert runs[:4] == [(7, 2, 32, None), (8, 2, 32, None), (9, 2, 32, None), (10, 2, 32, None)]
+    # then without a store's tuned rate, seed 7 trained first at Adam's default, 3 and 10 times it,
+    # and the least validation loss of the three chose 0.003, inside the grid, as the rule's anchor
+    assert runs[:3] == [(7, 2, 32, low), (7, 2, 32, mid), (7, 2, 32, high)]
+    saved = run.as_json()
+    assert saved["rate_test"]["chosen"] == pytest.approx(0.003) and not saved["rate_test"]["edge"]
+    assert saved["rate_test"]["losses"] == [0.62, 0.48, 0.55]
+    anchor = recommendation.short_run_anchor(saved["rate_test"])
+    assert anchor["rates"] == {32: pytest.approx(0.003)} and "the best of the noise scale's short runs" in anchor["said"]
+    # and the noise scale's four runs of 2 epochs at batch 32, seeds 7 to 10, trained at that rate
+    # (seed 7's run at it reused), in one worker, and the estimate is the geometric mean of the
+    # seeds' values after epoch 2, its interval over the 4 seeds (3 degrees of freedom): each seed
+    # weighted alike, one cluster
+    assert runs[3:] == [(8, 2, 32, mid), (9, 2, 32, mid), (10, 2, 32, mid)] and saved["lr"] == mid
     assert len(workers) == 1
     assert run.estimate.b_simple == pytest.approx((20.0 * 40.0) ** 0.5) and run.estimate.measurements == 4
     spread = gradient_noise.t_quantile(0.975, 3) * float(np.std(np.log([20.0, 40.0] * 2), ddof=1)) / 2
     assert run.estimate.pairs == 4 and run.estimate.high == pytest.approx(run.estimate.b_simple * math.exp(spread))
     # and nothing was measured before epoch 2; the estimate knows its pairs' sizes (1 and 25 images)
     assert (run.estimate.small, run.estimate.large) == (1, noise_run.NOISE_LARGE)
-    saved = run.as_json()
     assert saved["seeds"] == [7, 8, 9, 10] and saved["from_epoch"] == 2 and saved["epochs"] == 2
     assert saved["clustered"] and any("seeds 7, 8, 9, 10; B_simple" in ln for ln in lines)
-    # and without a store's tuned rate, seed 7 trained twice more, at 3 and 10 times Adam's default,
-    # and the least validation loss of the three chose 0.003, inside the grid, as the rule's anchor
-    assert runs[4:] == [(7, 2, 32, pytest.approx(0.003)), (7, 2, 32, pytest.approx(0.01))]
-    assert saved["rate_test"]["chosen"] == pytest.approx(0.003) and not saved["rate_test"]["edge"]
-    assert saved["rate_test"]["losses"] == [0.62, 0.48, 0.55]
-    anchor = recommendation.short_run_anchor(saved["rate_test"])
-    assert anchor["rates"] == {32: pytest.approx(0.003)} and "the best of the noise scale's short runs" in anchor["said"]
-    # and with a store's tuned rate, no extra runs
+    # and with a store's tuned rate, no extra runs, the noise runs at its rate
     runs.clear()
     tuned = {"store": "s", "sweep": "t", "kind": "tuned", "rates": {32: 0.01}, "edges": []}
     again = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7, anchor=tuned), tmp_path, None,
                                           lines.append)
-    assert len(runs) == 4 and again.rate_test is None
+    assert len(runs) == 4 and again.rate_test is None and {r[3] for r in runs} == {0.01}
     # and a run that collapsed leaves the noise scale (its gradient is not training's)
     collapsing = 8
     fewer = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
     assert fewer.estimate.pairs == 3 and fewer.trained == [7, 9, 10] and fewer.as_json()["trained_seeds"] == [7, 9, 10]
     # and so does one no better than chance (ln 2 for the article's two classes)
     collapsing = None
-    run_loss[(9, None)] = 0.6929
+    run_loss[(9, mid)] = 0.6929
     at_chance = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
     assert at_chance.trained == [7, 8, 10] and at_chance.rate_test["noise_seeds"] == [7, 8, 10]
     # and one that barely left chance (0.673 against ln 2 = 0.693: an SGD run of the H200's, near chance,
     # pooled as trained before), by the anchor's rule: below 0.9 of ln 2 only
-    run_loss[(9, None)] = 0.673
+    run_loss[(9, mid)] = 0.673
     near_chance = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
     assert near_chance.trained == [7, 8, 10]
     # and when fewer than two trained, all four are pooled, an early value, said
-    run_loss.update({(7, None): 0.7, (8, None): 0.7, (10, None): 0.7})
+    run_loss.update({(8, mid): 0.7, (9, mid): 0.7, (10, mid): 0.7})  # seed 7 alone trained
     early = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
     assert early.trained == [7, 8, 9, 10] and any("all are pooled, an early value" in ln for ln in lines)
     # and a model whose loss is NaN in every run has no noise scale, and the log says why
-    run_loss.update({(seed, None): math.nan for seed in (7, 8, 9, 10)})
+    run_loss.update({(seed, lr): math.nan for seed in (7, 8, 9, 10) for lr in (low, mid, high)})
     nan = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
     assert nan is None and lines[-1].startswith("Noise scale not measured: the loss was not finite (NaN or infinite) "
                                                 "in 4 of the 4 short runs")
@@ -501,17 +503,19 @@ def test_the_anchor_tries_the_next_seed_where_no_rate_trained_and_says_when_none
     # it (0.675, the loss that had chosen 0.03 by the noise of an untrained run), and a next seed
     # that took off at 10 times it
     learned = noise_run.ANCHOR_LEARNED * math.log(2)
-    losses = {(5, 0.03): 0.675, (5, 0.1): 0.693, (6, 0.03): 0.66, (6, 0.1): 0.38}
+    losses = {(5, 0.03): 0.675, (5, 0.1): 0.693, (6, 0.01): 0.67, (6, 0.03): 0.66, (6, 0.1): 0.38}
     ran = []
 
     def run(seed, lr):
         ran.append((seed, lr))
+        if (seed, lr) == (5, 0.01):
+            return TrialRecord(status="done", history=[{"epoch": 2, "val_loss": 0.693}], collapsed=1)
         return TrialRecord(status="done", history=[{"epoch": 2, "val_loss": losses[(seed, lr)]}], collapsed=0)
 
-    rates, at_default = [0.01, 0.03, 0.1], {5: None, 6: 0.67, 7: 0.5, 8: 0.5}
-    rounds = noise_run.anchor_rounds(run, rates, [5, 6, 7, 8], at_default, learned)
-    # then the next seed tried the two rates too, and no third (one of its runs trained)
-    assert ran == [(5, 0.03), (5, 0.1), (6, 0.03), (6, 0.1)]
+    rates = [0.01, 0.03, 0.1]
+    rounds = noise_run.anchor_rounds(run, rates, [5, 6, 7, 8], learned)
+    # then the next seed tried the three rates too, and no third seed (one of its runs trained)
+    assert ran == [(5, 0.01), (5, 0.03), (5, 0.1), (6, 0.01), (6, 0.03), (6, 0.1)]
     assert rounds == [{"seed": 5, "losses": [None, 0.675, 0.693]}, {"seed": 6, "losses": [0.67, 0.66, 0.38]}]
     # and its least loss chose 0.1, at the grid's edge, said so in the anchor
     test = noise_run.rate_test(rates, rounds, learned, [6, 7, 8])
@@ -519,12 +523,12 @@ def test_the_anchor_tries_the_next_seed_where_no_rate_trained_and_says_when_none
     assert recommendation.short_run_anchor(test)["edges"] == [32]
     # and where no run of either seed trained, no rate is chosen, it is said, and the rule keeps
     # Keras's default (a loss at chance ranks no rate)
-    losses.update({(6, 0.03): 0.69, (6, 0.1): 0.69})
+    losses.update({(6, 0.01): 0.69, (6, 0.03): 0.69, (6, 0.1): 0.69})
     ran.clear()
     lines: list[str] = []
-    none = noise_run.rate_test(rates, noise_run.anchor_rounds(run, rates, [5, 6, 7, 8], at_default | {6: 0.69}, learned),
+    none = noise_run.rate_test(rates, noise_run.anchor_rounds(run, rates, [5, 6, 7, 8], learned),
                                learned, [7, 8], lines.append)
-    assert len(ran) == 2 * noise_run.ANCHOR_SEEDS and none["chosen"] is None and none["seed"] is None
+    assert len(ran) == 3 * noise_run.ANCHOR_SEEDS and none["chosen"] is None and none["seed"] is None
     assert "no short run trained at 0.01, 0.03, 0.1 (seeds 5, 6)" in lines[0]
     assert recommendation.short_run_anchor(none) is None
 
@@ -736,3 +740,14 @@ def test_a_run_into_the_folder_another_live_run_writes_is_refused_and_a_dead_run
         with pytest.raises(CatsdogsError, match="is not a claim of catsdogs's"):
             findbs._take(tmp_path / name / findbs.LOCK, None)
         assert (tmp_path / name / findbs.LOCK).read_bytes() == body
+
+
+def test_the_noise_runs_train_at_the_rate_the_rule_anchors_on_at_the_base_batch():
+    # given a store's tuned SGD rate at batch 128, the short runs' best at 32, or neither
+    tuned = {"store": "s", "sweep": "t", "kind": "tuned", "rates": {128: 0.1}, "edges": []}
+    test = {"chosen": 0.03, "batch_size": 32, "rates": [0.01, 0.03, 0.1], "edge": False, "epochs": 2}
+    # then the noise runs train at the store's carried to 32 by SGD's rule (linear without a noise
+    # scale yet: 0.025), at the short runs' best, or at Keras's default
+    assert noise_run.noise_rate(FindSettings(optimizer="sgd", anchor=tuned), None) == pytest.approx(0.025)
+    assert noise_run.noise_rate(FindSettings(optimizer="sgd"), test) == pytest.approx(0.03)
+    assert noise_run.noise_rate(FindSettings(optimizer="sgd"), {**test, "chosen": None}) == pytest.approx(0.01)

@@ -91,6 +91,27 @@ def test_a_noisy_probe_widens_the_tie_to_its_step_times_spread():
     assert 128 not in quiet["near_best"] and quiet["batch_size"] == 256
 
 
+def test_a_size_timed_again_widens_the_tie_by_its_runs_spread_not_its_steps_alone():
+    # given 128 timed three times (as find-batch-size's retime does on a CPU) at throughputs 20%
+    # either side of their median, each run's own steps quiet (4% apart)
+    probes = probes_of(SATURATING)
+    t128 = SATURATING[128]
+    for ips in (0.8 * 128 / t128, 1.2 * 128 / t128):
+        probes.append(ProbeRecord(batch_size=128, status="done", images_per_second=ips, phase="retime"))
+    for p in probes:
+        median = p.batch_size / p.images_per_second
+        p.step_times_s = [median * (1 + 0.04 * k) for k in (-1, -0.5, 0, 0.5, 1)]
+    chosen = goodput.choose(probes, safe=256, estimate=noise(1000.0, 1000.0, 1000.0))
+    # when chosen: then 128's spread is its runs' (0.2), not its steps' (0.02), and 128, 27% slower
+    # to the target than 256, is tied with it; 256, timed once, keeps its steps' spread
+    spread = {r["batch_size"]: r["step_spread"] for r in chosen["table"]}
+    assert spread[128] == pytest.approx(0.2) and spread[256] == pytest.approx(0.02)
+    assert 128 in chosen["near_best"]
+    # and the same probes timed once each (the retimes left out) do not tie 128
+    once = goodput.choose([p for p in probes if p.phase != "retime"], safe=256, estimate=noise(1000.0, 1000.0, 1000.0))
+    assert 128 not in once["near_best"]
+
+
 def test_the_worst_case_over_an_interval_is_exact_against_a_dense_scan():
     # given random step times and intervals, some open above
     rng = random.Random(0)
