@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import numbers
 import os
 import sys
 import uuid
@@ -35,7 +34,7 @@ from pathlib import Path
 from catsdogs import config
 from catsdogs.advice import BatchSizeAdvice
 from catsdogs.errors import CatsdogsError, SettingError, os_error_line
-from catsdogs.keywords import flag, keras_data, whole
+from catsdogs.keywords import checked, keras_data, plain
 from catsdogs.keywords import memory_limit as memory_limit_bytes
 from catsdogs.model_ref import FUNCTION
 from catsdogs.schema import PROCESS_FIELDS, check_run_name
@@ -53,8 +52,6 @@ PLAN_OVERRIDES = ("seeds", "name", "target_ci", "max_seeds", "noise_scale", "eva
                   *PROCESS_FIELDS)
 SEARCH = ("mode", "start", "margin", "steps", "resolution", "dataset", "isolate", "deterministic", "tf32", "worker_env",
           "effective_batch", "race", "race_budget", "until", "race_workers")
-WHOLE = ("start", "steps", "resolution", "effective_batch", "race_workers")  # ... whole numbers (numpy's too), checked here
-FLAGS = ("isolate", "deterministic", "race")  # ... true or false
 
 
 def _keyword_errors(function):
@@ -70,8 +67,10 @@ def _keyword_errors(function):
         except SettingError as exc:
             if not exc.key:
                 raise
-            keyword, text = _KEYWORDS.get(exc.key, exc.key), str(exc)
-            raise SettingError(text if text.startswith(f"{keyword}:") else f"{keyword}: {text}", exc.key) from None
+            keyword = exc.key if exc.key in kwargs else _KEYWORDS.get(exc.key, exc.key)  # (sweep's batch_size is its own)
+            text = str(exc)
+            named = text.startswith(f"{keyword}:") or f" {keyword}:" in text  # ("sweep(): epochs: ...")
+            raise SettingError(text if named else f"{keyword}: {text}", exc.key) from None
         except OSError as exc:
             raise CatsdogsError(os_error_line(exc)) from None
         finally:
@@ -135,6 +134,7 @@ def find_result(model=None, data=None, *, memory_limit: int | str | None = None,
     command line says it by the option, `find_batch_size` by the keyword argument."""
     from catsdogs.measure.find_batch_size import find_batch_size as run
 
+    log = checked({"out": out, "log": log})["log"]  # (find_settings checks the rest)
     settings, data_dir, arrays = find_settings(
         model, data, memory_limit=memory_limit, optimizer=optimizer, max_batch_size=max_batch_size, seed=seed,
         precision=precision, noise_scale=noise_scale, loss=loss, from_store=from_store, name=name,
@@ -156,12 +156,12 @@ def find_settings(model, data, *, memory_limit, optimizer, max_batch_size, seed,
     unknown = sorted(set(search) - set(SEARCH))
     if unknown:
         raise TypeError(f"find_batch_size() got unexpected keyword arguments: {', '.join(unknown)}")
+    given = checked({"optimizer": optimizer, "max_batch_size": max_batch_size, "seed": seed, "precision": precision,
+                     "noise_scale": noise_scale, "loss": loss, "from_store": from_store, "name": name,
+                     "data_dir": data_dir, **search})  # (the table's types and bounds; FindSettings.check the rest)
+    max_batch_size, seed, noise_scale = given["max_batch_size"], given["seed"], given["noise_scale"]
+    search = {k: given[k] for k in search}
     check_run_name(name)  # it names a folder under `out`
-    max_batch_size, seed = whole(max_batch_size, "max"), whole(seed, "seed")
-    search = {k: whole(v, k) if k in WHOLE else flag(v, k) if k in FLAGS else v for k, v in search.items()}
-    if isinstance(search.get("race_budget"), numbers.Real) and not isinstance(search["race_budget"], bool):
-        search["race_budget"] = float(search["race_budget"])  # (numpy's numbers too)
-    noise_scale = flag(noise_scale, "noise_scale")
     data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
     images, arrays = _data(data, model)
     settings = FindSettings(name=name, optimizer=optimizer, max_batch=max_batch_size, seed=seed, precision=precision,
@@ -197,12 +197,14 @@ def profile(model=None, batch_sizes: Sequence[int] = (4, 8, 16, 32, 64, 128, 256
     unknown = sorted(set(probe) - {"dataset", "min_seconds", "isolate", "deterministic", "tf32", "worker_env"})
     if unknown:
         raise TypeError(f"profile() got unexpected keyword arguments: {', '.join(unknown)}")
+    given = checked({"optimizer": optimizer, "precision": precision, "steps": steps, "warmup": warmup, "loss": loss,
+                     "name": name, "out": out, "data_dir": data_dir, "log": log, **probe})
+    steps, warmup, log = given["steps"], given["warmup"], given["log"]
+    probe = {k: given[k] for k in probe}
     check_run_name(name)
     if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Sequence):
         raise SettingError(f"a list of batch sizes, got {type(batch_sizes).__name__}", "batch_size")
-    batch_sizes = [whole(b, "batch_size") for b in batch_sizes]
-    steps, warmup = whole(steps, "steps"), whole(warmup, "warmup")
-    probe = {k: flag(v, k) if k in FLAGS else v for k, v in probe.items()}
+    batch_sizes = [checked({"batch_size": b})["batch_size"] for b in batch_sizes]
     images, arrays = _data(data, model)
     work = Path(out) / name / ".work"
     ref, saved = _model_reference(model, work, precision)
@@ -239,6 +241,11 @@ def sweep(plan=None, *, data_dir: str | Path | None = None, out: str | Path = co
     from catsdogs.plans.options import from_options
     from catsdogs.training.study import run_plan
 
+    given = checked({"data_dir": data_dir, "out": out, "workers": workers, "overwrite": overwrite,
+                     "retry_failed": retry_failed, "dry_run": dry_run, "tensorboard": tensorboard, "runner": runner,
+                     "ray_address": ray_address, "isolate": isolate, "worker_env": worker_env, "log": log})
+    workers, log = given["workers"], given["log"]
+    grid = plain(grid)  # numpy's numbers as Python's: the plan checks them as it checks a TOML file's
     if "optimizer" in grid:
         grid["opt"] = grid.pop("optimizer")
     top = {k: grid.pop(k) for k in list(grid) if k in PLAN_OVERRIDES}
@@ -246,7 +253,7 @@ def sweep(plan=None, *, data_dir: str | Path | None = None, out: str | Path = co
     if unknown:
         raise TypeError(f"sweep() got unexpected keyword arguments: {', '.join(unknown)}")
     grid = {k: list(v) if isinstance(v, tuple) else v for k, v in grid.items()}
-    chosen = from_options(plan, top, grid)
+    chosen = from_options(plan, top, grid, origin="sweep()")
     return run_plan(chosen, plans.data_dir(chosen, Path(data_dir) if data_dir is not None else None), Path(out),
                     runner=runner, workers=workers, isolate=isolate, ray_address=ray_address, worker_env=worker_env,
                     overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, log=log or _quiet,
@@ -268,6 +275,8 @@ def report(name: str = "sweep", *, out: str | Path = config.DEFAULT_OUT, note: s
     from catsdogs.analysis.report import export_store as export
     from catsdogs.analysis.report import report as run
 
+    log = checked({"name": name, "out": out, "note": note, "find_results": find_results, "tensorboard": tensorboard,
+                   "export_store": export_store, "log": log})["log"]
     if export_store is not None:
         export(Path(out), Path(export_store), log=log or _quiet)
     return run(name, Path(out), note=note, log=log or _quiet,

@@ -29,6 +29,7 @@ from catsdogs.cli_options import (
     TrainingCommand,
     checked,
     given,
+    kw,
     limited,
     name_option,
     options,
@@ -171,18 +172,18 @@ def _renamed_backend(ctx, param, value):
                  help="Batch sizes: `--batch-size 16 32 64 128`."),
     click.option("--dataset", multiple=True, default=("standard",), show_default=True,
                  help="Data sets: standard, augmented (both: `--dataset standard augmented`)."),
-    click.option("--seeds", type=click.IntRange(min=1), default=config.SEEDS, show_default=True,
+    click.option("--seeds", type=kw("seeds"), default=config.SEEDS, show_default=True,
                  help="Seeds per configuration (0, 1, ... N-1)."),
     click.option("--target-ci", type=float, default=None, metavar="W", help=TARGET_CI_HELP),
     click.option("--max-seeds", type=int, default=None, metavar="M",
                  help=f"The most seeds a cell gets with --target-ci [default: {config.MAX_SEEDS}]."),
-    click.option("--epochs", type=click.IntRange(min=1), default=config.EPOCHS, show_default=True,
+    click.option("--epochs", type=kw("epochs"), default=config.EPOCHS, show_default=True,
                  help="Epochs per trial."),
-    click.option("--max-epochs", type=click.IntRange(min=1), default=None, metavar="M", callback=limited,
+    click.option("--max-epochs", type=kw("max_epochs"), default=None, metavar="M", callback=limited,
                  help="With --until: the most epochs a trial trains when it does not reach its target "
                       "(the same number as --epochs, named for what it does there; give one)."),
     click.option("--noise-scale", is_flag=True, default=None, help=NOISE_SCALE_HELP),
-    click.option("--eval-every", type=click.IntRange(min=1), default=None, metavar="N", callback=limited,
+    click.option("--eval-every", type=kw("eval_every"), default=None, metavar="N", callback=limited,
                  help=targets.EVAL_EVERY_HELP),
     DETERMINISTIC,
     TF32,
@@ -198,13 +199,13 @@ def _renamed_backend(ctx, param, value):
     click.option("--retry-failed", is_flag=True, help="Run failed and out-of-memory trials again."),
     click.option("--dry-run", is_flag=True, help="List the planned trials and their status, and whether a run "
                  "would refuse them (a batch larger than the training split); run nothing."),
-    click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, callback=WORKERS_LIMIT,
+    click.option("--workers", type=kw("workers"), default=1, show_default=True, callback=WORKERS_LIMIT,
                  help="Worker processes running trials at once: one per GPU where there are "
                       "GPUs, else each pinned to its share of the CPU cores. A worker runs trial "
                       "after trial, reusing decoded data and compiled training steps."),
     ISOLATE,
     COMPILE_CACHE,
-    click.option("--runner", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+    click.option("--runner", type=kw("runner"), default="local", show_default=True,
                  help="Where trials run: local: worker processes on this machine; ray: Ray actors "
                       "(one GPU, or CPU cores, each) on the cluster at --ray-address, else a local "
                       "Ray (the catsdogs[ray] extra); --workers then defaults to what the cluster "

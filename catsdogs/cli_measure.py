@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from catsdogs import model_ref, schema
+from catsdogs import schema
 from catsdogs.cli_options import (
     COMPILE_CACHE,
     DATA_DIR,
@@ -19,21 +19,21 @@ from catsdogs.cli_options import (
     TF32,
     TrainingCommand,
     checked,
+    kw,
     memory,
     name_option,
     options,
     out_option,
     worker_env,
 )
-from catsdogs.measure.search import MODES as SEARCH_MODES
 from catsdogs.measure.settings import FindSettings
 
 MEASUREMENT_OPTIONS = options(
-    click.option("--opt", type=click.Choice(schema.OPTIMIZERS), default="adam", show_default=True,
+    click.option("--opt", type=kw("optimizer"), default="adam", show_default=True,
                  help="Optimizer, by Keras name (so its default learning rate)."),
-    click.option("--dataset", type=click.Choice(schema.DATASETS), default="standard", show_default=True,
+    click.option("--dataset", type=kw("dataset"), default="standard", show_default=True,
                  help="Which prepared train split the batches are drawn from."),
-    click.option("--precision", type=click.Choice(schema.PRECISIONS), default="float32",
+    click.option("--precision", type=kw("precision"), default="float32",
                  show_default=True, help="Keras mixed-precision policy."),
     click.option("--memory-limit", callback=checked(memory), default=None, metavar="SIZE",
                  help="Memory cap per probe, like 4GiB or 4096MB (KiB/MiB/GiB binary, KB/MB/GB "
@@ -59,7 +59,7 @@ MODEL_OPTIONS = options(
                  help="With --model: your images, one subfolder per class (as "
                       "keras.utils.image_dataset_from_directory reads them), decoded and resized to the "
                       "model's input once. Default: the prepared data where they are its input, else random images."),
-    click.option("--loss", type=click.Choice(model_ref.LOSSES), default="auto", show_default=True,
+    click.option("--loss", type=kw("loss"), default="auto", show_default=True,
                  help="With --model: its loss. auto: binary cross-entropy for a last layer of width 1, "
                       "sparse categorical for width k > 1, from probabilities after a sigmoid or softmax, "
                       "else from logits."),
@@ -69,9 +69,9 @@ MODEL_OPTIONS = options(
 @click.command(cls=TrainingCommand)
 @click.option("--batch-size", type=int, multiple=True, default=(4, 8, 16, 32, 64, 128, 256, 512, 1024),
               show_default=True, help="Batch sizes: `--batch-size 4 8 16 32`.")
-@click.option("--steps", type=int, default=20, show_default=True,
+@click.option("--steps", type=kw("steps"), default=20, show_default=True,
               help="Timed training steps per batch size, after the warm-up.")
-@click.option("--warmup", type=int, default=2, show_default=True,
+@click.option("--warmup", type=kw("warmup"), default=2, show_default=True,
               help="Untimed warm-up steps (the first one traces and compiles).")
 @click.option("--min-seconds", type=float, default=None, callback=checked(lambda v: schema.check_number(v, "min_seconds", 0, float)),
               help="Time each batch size for at least this long, repeating its batches past --steps as "
@@ -104,31 +104,32 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
 
 
 @click.command("find-batch-size", cls=TrainingCommand)
-@click.option("--mode", type=click.Choice(SEARCH_MODES), default=FIND.mode, show_default=True,
+@click.option("--mode", type=kw("mode"), default=FIND.mode, show_default=True,
               help="power: double from --start until a probe runs out of memory; binsearch: then bisect "
                    "between the last size that fit and the first that did not.")
-@click.option("--start", type=click.IntRange(min=1), default=FIND.start, show_default=True,
+@click.option("--start", type=kw("start"), default=FIND.start, show_default=True,
               help="First batch size (halved while it does not fit).")
-@click.option("--max", "max_batch", type=click.IntRange(min=1), default=FIND.max_batch,
+@click.option("--max", "max_batch", type=kw("max_batch_size"), default=FIND.max_batch,
               help="Largest batch size to try (probed itself when doubling would pass it) [default: the "
                    "training split's images, the prepared data's or a --data folder's: no larger batch can "
                    "be trained on them; give --max to find the device's limit beyond them].")
-@click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=FIND.margin, show_default=True,
+@click.option("--margin", type=kw("margin"), default=FIND.margin, show_default=True,
               help="Safety fraction taken off the largest size that fits, then rounded down to a "
                    "multiple of 8 (a power of two below 8); 0 keeps the largest as is.")
-@click.option("--steps", type=click.IntRange(min=1), default=FIND.steps, show_default=True,
+@click.option("--steps", type=kw("steps"), default=FIND.steps, show_default=True,
               help="Timed training steps per probe, after one warm-up step; more where they take under "
                    f"{FIND.min_seconds:g} s, so a small batch's step time is steady enough to rank sizes by.")
-@click.option("--resolution", type=click.IntRange(min=1), default=FIND.resolution,
+@click.option("--resolution", type=kw("resolution"), default=FIND.resolution,
               help="Stop bisecting when the gap is this small [default: 3% of the largest size "
                    "that fits, 5% on the CPU (a resident set's noise), at least 8, at most an "
                    "eighth of it].")
 @click.option("--noise-scale/--no-noise-scale", "measure_noise", default=FIND.measure_noise, show_default=True,
               help="Before the search, measure the gradient noise scale (beyond which a larger batch buys "
-                   "few steps) over epochs 2-3 of two short runs at batch size 32, in well under a minute at "
+                   "few steps) after epoch 2 of four short runs at batch size 32, at the rate the learning-rate "
+                   "rule anchors on (the best of three a first run tries), in well under a minute at "
                    "64 px on a CPU; the recommendation then weighs each size's steps to a target against its "
                    "speed, and SGD's learning rate follows the paper's rule. --no-noise-scale skips it.")
-@click.option("--seed", type=click.IntRange(min=0), default=FIND.seed, show_default=True,
+@click.option("--seed", type=kw("seed"), default=FIND.seed, show_default=True,
               callback=checked(lambda v: schema.check_number(v, "seed", least=0)),
               help="The noise scale's short runs train at this seed and the next (recorded in the JSON).")
 @click.option("--from-store", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="OUT",
@@ -153,7 +154,7 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
 @click.option("--until", default=FIND.until, metavar="METRIC=VALUE",
               help="The race's target, as a sweep's --until takes it (val_loss=0.49, val_accuracy=0.8) [default: "
                    "the validation loss a reference run at the learning rate's anchor reaches in 3 epochs].")
-@click.option("--workers", "race_workers", type=int, default=FIND.race_workers, show_default=True,
+@click.option("--workers", "race_workers", type=kw("race_workers"), default=FIND.race_workers, show_default=True,
               help="The race's trials at once, each in a worker process of its own.")
 @MODEL_OPTIONS
 @name_option(FIND.name, "Name of the run: OUT/NAME/find_batch_size.json and .csv.")

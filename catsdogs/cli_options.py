@@ -21,6 +21,13 @@ from click.core import ParameterSource
 from catsdogs import config, plans, schema
 from catsdogs.cli_args import expand_variadic, refuse_repeats
 from catsdogs.errors import CatsdogsError, Interrupted, SettingError, os_error_line
+from catsdogs.keywords import keyword
+
+
+def kw(key: str) -> click.ParamType:
+    """The option's type from the keywords' table (catsdogs.keywords.KEYWORDS): the same bounds and
+    choices as the Python API's keyword of that meaning."""
+    return keyword(key).click_type(key)
 
 
 class OneLineErrors(click.Group):

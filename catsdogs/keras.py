@@ -34,8 +34,9 @@ import keras
 import numpy as np
 
 from catsdogs import gradient_noise
-from catsdogs.errors import CatsdogsError
+from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.gradient_noise import NoiseSampling
+from catsdogs.keywords import keyword
 from catsdogs.measure.noise_run import NOISE_PAIRS, noise_sampling, user_noise_sampling
 
 # Pairs a measurement: find-batch-size's 16 less a quarter, so that a measurement costs at most 15%
@@ -43,7 +44,6 @@ from catsdogs.measure.noise_run import NOISE_PAIRS, noise_sampling, user_noise_s
 # 18.5% of a 1.2 s epoch, at 16; 0.18 s at 12); the price, an interval about 15% wider
 # (sqrt(16/12)), is paid once a measurement, where find-batch-size pools four seeds'.
 CALLBACK_PAIRS = NOISE_PAIRS * 3 // 4
-MOST_PAIRS = 1024  # a measurement's pairs at most: each holds a gradient's worth of numbers
 
 
 class GradientNoiseScale(keras.callbacks.Callback):
@@ -65,15 +65,13 @@ class GradientNoiseScale(keras.callbacks.Callback):
                                                          np.isfinite(self.labels).all()):
             raise CatsdogsError(f"GradientNoiseScale(data): labels are numbers a loss can read, got "
                                 f"{self.labels.dtype} labels")
-        for name, value, least, most in (("every", every, 1, None), ("pairs", pairs, 2, MOST_PAIRS),
-                                         ("micros", micros, 2, MOST_PAIRS), ("micro", micro, 1, None),
-                                         ("seed", seed, 0, None)):
-            if value is None and name in ("micros", "micro"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least or (
-                    most is not None and value > most):
-                bounds = f"from {least}" + (f" to {most}" if most is not None else "")
-                raise CatsdogsError(f"GradientNoiseScale({name}={value!r}): a whole number {bounds}")
+        for name, value in (("every", every), ("pairs", pairs), ("micros", micros), ("micro", micro), ("seed", seed)):
+            try:  # the keywords' table (catsdogs.keywords), None taken where a default is None
+                keyword(name).check(value, name)
+            except SettingError as exc:
+                raise SettingError(f"GradientNoiseScale({name}={value!r}): {exc}", name) from None
+            if value is None and name not in ("micros", "micro"):
+                raise SettingError(f"GradientNoiseScale({name}=None): must be a whole number", name)
         every, pairs, seed = int(every), int(pairs), int(seed)
         self.every, self.pairs, self.seed, self._loss = every, pairs, seed, loss
         self._micro, self._micros = micro, micros

@@ -136,7 +136,7 @@ def check_number(value, key: str, least: float = 1, kind: type = int):
     if not (whole if kind is int else number):
         raise SettingError(f"must be {'a whole number' if kind is int else 'a finite number'}, got {value!r}", key)
     if value < least:
-        raise SettingError(f"must be at least {_shown(least)}, got {_shown(value)}", key)
+        raise SettingError(f"must be at least {shown(least)}, got {shown(value)}", key)
     check_at_most(value, key)
     return value
 
@@ -145,10 +145,10 @@ def check_at_most(value, key: str) -> None:
     """A SettingError naming `key` when `value` is above its limit (LIMITS), saying why there is one."""
     most, why = LIMITS[key]
     if value > most:
-        raise SettingError(f"must be at most {_shown(most)}: {why}; got {_shown(value)}", key)
+        raise SettingError(f"must be at most {shown(most)}: {why}; got {shown(value)}", key)
 
 
-def _shown(x) -> str:
+def shown(x) -> str:
     """1,048,576 for a whole number, 0.25 or 1e+300 for any other."""
     return f"{int(x):,}" if isinstance(x, int) or (math.isfinite(x) and float(x).is_integer() and abs(x) < 1e15) \
         else f"{x:g}"

@@ -356,9 +356,9 @@ class Store:
     @_guarded
     def get(self, key: str) -> dict | None:
         r = self.db.execute("SELECT * FROM trials WHERE key=?", (key,)).fetchone()
-        return self._shown(_row(r)) if r else None
+        return self.shown(_row(r)) if r else None
 
-    def _shown(self, row: dict) -> dict:
+    def shown(self, row: dict) -> dict:
         """A row as a reader should see it: a running trial whose owner is gone is interrupted."""
         if row["status"] == Status.RUNNING and not self.owner_alive(row.get("owner")):
             row["status"] = Status.INTERRUPTED
@@ -381,7 +381,7 @@ class Store:
         else:
             rows = self.db.execute("SELECT t.* FROM trials t JOIN sweep_trials s ON s.key = t.key "
                                    "WHERE s.sweep=? ORDER BY s.position", (sweep,))
-        return [self._shown(_row(r)) for r in rows]
+        return [self.shown(_row(r)) for r in rows]
 
     @_guarded
     def running_elsewhere(self, keys: list[str]) -> list[int]:

@@ -369,7 +369,7 @@ def _compare(cells: dict[int, list[dict]], b0: int, held_up_to: float, lost_from
 SAYS = "A fixed number of epochs holds accuracy well below B_noise (E/E_min − 1) and loses it well above"
 
 
-def _shown(r: dict) -> dict | None:
+def shown(r: dict) -> dict | None:
     """The comparison a one-line summary shows: the first that disagrees, else the first unsettled,
     else the largest batch size tested."""
     tests = r["tests"]
@@ -406,7 +406,7 @@ def table_rows(results: list[dict]) -> list[str]:
     """Rows for the claims table (catsdogs.analysis.claims.markdown_table's columns)."""
     lines = []
     for r in results:
-        t = _shown(r)
+        t = shown(r)
         diff = "—" if t is None else f"{t['diff']:+.1f} ({t['batch_size']} vs {r['b0']})"
         interval = "—" if t is None or t["ci_low"] is None else f"{t['ci_low']:+.1f} to {t['ci_high']:+.1f}"
         seeds = " / ".join(str(n) for n in r["n"].values())

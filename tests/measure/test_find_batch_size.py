@@ -716,7 +716,7 @@ def test_an_effective_batch_that_does_not_fit_gets_its_accumulation_plan(data_di
 
 def test_an_effective_batch_below_one_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(cli, ["find-batch-size", "--effective-batch", "0", "--data-dir", str(tmp_path)])
-    assert result.exit_code == 2 and "'--effective-batch': must be a whole number from 1 to" in result.output
+    assert result.exit_code == 2 and "'--effective-batch': must be at least 1, got 0" in result.output
 
 
 def test_a_run_into_the_folder_another_live_run_writes_is_refused_and_a_dead_runs_claim_is_taken(tmp_path):

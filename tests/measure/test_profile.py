@@ -182,9 +182,9 @@ def test_impossible_settings_are_refused_before_any_probe(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--batch-size", "0"], "Invalid value for '--batch-size': batch size must be at least 1"),
-    (["--batch-size", "4", "-8"], "batch size must be at least 1, got -8"),
-    (["--steps", "0"], "Invalid value for '--steps': steps must be >= 1"),
+    (["--batch-size", "0"], "Invalid value for '--batch-size': must be at least 1, got 0"),
+    (["--batch-size", "4", "-8"], "must be at least 1, got -8"),
+    (["--steps", "0"], "Invalid value for '--steps': must be at least 1, got 0"),
     (["--memory-limit", "lots"], "not a memory size"),
     (["--precision", "fp8"], "--precision"),
 ])

@@ -78,7 +78,7 @@ def test_bad_data_is_one_line_of_the_documented_error():
 
 @pytest.mark.parametrize("kwargs, said", [
     (dict(pairs=0), "pairs=0"), (dict(pairs=-1), "pairs=-1"), (dict(pairs=1), "pairs=1"),
-    (dict(pairs=2.5), "pairs=2.5"), (dict(pairs=10**9), "from 2 to 1024"), (dict(pairs=True), "pairs=True"),
+    (dict(pairs=2.5), "pairs=2.5"), (dict(pairs=10**9), "must be at most 1,024"), (dict(pairs=True), "pairs=True"),
     (dict(micros=1), "micros=1"), (dict(micro=0), "micro=0"), (dict(seed="x"), "seed='x'"),
 ])
 def test_a_bad_setting_is_refused_when_the_callback_is_made_not_after_an_epoch(kwargs, said):

@@ -383,7 +383,7 @@ def test_a_plan_runs_the_same_trials_with_sweep_as_with_reproduce(data_dir, tmp_
     (["--batch-size", "0"], "Invalid value for '--batch-size': batch sizes must be whole numbers >= 1"),
     (["--batch-size", "16", "-4"], "batch sizes must be whole numbers >= 1"),
     (["--precision", "fp8"], "Invalid value for '--precision'"),
-    (["--workers", "0"], "Invalid value for '--workers': 0 is not in the range x>=1"),
+    (["--workers", "0"], "Invalid value for '--workers': must be at least 1, got 0"),
     (["--workers", "2", "--strategy", "mirrored"], "Invalid value for '--workers': --strategy mirrored uses "
                                                     "every GPU for one trial"),
     (["--name", "../up"], "Invalid value for '--name': '../up': use letters"),
