@@ -41,6 +41,7 @@ class FindResult:
     search_bound: dict | None = None  # the search's bound and why (SearchBound.as_json)
     backend: str | None = None
     host: str | None = None
+    cpu: dict | None = None  # the CPU: its model, cores, oneDNN's instruction set (host.cpu_record)
     prediction: dict | None = None  # the memory model's prediction and its parts
     memory_fraction: float | None = None  # of the device's memory the framework may use (XLA's)
     probes: list = field(default_factory=list)  # every probe, in the order run (ProbeRecord.view)
@@ -135,7 +136,7 @@ _SHAPES = {
     "reached_max": (lambda v: isinstance(v, bool), "true or false"),
     "stopped_by": (lambda v: v is None or v in STOPPED_BY, f"one of {', '.join(STOPPED_BY)} or null"),
     "noise_scale": _OBJECT, "fastest": _OBJECT, "recommendation": _OBJECT, "hand_off": _OBJECT,
-    "search_bound": _OBJECT, "prediction": _OBJECT, "seconds": _OBJECT, "model": _OBJECT, "race": _OBJECT,
+    "search_bound": _OBJECT, "cpu": _OBJECT, "prediction": _OBJECT, "seconds": _OBJECT, "model": _OBJECT, "race": _OBJECT,
     "settings": (lambda v: isinstance(v, dict), "an object"), "versions": (lambda v: isinstance(v, dict), "an object"),
     "margin_failed": (lambda v: isinstance(v, list) and all(_is_int(b) for b in v), "a list of batch sizes"),
     "probes": (lambda v: isinstance(v, list) and all(isinstance(p, dict) for p in v), "a list of objects"),

@@ -109,6 +109,49 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# oneDNN's instruction sets (TensorFlow's CPU kernels), lowest first, as ONEDNN_MAX_CPU_ISA names
+# them, each with the /proc/cpuinfo flags it needs: oneDNN dispatches to the highest this CPU has,
+# no higher than ONEDNN_MAX_CPU_ISA where set, and its convolutions' kernels, scratch and layouts
+# differ by it (so does the memory a step takes: issue 65).
+ONEDNN_ISAS = (("SSE41", ("sse4_1",)), ("AVX", ("avx",)), ("AVX2", ("avx2", "fma")),
+               ("AVX2_VNNI", ("avx2", "fma", "avx_vnni")),
+               ("AVX512_CORE", ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
+               ("AVX512_CORE_VNNI", ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")),
+               ("AVX512_CORE_BF16", ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16")),
+               ("AVX512_CORE_FP16", ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16",
+                                     "avx512_fp16")),
+               ("AVX512_CORE_AMX", ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16",
+                                    "amx_tile", "amx_int8", "amx_bf16")))
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (/proc/cpuinfo's first "flags" line); none where it cannot be read."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def onednn_isa(flags: set[str], cap: str | None = None) -> str | None:
+    """The instruction set oneDNN dispatches to on a CPU of `flags`: the highest of ONEDNN_ISAS it
+    has, no higher than `cap` (ONEDNN_MAX_CPU_ISA's value; "ALL" or an unknown name caps nothing);
+    None where it has none of them (not an x86 CPU, or flags unread)."""
+    names = [name for name, _ in ONEDNN_ISAS]
+    top = names.index(cap.upper()) if cap and cap.upper() in names else len(names) - 1
+    have = [name for name, needs in ONEDNN_ISAS[:top + 1] if set(needs) <= flags]
+    return have[-1] if have else None
+
+
+def cpu_record(env: dict | None = None) -> dict:
+    """The CPU a result was measured on, as find_batch_size.json records it: its model, its cores,
+    the instruction set oneDNN dispatches to there (`onednn_isa`) and ONEDNN_MAX_CPU_ISA where the
+    workers' environment (`env`, else this process's) sets it."""
+    cap = (env or {}).get("ONEDNN_MAX_CPU_ISA", os.environ.get("ONEDNN_MAX_CPU_ISA"))
+    return {"model": cpu_name(), "cores": len(usable_cores()), "onednn_isa": onednn_isa(cpu_flags(), cap),
+            "onednn_max_cpu_isa": cap}
+
+
 def cpu_description() -> str:
     """The device a CPU-only backend computes on, as results record it."""
     return f"CPU: {cpu_name()} ({os.cpu_count()} cores)"

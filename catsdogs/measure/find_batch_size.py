@@ -55,7 +55,7 @@ from catsdogs import config, goodput
 from catsdogs.errors import CatsdogsError, Interrupted, SettingError
 from catsdogs.files import write_json_atomic
 from catsdogs.find_result import FindResult
-from catsdogs.host import host_memory_available, process_alive, versions
+from catsdogs.host import cpu_record, host_memory_available, process_alive, versions
 from catsdogs.manifest import require_intact
 from catsdogs.measure import model_check
 from catsdogs.measure.common import check_memory_floor, format_bytes, write_csv
@@ -303,7 +303,7 @@ def answer(run: FindRun) -> FindResult:
                           settings.effective_batch) if fits else None,
         margin_failed=run.margin_failed,
         settings=settings.recorded(run.size, run.cpu_cap, run.data_dir, fingerprint),
-        search_bound=run.bound.as_json(), backend=backends.name(), host=platform.node(),
+        search_bound=run.bound.as_json(), backend=backends.name(), host=platform.node(), cpu=cpu_record(run.probes.env),
         prediction=prediction_record(run.prediction, run.calibration, run.probes, result, run.size),
         memory_fraction=run.calibration.memory_fraction, probes=[p.view("search") for p in probes],
         versions=versions(), seconds=_seconds(run.started, noise, run.predict_seconds, probes),

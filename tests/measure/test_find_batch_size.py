@@ -59,6 +59,8 @@ def test_the_prediction_comes_before_the_search_from_the_calibration_probe_alone
     # and the summary names what the report matches it by (backend, the data's fingerprint) and says
     # where its time went, in the JSON and in its last line
     assert s["backend"] == "tensorflow" and s["settings"]["data_fingerprint"]
+    # and the CPU it ran on, with the instruction set oneDNN dispatches to there (issue 65)
+    assert set(s["cpu"]) == {"model", "cores", "onednn_isa", "onednn_max_cpu_isa"} and s["cpu"]["cores"] >= 1
     assert set(s["seconds"]) == {"noise_scale", "prediction", "probes", "total"} and s["seconds"]["noise_scale"] is None
     assert all(p["wall_seconds"] is not None for p in s["probes"])
     assert lines[-1].startswith(f"Answered in {s['seconds']['total']:.0f} s: the memory model ")
@@ -751,3 +753,18 @@ def test_the_noise_runs_train_at_the_rate_the_rule_anchors_on_at_the_base_batch(
     assert noise_run.noise_rate(FindSettings(optimizer="sgd", anchor=tuned), None) == pytest.approx(0.025)
     assert noise_run.noise_rate(FindSettings(optimizer="sgd"), test) == pytest.approx(0.03)
     assert noise_run.noise_rate(FindSettings(optimizer="sgd"), {**test, "chosen": None}) == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("flags, cap, isa", [
+    ({"sse4_1", "avx", "avx2", "fma"}, None, "AVX2"),  # an AMD EPYC of issue 65: AVX2, no AVX-512
+    ({"sse4_1", "avx", "avx2", "fma"}, "SSE41", "SSE41"),
+    ({"sse4_1", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}, None,
+     "AVX512_CORE_VNNI"),
+    ({"sse4_1", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}, "avx2", "AVX2"),
+    ({"sse4_1", "avx"}, "ALL", "AVX"),
+    (set(), None, None),  # not an x86 CPU, or flags unread
+])
+def test_the_instruction_set_onednn_dispatches_to_is_the_cpus_highest_under_its_cap(flags, cap, isa):
+    from catsdogs import host
+
+    assert host.onednn_isa(flags, cap) == isa
