@@ -162,11 +162,12 @@ def find_settings(model, data, *, memory_limit, optimizer, max_batch_size, seed,
     max_batch_size, seed, noise_scale = given["max_batch_size"], given["seed"], given["noise_scale"]
     search = {k: given[k] for k in search}
     check_run_name(name)  # it names a folder under `out`
+    cap = memory_limit_bytes(memory_limit)  # (before the data are read: a dataset is read whole)
     data_dir = Path(data_dir) if data_dir is not None else config.default_data_dir()
     images, arrays = _data(data, model)
     settings = FindSettings(name=name, optimizer=optimizer, max_batch=max_batch_size, seed=seed, precision=precision,
                             measure_noise=bool(noise_scale), loss=loss, images=images,
-                            memory_cap_bytes=memory_limit_bytes(memory_limit), **search)
+                            memory_cap_bytes=cap, **search)
     if max_batch_size is not None and "start" not in search:  # max alone: the search starts no higher
         settings = replace(settings, start=min(settings.start, max_batch_size))
     if from_store is not None:
@@ -205,13 +206,14 @@ def profile(model=None, batch_sizes: Sequence[int] = (4, 8, 16, 32, 64, 128, 256
     if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Sequence):
         raise SettingError(f"a list of batch sizes, got {type(batch_sizes).__name__}", "batch_size")
     batch_sizes = [checked({"batch_size": b})["batch_size"] for b in batch_sizes]
+    cap = memory_limit_bytes(memory_limit)  # (before the model is saved under out)
     images, arrays = _data(data, model)
     work = Path(out) / name / ".work"
     ref, saved = _model_reference(model, work, precision)
     try:
         return run(name, list(batch_sizes), Path(data_dir) if data_dir is not None else config.default_data_dir(),
                    Path(out), optimizer=optimizer, precision=precision, steps=steps, warmup=warmup,
-                   memory_cap_bytes=memory_limit_bytes(memory_limit), model=ref, loss=loss, images=images,
+                   memory_cap_bytes=cap, model=ref, loss=loss, images=images,
                    arrays=arrays, log=log or _quiet, **probe)
     finally:
         if saved is not None:
@@ -244,7 +246,9 @@ def sweep(plan=None, *, data_dir: str | Path | None = None, out: str | Path = co
     given = checked({"data_dir": data_dir, "out": out, "workers": workers, "overwrite": overwrite,
                      "retry_failed": retry_failed, "dry_run": dry_run, "tensorboard": tensorboard, "runner": runner,
                      "ray_address": ray_address, "isolate": isolate, "worker_env": worker_env, "log": log})
-    workers, log = given["workers"], given["log"]
+    if plan is not None and not isinstance(plan, (str, os.PathLike, plans.Plan)):
+        raise SettingError(f"a plan's name, a TOML file's path or a catsdogs.plans.Plan, got {type(plan).__name__}",
+                           "plan")
     grid = plain(grid)  # numpy's numbers as Python's: the plan checks them as it checks a TOML file's
     if "optimizer" in grid:
         grid["opt"] = grid.pop("optimizer")
@@ -254,10 +258,12 @@ def sweep(plan=None, *, data_dir: str | Path | None = None, out: str | Path = co
         raise TypeError(f"sweep() got unexpected keyword arguments: {', '.join(unknown)}")
     grid = {k: list(v) if isinstance(v, tuple) else v for k, v in grid.items()}
     chosen = from_options(plan, top, grid, origin="sweep()")
+    g = given
     return run_plan(chosen, plans.data_dir(chosen, Path(data_dir) if data_dir is not None else None), Path(out),
-                    runner=runner, workers=workers, isolate=isolate, ray_address=ray_address, worker_env=worker_env,
-                    overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, log=log or _quiet,
-                    on_finished=live(tensorboard and not dry_run, Path(out), chosen.name))
+                    runner=g["runner"], workers=g["workers"], isolate=g["isolate"], ray_address=ray_address,
+                    worker_env=g["worker_env"], overwrite=g["overwrite"], retry_failed=g["retry_failed"],
+                    dry_run=g["dry_run"], log=g["log"] or _quiet,
+                    on_finished=live(g["tensorboard"] and not g["dry_run"], Path(out), chosen.name))
 
 
 @_keyword_errors
@@ -275,12 +281,13 @@ def report(name: str = "sweep", *, out: str | Path = config.DEFAULT_OUT, note: s
     from catsdogs.analysis.report import export_store as export
     from catsdogs.analysis.report import report as run
 
-    log = checked({"name": name, "out": out, "note": note, "find_results": find_results, "tensorboard": tensorboard,
-                   "export_store": export_store, "log": log})["log"]
+    g = checked({"name": name, "out": out, "note": note, "find_results": find_results, "tensorboard": tensorboard,
+                 "export_store": export_store, "log": log})
+    log = g["log"] or _quiet
     if export_store is not None:
-        export(Path(out), Path(export_store), log=log or _quiet)
-    return run(name, Path(out), note=note, log=log or _quiet,
-               find_results=list(find_results) if find_results else None, tensorboard=tensorboard)
+        export(Path(out), Path(export_store), log=log)
+    return run(name, Path(out), note=note, log=log, find_results=g["find_results"] or None,
+               tensorboard=g["tensorboard"])
 
 
 # --- what the functions share -------------------------------------------------------------------

@@ -131,7 +131,8 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
                    "speed, and SGD's learning rate follows the paper's rule. --no-noise-scale skips it.")
 @click.option("--seed", type=kw("seed"), default=FIND.seed, show_default=True,
               callback=checked(lambda v: schema.check_number(v, "seed", least=0)),
-              help="The noise scale's short runs train at this seed and the next (recorded in the JSON).")
+              help="The noise scale's four short runs train at this seed and the next three, the first of them "
+                   "the learning rate's test too (recorded in the JSON).")
 @click.option("--from-store", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="OUT",
               help="Scale the printed learning rate from a rate tuned on this model and data: the results store "
                    "under OUT (a sweep's --out) of the critical plan (the rate that reached the target in fewest "

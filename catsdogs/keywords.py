@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import click
@@ -53,7 +53,7 @@ class Keyword:
                 raise SettingError(f"a path (a str or a Path), got {value!r} ({type(value).__name__})", key)
             return value
         if self.kind == "paths":
-            if isinstance(value, (str, bytes, os.PathLike)) or not isinstance(value, Sequence):
+            if isinstance(value, (str, bytes, os.PathLike)) or not isinstance(value, Iterable):
                 raise SettingError(f"a list of paths, got {type(value).__name__}", key)
             return [self.__class__("path").check(v, key) for v in value]
         if self.kind == "text":
@@ -94,32 +94,44 @@ class Keyword:
 
     def click_type(self, key: str):
         """The command line's type for an option of this meaning: its choices, or the table's
-        check of a number (`Option`), so the option and the keyword refuse alike, in the same words."""
+        check of a number (`WholeOption`, `NumberOption`: click's ranges, so the help shows the
+        bounds), so the option and the keyword refuse alike, in the same words."""
         if self.kind == "choice":
             return click.Choice(self.choices)
-        if self.kind not in ("whole", "number"):
-            raise ValueError(f"no command-line type for a {self.kind} keyword")
-        return Option(self, key)
+        if self.kind == "whole":
+            return WholeOption(self, key)
+        if self.kind == "number":
+            return NumberOption(self, key)
+        raise ValueError(f"no command-line type for a {self.kind} keyword")
 
 
-class Option(click.ParamType):
-    """A command-line option's type that parses a number and checks it by the keywords' table."""
+class _Checked:
+    """A command-line option's number, parsed and then checked by the keywords' table."""
 
     def __init__(self, entry: Keyword, key: str):
         self.entry, self.key = entry, key
-        self.name = "integer" if entry.kind == "whole" else "float"
+        bounds = {"min": entry.low, "max": entry.highest(key)}
+        super().__init__(**bounds, **({"max_open": entry.open_high} if entry.kind == "number" else {}))
 
     def convert(self, value, param, ctx):
+        whole_kind = self.entry.kind == "whole"
         if isinstance(value, str):
             try:
-                value = int(value) if self.entry.kind == "whole" else float(value)
+                value = int(value) if whole_kind else float(value)
             except ValueError:
-                self.fail(f"must be {'a whole number' if self.entry.kind == 'whole' else 'a number'}, got {value!r}",
-                          param, ctx)
+                self.fail(f"must be {'a whole number' if whole_kind else 'a number'}, got {value!r}", param, ctx)
         try:
             return self.entry.check(value, self.key)
         except SettingError as exc:
             self.fail(str(exc), param, ctx)
+
+
+class WholeOption(_Checked, click.IntRange):
+    pass
+
+
+class NumberOption(_Checked, click.FloatRange):
+    pass
 
 
 def _search_modes() -> tuple[str, ...]:
@@ -169,6 +181,8 @@ def plain(value):
     caller's np.int64(2) is taken where 2 is."""
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0:
+        return plain(value.tolist())  # an array: a list
     if isinstance(value, (list, tuple)):
         return type(value)(plain(v) for v in value)
     if type(value).__module__ == "numpy":

@@ -74,12 +74,14 @@ def fit_critical(batch_sizes, steps, log_sd=None, level: float = LEVEL) -> Criti
     """The paper's fit of steps to a target against batch size (the module's note says how).
     `batch_sizes` and `steps` pair up; at least 3 batch sizes, all distinct, steps positive;
     `log_sd`, paired with them too, each size's seeds' spread (None: all alike)."""
-    spread = dict(zip(batch_sizes, smooth_spread(batch_sizes, log_sd), strict=True)) if log_sd else {}
+    batch_sizes, steps = list(batch_sizes), list(steps)
     points = tuple(sorted((int(b), float(s)) for b, s in zip(batch_sizes, steps, strict=True)))
     if len(points) < 3 or len({b for b, _ in points}) < len(points):
         raise ValueError(f"the fit needs 3 or more distinct batch sizes, got {[b for b, _ in points]}")
     if any(b <= 0 or not s > 0 or math.isinf(s) for b, s in points):
         raise ValueError(f"every batch size and its steps must be positive and finite, got {points}")
+    spread = ({int(b): w for b, w in zip(batch_sizes, smooth_spread(batch_sizes, list(log_sd)), strict=True)}
+              if log_sd is not None else {})
     x = [1.0 / b for b, _ in points]
     y = [s for _, s in points]
     fitted = y

@@ -146,7 +146,8 @@ def _batch_row(batch: int, rates: dict[float, list[dict]]) -> dict:
     steps = math.sqrt(same * held_out) if math.isfinite(same) and math.isfinite(held_out) else math.inf
     logs = [math.log(s) for s in map(steps_of, best["trials"]) if math.isfinite(s) and s > 0]
     return {"batch_size": batch, "lr": best["lr"], "edge": edge, "steps": steps,
-            "log_sd": statistics.stdev(logs) if len(logs) > 1 else None,
+            # (None where a seed missed: the reached seeds' spread understates it; the fit's line fills it in)
+            "log_sd": statistics.stdev(logs) if len(logs) > 1 and len(logs) == best["seeds"] else None,
             "steps_same_seeds": same, "steps_held_out": held_out,
             "examples": steps * batch if math.isfinite(steps) else math.inf,
             "seeds": best["seeds"], "reached": best["reached"], "rates": tried, "chosen": best["trials"]}

@@ -56,7 +56,7 @@ NOISE_SEEDS = 4  # short runs, each its own seed and one cluster: one seed's tra
 # where training at the recommended rates would be (before 0.29.0 at Keras's default, where SGD's
 # runs sat near chance). Not the noise seeds at every rate: runs at rates that did not train took
 # B_noise's interval down to 0.6 and the recommendation to batch 1 on JAX. A rate is set at a
-# compiled step's reset (TrialConfig.shape): the extra runs cost their training only.
+# compiled step's reset (TrialConfig.shape): the extra runs cost their training and one measurement each.
 RATE_FACTORS = (3.0, 10.0)
 ANCHOR_SEEDS = 2
 # A run ranks rates when it took off: its final loss below this share of chance's (after 2 epochs
@@ -157,7 +157,6 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     started = time.perf_counter()
     measured: dict[int, list[NoiseEstimate]] = {}  # the runs that trained; `every`: those of a finite loss
     every: dict[int, list[NoiseEstimate]] = {}
-    measure_seconds = 0.0
     worker = worker or Worker(work / "noise-scale.log", env)  # every run in one: a trial trains alike in any
     log_path = worker.log_path
     ran: dict[tuple[int, float], TrialRecord] = {}  # each (seed, rate) trained once, measured
@@ -189,7 +188,7 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                 every[seed] = later
             if loss is not None and not record.collapsed and loss < LEARNED * chance:  # it trained: its gradient is training's
                 measured[seed] = later
-        measure_seconds = sum(r.noise_seconds or 0.0 for r in ran.values())
+        measure_seconds = sum(ran[seed, lr].noise_seconds or 0.0 for seed in seeds)  # (the estimate's own)
     finally:
         worker.close()
     log_path.unlink(missing_ok=True)
@@ -251,8 +250,8 @@ def final_loss(record: TrialRecord) -> float | None:
 def anchor_rounds(run: Callable[[int, float], TrialRecord], rates: list, seeds: list[int], learned: float) -> list[dict]:
     """The anchor's runs: the first seed at each of `rates`, the next seed too where none of the
     first's trained, up to ANCHOR_SEEDS. A rate is set at the compiled step's reset: the runs
-    share one compiled step and cost their training alone; each measures the noise scale too,
-    so the one at the rate chosen is that seed's noise run."""
+    share one compiled step, and each measures the noise scale (about 0.2 s), so the one at the
+    rate chosen is that seed's noise run."""
     rounds = []
     for seed in seeds[:ANCHOR_SEEDS]:
         losses = []

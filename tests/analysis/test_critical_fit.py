@@ -8,6 +8,7 @@ import math
 import random
 import statistics
 
+import numpy as np
 import pytest
 
 from catsdogs.analysis.critical_fit import fit_critical
@@ -107,6 +108,11 @@ def test_a_sizes_spread_is_read_off_the_line_through_all_sizes_not_its_own_few_s
     # then the outlier's weight comes from its neighbours' trend, and fewer than 3 spreads weigh nothing
     assert noisy[1] < 1.0
     assert smooth_spread([4, 8, 16], [1.0, None, 0.5]) == [1.0, 1.0, 1.0]
+    # and the fit takes them as a numpy array too, and checks its points before it reads them
+    fit = fit_critical(np.array([4, 16, 64]), np.array([300.0, 140.0, 100.0]), np.array([1.0, 0.5, 0.25]))
+    assert fit.b_crit is not None
+    with pytest.raises(ValueError, match="must be positive"):
+        fit_critical([0, 16, 64], [300.0, 140.0, 100.0], [1.0, 0.5, 0.25])
 
 
 def test_given_a_wrong_interval_then_the_coverage_check_would_fail():
@@ -182,3 +188,18 @@ def test_given_the_rate_chosen_from_the_same_noisy_seeds_then_the_fitted_b_crit_
     assert statistics.median(held_out) > 1.1 * MEASURED["b_crit"]
     assert abs(statistics.median(corrected) / MEASURED["b_crit"] - 1) <= 0.10
     assert 0.90 <= covered / 400 <= 0.99
+
+
+def test_a_sizes_seeds_spread_is_read_only_where_every_seed_reached_the_target():
+    from catsdogs.analysis import to_target
+
+    # given a batch size whose 3 seeds all reached the target at its rate, and one where a seed missed
+    def rates(missed: bool) -> dict:
+        return {0.1: [{"seed": s, "target_reached": int(not (missed and s == 2)), "steps_to_target": 100.0 * (s + 1)}
+                      for s in range(3)]}
+
+    # then the first has its seeds' log spread, the second none (the reached seeds' would understate
+    # it: the fit's line through the other sizes' gives its weight)
+    assert to_target._batch_row(8, rates(False))["log_sd"] == pytest.approx(
+        statistics.stdev(math.log(100.0 * k) for k in (1, 2, 3)))
+    assert to_target._batch_row(8, rates(True))["log_sd"] is None

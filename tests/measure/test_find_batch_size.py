@@ -455,6 +455,8 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_at_the
     # weighted alike, one cluster
     assert runs[3:] == [(8, 2, 32, mid), (9, 2, 32, mid), (10, 2, 32, mid)] and saved["lr"] == mid
     assert len(workers) == 1
+    # and the measurements' seconds are the four noise runs' (1 s each), not the rate test's others
+    assert saved["measure_seconds"] == 4.0
     assert run.estimate.b_simple == pytest.approx((20.0 * 40.0) ** 0.5) and run.estimate.measurements == 4
     spread = gradient_noise.t_quantile(0.975, 3) * float(np.std(np.log([20.0, 40.0] * 2), ddof=1)) / 2
     assert run.estimate.pairs == 4 and run.estimate.high == pytest.approx(run.estimate.b_simple * math.exp(spread))
@@ -462,6 +464,23 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_at_the
     assert (run.estimate.small, run.estimate.large) == (1, noise_run.NOISE_LARGE)
     assert saved["seeds"] == [7, 8, 9, 10] and saved["from_epoch"] == 2 and saved["epochs"] == 2
     assert saved["clustered"] and any("seeds 7, 8, 9, 10; B_simple" in ln for ln in lines)
+    # and where seed 7 took off at no rate, seed 8 tries the three; its choice (10 times the default)
+    # is the noise runs' rate, seeds 7 and 8's runs at it reused (seed 7's, which did not train, is
+    # its noise run all the same, and leaves the estimate as one that did not train)
+    runs.clear()
+    run_loss.update({(7, low): 0.69, (7, mid): 0.69, (7, high): 0.69, (8, low): 0.6, (8, mid): 0.5, (8, high): 0.4})
+    second = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
+    assert runs == [(7, 2, 32, low), (7, 2, 32, mid), (7, 2, 32, high), (8, 2, 32, low), (8, 2, 32, mid),
+                    (8, 2, 32, high), (9, 2, 32, high), (10, 2, 32, high)]
+    assert second.lr == high and second.rate_test["seed"] == 8 and second.trained == [8, 9, 10]
+    # and where no rate took off on either seed, the noise runs train at Keras's default, those run reused
+    runs.clear()
+    run_loss.update({(8, low): 0.69, (8, mid): 0.69, (8, high): 0.69})
+    none = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
+    assert runs[6:] == [(9, 2, 32, low), (10, 2, 32, low)] and none.lr == low and none.rate_test["chosen"] is None
+    run_loss.update({(7, low): 0.62, (7, mid): 0.48, (7, high): 0.55})
+    for k in [(8, low), (8, mid), (8, high)]:
+        del run_loss[k]
     # and with a store's tuned rate, no extra runs, the noise runs at its rate
     runs.clear()
     tuned = {"store": "s", "sweep": "t", "kind": "tuned", "rates": {32: 0.01}, "edges": []}

@@ -59,6 +59,9 @@ HOSTILE = [
     ("report", "find_results", "a.json", "find_results: a list of paths, got str"),
     ("report", "note", 5, "note: a str, got 5"),
     ("report", "export_store", 5, "export_store: a path"),
+    ("sweep", "plan", 5, "plan: a plan's name, a TOML file's path or a catsdogs.plans.Plan, got int"),
+    ("profile", "memory_limit", "4XB", "memory_limit: "),
+    ("find_batch_size", "memory_limit", "4XB", "memory_limit: "),
 ]
 
 
@@ -69,14 +72,14 @@ def test_a_hostile_keyword_is_one_setting_error_naming_it_before_anything_is_wri
     with pytest.raises(catsdogs.SettingError, match=f"^{said}") as refused:
         call(function, tmp_path / "out", **{key: value})
     # then one line naming the keyword, and nothing under out
-    assert "\n" not in str(refused.value) and refused.value.key in (key, "opt")
+    assert "\n" not in str(refused.value) and refused.value.key in (key, "opt", "memory_limit")
     assert not (tmp_path / "out").exists()
 
 
 def test_numpy_numbers_and_flags_are_taken_in_a_sweeps_grid_as_pythons(prepared_data, tmp_path):
     # given numpy's numbers in a sweep's grid and settings (a notebook's np.arange, say)
     data = prepared_data(32)
-    counts = catsdogs.sweep(optimizer=["sgd"], batch_size=list(np.array([8, 16])), epochs=np.int64(1),
+    counts = catsdogs.sweep(optimizer=["sgd"], batch_size=np.array([8, 16]), epochs=np.int64(1),
                             seeds=np.int32(1), workers=np.int64(1), dry_run=np.bool_(True), data_dir=data,
                             out=tmp_path, log=None)
     # then the sweep plans them as it would Python's
