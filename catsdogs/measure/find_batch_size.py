@@ -259,7 +259,7 @@ def predict_memory(run: FindRun) -> None:
         run.probes.start_ahead(fresh_before_search(run.user, run.manifest), only_beside=True)
         calibrate(run)
     predicting = time.perf_counter()
-    run.prediction = predict_first(run.probes, run.calibration, run.manifest, run.size, planned, run.log, run.user)
+    run.prediction = predict_first(run.probes, run.calibration, run.manifest, run.size, planned, run.log, run.user, run.bound.batch_size)
     run.predict_seconds = plan_wait + time.perf_counter() - predicting
 
 

@@ -86,19 +86,20 @@ class BackgroundPlan:
 
 
 def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, planned: dict | None, log,
-                  user: model_check.ModelInfo | None = None) -> dict | None:
+                  user: model_check.ModelInfo | None = None, bound: int | None = None) -> dict | None:
     """The prediction before any search probe (`run`: the search's probe_run.ProbeRun), from
     the calibration probe: with XLA's plan (JAX),
     or TensorFlow's step replayed through BFC (the article's model, handed in as a user's too, on
     the prepared data), or one fresh probe more (any other model: `predict_line`); the probes it
-    puts near the limit get a fresh worker. None when there is no cap or the model failed."""
+    puts near the limit get a fresh worker (`bound`: the search's, SearchBound.batch_size, which
+    a user's model's second probe never passes). None when there is no cap or the model failed."""
     s = run.settings
     cap_mb = calib.memory_cap_mb or calib.device_memory_limit_mb
     if not (calib.status == Status.DONE and calib.peak_memory_mb and cap_mb):
         return None
     cap_bytes, peak_bytes = cap_mb * 2**20, calib.peak_memory_mb * 2**20
     if by_line(user, manifest):
-        pred = predict_line(run, calib, cap_mb, user, log)
+        pred = predict_line(run, calib, cap_mb, user, log, bound)
     elif planned is not None:
         pred = predict_max_batch_size_planned(planned, cap_bytes, CALIBRATION_BATCH, peak_bytes)
     elif backends.current().compiled_step_bytes is None:
@@ -125,16 +126,17 @@ def by_line(user: model_check.ModelInfo | None, manifest: dict | None) -> bool:
     return user is not None and not (user.article_size and manifest)
 
 
-def predict_line(run, calib: ProbeRecord, cap_mb: float, user: model_check.ModelInfo, log) -> dict | None:
+def predict_line(run, calib: ProbeRecord, cap_mb: float, user: model_check.ModelInfo, log,
+                 bound: int | None = None) -> dict | None:
     """A user's model's prediction, either backend: the line through the calibration's peak and a fresh
-    probe's (costs.predict_max_batch_size_line says why), that probe never larger than --max (a
-    probe above the training split is fine for memory: its batches repeat the images). None,
-    said, when that probe gives no line (a model too small for its memory to rise above the
-    run-to-run noise within --max)."""
+    probe's (costs.predict_max_batch_size_line says why), that probe never larger than the search's
+    `bound` (--max, else the training split: a size the search can never reach is not probed; with
+    a 537-image folder and no --max, 0.26.0 probed 5,304). None, said, when that probe gives no
+    line (a model too small for its memory to rise above the run-to-run noise within the bound)."""
     cap, first = cap_mb * 2**20, calib.peak_memory_mb * 2**20
     second = line_second_batch(cap, first, user.activation_bytes_per_image or 0.0)
-    if run.settings.max_batch is not None:
-        second = min(second, run.settings.max_batch)
+    if bound is not None:
+        second = min(second, bound)
     if second <= CALIBRATION_BATCH:
         return None
     probe = run.probe(second, "predict", aside=True)  # the calibration's worker kept for the search's way up

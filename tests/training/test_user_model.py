@@ -398,3 +398,30 @@ def test_a_small_models_flops_are_shown_not_rounded_to_nothing():
     # given a 251-parameter model's 45,600 FLOPs an image, and the article's 160 million
     assert "0.0456 MFLOPs an image" in line(45_600) and "160.0 MFLOPs an image" in line(160e6)
     assert "1,234.6 MFLOPs" in line(1_234.56e6)
+
+
+def test_a_user_models_second_memory_probe_never_passes_the_searchs_bound():
+    from types import SimpleNamespace
+
+    from catsdogs.measure.memory_prediction import predict_line
+    from catsdogs.messages import ProbeRecord
+
+    # given a small model under a 2 GiB cap (a fifth of its room is thousands of images) and a search
+    # bounded by a 537-image folder's 429 training images (no --max)
+    asked = []
+
+    def probe(batch, phase, aside=False):
+        asked.append(batch)
+        return ProbeRecord(batch_size=batch, status="done", peak_memory_mb=800.0 + batch * 0.1)
+
+    run = SimpleNamespace(probe=probe)
+    calib = ProbeRecord(batch_size=1, status="done", peak_memory_mb=800.0)
+    user = SimpleNamespace(activation_bytes_per_image=0.05 * 2**20)
+    lines: list[str] = []
+    pred = predict_line(run, calib, 2048.0, user, lines.append, bound=429)
+    # then the second probe is the bound's size, not one the search can never reach; the line still predicts
+    assert asked == [429] and pred is not None and pred["max_batch_size"] > 429
+    # and without a bound (random images, no --max) it is a fifth of the room, as before
+    asked.clear()
+    predict_line(run, calib, 2048.0, user, lines.append)
+    assert asked[0] > 4000
