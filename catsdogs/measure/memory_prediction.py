@@ -6,7 +6,7 @@ The article's model: on TensorFlow its step replayed through a model of the BFC 
 arithmetic here; on JAX, whose compiler assigns buffers itself, XLA's plan of the step compiled at
 a few small batch sizes (`BackgroundPlan`, costs.predict_max_batch_size_planned), never near the
 limit. Any other model: a line through the calibration and one fresh probe of a fifth of what
-its layers' outputs would fit, never above --max (`predict_line`). The prediction then sets which probes need a fresh worker: every
+its layers' outputs would fit, never above the search's bound (`predict_line`). The prediction then sets which probes need a fresh worker: every
 probe at or above search.FRESH_SHARE of it (catsdogs.measure.prober says why a reused worker
 cannot answer near the limit, and where it can: JAX on a GPU). This process imports no framework.
 """
