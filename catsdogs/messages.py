@@ -191,6 +191,14 @@ class ProbeRecord(Record):
     # out of memory where the backend counts its device allocator's bytes (JAX on a GPU): what the
     # worker still held after it, beyond what it held before the probe (0: it recovered in place)
     residue_mb: float | None = _field(views=("search",))
+    # out of memory: the device allocator's counters at the failure (the worker's: XLA's
+    # memory_stats(); None on the CPU), and what the parent reads from them and the error
+    # (catsdogs.measure.oom): the bytes asked, the largest free block, the bytes in use, the cause
+    allocator_stats: dict | None = _field()
+    oom_asked_mb: float | None = _field(views=("search",))
+    oom_largest_free_mb: float | None = _field(views=("search",))
+    oom_in_use_mb: float | None = _field(views=("search",))
+    oom_cause: str | None = _field(views=("search",))
     step_times_s: list | None = _field()
     error: str | None = _field(views=("profile", "search"))
     log: str | None = _field(views=("search",))  # the worker's log, kept when it did not end done

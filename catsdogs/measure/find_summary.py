@@ -34,6 +34,8 @@ def probe_line(p: ProbeRecord) -> str:
         parts.append(f"{p.images_per_second:.1f} images/s")
     if p.status == Status.FAILED and p.error:
         parts.append(p.error.splitlines()[0][:200])
+    if p.status == Status.OOM and p.oom_cause:
+        parts.append(p.oom_cause)  # the allocator's words (catsdogs.measure.oom)
     return ", ".join(parts)
 
 

@@ -75,6 +75,8 @@ def run_probe(task: ProbeTask, emit=lambda kind, payload: None) -> ProbeRecord:
         if sampler:
             _fill(record, **sampler.stop())
         _fill(record, **backends.failure_fields(exc, backend))
+        if record.status == Status.OOM:  # the allocator's counters as the failure left them (JAX on a GPU)
+            record.allocator_stats = _allocator_stats(backend)
     finally:
         emit("progress", {"timing": False})
     if record.status != Status.DONE:
@@ -86,6 +88,14 @@ def run_probe(task: ProbeTask, emit=lambda kind, payload: None) -> ProbeRecord:
         memory["peak_memory_mb"] = None  # below an earlier probe's peak in this worker: not this probe's
     _fill(record, **memory)
     return record
+
+
+def _allocator_stats(backend) -> dict | None:
+    """The device allocator's counters (XLA's memory_stats(): bytes in use, its limit, the largest
+    free block), numbers only; None where the backend keeps none (TensorFlow, a CPU)."""
+    stats = getattr(backend, "device_stats", lambda: {})() or {}
+    kept = {k: int(v) for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return kept or None
 
 
 def _timed_steps(task: ProbeTask, record: ProbeRecord, backend, kind: str, sampler, on_timing) -> None:
