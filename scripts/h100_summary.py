@@ -132,6 +132,10 @@ def find(a) -> list[str]:
              f"- predicted before the search: {pred.get('max_batch_size')} ({pred.get('method')}, compiled at "
              f"{', '.join(map(str, pred.get('planned_bytes') or {})) or '—'}): {apart}"
              + (f"; carried on by the probes to {pred['refined']['max_batch_size']}" if pred.get("refined") else ""),
+             "- out of memory, why (batch: MiB asked, largest free block, in use; the cause): " + (", ".join(
+                 f"{p['batch_size']}: {_num(p.get('oom_asked_mb'), '.0f')}, {_num(p.get('oom_largest_free_mb'), '.0f')}, "
+                 f"{_num(p.get('oom_in_use_mb'), '.0f')}; {p.get('oom_cause') or 'not said'}"
+                 for p in probes if p["status"] == "oom") or "none"),
              f"- noise scale: {describe(NoiseEstimate.from_dict(noise))}"
              + (f", measured in {noise['seconds']:.0f} s" if noise.get("seconds") is not None else ""),
              f"- recommendation: {rec.get('batch_size')} at {_num(rec.get('images_per_second'), '.0f')} images/s, "
