@@ -10,6 +10,7 @@ Target: within 15% everywhere.
     catsdogs prepare --source synthetic --data-dir /tmp/d40 --per-class 300 --split 200,50,50 --size 40
     catsdogs prepare --source synthetic --data-dir /tmp/d64 --per-class 300 --split 200,50,50 --size 64
     python benchmarks/bench_memory_model.py --data-dir /tmp/d40 /tmp/d64 --caps 1536MiB 2GiB
+    python benchmarks/bench_memory_model.py --data-dir /tmp/d40 --caps 1GiB --backends tensorflow --isa native SSE41 AVX2
 
 On the CPU the cap is on each probe's peak resident memory (catsdogs.measure.profile), so the caps
 must leave room above the runtime's own (about 0.75 GiB with TensorFlow, 0.45 GiB with JAX): the
@@ -64,26 +65,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="+", default=None, metavar="MODEL",
                     help="Other models than the article's (--model's references), on the first --data-dir.")
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_memory_model"))
+    ap.add_argument("--isa", nargs="+", default=["native"], metavar="ISA",
+                    help="oneDNN's instruction sets to run each row under (ONEDNN_MAX_CPU_ISA: SSE41, AVX2, ...; "
+                         "native: unset), reproducing another CPU's kernels on this one (issue 65).")
     ap.add_argument("--verbose", action="store_true", help="Print every probe.")
     args = ap.parse_args(argv)
 
     rows = []
     runs = ([(d, None) for d in args.data_dir] if args.models is None else [(args.data_dir[0], m) for m in args.models])
-    for backend in args.backends:
+    for backend, isa in ((b, i) for b in args.backends for i in args.isa):
         os.environ["KERAS_BACKEND"] = backend  # read by catsdogs.runtime.backends, and by the workers
+        os.environ.pop("ONEDNN_MAX_CPU_ISA", None)
+        if isa != "native":
+            os.environ["ONEDNN_MAX_CPU_ISA"] = isa  # the workers inherit it
         for data_dir, model in runs:
             for text, _ in ((text, r) for text in args.caps for r in range(args.repeats)):
                 cap = parse_memory(text)
                 t0 = time.time()
-                print(f"{backend}, {model or data_dir}, cap {format_bytes(cap)}: searching ...", flush=True)
-                name = f"{backend}-{(model or data_dir.name).replace(':', '-')}-{text}"
+                print(f"{backend}, {isa}, {model or data_dir}, cap {format_bytes(cap)}: searching ...", flush=True)
+                name = f"{backend}-{isa}-{(model or data_dir.name).replace(':', '-')}-{text}"
                 settings = FindSettings(name, mode="binsearch", start=args.start, margin=0.0, optimizer=args.opt,
                                         max_batch=PAST_THE_DATA,
                                         precision=args.precision, steps=args.steps, memory_cap_bytes=cap,
                                         resolution=args.resolution, model=model, measure_noise=model is None)
                 s = find_batch_size(settings, data_dir, args.out, log=print if args.verbose else (lambda line: None)).to_dict()
                 pred = s["prediction"] or {}
-                row = {"backend": backend, "image_size": s["settings"]["image_size"], "cap": format_bytes(cap),
+                row = {"backend": backend, "isa": (s.get("cpu") or {}).get("onednn_isa") or isa,
+                       "image_size": s["settings"]["image_size"], "cap": format_bytes(cap),
                        "model": (s.get("model") or {}).get("name", "article"),
                        "measured": s["largest_fitting"], "not_fitting": s["first_not_fitting"],
                        "predicted": pred.get("max_batch_size"), "apart": pred.get("percent_apart"),
@@ -99,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'Models ' + ', '.join(args.models) if args.models else 'Article' + chr(39) + 's model'}, {args.opt}, {args.precision}, bisected to a gap of {args.resolution}, "
           f"{args.repeats} searches a row (median, and the least to the most apart); device: {rows[0]['device']}\n")
     ok, worst, out_rows = True, 0.0, []
-    for key in dict.fromkeys((r["model"], r["backend"], r["image_size"], r["cap"]) for r in rows):
-        group = [r for r in rows if (r["model"], r["backend"], r["image_size"], r["cap"]) == key]
+    for key in dict.fromkeys((r["model"], r["backend"], r["isa"], r["image_size"], r["cap"]) for r in rows):
+        group = [r for r in rows if (r["model"], r["backend"], r["isa"], r["image_size"], r["cap"]) == key]
         aparts = [r["apart"] for r in group if r["apart"] is not None]
         median, least, most = spread(aparts) if len(aparts) == len(group) else (None, None, None)
         ok &= median is not None and abs(median) <= TARGET_PERCENT
@@ -109,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         measured = "/".join(str(r["measured"]) for r in group)
         predicted = "/".join(dict.fromkeys(str(r["predicted"]) for r in group))  # a line's moves with its probes
         r = group[0]
-        out_rows.append((r["model"], r["backend"], f"{r['image_size']} px", r["cap"], f"{measured} ({r['not_fitting']})",
+        out_rows.append((r["model"], r["backend"], r["isa"], f"{r['image_size']} px", r["cap"], f"{measured} ({r['not_fitting']})",
                          predicted, apart, f"{r['per_image_mib']:.2f}", f"{r['probes']} ({r['fresh_probes']})",
                          f"{median_of(group, 'seconds'):.0f} s"))
-    print(table(("model", "backend", "image size", "cap", "measured (next)", "predicted", "apart: median (spread)",
+    print(table(("model", "backend", "oneDNN ISA", "image size", "cap", "measured (next)", "predicted", "apart: median (spread)",
                  "model's MiB/image", "probes (fresh)", "time"), out_rows))
     print(f"\nmedian within {TARGET_PERCENT:.0f}% everywhere: {'yes' if ok else 'no'} (worst median {worst:.1f}%)")
     args.out.mkdir(parents=True, exist_ok=True)
