@@ -88,11 +88,11 @@ def spreads(probes: list[ProbeRecord], at_most: int | None = None) -> dict[int, 
     was timed more than once (half their throughputs' range over their median: on this project's
     shared CPU one probe's throughput moved by about 20% between runs, where a probe's own steps
     spread by 6-9%), never less than within its runs (`step_spread`, its steps pooled)."""
-    out = {}
+    merged, out = passed(probes, at_most), {}
     for b, (_, runs) in _last_and_runs(probes, at_most).items():
         ips = [r.images_per_second for r in runs]
         between = (max(ips) - min(ips)) / 2 / statistics.median(ips) if len(ips) > 1 else 0.0
-        out[b] = max(between, step_spread(passed(runs)[b]))
+        out[b] = max(between, step_spread(merged[b]))
     return out
 
 

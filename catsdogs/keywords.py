@@ -228,17 +228,6 @@ def memory_limit(value) -> int | None:
     return check_memory_limit(int(value))
 
 
-def whole(value, key: str) -> int | None:
-    """A whole number given as Python's or numpy's int, as an int (None stays None); a SettingError
-    naming `key` for anything else (a bool, a float, a string): the options' types, as the command
-    line parses them."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise SettingError(f"a whole number, got {value!r} ({type(value).__name__})", key)
-    return int(value)
-
-
 def flag(value, key: str) -> bool:
     """True or False (numpy's too); a SettingError naming `key` for anything else."""
     if not isinstance(value, (bool, _np_bool())):

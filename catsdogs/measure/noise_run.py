@@ -172,7 +172,7 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
         return ran[seed, lr]
     try:
         rounds = anchor_rounds(run, rates, seeds, ANCHOR_LEARNED * chance) if rates else []
-        test = rate_test(rates, rounds, ANCHOR_LEARNED * chance, [], log) if rates else None
+        test = rate_test(rates, rounds, ANCHOR_LEARNED * chance, log) if rates else None
         lr = noise_rate(settings, test)
         for seed in seeds:
             record = run(seed, lr)
@@ -269,7 +269,7 @@ def _took_off(losses: list[float | None], learned: float) -> bool:
     return any(loss is not None and loss < learned for loss in losses)
 
 
-def rate_test(rates: list, rounds: list[dict], learned: float, measured: list[int],
+def rate_test(rates: list, rounds: list[dict], learned: float,
               log: Callable[[str], None] = lambda line: None) -> dict:
     """What the anchor's short runs say of the learning rate: in the first round (a seed's runs
     at `rates`) where a run trained (its final loss below `learned`), the rate of the least loss
@@ -286,7 +286,7 @@ def rate_test(rates: list, rounds: list[dict], learned: float, measured: list[in
     return {"rates": list(rates), "rounds": rounds, "seed": chosen_round and chosen_round["seed"],
             "losses": chosen_round and chosen_round["losses"], "chosen": chosen,
             "edge": chosen in (rates[0], rates[-1]), "batch_size": default("base_batch_size"),
-            "epochs": NOISE_EPOCHS, "noise_seeds": measured}
+            "epochs": NOISE_EPOCHS}
 
 
 def _user_task_fields(settings: FindSettings, probe_data: model_check.ProbeData | None) -> dict | None:

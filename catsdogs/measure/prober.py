@@ -169,8 +169,6 @@ class Prober:
         if timing and self.worker is not None and self.worker.alive:
             return self._run_once(task, worker=self.worker)[0]
         record, reused = self._run_once(task, fresh=fresh, spare=spare)
-        if isinstance(task, ProbeTask) and record.status == Status.OOM:
-            oom.describe(record)  # the allocator's words and the cause, where known
         if isinstance(task, ProbeTask) and record.status == Status.OOM and record.residue_mb is not None \
                 and not record.keeps_worker():
             self.in_place = False  # it left something behind: fresh workers from here on
@@ -178,8 +176,8 @@ class Prober:
             self._clean = True  # the answer that counts is the fresh one: the reused one's log goes
             record, _ = self._run_once(task, fresh=True)
             record.worker = "retried"
-            if record.status == Status.OOM:
-                oom.describe(record)
+        if isinstance(task, ProbeTask) and record.status == Status.OOM:
+            oom.describe(record)  # the allocator's words and the cause, where known (the answer that counts)
         return record
 
     def _run_once(self, task: Task, fresh: bool = False, worker: Worker | None = None, spare: bool = True):

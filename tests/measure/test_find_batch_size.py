@@ -539,7 +539,7 @@ def test_the_anchor_tries_the_next_seed_where_no_rate_trained_and_says_when_none
     assert ran == [(5, 0.01), (5, 0.03), (5, 0.1), (6, 0.01), (6, 0.03), (6, 0.1)]
     assert rounds == [{"seed": 5, "losses": [None, 0.675, 0.693]}, {"seed": 6, "losses": [0.67, 0.66, 0.38]}]
     # and its least loss chose 0.1, at the grid's edge, said so in the anchor
-    test = noise_run.rate_test(rates, rounds, learned, [6, 7, 8])
+    test = noise_run.rate_test(rates, rounds, learned)
     assert (test["chosen"], test["seed"], test["edge"]) == (0.1, 6, True)
     assert recommendation.short_run_anchor(test)["edges"] == [32]
     # and where no run of either seed trained, no rate is chosen, it is said, and the rule keeps
@@ -548,7 +548,7 @@ def test_the_anchor_tries_the_next_seed_where_no_rate_trained_and_says_when_none
     ran.clear()
     lines: list[str] = []
     none = noise_run.rate_test(rates, noise_run.anchor_rounds(run, rates, [5, 6, 7, 8], learned),
-                               learned, [7, 8], lines.append)
+                               learned, lines.append)
     assert len(ran) == 3 * noise_run.ANCHOR_SEEDS and none["chosen"] is None and none["seed"] is None
     assert "no short run trained at 0.01, 0.03, 0.1 (seeds 5, 6)" in lines[0]
     assert recommendation.short_run_anchor(none) is None
