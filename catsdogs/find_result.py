@@ -49,6 +49,7 @@ class FindResult:
     seconds: dict | None = None  # where the time went
     model: dict | None = None  # a user's model and its data
     race: dict | None = None  # the race's measured answer (--race: catsdogs.measure.race_run)
+    pool_ceiling: dict | None = None  # where an allocator's words ended the search (measure.gpu_pool)
     absent: frozenset = field(default=frozenset(), repr=False, compare=False)
     order: tuple = field(default=(), repr=False, compare=False)  # its source's order of keys (an older file's)
 
@@ -59,7 +60,7 @@ class FindResult:
         absent = set()
         if values.get("largest_fitting") is None:
             absent |= {"margin_batch_size", "fastest", "hand_off"}
-        absent |= {k for k in ("recommendation", "model", "race") if values.get(k) is None}
+        absent |= {k for k in ("recommendation", "model", "race", "pool_ceiling") if values.get(k) is None}
         return cls(**values, absent=frozenset(absent))
 
     def to_dict(self) -> dict:
@@ -137,6 +138,7 @@ _SHAPES = {
     "stopped_by": (lambda v: v is None or v in STOPPED_BY, f"one of {', '.join(STOPPED_BY)} or null"),
     "noise_scale": _OBJECT, "fastest": _OBJECT, "recommendation": _OBJECT, "hand_off": _OBJECT,
     "search_bound": _OBJECT, "cpu": _OBJECT, "prediction": _OBJECT, "seconds": _OBJECT, "model": _OBJECT, "race": _OBJECT,
+    "pool_ceiling": _OBJECT,
     "settings": (lambda v: isinstance(v, dict), "an object"), "versions": (lambda v: isinstance(v, dict), "an object"),
     "margin_failed": (lambda v: isinstance(v, list) and all(_is_int(b) for b in v), "a list of batch sizes"),
     "probes": (lambda v: isinstance(v, list) and all(isinstance(p, dict) for p in v), "a list of objects"),

@@ -198,6 +198,7 @@ class ProbeRecord(Record):
     oom_asked_mb: float | None = _field(views=("search",))
     oom_largest_free_mb: float | None = _field(views=("search",))
     oom_in_use_mb: float | None = _field(views=("search",))
+    oom_pool_mb: float | None = _field(views=("search",))  # the regions grown so far (XLA's pool_bytes)
     oom_cause: str | None = _field(views=("search",))
     step_times_s: list | None = _field()
     error: str | None = _field(views=("profile", "search"))

@@ -6,7 +6,7 @@
 #                                            first, in at most 8 minutes (one call of the device tool)
 #   bash scripts/h100.sh STAGE...            these stages, in this order, each under its own timeout
 #   bash scripts/h100.sh --dry-run all       print what would run, with each stage's timeout
-#   OUT=dir bash scripts/h100.sh --cpu-smoke every stage small (40 px) on a CPU: under 3 minutes
+#   OUT=dir bash scripts/h100.sh --cpu-smoke every stage small (40 px) on a CPU: about 5 minutes
 #
 # The stages of `all`, in order, each with its timeout (seconds; 460 in all, and the report's 20):
 #   prepare        (40)  the article's data at 200 px (synthetic source), once per machine
@@ -20,9 +20,11 @@
 #                        target measured beside the predicted (the report within 60 s more)
 # More, one call each when there is time: reproduce-det (determinism on: what it costs), profile-fp32
 # (TF32 forbidden), profile-det, profile-bf16 (mixed_bfloat16, PyTorch under autocast), find-limit
-# (find-batch-size --max 4096: the device's limit past the data), race (at 64 px, the critical plan's
-# data: find-batch-size --race to val_loss 0.49, SGD, target at most 90 s of race; then the critical
-# plan's SGD half, its ground truth (configs/critical-sgd.toml, 100 trials); about 5 minutes).
+# (find-batch-size --max 4096: the limit of a worker whose pool the probes grew), find-limit-fresh
+# (the same with --isolate: every probe a fresh process, as a training run starts; issue 63), race
+# (at 64 px, the critical plan's data: find-batch-size --race to val_loss 0.49, SGD, target at most
+# 90 s of race; then the critical plan's SGD half, its ground truth (configs/critical-sgd.toml, 100
+# trials); about 5 minutes).
 #
 # A stage that runs past its timeout is stopped (SIGINT, as Ctrl-C: a sweep gives its running trial
 # back and keeps what finished) and named as cut in the summary; a stage with less than 20 s of the
@@ -33,14 +35,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ALL=(prepare reproduce profile-tf32 find time-to-target)
-MORE=(reproduce-det profile-fp32 profile-det profile-bf16 find-limit race)
+MORE=(reproduce-det profile-fp32 profile-det profile-bf16 find-limit find-limit-fresh race)
 declare -A TIMEOUT=(  # seconds on the H100/H200, compilation included
     [prepare]=40 [reproduce]=170 [profile-tf32]=70 [find]=80 [time-to-target]=100
-    [reproduce-det]=400 [profile-fp32]=120 [profile-det]=300 [profile-bf16]=120 [find-limit]=400 [race]=400)
+    [reproduce-det]=400 [profile-fp32]=120 [profile-det]=300 [profile-bf16]=120 [find-limit]=400 [find-limit-fresh]=500 [race]=400)
 GPU_BATCHES="64 256 1024"
 MIN_STAGE=20  # a stage with less of the budget left is not started
 
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
 
 DRY=0 SMOKE=0 BUDGET= STAGES=()
 while [ $# -gt 0 ]; do
@@ -130,6 +132,7 @@ stage_commands() {
         echo "$PY scripts/torch_reference.py ${TORCH_ARGS[*]} --tf32 --bf16 --json $logs/torch-bf16.json" ;;
     find) echo "$c find-batch-size --data-dir $data --out $runs --name h100-find ${FIND_ARGS[*]} ${FAST[*]}" ;;
     find-limit) echo "$c find-batch-size --data-dir $data --out $runs --name h100-find-limit ${LIMIT_ARGS[*]} ${FAST[*]}" ;;
+    find-limit-fresh) echo "$c find-batch-size --data-dir $data --out $runs --name h100-find-limit-fresh --isolate ${LIMIT_ARGS[*]} ${FAST[*]}" ;;
     time-to-target)  # the prediction first, then the trials it is held against (reproduce reports on both)
         [ $SMOKE = 1 ] || echo "$c prepare --source synthetic --size 64 --data-dir $(printf %q "$CRITICAL_DATA") --quiet"
         echo "$c find-batch-size --data-dir $(printf %q "$CRITICAL_DATA") --out $runs --name h100-find-critical-sgd --opt sgd ${CRITICAL_FIND[*]} ${FAST[*]}"
@@ -152,6 +155,7 @@ label() {
     profile-bf16) echo "profile at mixed_bfloat16, determinism off; PyTorch under bfloat16 autocast" ;;
     find) echo "find-batch-size with its defaults, determinism off, TF32 on" ;;
     find-limit) echo "find-batch-size --max 4096: the device's limit past the data" ;;
+    find-limit-fresh) echo "find-batch-size --max 4096 --isolate: the limit of a fresh process, every probe its own" ;;
     time-to-target) echo "time to the target: one seed of the critical plan measured, find-batch-size's prediction beside it" ;;
     race) echo "the race: find-batch-size --race to val_loss 0.49 (SGD, 64 px), the critical plan's SGD half its ground truth" ;;
     esac
@@ -252,7 +256,7 @@ summarize() {  # the stage's part of summary.md
         $PY scripts/h100_summary.py profile --csv "$RUNS/h100-$stage/profile.csv" ${torch_json:+--torch "$torch_json"} \
             --label "$label" >>"$SUMMARY" || printf '## %s\n\nno profile.csv\n\n' "$label" >>"$SUMMARY"
         cp "$RUNS/h100-$stage/profile.csv" "$LOGS/$stage.csv" 2>/dev/null || true ;;
-    find | find-limit)
+    find | find-limit | find-limit-fresh)
         local target=""
         [ "$stage" = find ] && [ $SMOKE = 0 ] && target="--target 60"
         $PY scripts/h100_summary.py find --json "$RUNS/h100-$stage/find_batch_size.json" $target --label "$label" \

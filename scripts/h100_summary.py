@@ -131,10 +131,16 @@ def find(a) -> list[str]:
              f"- largest batch size that fits: {fit}; XLA's share of the GPU: {s.get('memory_fraction') or '—'}",
              f"- predicted before the search: {pred.get('max_batch_size')} ({pred.get('method')}, compiled at "
              f"{', '.join(map(str, pred.get('planned_bytes') or {})) or '—'}): {apart}"
-             + (f"; carried on by the probes to {pred['refined']['max_batch_size']}" if pred.get("refined") else ""),
-             "- out of memory, why (batch: MiB asked, largest free block, in use; the cause): " + (", ".join(
+             + (f"; carried on by the probes to {pred['refined']['max_batch_size']}" if pred.get("refined") else "")
+             + (f"; held to the worker's pool's largest region ({pred['pool']['largest_region_bytes'] / 2**20:.0f} MiB),"
+                f" the plan alone {pred['pool']['plan_max_batch_size']}" if pred.get("pool") else ""),
+             f"- the search ended by the allocator's words: no size above {s['pool_ceiling']['batch_size']} fits in "
+             f"the worker's pool (from the probe of {s['pool_ceiling']['from']})" if s.get("pool_ceiling")
+             else "- the search ended by probes alone",
+             "- out of memory, why (batch: MiB asked, largest free block, in use, the pool; the cause): " + (", ".join(
                  f"{p['batch_size']}: {_num(p.get('oom_asked_mb'), '.0f')}, {_num(p.get('oom_largest_free_mb'), '.0f')}, "
-                 f"{_num(p.get('oom_in_use_mb'), '.0f')}; {p.get('oom_cause') or 'not said'}"
+                 f"{_num(p.get('oom_in_use_mb'), '.0f')}, {_num(p.get('oom_pool_mb'), '.0f')}; "
+                 f"{p.get('oom_cause') or 'not said'}"
                  for p in probes if p["status"] == "oom") or "none"),
              f"- noise scale: {describe(NoiseEstimate.from_dict(noise))}"
              + (f", measured in {noise['seconds']:.0f} s" if noise.get("seconds") is not None else ""),

@@ -301,7 +301,7 @@ def answer(run: FindRun) -> FindResult:
         recommendation=rec or None,
         hand_off=hand_off(rec["batch_size"] if rec else run.safe, result.largest_fit, run.safe,
                           settings.effective_batch) if fits else None,
-        margin_failed=run.margin_failed,
+        margin_failed=run.margin_failed, pool_ceiling=run.probes.ceiling_record(result),
         settings=settings.recorded(run.size, run.cpu_cap, run.data_dir, fingerprint),
         search_bound=run.bound.as_json(), backend=backends.name(), host=platform.node(), cpu=cpu_record(run.probes.env),
         prediction=prediction_record(run.prediction, run.calibration, run.probes, result, run.size),
@@ -383,7 +383,7 @@ def search_memory(run: FindRun) -> None:
     result = run.search = search(lambda b: probes.probe_on_the_way(b, early), mode=s.mode, start=s.start,
                                  max_batch=run.bound.batch_size, resolution=s.resolution,
                                  guess=probes.guess if run.prediction and s.mode == "binsearch" else None,
-                                 share=RSS_RESOLUTION_SHARE if rss else RESOLUTION_SHARE)
+                                 share=RSS_RESOLUTION_SHARE if rss else RESOLUTION_SHARE, ceiling=probes.ceiling)
     if result.largest_fit is not None:
         largest = next(p for p in reversed(probes.probes) if p.batch_size == result.largest_fit)
         if run.bound.stopped_by(result) in ("data", "max") and room_beyond_margin(largest, s.margin):

@@ -173,8 +173,11 @@ def _largest_line(result: FindResult, cap_mb: float | None) -> str:
         train = (result.search_bound or {}).get("train_images") or largest
         return (f"Largest batch size that fits{under}: {largest} (measured): every size up to the {train:,} "
                 f"training images fits: a larger batch cannot be trained on these data; --max N searches further.")
-    nxt = result.first_not_fitting
-    why = (f"; {nxt} did not" if nxt else
+    nxt, top = result.first_not_fitting, result.pool_ceiling
+    held = (f", and by its allocator's words no size above {top['batch_size']} can fit in the worker's pool "
+            f"(its largest free block {top['largest_free_mb']:,.0f} MiB, {top['per_image_mb']:.2f} MiB an image): "
+            "not probed" if top and top.get("per_image_mb") and top.get("largest_free_mb") else "")
+    why = (f"; {nxt} did not{held}" if nxt else
            f"; every size up to --max {result.settings['max']} fit" if result.reached_max else "")
     return f"Largest batch size that fits{under}: {largest} (measured{why})."
 

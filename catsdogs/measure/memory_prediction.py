@@ -5,7 +5,8 @@ The article's model: on TensorFlow its step replayed through a model of the BFC 
 (costs.predict_max_batch_size: on the CPU, the pages its growing regions have written),
 arithmetic here; on JAX, whose compiler assigns buffers itself, XLA's plan of the step compiled at
 a few small batch sizes (`BackgroundPlan`, costs.predict_max_batch_size_planned), never near the
-limit. Any other model: a line through the calibration and one fresh probe of a fifth of what
+limit, and where the probes share one worker on a GPU held to the largest region its pool can
+grow (catsdogs.measure.gpu_pool). Any other model: a line through the calibration and one fresh probe of a fifth of what
 its layers' outputs would fit, never above the search's bound (`predict_line`). The prediction then sets which probes need a fresh worker: every
 probe at or above search.FRESH_SHARE of it (catsdogs.measure.prober says why a reused worker
 cannot answer near the limit, and where it can: JAX on a GPU). This process imports no framework.
@@ -17,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from catsdogs.measure import model_check
+from catsdogs.measure import gpu_pool, model_check
 from catsdogs.measure.common import first_line
 from catsdogs.measure.find_summary import METHODS
 from catsdogs.measure.search import fresh_threshold, percent_apart
@@ -102,6 +103,8 @@ def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, pla
         pred = predict_line(run, calib, cap_mb, user, log, bound)
     elif planned is not None:
         pred = predict_max_batch_size_planned(planned, cap_bytes, CALIBRATION_BATCH, peak_bytes)
+        if pred and calib.memory_kind == "gpu-worker" and run.prober.in_place:  # one worker's pool, grown
+            pred = gpu_pool.predict_in_pool(pred, cap_bytes)
     elif backends.current().compiled_step_bytes is None:
         train_images = sum(manifest["counts"][s.dataset]["train"].values())
         device = "cpu" if calib.memory_kind == "cpu-rss" else "gpu"
@@ -115,7 +118,11 @@ def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, pla
         run.prober.fresh_from = fresh_threshold(pred["max_batch_size"])
         near = ("every probe runs in one worker (JAX on a GPU recovers from an out-of-memory in place)"
                 if run.prober.in_place else f"probes of {run.prober.fresh_from} and above run in a fresh worker")
-        log(f"Predicted before the search: {pred['max_batch_size']} ({METHODS[pred['method']]}); {near}.")
+        pool = pred.get("pool")
+        held = (f", held to the largest region of the worker's pool, {pool['largest_region_bytes'] / 2**20:,.0f} MiB "
+                f"(the plan alone: {pool['plan_max_batch_size']})"
+                if pool and pool["max_batch_size"] < pool["plan_max_batch_size"] else "")
+        log(f"Predicted before the search: {pred['max_batch_size']} ({METHODS[pred['method']]}{held}); {near}.")
     return pred
 
 

@@ -5,8 +5,9 @@ device's limit fell 62-155% below both predictions, yet the peaks measured staye
 hands in the error's text and the counters (training.probes.run_probe); no framework here.
 
 The texts read (each framework's own words):
-- XLA's allocator (JAX): "Out of memory while trying to allocate 12884901888 bytes", or "Failed to
-  allocate request for 12.00GiB (12884901888B) on device ordinal 0";
+- XLA's allocator (JAX): "Out of memory while trying to allocate 44.86GiB with allocator
+  GPU_0_bfc" (JAX 0.11 on the H200: two decimals, so within 5 MiB), "... allocate 12884901888
+  bytes", or "Failed to allocate request for 12.00GiB (12884901888B) on device ordinal 0";
 - TensorFlow's BFC: "OOM when allocating tensor with shape[256,32,198,198] and type float", whose
   bytes are the shape's elements times the type's size;
 - XLA's autotuner, whose every candidate failed for want of scratch: "Failed to get configs" or
@@ -20,6 +21,9 @@ The causes said, in the order tried:
   the error names a tensor's shape (TensorFlow's); XLA asks for whole buffers (a step's temporary
   buffer holds many tensors), whose bytes say nothing of one tensor's elements;
 - **beyond the pool**: the request is more than the pool has free (its limit less its bytes in use);
+- **the pool's regions**: the request is above the largest free block and above what the cap
+  leaves for a new region (`pool_bytes`, the regions grown so far): the pool has grown to its cap
+  in regions that cannot be merged (catsdogs.measure.gpu_pool), however much of it is free;
 - **fragmentation**: the pool has the bytes free, but not in one block (the request above its
   largest free block).
 """
@@ -33,20 +37,22 @@ CUDNN_ELEMENTS = 2**31  # cuDNN's limit on one tensor's elements
 DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
                "int32": 4, "int64": 8, "int8": 1, "uint8": 1, "bool": 1}
 AUTOTUNER = ("Failed to get configs", "All configs failed during profiling")
-_ASKED = (re.compile(r"trying to allocate (\d+) bytes"), re.compile(r"allocate request for [^(]*\((\d+)B\)"),
-          re.compile(r"rounded to (\d+)\)"))
+_ASKED = (re.compile(r"allocate request for [^(]*\((\d+)B\)"), re.compile(r"rounded to (\d+)\)"),
+          re.compile(r"trying to allocate ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)\b"))
+_UNIT = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _TF_SHAPE = re.compile(r"shape\[([\d,]*)\] and type (\w+)")
 
 
 def allocator_words(error: str | None, stats: dict | None) -> dict:
     """{"bytes_asked", "elements_asked" (a tensor's, where the error names its shape), "largest_free_block_bytes",
-    "bytes_in_use", "bytes_limit"}: what the error and the device's counters (`stats`: XLA's
+    "bytes_in_use", "bytes_limit", "pool_bytes"}: what the error and the device's counters (`stats`: XLA's
     memory_stats() at the failure; {} on the CPU) say, each None where they do not."""
     error, stats = error or "", stats or {}
     asked = elements = None
     for pattern in _ASKED:
         if (m := pattern.search(error)) is not None:
-            asked = int(m.group(1))
+            unit = _UNIT[m.group(2)] if pattern.groups > 1 else 1
+            asked = round(float(m.group(1)) * unit)
             break
     if (m := _TF_SHAPE.search(error)) is not None:
         dims = [int(d) for d in m.group(1).split(",") if d]
@@ -57,7 +63,8 @@ def allocator_words(error: str | None, stats: dict | None) -> dict:
         return int(value) if isinstance(value, (int, float)) and value >= 0 else None
     return {"bytes_asked": asked, "elements_asked": elements,
             "largest_free_block_bytes": count("largest_free_block_bytes"),
-            "bytes_in_use": count("bytes_in_use"), "bytes_limit": count("bytes_limit")}
+            "bytes_in_use": count("bytes_in_use"), "bytes_limit": count("bytes_limit"),
+            "pool_bytes": count("pool_bytes")}
 
 
 def cause(error: str | None, words: dict) -> str | None:
@@ -76,6 +83,11 @@ def cause(error: str | None, words: dict) -> str | None:
     free = limit - used
     if asked > free:
         return f"beyond the pool: {_gib(asked)} asked, {_gib(free)} free of {_gib(limit)}"
+    pool = words.get("pool_bytes")
+    if largest is not None and asked > largest and pool is not None and asked > limit - pool:
+        return (f"the pool's regions: {_gib(asked)} asked, {_gib(free)} free but the largest free block "
+                f"{_gib(largest)}, and the pool grown in regions to {_gib(pool)} of its {_gib(limit)} "
+                f"(preallocation off): no room for a larger one")
     if largest is not None and asked > largest:
         return (f"fragmentation: {_gib(asked)} asked, {_gib(free)} free but the largest free block "
                 f"{_gib(largest)}")
@@ -89,8 +101,10 @@ def _gib(n: int | None) -> str:
 
 def describe(record) -> None:
     """An out-of-memory probe's record (messages.ProbeRecord) given what its allocator said: the
-    bytes asked, the largest free block and the bytes in use (MiB) and the cause, where known."""
+    bytes asked, the largest free block, the bytes in use and the pool's (MiB) and the cause,
+    where known."""
     words = allocator_words(record.error, record.allocator_stats)
     mib = {k: None if v is None else round(v / 2**20, 1) for k, v in words.items()}
     record.oom_asked_mb, record.oom_largest_free_mb = mib["bytes_asked"], mib["largest_free_block_bytes"]
-    record.oom_in_use_mb, record.oom_cause = mib["bytes_in_use"], cause(record.error, words)
+    record.oom_in_use_mb, record.oom_pool_mb = mib["bytes_in_use"], mib["pool_bytes"]
+    record.oom_cause = cause(record.error, words)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from catsdogs.measure import model_check
+from catsdogs.measure import gpu_pool, model_check
 from catsdogs.measure import prober as probers
 from catsdogs.measure.find_summary import probe_line
 from catsdogs.measure.settings import FindSettings
@@ -160,12 +160,33 @@ class ProbeRun:
             # is a kernel's choice changing between the two sizes (the H200's 920 peaked above 1,024)
             if slope > max(0.0, plan_slope):
                 best = b.batch_size + int((cap - b.peak_memory_mb) // slope)
+                if (pool := (self.prediction or {}).get("pool")) is not None:  # one region still holds the step
+                    best = min(best, pool["max_batch_size"])
                 if not self.refined or self.refined["max_batch_size"] != best:
                     self.refined = {"max_batch_size": best, "from": [a.batch_size, b.batch_size]}
                     self.log(f"The prediction carried on by the probes of {a.batch_size} and {b.batch_size} "
                              f"(their exact peaks on a GPU): {best}.")
                 return best
         return self.prediction["max_batch_size"] if self.prediction else None
+
+    def ceiling(self) -> int | None:
+        """The largest batch size whose step's buffer the worker's pool can still give, as its last
+        out-of-memory said (gpu_pool.ceiling); None where the probes do not share one worker's
+        pool (only JAX on a GPU recovers in place) or the allocator did not tell it."""
+        if not self.prober.in_place:
+            return None
+        ooms = [p for p in self.probes if p.status == Status.OOM and p.allocator_stats]
+        return gpu_pool.ceiling(ooms[-1]) if ooms else None
+
+    def ceiling_record(self, result) -> dict | None:
+        """find_batch_size.json's `pool_ceiling` where the ceiling ended the search (search.SearchResult):
+        the bound, the out-of-memory probe it comes from, and that probe's allocator's words (MiB)."""
+        if result.ceiling is None:
+            return None
+        failed = [p for p in self.probes if p.status == Status.OOM and p.allocator_stats][-1]
+        return {"batch_size": result.ceiling, "from": failed.batch_size,
+                "per_image_mb": failed.oom_asked_mb / failed.batch_size if failed.oom_asked_mb else None,
+                "largest_free_mb": failed.oom_largest_free_mb, "pool_mb": failed.oom_pool_mb}
 
     def close(self) -> None:
         self.prober.close()

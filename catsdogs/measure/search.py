@@ -18,6 +18,10 @@ The search (`search`) takes any probe function, so it is tested with a fake devi
   then gallops to its other side in steps of 5%, 10%, 15%, 20% ... of it above, 5%, 10%, 20% ...
   below (`around_guess`), and bisects what is left. Doubling on from 512 to 1,024 and bisecting
   back would cost a probe or two more.
+- `binsearch` with a `ceiling` (JAX on a GPU, whose probes share a worker's pool): an out-of-memory
+  probe's words (the bytes asked, the largest free block, the pool's regions) bound what can still
+  fit in that pool (catsdogs.measure.gpu_pool); no size above the bound is probed, and the
+  bisection ends where the bound lies within its gap of the size that fits.
 - A probe that fails for another reason than memory does not stop the search: while doubling
   the search steps over it (two failed sizes in a row end the doubling), and while bisecting
   it counts as an upper bound, so the answer is always a size that actually ran.
@@ -79,6 +83,7 @@ class SearchResult:
     order: list[int] = field(default_factory=list)  # batch sizes in the order probed
     statuses: dict[int, str] = field(default_factory=dict)
     reached_max: bool = False  # the search stopped at `max` with everything fitting
+    ceiling: int | None = None  # where the allocator's words ended the bisection: no larger size can fit
 
 
 def effective_resolution(resolution: int | None, largest_fit: int, share: float = RESOLUTION_SHARE) -> int:
@@ -92,13 +97,16 @@ def effective_resolution(resolution: int | None, largest_fit: int, share: float 
 
 def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DEFAULT_START,
            max_batch: int | None = None, resolution: int | None = None,
-           guess: int | Callable[[], int | None] | None = None, share: float = RESOLUTION_SHARE) -> SearchResult:
+           guess: int | Callable[[], int | None] | None = None, share: float = RESOLUTION_SHARE,
+           ceiling: Callable[[], int | None] | None = None) -> SearchResult:
     """Find the largest batch size for which `probe(batch_size)` says done (it fits).
 
     `probe` returns a status, done (fits), oom or failed, and is called at most once per batch size.
     `guess` (the memory model's prediction, or a function that gives it as it stands after the
     probes so far) ends the doubling where the next size would pass FRESH_SHARE of it: the guess
-    is probed, then GUESS_STEP to its other side (`around_guess`)."""
+    is probed, then GUESS_STEP to its other side (`around_guess`). `ceiling` gives, once a size has
+    failed, the largest that can still fit by the allocator's own words (probe_run.ProbeRun.ceiling),
+    or None: the bisection probes no size above it, and stops where it lies within the gap."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     if start < 1 or (max_batch is not None and max_batch < 1) or (resolution is not None and resolution < 1):
@@ -159,14 +167,25 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
             if failed_run:
                 hi = failed_run[0]
     if mode == "binsearch" and hi is not None:
-        while hi - lo > effective_resolution(resolution, lo, share):
-            mid = (lo + hi) // 2
-            if ask(mid) == Status.DONE:
-                lo = mid
-            else:
-                hi = mid
+        lo, hi, res.ceiling = bisect(ask, lo, hi, lambda fit: effective_resolution(resolution, fit, share), ceiling)
     res.largest_fit, res.first_failure = lo, hi
     return res
+
+
+def bisect(ask: Callable[[int], str], lo: int, hi: int, gap: Callable[[int], int],
+           ceiling: Callable[[], int | None] | None = None) -> tuple[int, int, int | None]:
+    """Bisect between `lo` (fits) and `hi` (does not) until they are at most `gap(lo)` apart, never
+    probing above the `ceiling` where one is known: (lo, hi, the ceiling where it ended the bisection)."""
+    while hi - lo > gap(lo):
+        top = ceiling() if ceiling is not None else None
+        if top is not None and top - lo <= gap(lo):  # nothing above `lo` by more than the gap can fit
+            return lo, hi, top
+        mid = (lo + hi) // 2 if top is None else min((lo + hi) // 2, top)
+        if ask(mid) == Status.DONE:
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi, None
 
 
 def next_size(b: int, max_batch: int | None) -> int:

@@ -43,6 +43,11 @@ class RecordedDevice:
     compile_seconds: dict
     noise: NoiseEstimate  # the noise scale find-batch-size measured there
     noise_seconds: float  # ... and the time its short runs took
+    # XLA's pool in a worker its probes grew (JAX on a GPU, preallocation off), as its out-of-memory
+    # probes said: {"buffer_mb_per_image", "largest_free_mb", "in_use_mb", "pool_mb"}; a size whose
+    # step's buffer exceeds the largest free block fails with those words (None: the peak alone binds)
+    pool: dict | None = None
+    oom_seconds: float | None = None  # an out-of-memory probe's cost (None: as a probe of its size)
 
     def peak(self, batch: int) -> float:
         """MiB at `batch`: linear between recorded sizes, past the largest at the last slope."""
@@ -57,7 +62,19 @@ class RecordedDevice:
         return self.peaks_mb[lo] + slope * (batch - lo)
 
     def fits(self, batch: int) -> bool:
-        return self.peak(batch) <= self.limit_mb
+        in_pool = self.pool is None or self.pool["buffer_mb_per_image"] * batch <= self.pool["largest_free_mb"]
+        return self.peak(batch) <= self.limit_mb and in_pool
+
+    def oom_words(self, batch: int) -> tuple[str, dict | None]:
+        """An out-of-memory probe's error and allocator counters, as XLA words them on the device."""
+        if self.pool is None:
+            return "out of memory (replayed)", None
+        asked = self.pool["buffer_mb_per_image"] * batch / 1024
+        stats = {"bytes_limit": int(self.limit_mb * MiB), "bytes_in_use": int(self.pool["in_use_mb"] * MiB),
+                 "largest_free_block_bytes": int(self.pool["largest_free_mb"] * MiB),
+                 "pool_bytes": int(self.pool["pool_mb"] * MiB)}
+        return (f"JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate {asked:.2f}GiB "
+                f"with allocator GPU_0_bfc on device 0. [executable_name='jit_train_step']"), stats
 
     def limit(self) -> int:
         """The largest batch size that fits: the replay's answer to find."""
@@ -120,6 +137,28 @@ H200 = RecordedDevice(
                      4800: 48.0},
     noise=NoiseEstimate(3.0, 2.0, 4.0, gradient_sq=1.0, trace=3.0, pairs=64, small=1, large=25),
     noise_seconds=15.0)
+
+# The same H200 past the data (`scripts/h100.sh find-limit`, --max 4096, catsdogs 0.29.0, 2026-11-28,
+# docs/gpu.md): its probes' peaks, images/s and wall seconds (1.4-2.1 s up to 1,024, 16.7-20.8 s from
+# 1,536 up), and its three out-of-memory probes, 30.6-32.9 s each, whose words were the same: one
+# buffer of 22.43 MiB an image asked, the largest free block 41,830 MiB, about 1,250 MiB in use. The
+# pool's size was not recorded (0.29.0 kept no pool_bytes): at its cap, 107,368 MiB, is what its
+# largest free block says (gpu_pool: regions of 2 ... 32,768 MiB, then the 41,834 the cap left).
+# XLA's plan as that run compiled it: 22.54 MiB an image, 469 MiB batch-independent. The noise
+# scale's figures are the race stage's (they do not bear on memory).
+H200_POOL = RecordedDevice(
+    name="H200 pool", kind="gpu", backend="jax", image_size=200, train_images=1200, limit_mb=107_368.0,
+    peaks_mb={1: 828, 8: 1107, 16: 1289, 32: 1532, 56: 2105, 64: 2218, 128: 3668, 256: 6569, 512: 12370,
+              1024: 23993},
+    images_per_second={1: 547, 8: 3558, 16: 6258, 32: 10777, 56: 14886, 64: 15942, 128: 21317, 256: 27756,
+                       512: 31349, 1024: 34925, 1536: 35828, 1664: 35488, 1792: 35552, 1856: 35652},
+    plan_mb=(469.0, 22.545), start_seconds=7.2,
+    compile_seconds={1: 3.9, 8: 1.7, 16: 1.7, 32: 1.6, 64: 1.4, 128: 1.6, 256: 1.6, 512: 1.6, 1024: 2.1,
+                     1536: 16.7, 1664: 16.9, 1792: 20.7, 1856: 20.8},
+    noise=NoiseEstimate(62.0, 5.0, 787.0, gradient_sq=1.0, trace=62.0, pairs=64, small=1, large=25),
+    noise_seconds=15.0,
+    pool={"buffer_mb_per_image": 22.43, "largest_free_mb": 41_830.0, "in_use_mb": 1_250.0, "pool_mb": 107_368.0},
+    oom_seconds=31.0)
 
 # This project's 2-core CPU, catsdogs 0.15.0 on JAX 0.10, the beyond plan's data (64 px, 1,200
 # training images), Adam, `find-batch-size --memory-limit 2GiB` (2026-11-26): each probe's peak
@@ -197,16 +236,19 @@ class ReplayWorker:
         self.tasks += 1
         self.largest_batch = max(self.largest_batch, b)
         cap_mb = memory_cap_bytes / MiB if memory_cap_bytes else d.limit_mb
-        self.clock.advance(d.compile_time(b), "probes")
         peak = d.peak(b)
-        if peak > min(cap_mb, d.limit_mb):
+        if peak > min(cap_mb, d.limit_mb) or not d.fits(b):
+            self.clock.advance(d.oom_seconds or d.compile_time(b), "probes")
             recovers = d.kind == "gpu" and d.backend == "jax"
             if not recovers:
                 self.alive = False
             extra = {"residue_mb": 0.0 if recovers else None} if "residue_mb" in ProbeRecord.__dataclass_fields__ else {}
+            error, stats = d.oom_words(b)
+            if "allocator_stats" in ProbeRecord.__dataclass_fields__:
+                extra["allocator_stats"] = stats
             return ProbeRecord(batch_size=b, status="oom", peak_memory_mb=min(peak, cap_mb),
-                               memory_kind="gpu-worker" if d.kind == "gpu" else "cpu-rss",
-                               error="out of memory (replayed)", **extra)
+                               memory_kind="gpu-worker" if d.kind == "gpu" else "cpu-rss", error=error, **extra)
+        self.clock.advance(d.compile_time(b), "probes")
         steps = (task.warmup or 0) + task.steps
         step = b / d.ips(b)
         timed = max(task.steps, math.ceil((task.min_seconds or 0.0) / step))  # repeated to min_seconds

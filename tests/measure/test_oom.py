@@ -87,3 +87,13 @@ def test_the_worker_keeps_the_allocators_numeric_counters_and_none_where_it_keep
     assert _allocator_stats(gpu) == {"bytes_in_use": 5, "largest_free_block_bytes": 7}
     assert _allocator_stats(SimpleNamespace(device_stats=lambda: {})) is None  # JAX on a CPU
     assert _allocator_stats(SimpleNamespace()) is None  # TensorFlow
+
+
+def test_xlas_sizes_in_units_are_read_as_jax_0_11_words_them_on_the_h200():
+    # given the text the H200's out-of-memory probe gave (2026-11-28), and each unit XLA may use
+    said = ("JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 44.86GiB with "
+            "allocator GPU_0_bfc on device 0. [tf-allocator-allocation-error=''] [executable_name='jit_train_step']")
+    # then the bytes asked are 44.86 GiB (0.29.0 read none), and 512.0MiB and 1234B alike
+    assert oom.allocator_words(said, {})["bytes_asked"] == round(44.86 * GIB)
+    assert oom.allocator_words("trying to allocate 512.0MiB with", {})["bytes_asked"] == 512 * 2**20
+    assert oom.allocator_words("trying to allocate 1234B with", {})["bytes_asked"] == 1234

@@ -265,3 +265,31 @@ def test_the_critical_batch_size_is_probed_only_below_the_memory_limit():
     assert search_module.critical_probe(noise_scale(None, 30.0), safe=656) == 24  # a bound alone: at the bound
     assert search_module.critical_probe(noise_scale(None, None), safe=656) is None  # undetermined
     assert search_module.critical_probe(None, safe=656) is None
+
+
+def test_a_ceiling_from_the_allocators_words_keeps_the_bisection_below_it_and_ends_it_within_the_gap():
+    # given a device that fits up to 1,864, as its allocator's words say once a size has failed
+    asked: list[int] = []
+
+    def probe(b: int) -> str:
+        asked.append(b)
+        return "done" if b <= 1864 else "oom"
+
+    def ceiling() -> int | None:
+        return 1864 if any(b > 1864 for b in asked) else None
+
+    # when it searches from 8 with and without the ceiling
+    plain = search(probe, start=8, max_batch=4096)
+    plain_order, asked = list(asked), []
+    held = search(probe, start=8, max_batch=4096, ceiling=ceiling)
+    # then with it no size above 1,864 is probed after 2,048 failed, the ceiling itself is, and the
+    # search ends there, sooner than without (which probed 1,920 and 1,888 out of memory)
+    after = held.order[held.order.index(2048) + 1:]
+    assert max(after) == 1864 and held.largest_fit == 1864 and held.ceiling == 1864
+    assert plain.ceiling is None and len(held.order) < len(plain_order)
+    assert sum(held.statuses[b] == "oom" for b in held.order) == 1
+    # and a ceiling that proves high (the device fits less) only bounds the probes: the bisection goes on
+    asked = []
+    low = search(lambda b: (asked.append(b), "done" if b <= 1800 else "oom")[1], start=8, max_batch=4096,
+                 ceiling=ceiling)
+    assert low.ceiling is None and 1800 - low.largest_fit <= effective_resolution(None, low.largest_fit)
