@@ -63,7 +63,7 @@ def test_on_the_h200_past_the_data_the_search_finds_the_replays_limit_in_one_wor
     assert ooms and all(p["residue_mb"] == 0.0 for p in ooms)
     assert any("(the worker recovered in place)" in ln for ln in lines)
     # and XLA's plan (4,823) was held to the largest region of the worker's grown pool (1,893 at the
-    # plan's 22.09 MiB an image), which this replay (0.15.0's peaks, its 2,048 in a fresh worker) does
+    # plan's 22.09 MiB an image), which this replay (0.15.0's peaks, its 2,048 in a worker not yet grown) does
     # not bind: the search galloped on from there (a prediction 40% low), no probe more than 10% past the limit
     pred = summary["prediction"]
     assert pred["pool"]["plan_max_batch_size"] > 4500 and pred["max_batch_size"] == pred["pool"]["max_batch_size"] == 1893
