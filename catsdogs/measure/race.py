@@ -6,7 +6,8 @@ simulated devices, tests/measure/test_race.py); nothing here imports a framework
 - **Sizes** (`race_sizes`): those that fit under the margin, less the dominated, beyond the step
   times' between-run spread: a size for which a larger one is no slower a step (it takes as many
   steps at most, each no dearer), or a smaller one is no slower per image (it needs no more images
-  to the target, at no lower a throughput). Then thinned to a factor-2 grid of at most MOST_SIZES,
+  to the target, at no lower a throughput), or another one is predicted more than CAP times
+  faster wherever B_noise lies in its interval (`slower_throughout`). Then thinned to a factor-2 grid of at most MOST_SIZES,
   the throughput's peak kept.
 - **Rates** (`race_rates`): each size's rate by the optimizer's rule and the factor-2 set around it
   (RATE_FACTORS); a winner at its set's edge gets one more step that way (`Race.extend_edge`).
@@ -71,11 +72,13 @@ class Outcome:
     censored: bool = False
 
 
-def race_sizes(step_seconds: dict[int, float], spread: float = 0.2, most: int = MOST_SIZES) -> list[int]:
+def race_sizes(step_seconds: dict[int, float], spread: float = 0.2, most: int = MOST_SIZES,
+               interval: tuple[float, float | None] | None = None) -> list[int]:
     """The batch sizes that race, of those measured (`step_seconds`: each size that fits under the
     margin, its steady seconds a step): the dominated dropped, beyond the between-run `spread` of
-    step times (a share), then thinned to a factor-2 grid of at most `most`, the peak of
-    throughput kept."""
+    step times (a share), and with B_noise's `interval` (low, high or None where open above) those
+    `slower_throughout` it than another size by more than CAP; then thinned to a factor-2 grid of
+    at most `most`, the peak of throughput kept."""
     sizes = sorted(b for b, t in step_seconds.items() if t and t > 0)
     slack = 1.0 + spread
 
@@ -83,7 +86,9 @@ def race_sizes(step_seconds: dict[int, float], spread: float = 0.2, most: int = 
         t = step_seconds[b]
         larger = any(c > b and step_seconds[c] * slack <= t for c in sizes)  # clearly no slower a step
         smaller = any(c < b and t / b >= step_seconds[c] / c * slack for c in sizes)  # clearly no faster an image
-        return larger or smaller
+        hopeless = interval is not None and any(slower_throughout(b, c, step_seconds, interval, CAP * slack)
+                                                for c in sizes)
+        return larger or smaller or hopeless
 
     kept = [b for b in sizes if not dominated(b)] or sizes
     peak = max(sizes, key=lambda b: b / step_seconds[b])
@@ -94,6 +99,22 @@ def race_sizes(step_seconds: dict[int, float], spread: float = 0.2, most: int = 
     while len(grid) > most:  # too many: every other one, from the smallest, until they fit
         grid = grid[::2]
     return sorted(set(grid) | {peak})
+
+
+def slower_throughout(b: int, c: int, step_seconds: dict[int, float], interval: tuple[float, float | None],
+                      factor: float) -> bool:
+    """Whether size `b`'s predicted time to a target, (1 + B_noise/b) steps times its step time, is
+    more than `factor` times size `c`'s wherever B_noise lies in `interval` (low, high or None where
+    open above). Their ratio is monotone in B_noise, so its ends decide; without a high end, its
+    limit: the ratio of their times per image. A size that slow in the case most favourable to it
+    would be capped (CAP) in every trial: racing it costs trials and cannot change the answer
+    (on the H200, B_noise 5 to 787, batch size 1's
+    predicted 4.5 times 16's at best, its trials took 8-16 times as long in steady training)."""
+    low, high = interval
+    def ratio(n: float) -> float:
+        return (1 + n / b) * step_seconds[b] / ((1 + n / c) * step_seconds[c])
+    far = (step_seconds[b] / b) / (step_seconds[c] / c)
+    return min(ratio(max(0.0, low)), far if high is None else ratio(high)) > factor
 
 
 def race_rates(rate: float, factors: tuple[float, ...] = RATE_FACTORS) -> list[float]:

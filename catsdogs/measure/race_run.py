@@ -138,7 +138,9 @@ def _new_plan(settings, manifest: dict, recommendation: dict, anchor: dict | Non
     the evaluations' spacing, and the arm raced first (the prediction's choice at its rule's rate)."""
     table = {int(r["batch_size"]): float(r["step_seconds"]) for r in recommendation["table"]}
     predicted = recommendation["batch_size"]  # raced whatever the grid: the prediction is held against the race
-    sizes = sorted({*race_sizes(table, BETWEEN_RUNS), *([predicted] if predicted in table else [])})
+    span = recommendation.get("interval")
+    sizes = sorted({*race_sizes(table, BETWEEN_RUNS, interval=tuple(span) if span else None),
+                    *([predicted] if predicted in table else [])})
     noise = rule_noise(recommendation)
     rates, rule_rate = {}, {}
     for b in sizes:  # the recommendation's rule, at every size

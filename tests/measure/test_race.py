@@ -9,7 +9,7 @@ import math
 import pytest
 from fakes import RaceDevice
 
-from catsdogs.measure.race import Arm, Outcome, Race, race_rates, race_sizes
+from catsdogs.measure.race import Arm, Outcome, Race, race_rates, race_sizes, slower_throughout
 
 # docs/gpu.md, the H200's critical check (0.25.0): seconds a step by batch size
 H200_STEPS = {4: 0.0037, 8: 0.0074, 16: 0.0099, 32: 0.0145, 64: 0.0133, 128: 0.0117}
@@ -45,6 +45,22 @@ def test_the_sizes_that_race_are_the_undominated_on_a_factor_2_grid_with_the_thr
     assert max(many) in thinned  # the throughput's peak
     # and a size clearly slower per image than a smaller one (5 at twice 4's step) is dropped
     assert race_sizes({4: 0.01, 5: 0.02, 8: 0.015}, spread=0.2) == [4, 8]
+
+
+def test_a_size_predicted_more_than_the_cap_slower_wherever_b_noise_lies_does_not_race():
+    # given the H200 race's probes at 64 px (images/s) and its noise scale's interval, 5 to 787
+    ips = {1: 730.5, 8: 6250.9, 16: 11443.8, 32: 22824.2, 64: 41368.2, 128: 71290.0, 256: 117600.3, 1200: 221421.9}
+    steps = {b: b / v for b, v in ips.items()}
+    # then batch size 1 is left out: even at B_noise 5, the case most favourable to it, its
+    # predicted time is 4.5 times 16's, beyond the race's cap (3, times the steps' spread)
+    assert slower_throughout(1, 16, steps, (5.0, 787.0), 3.0) and not slower_throughout(1, 16, steps, (0.0, 787.0), 3.0)
+    assert 1 not in race_sizes(steps, spread=0.2, interval=(5.0, 787.0))
+    assert 1 in race_sizes(steps, spread=0.2)  # (without the interval, as before)
+    # and where B_noise may be 0 (the interval 0.00001 to unbounded of the H200's find) nothing is
+    # left out for it: at B_noise 0 every size takes the same steps, and 1's are no dearer than 16's
+    assert race_sizes(steps, spread=0.2, interval=(1e-5, None)) == race_sizes(steps, spread=0.2)
+    # and open above, the far end is the time per image: 1200 is never hopeless against 16
+    assert not slower_throughout(1200, 16, steps, (5.0, None), 3.0)
 
 
 def test_each_rung_keeps_the_best_third_on_the_same_seeds_and_caps_at_three_times_the_seeds_best():
