@@ -171,7 +171,33 @@ def race(a) -> list[str]:
                      + ", ".join(f"{b}: {t:.2f} s" for b, t in sorted(truth.items())))
     elif d:
         lines.append(f"- the critical plan gave no time for {d['batch_size']}: {sorted(truth) or 'no store'}")
+    parts = _fixed_parts(Path(a.out), r.get("sweep"))
+    if parts:
+        lines.append("- a trial's seconds besides its training, medians by size (the validation curve's evaluations, "
+                     "the step's build, the rest: tests, diagnosis, data, hand-over): " + ", ".join(
+                         f"{b}: {e:.2f} + {s:.2f} + {o:.2f}" for b, (e, s, o) in sorted(parts.items())))
     return [*lines, ""]
+
+
+def _fixed_parts(out: Path, sweep: str | None) -> dict[int, tuple[float, float, float]]:
+    """The race's trials' time outside training, split: eval_seconds, setup_seconds and the rest of
+    wall_seconds less train_seconds, medians by batch size (where on the GPU a race's time goes)."""
+    from statistics import median
+
+    from catsdogs.store import Store, store_path
+
+    if not sweep or not store_path(out).exists():
+        return {}
+    with Store(store_path(out), read_only=True) as store:
+        rows = store.trials(sweep) if sweep in store.sweeps() else []
+    split: dict[int, list[tuple[float, float, float]]] = {}
+    for row in rows:
+        wall, train = row.get("wall_seconds"), row.get("train_seconds")
+        if wall is None or train is None:
+            continue
+        e, s = row.get("eval_seconds") or 0.0, row.get("setup_seconds") or 0.0
+        split.setdefault(row["config"]["batch_size"], []).append((e, s, max(0.0, wall - train - e - s)))
+    return {b: tuple(median(x[i] for x in v) for i in range(3)) for b, v in split.items()}
 
 
 def _critical_times(out: Path, steady: dict) -> dict[int, float]:
