@@ -133,7 +133,8 @@ def find(a) -> list[str]:
              f"{', '.join(map(str, pred.get('planned_bytes') or {})) or '—'}): {apart}"
              + (f"; carried on by the probes to {pred['refined']['max_batch_size']}" if pred.get("refined") else "")
              + (f"; held to the worker's pool's largest region ({pred['pool']['largest_region_bytes'] / 2**20:.0f} MiB),"
-                f" the plan alone {pred['pool']['plan_max_batch_size']}" if pred.get("pool") else ""),
+                f" the plan alone {pred['pool']['plan_max_batch_size']}"
+                if pred.get("pool") and pred["pool"]["max_batch_size"] < pred["pool"]["plan_max_batch_size"] else ""),
              f"- the search ended by the allocator's words: no size above {s['pool_ceiling']['batch_size']} fits in "
              f"the worker's pool (from the probe of {s['pool_ceiling']['from']})" if s.get("pool_ceiling")
              else "- the search ended by probes alone",

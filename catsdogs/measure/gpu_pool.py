@@ -5,8 +5,10 @@ arithmetic; no framework.
 With preallocation off (XLA_PYTHON_CLIENT_PREALLOCATE=false, which every catsdogs worker sets:
 catsdogs.runtime.backends.jax_process) XLA's GPU allocator is TSL's BFCAllocator with growth
 (xla/pjrt/gpu/gpu_helpers.cc). Its pool grows by regions (`BFCAllocator::Extend`): the first of
-2 MiB, each next one twice the last (or the first size of that series above a larger request), the
-last whatever the cap leaves. A buffer lies within one region; regions are never merged, and with
+2 MiB, each next one twice the last, the last whatever the cap leaves; a request larger than the
+next size takes the first size of the series above it, and the region after repeats that size.
+`grown_regions` is the plain series, what a worker whose requests climb by doubling grows (the
+search's way up), not a pool grown by a jump. A buffer lies within one region; regions are never merged, and with
 garbage collection off (XLA's default) never given back. A worker whose probes climbed from batch
 size 1 by doubling has grown its pool in that series: under the H200's cap (107,368 MiB) regions of
 2, 4, ... 32,768 MiB (65,534 MiB in all) and a last one of 41,834. A training step whose temporary

@@ -6,7 +6,7 @@ hands in the error's text and the counters (training.probes.run_probe); no frame
 
 The texts read (each framework's own words):
 - XLA's allocator (JAX): "Out of memory while trying to allocate 44.86GiB with allocator
-  GPU_0_bfc" (JAX 0.11 on the H200: two decimals, so within 5 MiB), "... allocate 12884901888
+  GPU_0_bfc" (JAX 0.11 on the H200: two decimals, so within 5.12 MiB), "... allocate 12884901888
   bytes", or "Failed to allocate request for 12.00GiB (12884901888B) on device ordinal 0";
 - TensorFlow's BFC: "OOM when allocating tensor with shape[256,32,198,198] and type float", whose
   bytes are the shape's elements times the type's size;

@@ -36,6 +36,7 @@ class ProbeRun:
                                      env=env)
         self.prediction: dict | None = None  # the memory model's, before the search
         self.refined: dict | None = None  # ... carried on by the search's own probes (`guess`)
+        self.ceiling_from: ProbeRecord | None = None  # the out-of-memory probe the last `ceiling` read
 
     def probe(self, batch_size: int, phase: str, fresh: bool = False, aside: bool = False) -> ProbeRecord:
         """The probe of `batch_size`: run now (in a fresh worker with `fresh`; `aside`: one of its
@@ -175,15 +176,17 @@ class ProbeRun:
         pool (only JAX on a GPU recovers in place) or the allocator did not tell it."""
         if not self.prober.in_place:
             return None
-        ooms = [p for p in self.probes if p.status == Status.OOM and p.allocator_stats]
-        return gpu_pool.ceiling(ooms[-1]) if ooms else None
+        since = max((i for i, p in enumerate(self.probes) if p.worker != "reused"), default=0)  # this worker's
+        ooms = [p for p in self.probes[since:] if p.status == Status.OOM and p.allocator_stats]
+        self.ceiling_from = ooms[-1] if ooms else None
+        return gpu_pool.ceiling(self.ceiling_from) if ooms else None
 
     def ceiling_record(self, result) -> dict | None:
         """find_batch_size.json's `pool_ceiling` where the ceiling ended the search (search.SearchResult):
         the bound, the out-of-memory probe it comes from, and that probe's allocator's words (MiB)."""
-        if result.ceiling is None:
+        failed = self.ceiling_from  # the probe whose words the search ended on
+        if result.ceiling is None or failed is None:
             return None
-        failed = [p for p in self.probes if p.status == Status.OOM and p.allocator_stats][-1]
         return {"batch_size": result.ceiling, "from": failed.batch_size,
                 "per_image_mb": failed.oom_asked_mb / failed.batch_size if failed.oom_asked_mb else None,
                 "largest_free_mb": failed.oom_largest_free_mb, "pool_mb": failed.oom_pool_mb}

@@ -7,7 +7,7 @@ simulated devices, tests/measure/test_race.py); nothing here imports a framework
   times' between-run spread: a size for which a larger one is no slower a step (it takes as many
   steps at most, each no dearer), or a smaller one is no slower per image (it needs no more images
   to the target, at no lower a throughput), or another one is predicted more than CAP times
-  faster wherever B_noise lies in its interval (`slower_throughout`). Then thinned to a factor-2 grid of at most MOST_SIZES,
+  faster, beyond the same spread, wherever B_noise lies in its interval (`slower_throughout`). Then thinned to a factor-2 grid of at most MOST_SIZES,
   the throughput's peak kept.
 - **Rates** (`race_rates`): each size's rate by the optimizer's rule and the factor-2 set around it
   (RATE_FACTORS); a winner at its set's edge gets one more step that way (`Race.extend_edge`).
@@ -77,7 +77,7 @@ def race_sizes(step_seconds: dict[int, float], spread: float = 0.2, most: int = 
     """The batch sizes that race, of those measured (`step_seconds`: each size that fits under the
     margin, its steady seconds a step): the dominated dropped, beyond the between-run `spread` of
     step times (a share), and with B_noise's `interval` (low, high or None where open above) those
-    `slower_throughout` it than another size by more than CAP; then thinned to a factor-2 grid of
+    `slower_throughout` it than another size by more than CAP times 1 + `spread`; then thinned to a factor-2 grid of
     at most `most`, the peak of throughput kept."""
     sizes = sorted(b for b, t in step_seconds.items() if t and t > 0)
     slack = 1.0 + spread

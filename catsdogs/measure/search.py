@@ -178,6 +178,8 @@ def bisect(ask: Callable[[int], str], lo: int, hi: int, gap: Callable[[int], int
     probing above the `ceiling` where one is known: (lo, hi, the ceiling where it ended the bisection)."""
     while hi - lo > gap(lo):
         top = ceiling() if ceiling is not None else None
+        if top is not None and top < lo:  # a size above it fitted: the words were off, the probes decide
+            top = None
         if top is not None and top - lo <= gap(lo):  # nothing above `lo` by more than the gap can fit
             return lo, hi, top
         mid = (lo + hi) // 2 if top is None else min((lo + hi) // 2, top)

@@ -28,10 +28,11 @@ def test_a_pool_grown_by_doubling_to_the_h200s_cap_ends_in_the_region_its_larges
     assert regions[-1] == 41_834 * MiB and max(regions) == regions[-1]
 
 
-def test_a_cap_that_leaves_less_than_the_last_doubled_region_keeps_that_region_the_largest():
-    # given an H100's 75% (61,169 MiB): 2 ... 16,384 MiB (32,766), then 28,403 left
+def test_an_h100s_cap_ends_the_series_at_16_gib_and_leaves_a_last_region_larger_than_it():
+    # given an H100's 75% (61,169 MiB): 2 ... 16,384 MiB (32,766), then 28,403 left, the largest
     regions = gpu_pool.grown_regions(61_169 * MiB)
     assert regions[-2] == 16_384 * MiB and regions[-1] == 28_403 * MiB and sum(regions) == 61_169 * MiB
+    assert max(regions) == regions[-1]
     # and a cap smaller than the first region is one region
     assert gpu_pool.grown_regions(MiB, start=2 * MiB) == []
 
@@ -71,3 +72,24 @@ def test_no_bound_where_the_pool_could_grow_or_did_not_say_how_far_it_has():
     roomy = ProbeRecord(batch_size=2048, status="oom", error=words,
                         allocator_stats={**STATS, "pool_bytes": 50_000 * MiB})
     assert gpu_pool.ceiling(roomy) is None
+
+
+def test_the_ceiling_reads_only_the_out_of_memory_probes_of_the_worker_now_probing():
+    from types import SimpleNamespace
+
+    from catsdogs.measure.probe_run import ProbeRun
+
+    # given a worker that ran out of memory at 2,048 in place, then died on a failure, and a fresh one
+    oom_2048 = ProbeRecord(batch_size=2048, status="oom", worker="reused", error=XLA.format("44.86GiB"),
+                           allocator_stats={**STATS, "pool_bytes": CAP})
+    probes = [ProbeRecord(batch_size=1024, status="done", worker="fresh"), oom_2048,
+              ProbeRecord(batch_size=1536, status="failed", worker="reused")]
+    run = SimpleNamespace(prober=SimpleNamespace(in_place=True), probes=probes, ceiling_from=None)
+    # then while the first worker probes, its failure bounds it
+    assert 1856 <= ProbeRun.ceiling(run) <= 1866 and run.ceiling_from is oom_2048
+    # and once a fresh worker (a pool of its own) has probed, the old words bound nothing
+    probes.append(ProbeRecord(batch_size=1792, status="done", worker="fresh"))
+    assert ProbeRun.ceiling(run) is None and run.ceiling_from is None
+    # and where the probes do not share a worker's pool, never
+    run.prober.in_place, run.probes = False, [oom_2048]
+    assert ProbeRun.ceiling(run) is None

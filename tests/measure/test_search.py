@@ -293,3 +293,11 @@ def test_a_ceiling_from_the_allocators_words_keeps_the_bisection_below_it_and_en
     low = search(lambda b: (asked.append(b), "done" if b <= 1800 else "oom")[1], start=8, max_batch=4096,
                  ceiling=ceiling)
     assert low.ceiling is None and 1800 - low.largest_fit <= effective_resolution(None, low.largest_fit)
+
+
+def test_a_ceiling_below_a_size_that_fitted_is_ignored_and_the_probes_decide():
+    # given allocator words that bound the pool at 1,850 when 1,855 has already fitted
+    lo, hi, top = search_module.bisect(lambda b: "done" if b <= 1900 else "oom", 1855, 1948, lambda fit: 55,
+                                       ceiling=lambda: 1850)
+    # then the bisection goes on by its probes, to within its gap of 1,900, and says no ceiling ended it
+    assert top is None and 1900 - lo <= 55 and lo <= 1900 < hi
