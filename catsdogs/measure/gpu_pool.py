@@ -28,6 +28,14 @@ from __future__ import annotations
 from catsdogs.measure import oom
 
 REGION_START_BYTES = 2 * 2**20  # BFCAllocator's first region with growth: min(the memory, 2 MiB)
+PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+
+
+def grows(env) -> bool:
+    """Whether a worker started with `env` grows its pool (preallocation off): catsdogs' workers
+    set PREALLOCATE to false unless the user set it (jax_process.process_env, with setdefault);
+    a user's true (JAX's own default) makes the pool one region of the whole cap."""
+    return str(env.get(PREALLOCATE, "false")).strip().lower() in ("false", "0")
 
 
 def grown_regions(cap_bytes: float, start: int = REGION_START_BYTES) -> list[int]:

@@ -14,6 +14,7 @@ cannot answer near the limit, and where it can: JAX on a GPU). This process impo
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -103,7 +104,8 @@ def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, pla
         pred = predict_line(run, calib, cap_mb, user, log, bound)
     elif planned is not None:
         pred = predict_max_batch_size_planned(planned, cap_bytes, CALIBRATION_BATCH, peak_bytes)
-        if pred and calib.memory_kind == "gpu-worker" and run.prober.in_place:  # one worker's pool, grown
+        if pred and calib.memory_kind == "gpu-worker" and run.prober.in_place \
+                and gpu_pool.grows({**os.environ, **(run.env or {})}):  # one worker's pool, grown region by region
             pred = gpu_pool.predict_in_pool(pred, cap_bytes)
     elif backends.current().compiled_step_bytes is None:
         train_images = sum(manifest["counts"][s.dataset]["train"].values())

@@ -17,7 +17,12 @@ Where it runs, and why it changes nothing in training:
 - `model.evaluate` resets the compiled metrics, which fit is accumulating the epoch's loss and
   accuracy in: they are saved before and put back after, so the epoch's logs are as without it;
 - its time is outside the epoch's clocks (EpochTimer.outside_training, after waiting for the
-  steps dispatched so far), as the noise scale's is.
+  steps dispatched so far), as the noise scale's is;
+- at an epoch's end fit has just validated these weights on the same batches (the trial's
+  validation split at config.EVAL_BATCH_SIZE), so the point takes fit's `val_loss` and
+  `val_accuracy` from the epoch's logs instead of evaluating them a second time: at a large batch,
+  one or a few steps an epoch, that was every other evaluation of a trial (the race's trials at
+  1,200 on 1,200 training images: two a step).
 
 A target ends training at the evaluation that reaches it: at an epoch's end by Keras's own
 `stop_training`; mid-epoch by raising TargetReached from `on_train_batch_begin` (Keras checks
@@ -86,7 +91,7 @@ class Curve(keras.callbacks.Callback):
         final = epoch + 1 == self.epochs and self.points[-1]["examples"] != done * self.batch_size
         if not (self._due(done) or final):
             return
-        self._evaluate(done, self.timer.train_seconds_so_far())  # the timer has closed the epoch
+        self._evaluate(done, self.timer.train_seconds_so_far(), logs)  # the timer has closed the epoch
         if self.reached:
             self.stopped_at = done
             self.model.stop_training = True
@@ -94,15 +99,18 @@ class Curve(keras.callbacks.Callback):
     def _due(self, done: int) -> bool:
         return done % self.accumulate == 0 and done * self.batch_size >= self.next_at
 
-    def _evaluate(self, done: int, train_seconds: float) -> None:
+    def _evaluate(self, done: int, train_seconds: float, logs: dict | None = None) -> None:
         started = time.perf_counter()
         model = self.model
-        # fit's epoch so far (before the first evaluation the metrics may not be built: nothing to keep)
-        variables = list(model.metrics_variables)
-        running = [keras.ops.convert_to_numpy(v.value) for v in variables]
-        val_loss, val_accuracy = model.evaluate(self.val_batches, verbose=0)
-        for variable, value in zip(variables, running, strict=True):
-            variable.assign(value)
+        if logs and "val_loss" in logs and "val_accuracy" in logs:  # fit's own validation, just now
+            val_loss, val_accuracy = logs["val_loss"], logs["val_accuracy"]
+        else:
+            # fit's epoch so far (before the first evaluation the metrics may not be built: nothing to keep)
+            variables = list(model.metrics_variables)
+            running = [keras.ops.convert_to_numpy(v.value) for v in variables]
+            val_loss, val_accuracy = model.evaluate(self.val_batches, verbose=0)
+            for variable, value in zip(variables, running, strict=True):
+                variable.assign(value)
         examples = done * self.batch_size
         self.points.append({"step": done // self.accumulate, "examples": examples,
                             "train_seconds": round(train_seconds, 4),

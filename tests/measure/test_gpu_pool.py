@@ -93,3 +93,12 @@ def test_the_ceiling_reads_only_the_out_of_memory_probes_of_the_worker_now_probi
     # and where the probes do not share a worker's pool, never
     run.prober.in_place, run.probes = False, [oom_2048]
     assert ProbeRun.ceiling(run) is None
+
+
+def test_a_pool_grows_unless_the_user_turned_preallocation_on():
+    # catsdogs' workers set preallocation off unless the user set it: then the pool is grown
+    assert gpu_pool.grows({}) and gpu_pool.grows({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    assert gpu_pool.grows({"XLA_PYTHON_CLIENT_PREALLOCATE": "0"})
+    # and a user's true (JAX's own default) makes it one region: the plan alone binds
+    assert not gpu_pool.grows({"XLA_PYTHON_CLIENT_PREALLOCATE": "true"})
+    assert not gpu_pool.grows({"XLA_PYTHON_CLIENT_PREALLOCATE": "1"})

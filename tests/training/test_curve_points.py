@@ -1,0 +1,44 @@
+"""The validation curve's points at an epoch's end (catsdogs.training.curve): fit has just validated
+the same weights on the same batches, so the point takes the epoch's logs and evaluates nothing
+again. In-process, with a stand-in model: no training here."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from catsdogs.training.curve import Curve
+
+
+class NoEvaluate:
+    """A model whose evaluation must not run."""
+    metrics_variables: list = []
+
+    def evaluate(self, *args, **kwargs):
+        raise AssertionError("evaluated again")
+
+
+def curve(model) -> Curve:
+    timer = SimpleNamespace(train_seconds_so_far=lambda now=None: 1.5)
+    c = Curve(every=256, batch_size=1200, accumulate=1, per_epoch=1, val_batches=None, timer=timer, backend=None,
+              epochs=12)
+    c.set_model(model)
+    c.points.append({"examples": 0})
+    return c
+
+
+def test_an_epochs_end_takes_fits_own_validation_from_its_logs_and_evaluates_nothing_again():
+    # given a curve due at every step of a batch of 1,200 (one step an epoch)
+    c = curve(NoEvaluate())
+    # when an epoch ends with fit's validation in its logs
+    c.on_epoch_end(0, {"loss": 0.7, "accuracy": 0.5, "val_loss": 0.61, "val_accuracy": 0.7})
+    # then the point is those figures, at that step, with the training seconds so far
+    assert c.points[-1] == {"step": 1, "examples": 1200, "train_seconds": 1.5, "val_loss": 0.61, "val_accuracy": 0.7}
+
+
+def test_without_fits_validation_in_the_logs_the_curve_evaluates_itself():
+    # given a model that evaluates to (0.5, 0.8), and an epoch's end whose logs hold no validation
+    model = SimpleNamespace(metrics_variables=[], evaluate=lambda *a, **k: (0.5, 0.8))
+    c = curve(model)
+    c.on_epoch_end(0, {"loss": 0.7, "accuracy": 0.5})
+    # then the point is its own evaluation's
+    assert (c.points[-1]["val_loss"], c.points[-1]["val_accuracy"]) == (0.5, 0.8)
