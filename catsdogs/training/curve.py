@@ -18,6 +18,9 @@ Where it runs, and why it changes nothing in training:
   accuracy in: they are saved before and put back after, so the epoch's logs are as without it;
 - its time is outside the epoch's clocks (EpochTimer.outside_training, after waiting for the
   steps dispatched so far), as the noise scale's is;
+- the first point, the model as it starts, is the same for every trial of a seed (the same
+  weights, the same batches: as `diagnosis.initial_diagnosis` says), so a worker evaluates it once
+  per seed, model, image size, precision and data;
 - at an epoch's end fit has just validated these weights on the same batches (the trial's
   validation split at config.EVAL_BATCH_SIZE), so the point takes fit's `val_loss` and
   `val_accuracy` from the epoch's logs instead of evaluating them a second time: at a large batch,
@@ -38,6 +41,10 @@ import keras
 
 from catsdogs.targets import Target
 
+VAL = ("val_loss", "val_accuracy")  # a point's validation figures, as fit's logs name them
+_STARTS: dict[tuple, tuple[float, float]] = {}  # the model as it starts, validated: by what decides it
+MOST_STARTS = 64  # kept at once (a race interleaves up to 18 seeds)
+
 
 class TargetReached(Exception):
     """Raised inside fit at the step boundary where the curve reached its target: training ends there."""
@@ -49,8 +56,9 @@ class Curve(keras.callbacks.Callback):
     time, `stopped_at` the batches trained when a target stopped training (else None)."""
 
     def __init__(self, every: int, batch_size: int, accumulate: int, per_epoch: int, val_batches, timer,
-                 backend, target: Target | None = None, epochs: int | None = None):
+                 backend, target: Target | None = None, epochs: int | None = None, start_key: tuple | None = None):
         super().__init__()
+        self.start_key = start_key  # what decides the model as it starts (None: evaluate it every time)
         self.every, self.batch_size, self.accumulate, self.per_epoch = every, batch_size, accumulate, per_epoch
         self.val_batches, self.timer, self.backend, self.target = val_batches, timer, backend, target
         self.epochs = epochs  # the last epoch's end is always evaluated: the final weights
@@ -65,9 +73,16 @@ class Curve(keras.callbacks.Callback):
         return bool(self.target and self.points and self.target.reached(self.points[-1]))
 
     def start(self, model) -> bool:
-        """The first point, before fit: the model as it starts. True when it already meets the target."""
+        """The first point, before fit: the model as it starts. True when it already meets the target.
+        Every trial of a seed starts from the same weights and validates on the same batches, so
+        the point is evaluated once per `start_key` in a worker and taken again after that."""
         self.set_model(model)
-        self._evaluate(0, train_seconds=0.0)
+        known = _STARTS.get(self.start_key) if self.start_key is not None else None
+        self._evaluate(0, train_seconds=0.0, logs=None if known is None else dict(zip(VAL, known, strict=True)))
+        if self.start_key is not None and known is None:
+            if len(_STARTS) >= MOST_STARTS:
+                _STARTS.pop(next(iter(_STARTS)))
+            _STARTS[self.start_key] = (self.points[-1]["val_loss"], self.points[-1]["val_accuracy"])
         if self.reached:
             self.stopped_at = 0
         return self.reached
@@ -102,8 +117,8 @@ class Curve(keras.callbacks.Callback):
     def _evaluate(self, done: int, train_seconds: float, logs: dict | None = None) -> None:
         started = time.perf_counter()
         model = self.model
-        if logs and "val_loss" in logs and "val_accuracy" in logs:  # fit's own validation, just now
-            val_loss, val_accuracy = logs["val_loss"], logs["val_accuracy"]
+        if logs and all(k in logs for k in VAL):  # fit's own validation just now, or the start's known one
+            val_loss, val_accuracy = (logs[k] for k in VAL)
         else:
             # fit's epoch so far (before the first evaluation the metrics may not be built: nothing to keep)
             variables = list(model.metrics_variables)

@@ -121,7 +121,8 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
         return measure(epoch).to_record() if noise_sampling.measures(epoch) else {}
 
     timer = EpochTimer(epochs, on_epoch, backend.wait_for_steps, after_epoch=measure_after if noise_sampling else None)
-    curve = _curve(cfg, cfg.eval_every if cfg.until else eval_every, per_epoch, epochs, val, timer, backend)
+    curve = _curve(cfg, cfg.eval_every if cfg.until else eval_every, per_epoch, epochs, val, timer, backend,
+                   start_key=(step.user, cfg.image_size, cfg.precision, cfg.seed, cfg.data, cfg.dataset))
     with step.strategy.scope():  # JAX's trainer reads its distribution when fit runs
         initial = initial_diagnosis(step, cfg, test_ds)  # the model as it starts (changes nothing)
         initial_noise = measure(0) if noise_sampling and noise_sampling.measures(0) else None
@@ -166,7 +167,7 @@ def eval_batch_size() -> int:
 
 
 def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, epochs: int, val, timer: EpochTimer,
-           backend) -> Curve | None:
+           backend, start_key: tuple | None = None) -> Curve | None:
     """The trial's validation curve every `every` training images, stopping at its target if it has one."""
     if not every:
         return None
@@ -175,7 +176,7 @@ def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, epochs: int, val
                             "prepare it with a validation share (--split)")
     target = targets.parse(cfg.until) if cfg.until else None
     return Curve(every, cfg.batch_size, cfg.accumulate, per_epoch, backend.eval_batches(val, config.EVAL_BATCH_SIZE),
-                 timer, backend, target, epochs=epochs)
+                 timer, backend, target, epochs=epochs, start_key=start_key)
 
 
 def _fit(model, train_ds, val_ds, epochs: int, per_epoch: int, timer: EpochTimer, curve: Curve | None):

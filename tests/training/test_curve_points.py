@@ -42,3 +42,31 @@ def test_without_fits_validation_in_the_logs_the_curve_evaluates_itself():
     c.on_epoch_end(0, {"loss": 0.7, "accuracy": 0.5})
     # then the point is its own evaluation's
     assert (c.points[-1]["val_loss"], c.points[-1]["val_accuracy"]) == (0.5, 0.8)
+
+
+def test_the_model_as_it_starts_is_evaluated_once_per_seed_in_a_worker():
+    from catsdogs.training import curve as curve_module
+
+    # given a worker's first trial of a seed, whose model as it starts evaluates to (0.69, 0.5)
+    curve_module._STARTS.clear()
+    calls = []
+    model = SimpleNamespace(metrics_variables=[], evaluate=lambda *a, **k: calls.append(1) or (0.69, 0.5))
+    first = curve(model)
+    first.points.clear()
+    first.start_key = ("article", 64, "float32", 3, "data", "standard")
+    first.start(model)
+    # when a later trial of the same seed (another optimizer or batch size: the same weights) starts
+    later = curve(NoEvaluate())
+    later.points.clear()
+    later.start_key = first.start_key
+    later.start(later.model)
+    # then its first point is the first trial's, evaluated once
+    assert later.points == first.points == [{"step": 0, "examples": 0, "train_seconds": 0.0, "val_loss": 0.69,
+                                              "val_accuracy": 0.5}]
+    assert len(calls) == 1
+    # and another seed evaluates its own
+    other = curve(model)
+    other.points.clear()
+    other.start_key = first.start_key[:3] + (4,) + first.start_key[4:]
+    other.start(model)
+    assert len(calls) == 2
