@@ -76,9 +76,10 @@ def race_sizes(step_seconds: dict[int, float], spread: float = 0.2, most: int = 
                interval: tuple[float, float | None] | None = None) -> list[int]:
     """The batch sizes that race, of those measured (`step_seconds`: each size that fits under the
     margin, its steady seconds a step): the dominated dropped, beyond the between-run `spread` of
-    step times (a share), and with B_noise's `interval` (low, high or None where open above) those
-    `slower_throughout` it than another size by more than CAP times 1 + `spread`; then thinned to a factor-2 grid of
-    at most `most`, the peak of throughput kept."""
+    step times (a share); thinned to a factor-2 grid of at most `most`, the peak of throughput kept;
+    then, with B_noise's `interval` (low, high or None where open above), those `slower_throughout`
+    it than another size by more than CAP times 1 + `spread` left out (after the thinning: a
+    hopeless size gone never makes room for one the grid had thinned out, which would add arms)."""
     sizes = sorted(b for b, t in step_seconds.items() if t and t > 0)
     slack = 1.0 + spread
 
@@ -86,9 +87,11 @@ def race_sizes(step_seconds: dict[int, float], spread: float = 0.2, most: int = 
         t = step_seconds[b]
         larger = any(c > b and step_seconds[c] * slack <= t for c in sizes)  # clearly no slower a step
         smaller = any(c < b and t / b >= step_seconds[c] / c * slack for c in sizes)  # clearly no faster an image
-        hopeless = interval is not None and any(slower_throughout(b, c, step_seconds, interval, CAP * slack)
-                                                for c in sizes)
-        return larger or smaller or hopeless
+        return larger or smaller
+
+    def hopeless(b: int) -> bool:
+        return interval is not None and any(slower_throughout(b, c, step_seconds, interval, CAP * slack)
+                                            for c in sizes)
 
     kept = [b for b in sizes if not dominated(b)] or sizes
     peak = max(sizes, key=lambda b: b / step_seconds[b])
@@ -98,7 +101,8 @@ def race_sizes(step_seconds: dict[int, float], spread: float = 0.2, most: int = 
             grid.append(b)
     while len(grid) > most:  # too many: every other one, from the smallest, until they fit
         grid = grid[::2]
-    return sorted(set(grid) | {peak})
+    # the hopeless last, so that leaving one out never brings back a size the thinning took
+    return sorted({b for b in set(grid) | {peak} if not hopeless(b)} or set(grid) | {peak})
 
 
 def slower_throughout(b: int, c: int, step_seconds: dict[int, float], interval: tuple[float, float | None],

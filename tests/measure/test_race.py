@@ -49,13 +49,18 @@ def test_the_sizes_that_race_are_the_undominated_on_a_factor_2_grid_with_the_thr
 
 def test_a_size_predicted_more_than_the_cap_slower_wherever_b_noise_lies_does_not_race():
     # given the H200 race's probes at 64 px (images/s) and its noise scale's interval, 5 to 787
-    ips = {1: 730.5, 8: 6250.9, 16: 11443.8, 32: 22824.2, 64: 41368.2, 128: 71290.0, 256: 117600.3, 1200: 221421.9}
+    ips = {1: 730.5, 8: 6250.9, 16: 11443.8, 32: 22824.2, 56: 36035.1, 64: 41368.2, 128: 71290.0, 256: 117600.3,
+           512: 166929.9, 1200: 221421.9}
     steps = {b: b / v for b, v in ips.items()}
     # then batch size 1 is left out: even at B_noise 5, the case most favourable to it, its
     # predicted time is 4.5 times 16's, beyond the race's cap (3, times the steps' spread)
     assert slower_throughout(1, 16, steps, (5.0, 787.0), 3.0) and not slower_throughout(1, 16, steps, (0.0, 787.0), 3.0)
     assert 1 not in race_sizes(steps, spread=0.2, interval=(5.0, 787.0))
     assert 1 in race_sizes(steps, spread=0.2)  # (without the interval, as before)
+    # and leaving it out brings back no size the factor-2 grid had thinned out (8, 32 and 512 here,
+    # which would make 8 sizes of 5): fewer arms, never more
+    assert race_sizes(steps, spread=0.2) == [1, 16, 64, 256, 1200]
+    assert race_sizes(steps, spread=0.2, interval=(5.0, 787.0)) == [16, 64, 256, 1200]
     # and where B_noise may be 0 (the interval 0.00001 to unbounded of the H200's find) nothing is
     # left out for it: at B_noise 0 every size takes the same steps, and 1's are no dearer than 16's
     assert race_sizes(steps, spread=0.2, interval=(1e-5, None)) == race_sizes(steps, spread=0.2)
