@@ -26,16 +26,17 @@ a region of 65,536) and 4,333 (out of memory in a fresh worker), not measured.
 from __future__ import annotations
 
 from catsdogs.measure import oom
+from catsdogs.runtime.backends.jax_process import process_env
 
 REGION_START_BYTES = 2 * 2**20  # BFCAllocator's first region with growth: min(the memory, 2 MiB)
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 
 
 def grows(env) -> bool:
-    """Whether a worker started with `env` grows its pool (preallocation off): catsdogs' workers
-    set PREALLOCATE to false unless the user set it (jax_process.process_env, with setdefault);
-    a user's true (JAX's own default) makes the pool one region of the whole cap."""
-    return str(env.get(PREALLOCATE, "false")).strip().lower() in ("false", "0")
+    """Whether a worker started with `env` grows its pool (preallocation off): a JAX worker takes
+    the user's PREALLOCATE, else catsdogs' own (jax_process.process_env, set with setdefault); a
+    user's true (JAX's own default) makes the pool one region of the whole cap."""
+    return str(env.get(PREALLOCATE, process_env()[PREALLOCATE])).strip().lower() in ("false", "0")
 
 
 def grown_regions(cap_bytes: float, start: int = REGION_START_BYTES) -> list[int]:
@@ -69,11 +70,7 @@ def ceiling(record) -> int | None:
     cap leaves for a new region. None where the allocator's words do not tell it (pool_bytes
     among them), or where the pool could have given the request (then it failed elsewhere)."""
     words = oom.allocator_words(record.error, record.allocator_stats)
-    asked, largest = words["bytes_asked"], words["largest_free_block_bytes"]
-    limit, pool = words["bytes_limit"], words["pool_bytes"]
-    if None in (asked, largest, limit, pool) or asked <= 0 or not record.batch_size:
-        return None
-    room = max(largest, limit - pool)
-    if room >= asked:
+    asked, room = words["bytes_asked"], oom.pool_room(words)
+    if asked is None or room is None or asked <= 0 or not record.batch_size or room >= asked:
         return None
     return int(room // (asked / record.batch_size))

@@ -83,8 +83,8 @@ def cause(error: str | None, words: dict) -> str | None:
     free = limit - used
     if asked > free:
         return f"beyond the pool: {_gib(asked)} asked, {_gib(free)} free of {_gib(limit)}"
-    pool = words.get("pool_bytes")
-    if largest is not None and asked > largest and pool is not None and asked > limit - pool:
+    room, pool = pool_room(words), words.get("pool_bytes")
+    if room is not None and asked > room:
         return (f"the pool's regions: {_gib(asked)} asked, {_gib(free)} free but the largest free block "
                 f"{_gib(largest)}, and the pool grown in regions to {_gib(pool)} of its {_gib(limit)} "
                 f"(preallocation off): no room for a larger one")
@@ -93,6 +93,13 @@ def cause(error: str | None, words: dict) -> str | None:
                 f"{_gib(largest)}")
     return (f"{_gib(asked)} asked and {_gib(free)} free of {_gib(limit)} (largest block {_gib(largest)}): what "
             f"failed lies outside the pool as counted")
+
+
+def pool_room(words: dict) -> int | None:
+    """The largest buffer the pool can still give (`allocator_words`): the larger of its largest
+    free block and what its limit leaves for a new region; None where the counters do not say."""
+    largest, limit, pool = words.get("largest_free_block_bytes"), words.get("bytes_limit"), words.get("pool_bytes")
+    return None if None in (largest, limit, pool) else max(largest, limit - pool)
 
 
 def _gib(n: int | None) -> str:

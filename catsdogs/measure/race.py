@@ -101,8 +101,9 @@ def race_sizes(step_seconds: dict[int, float], spread: float = 0.2, most: int = 
             grid.append(b)
     while len(grid) > most:  # too many: every other one, from the smallest, until they fit
         grid = grid[::2]
+    raced = set(grid) | {peak}
     # the hopeless last, so that leaving one out never brings back a size the thinning took
-    return sorted({b for b in set(grid) | {peak} if not hopeless(b)} or set(grid) | {peak})
+    return sorted({b for b in raced if not hopeless(b)} or raced)
 
 
 def slower_throughout(b: int, c: int, step_seconds: dict[int, float], interval: tuple[float, float | None],
