@@ -109,7 +109,8 @@ def find_batch_size(model=None, data=None, *, memory_limit: int | str | None = N
         resolution, dataset, isolate, deterministic, tf32, worker_env; effective_batch: a batch to
         keep, whose gradient-accumulation plan the advice gives; race=True: the sizes that fit
         raced to a target, the advice's batch_size then the measured fastest, with race_budget
-        (seconds), until ("val_loss=0.49"; default: a reference run's) and race_workers).
+        (seconds), until ("val_loss=0.49"; default: a reference run's) and race_workers; a model
+        of yours races on `data` with a tenth of its training images held out to validate).
     log: where the progress lines go (None: nowhere).
 
     Example:

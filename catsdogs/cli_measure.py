@@ -148,7 +148,8 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
                    "learning rate, half and twice it) to a validation target on the same seeds, by successive "
                    "halving (2, 6, 18 seeds), and answer with the measured fastest, the prediction beside it. Its "
                    "trials are a sweep in the results store, NAME-race: Ctrl-C and the same command continue it. "
-                   "Minutes on a GPU, about ten on two CPU cores at 64 px.")
+                   "A model of yours (--model) races on real images: with --data, a tenth of its training images "
+                   "held out to validate. Minutes on a GPU, about ten on two CPU cores at 64 px.")
 @click.option("--race-budget", type=float, default=FIND.race_budget, metavar="SECONDS",
               help="The race's time, at most: a rung that would pass it (estimated from the trials so far) is "
                    "not started, and the answer is the last whole rung's [default: every rung].")

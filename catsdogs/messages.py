@@ -267,6 +267,7 @@ class ModelInfo(Record):
     activation_bytes_per_image: float | None = None  # its layers' outputs, an image's (user_model.activation_bytes)
     article_size: int | None = None  # the image size at which it is the article's model (user_model.article_size)
     batch_norm: bool | None = None  # it has a BatchNormalization layer (the noise scale's micro-batches: noise_run)
+    architecture: str | None = None  # a digest of its layers, a saved one's weights too (user_model.architecture_digest)
     source: dict | None = None  # the reference as checked: a file's SHA-256 (parent: model_ref.source)
     error: str | None = None
     traceback: str | None = None
@@ -291,7 +292,8 @@ class TrialTask:
     eval_every: int | None = None
     # a user's model, trained instead of the article's (find-batch-size's noise scale): {"model",
     # "loss", and where its images are not the prepared data, "input_spec" and "data_folder"}
-    # as a ProbeTask has them (None: the article's model)
+    # as a ProbeTask has them, and for a race's trial on a folder "validation": True (a tenth of
+    # its training images held out to validate: folder_data.race_splits) (None: the article's model)
     user: dict | None = None
     # the weights' digest delivered after the record, while the worker runs its next task (a
     # `digest` message): on a GPU the hash of 164 MB held every trial up 0.4 s (catsdogs.runtime.worker)

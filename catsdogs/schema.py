@@ -172,9 +172,8 @@ def _protocol(help: str, choices: tuple | None = None, multiple: bool = False):
     return {"protocol": True, "help": help, "choices": choices, "multiple": multiple}
 
 
-# Fields added after trials were first stored: left out of a trial's key while at their default,
-# so a store written before them resumes with the same keys.
-KEY_OMITS_DEFAULT = ("backend", "deterministic", "tf32", "until", "eval_every")
+# Fields added after trials were first stored: out of a trial's key at their default (old stores resume).
+KEY_OMITS_DEFAULT = ("backend", "deterministic", "tf32", "until", "eval_every", "model")
 # The fields a worker process is started with and keeps (set before its framework starts): a trial
 # runs only in a worker of its own settings (catsdogs.runtime.backends.process_env_for).
 PROCESS_FIELDS = ("deterministic", "tf32")
@@ -224,6 +223,9 @@ class TrialConfig:
     # With a target, the evaluations it is checked at decide where the trial stops: its identity.
     # Without one the curve changes nothing, the sweep's measurement (messages.TrialTask): None here.
     eval_every: int | None = field(default=None, metadata={"help": targets.EVAL_EVERY_HELP})
+    # Nor this: a user's model trained instead of the article's (find-batch-size --race --model),
+    # REF@DIGEST (model_check.identity), so a trial of one model is never read back as another's.
+    model: str | None = field(default=None, metadata={"help": "A user's model, REF@DIGEST (None: the article's)."})
 
     def key(self) -> str:
         d = asdict(self)

@@ -281,15 +281,16 @@ class RaceSlot:
     REFERENCE_LOSSES = (0.62, 0.55, 0.503, 0.47)
 
     def __init__(self, device: RaceDevice, n_train: int, fixed: float = 0.5, ran: list | None = None,
-                 interrupt_after: int | None = None, slower=lambda seed: 1.0):
+                 interrupt_after: int | None = None, slower=lambda seed: 1.0, users: list | None = None):
         self.device, self.n_train, self.fixed, self.slower = device, n_train, fixed, slower
         self.ran = ran if ran is not None else []
+        self.users = users if users is not None else []  # each trial's user model (TrialTask.user), in order
         self.interrupt_after = interrupt_after
 
     def shapes(self) -> set[str]:
         return set()
 
-    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None, user=None):
         import _thread
         import math
 
@@ -297,6 +298,7 @@ class RaceSlot:
         from catsdogs.schema import Status
 
         self.ran.append(cfg)
+        self.users.append(user)
         b, step = cfg.batch_size, self.device.step_seconds[cfg.batch_size]
         per_epoch = max(1, self.n_train // b)
         clock = step * self.slower(cfg.seed)  # a trial's own step time, where the device's is its probe's

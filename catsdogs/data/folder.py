@@ -166,6 +166,19 @@ def train_count(n: int, share: float = TEST_SHARE) -> int:
     return max(0, n - held_out_count(n, share)) if n else 0
 
 
+def race_splits(split: Split) -> tuple[Split, Split, Split]:
+    """(train, validation, test) of a user's images for a race, whose target is on a validation
+    split a folder lacks: the test tenth `holdout` keeps, then a tenth of the rest for validation."""
+    train, test = holdout(split)
+    train, validation = holdout(train)
+    return train, validation, test
+
+
+def race_train_count(n: int) -> int:
+    """The images of `n` that `race_splits` leaves to train on."""
+    return train_count(train_count(n))
+
+
 def holdout(split: Split, share: float = TEST_SHARE) -> tuple[Split, Split]:
     """(train, test): `share` of the images (at least one) held out for testing, the rest to train on."""
     order = np.random.default_rng(0).permutation(len(split))

@@ -34,12 +34,11 @@ a fresh one of its own), so the recommendation (catsdogs.goodput: the least pred
 target) has a probe at the statistics' limit. `measure_noise=False` (--no-noise-scale) skips it.
 
 Time: a probe in a reused worker takes a fraction of a second and a compilation, one in a fresh
-worker seconds more (most of it importing the framework). So the first probe's worker imports,
-and XLA's plan compiles, while the noise scale's short runs train; the search probes the
-prediction rather than doubling past it (catsdogs.measure.search.around_guess), and goes straight
-to its bound from three quarters of it; on the CPU the next fresh worker imports while the probes
-run, stopped while their steps are timed (catsdogs.measure.prober). The summary says where the time went ("seconds").
-"""
+worker seconds more (importing the framework). So the first probe's worker imports, and XLA's plan
+compiles, while the noise scale's short runs train; the search probes the prediction rather than
+doubling past it (search.around_guess), and goes straight to its bound from three quarters of it;
+on the CPU the next fresh worker imports while the probes run, stopped while their steps are timed
+(catsdogs.measure.prober). The summary says where the time went. `--race`: then catsdogs.measure.race_run."""
 
 from __future__ import annotations
 
@@ -106,6 +105,10 @@ def find_batch_size(settings: FindSettings, data_dir: Path, out: Path = Path(con
     try:
         return _measure_and_answer(run, log)
     finally:
+        if run.probe_data and run.probe_data.decoded:  # the folder's decoded copy: every worker is done with it
+            Path(run.probe_data.decoded).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # ... and the work folder, empty unless a log was kept
+                (run.folder / ".work").rmdir()
         (run.folder / LOCK).unlink(missing_ok=True)
 
 
@@ -144,8 +147,8 @@ def race(run: FindRun, result: FindResult) -> None:
     written and said: find_batch_size.json again, with the race's measured answer beside it."""
     if not result.recommendation:
         return run.log("Race: not run: no size passed its probe with a time to race.")
-    race_into(result, run_race(run.settings, run.data_dir, run.folder.parent, run.manifest, run.size,
-                               result.recommendation, run.anchor, run.log))
+    race_into(result, run_race(run.settings, run.data_dir, run.folder.parent, run.manifest, run.size, result.recommendation,
+                               run.anchor, run.log, raced=model_check.Raced.of(run.settings, run.manifest, run.user, run.probe_data)))
     write_json_atomic(run.folder / "find_batch_size.json", result.to_dict(), indent=2)
     for line in race_lines(result.race):
         run.log(line)
@@ -271,14 +274,10 @@ def calibrate(run: FindRun) -> None:
 
 
 def end(run: FindRun) -> None:
-    """The workers ended, the decoded copy and the work folder let go."""
+    """The workers ended (the folder's decoded copy is let go as the call ends: a race trains on it)."""
     run.probes.close()  # (a plan still compiling is not waited for: its worker ends with this process)
     if run.shared:  # (where the noise scale was not measured after all)
         run.shared.close()
-    if run.probe_data and run.probe_data.decoded:  # the folder's decoded copy: the workers are done with it
-        Path(run.probe_data.decoded).unlink(missing_ok=True)
-        with contextlib.suppress(OSError):  # ... and the work folder, empty unless a log was kept
-            (run.folder / ".work").rmdir()
 
 
 def answer(run: FindRun) -> FindResult:
@@ -425,11 +424,10 @@ def _seconds(started: float, noise_run: NoiseRun | None, predict_seconds: float,
 
 
 def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dict, log, arrays=None):
-    """(the settings with the model's canonical reference, the prepared data's manifest or None,
-    the image size, the user's model's ModelInfo or None, what its probes run on or None, the
-    worker it was checked in or None): a user's model is built and checked in a worker first
-    (catsdogs.measure.model_check), kept for the noise scale's short runs where they are to train
-    (one start fewer)."""
+    """(the settings with the model's canonical reference, the prepared data's manifest or None, the
+    image size, the user's model's ModelInfo or None, what its probes run on or None, the worker it
+    was checked in or None): a user's model is built and checked in a worker first (model_check),
+    kept for the noise scale's short runs where they are to train (one start fewer)."""
     model_check.check_options(settings.model, settings.loss, settings.images, settings.precision)
     if settings.model is None:
         manifest = require_intact(Path(data_dir))
@@ -442,6 +440,8 @@ def _model_and_data(settings: FindSettings, data_dir: Path, work: Path, env: dic
         ref, user = model_check.check_user_model(settings.model, settings.loss, log_path, env, shared)
         probe_data = model_check.data_for(user, data_dir, Path(settings.images) if settings.images else None, work,
                                           arrays)
+        if settings.race:  # (a race it cannot run refused before any probe)
+            model_check.Raced.of(replace(settings, model=ref), probe_data.manifest, user, probe_data)
     except BaseException:
         if shared:
             shared.close()

@@ -82,6 +82,15 @@ def recorded(info: ModelInfo) -> dict:
                                       if k not in ("status", "error", "traceback", "source")}}
 
 
+def identity(info: ModelInfo) -> str:
+    """What a user's model's trials are keyed by (TrialConfig.model): a function's reference, or a
+    saved model's name, and a digest of its layers (a saved one's weights too, which its trials
+    start from: ModelInfo.architecture), so an edited model is another model and a model saved
+    again (the Python API saves a keras.Model to a new file each call) the same."""
+    source = info.source or {}
+    return f"{source['model'] if source.get('kind') == 'function' else info.name}@{info.architecture}"
+
+
 @dataclass(frozen=True)
 class ProbeData:
     """What a user's model's probes run on, and the sentence that says so."""
@@ -95,6 +104,7 @@ class ProbeData:
     undecodable_files: list | None = None  # their names, relative to the folder
     decoded: str | None = None  # the folder decoded once, the file the workers read (folder_data.save_decoded)
     arrays: str | None = None  # the Python API's numpy arrays instead of a folder: their digest
+    fingerprint: str | None = None  # the folder's (folder_data.fingerprint) or the arrays' digest: what the race keys by
 
     @property
     def own(self) -> bool:
@@ -134,21 +144,23 @@ def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None, work: 
                    if work is not None else None)
         k = len(np.unique(split.labels))
         return ProbeData(None, spec, None, f"{len(split):,} images of {k} classes (numpy arrays, {split.images.dtype}), "
-                         f"{height} x {width}", len(split), 0, [], decoded, digest)
+                         f"{height} x {width}", len(split), 0, [], decoded, digest, digest)
     if folder is not None:
         found = folder_data.scan(folder)
         if len(found.classes) > info.classes:
             raise SettingError(f"{folder} holds {len(found.classes)} classes, more than the model's "
                                f"{info.classes} ({info.loss_description})", "data")
         loaded = folder_data.load(found, height, width, channels)  # uint8: the workers cast for their model
-        decoded = (folder_data.save_decoded_copy(loaded.split, work, folder_data.fingerprint(found), info.input_shape)
+        fingerprint = folder_data.fingerprint(found)
+        decoded = (folder_data.save_decoded_copy(loaded.split, work, fingerprint, info.input_shape)
                    if work is not None else None)
         n = len(loaded.undecodable)
         left = (f"; {n} file{'s' if n != 1 else ''} that did not decode left out ({', '.join(loaded.undecodable[:3])}"
                 f"{', ...' if n > 3 else ''}: every name in the JSON)") if n else ""
         return ProbeData(None, spec, str(found.root), f"{len(loaded.split):,} images of {len(found.classes)} classes "
                          f"({', '.join(found.classes)}) in {found.root}, resized to {height} x {width}{left}",
-                         len(loaded.split), len(loaded.undecodable), list(loaded.undecodable), decoded)
+                         len(loaded.split), len(loaded.undecodable), list(loaded.undecodable), decoded,
+                         fingerprint=fingerprint)
     manifest = load_manifest(Path(data_dir))
     size = manifest["params"]["size"] if manifest else None
     if manifest and (height, width, channels) == (size, size, 3):
@@ -172,3 +184,40 @@ def describe(info: ModelInfo) -> str:
              else f"FLOPs not counted (layers {', '.join(info.flops_unknown or [])}: no MFU)")
     return (f"model {info.name}: {info.parameters:,} parameters, {info.layers} layers, input "
             f"{' x '.join(map(str, info.input_shape))}, {flops}; {info.loss_description}")
+
+
+def user_task(settings, probe_data: ProbeData | None) -> dict | None:
+    """A user's model as a trial trains it (messages.TrialTask.user); None for the article's.
+    `settings`: find-batch-size's (FindSettings)."""
+    if settings.model is None:
+        return None
+    return {"model": settings.model, "loss": settings.loss, **(probe_data.task_fields() if probe_data else {})}
+
+
+@dataclass(frozen=True)
+class Raced:
+    """The model and data a race trains (catsdogs.measure.race_run): the article's model on the
+    prepared data, or a user's on the prepared data or on its own images, there with a tenth of
+    the training images held out to validate (the target is on a validation split a folder lacks:
+    folder_data.race_splits)."""
+
+    model: str | None  # TrialConfig.model (`identity`); None: the article's
+    task: dict | None  # messages.TrialTask.user; None: the article's
+    data: str  # TrialConfig.data: the prepared data's fingerprint, or the user's images', "+validation"
+    train_images: int  # what each trial trains on
+    classes: int = 2  # chance's loss is ln(classes): a reference run below it learned
+
+    @classmethod
+    def of(cls, settings, manifest: dict | None, info: ModelInfo | None, probe_data: ProbeData | None) -> Raced:
+        """`settings`: find-batch-size's; `manifest`: the prepared data's (None: the user's images)."""
+        task = user_task(settings, probe_data)
+        if task is None or manifest is not None:
+            counts = manifest["counts"][settings.dataset]["train"].values()
+            return cls(task and identity(info), task, manifest["fingerprint"][settings.dataset], sum(counts),
+                       info.classes if info else 2)
+        if probe_data is None or not probe_data.own:
+            raise SettingError("races on real images (its target is a validation loss, and random images carry "
+                               "nothing to learn): give --data DIR, or prepared data your model takes", "race")
+        return cls(identity(info), {**task, "validation": True}, f"{probe_data.fingerprint}+validation",
+                   folder_data.race_train_count(probe_data.count), info.classes)
+

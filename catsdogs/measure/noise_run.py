@@ -141,7 +141,7 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     prepared data, and is measured by the two-batch estimator (`user_noise_sampling`); `worker`:
     the one its check ran in (model_check.check_user_model), ended here as a worker of its own is."""
     base = default("base_batch_size")
-    user = _user_task_fields(settings, probe_data)
+    user = model_check.user_task(settings, probe_data)
     sampling = sampling or (user_noise_sampling() if user else noise_sampling())
     seeds = list(range(settings.seed, settings.seed + NOISE_SEEDS))
     how = (f"the two-batch estimator on ordinary gradients, {sampling.pairs} pairs of {sampling.micros} micro-batches "
@@ -287,10 +287,3 @@ def rate_test(rates: list, rounds: list[dict], learned: float,
             "losses": chosen_round and chosen_round["losses"], "chosen": chosen,
             "edge": chosen in (rates[0], rates[-1]), "batch_size": default("base_batch_size"),
             "epochs": NOISE_EPOCHS}
-
-
-def _user_task_fields(settings: FindSettings, probe_data: model_check.ProbeData | None) -> dict | None:
-    """A user's model as a trial trains it (TrialTask.user); None for the article's."""
-    if settings.model is None:
-        return None
-    return {"model": settings.model, "loss": settings.loss, **(probe_data.task_fields() if probe_data else {})}

@@ -253,6 +253,17 @@ class Race:
                 "tied": [{"batch_size": r["batch_size"], "lr": r["lr"]} for r in tied], "arms": rows}
 
 
+def against_prediction(decision: dict, predicted: int) -> dict:
+    """The prediction's recommended size held against the race's answer: it agrees where it is the
+    leader's size or one the race cannot tell from it; else its best arm's time over the leader's,
+    where it raced."""
+    tied = {t["batch_size"] for t in decision["tied"]} | {decision["batch_size"]}
+    rows = [r for r in decision["arms"] if r["batch_size"] == predicted and r["ratio"] is not None]
+    best = min(rows, key=lambda r: r["ratio"]) if rows else None
+    return {"batch_size": predicted, "agrees": predicted in tied, "raced": bool(rows),
+            "ratio": best["ratio"] if best else None, "seeds": best["seeds"] if best else None}
+
+
 def _interval(values: list[float]) -> tuple[float, float, float]:
     """(low, mean, high) of `values`' mean at LEVEL by Student's t; an open interval from one value."""
     if not values:

@@ -5,7 +5,7 @@ answer is measured: the leader, its time with an interval, the sizes it cannot b
 the prediction held against it.
 
 The race's trials are a sweep in the results store, `NAME-race` (catsdogs.training.sweep runs each
-wave on its slots: `--workers` at once), so `catsdogs report --name NAME-race` and TensorBoard
+wave on its slots: `--workers` at once; a user's model with its identity, model_check.Raced), so `catsdogs report --name NAME-race` and TensorBoard
 show it, and Ctrl-C then the same command continues it: the race's plan (its sizes, rates, seeds,
 target and step times) is the sweep's recorded config, read back rather than made again from
 probes that time differently on a second run, and a trial is found again by its arm and seed
@@ -41,6 +41,7 @@ from pathlib import Path
 
 from catsdogs import targets
 from catsdogs.errors import CatsdogsError, Interrupted
+from catsdogs.measure.model_check import Raced
 from catsdogs.measure.noise_run import ANCHOR_LEARNED
 from catsdogs.measure.race import (
     CAP,
@@ -49,6 +50,7 @@ from catsdogs.measure.race import (
     Arm,
     Outcome,
     Race,
+    against_prediction,
     race_rates,
     race_sizes,
 )
@@ -64,7 +66,7 @@ CAPPED_EPOCHS = 10 * MAX_EPOCHS  # ... and once one does, at most (a large batch
 EVALUATIONS = 8  # the reference's epochs hold at least this many evaluations
 BETWEEN_RUNS = 0.2  # the step times' spread from one run to the next on a shared CPU (docs/performance.md)
 PLAN_KEYS = ("optimizer", "dataset", "data", "image_size", "backend", "precision", "deterministic", "tf32",
-             "seed", "until")  # what makes a race another race: a stored plan of other values is not resumed
+             "seed", "until", "model")  # what makes a race another race: a stored plan of other values is not resumed
 
 
 def sweep_name(name: str) -> str:
@@ -72,22 +74,24 @@ def sweep_name(name: str) -> str:
     return f"{name}-race"
 
 
-def run_race(settings, data_dir: Path, out: Path, manifest: dict, size: int, recommendation: dict,
-             anchor: dict | None, log, slots: SlotFactory | None = None) -> dict:
+def run_race(settings, data_dir: Path, out: Path, manifest: dict | None, size: int, recommendation: dict,
+             anchor: dict | None, log, slots: SlotFactory | None = None, raced: Raced | None = None) -> dict:
     """Race the recommendation table's sizes (those that fit under the margin, each with its probe's
     step time) to the target; the race's record, find_batch_size.json's `race`. `settings`:
     find-batch-size's (FindSettings); `anchor`: the learning-rate anchor the recommendation used;
-    `slots`: where the trials run (the sweep's SlotFactory; None: worker processes here)."""
+    `slots`: where the trials run (the sweep's SlotFactory; None: worker processes here); `raced`:
+    the model and data (model_check.Raced; None: the article's model on the prepared data)."""
     started = time.perf_counter()
     sweep = sweep_name(settings.name)
-    identity = _identity(settings, manifest, size)
-    plan = _stored_plan(out, sweep, identity, log) or _new_plan(settings, manifest, recommendation, anchor, identity)
+    raced = raced or Raced.of(settings, manifest, None, None)
+    identity = _identity(settings, raced, size)
+    plan = _stored_plan(out, sweep, identity, log) or _new_plan(settings, raced, recommendation, anchor, identity)
     workers = max(1, settings.race_workers)
     kept = make_slots(out, SweepSettings(workers=workers, worker_env=settings.environment(), slots=slots))
-    runner = _Runner(sweep, plan, settings, data_dir, out, kept, workers, log)
+    runner = _Runner(sweep, plan, settings, data_dir, out, kept, workers, log, raced)
     try:
         if plan["target"] is None:
-            runner.reference(manifest)
+            runner.reference()
         log(f"Race to {_race_words(plan)}, on seeds {plan['seeds'][0]}-{plan['seeds'][-1]} "
             f"by rungs of {', '.join(map(str, SEEDS_PER_RUNG))} seeds (sweep {sweep} in {store_path(out)}).")
         race, stopped = runner.run(started)
@@ -104,11 +108,10 @@ def run_race(settings, data_dir: Path, out: Path, manifest: dict, size: int, rec
 # --- the plan --------------------------------------------------------------------------------------
 
 
-def _identity(settings, manifest: dict, size: int) -> dict:
-    return {"optimizer": settings.optimizer, "dataset": settings.dataset,
-            "data": manifest["fingerprint"][settings.dataset], "image_size": size, "backend": backends.check(),
-            "precision": settings.precision, "deterministic": settings.deterministic, "tf32": settings.tf32,
-            "seed": settings.seed, "until": targets.canonical(settings.until)}
+def _identity(settings, raced: Raced, size: int) -> dict:
+    return {"optimizer": settings.optimizer, "dataset": settings.dataset, "data": raced.data, "image_size": size,
+            "backend": backends.check(), "precision": settings.precision, "deterministic": settings.deterministic,
+            "tf32": settings.tf32, "seed": settings.seed, "until": targets.canonical(settings.until), "model": raced.model}
 
 
 def _stored_plan(out: Path, sweep: str, identity: dict, log) -> dict | None:
@@ -132,11 +135,12 @@ def _stored_plan(out: Path, sweep: str, identity: dict, log) -> dict | None:
     return plan
 
 
-def _new_plan(settings, manifest: dict, recommendation: dict, anchor: dict | None, identity: dict) -> dict:
+def _new_plan(settings, raced: Raced, recommendation: dict, anchor: dict | None, identity: dict) -> dict:
     """The sizes (race.race_sizes over the probes' step times, beyond the between-run spread, and the
     prediction's recommendation, so that it is held against the race), each size's rates by the optimizer's rule from the anchor and the factor-2 set around it, the seeds,
     the evaluations' spacing, and the arm raced first (the prediction's choice at its rule's rate)."""
-    table = {int(r["batch_size"]): float(r["step_seconds"]) for r in recommendation["table"]}
+    n_train = raced.train_images  # (a size past it has no batch to train: a user's folder holds out a tenth more)
+    table = {int(r["batch_size"]): float(r["step_seconds"]) for r in recommendation["table"] if r["batch_size"] <= n_train}
     predicted = recommendation["batch_size"]  # raced whatever the grid: the prediction is held against the race
     span = recommendation.get("interval")
     sizes = sorted({*race_sizes(table, BETWEEN_RUNS, interval=tuple(span) if span else None),
@@ -149,7 +153,6 @@ def _new_plan(settings, manifest: dict, recommendation: dict, anchor: dict | Non
         rates[b] = [_round(r) for r in race_rates(rule_rate[b])]
     predicted = min(sizes, key=lambda b: (abs(math.log(b / predicted)), b))  # (itself, where the table has it)
     base, base_lr, said = anchor_at(predicted, settings.optimizer, anchor)
-    n_train = sum(manifest["counts"][settings.dataset]["train"].values())
     every = 2 ** max(5, int(math.log2(max(1, n_train * REFERENCE_EPOCHS // EVALUATIONS))))
     return {"identity": identity, "sizes": sizes, "rates": {str(b): rates[b] for b in sizes},
             "probe_step_seconds": {str(b): table[b] for b in sizes}, "steady_step_seconds": None,
@@ -177,9 +180,10 @@ def _race_words(plan: dict) -> str:
 class _Runner:
     """Runs the race's waves as sweeps on kept slots and reads their outcomes back from the store."""
 
-    def __init__(self, sweep: str, plan: dict, settings, data_dir: Path, out: Path, slots, workers: int, log):
+    def __init__(self, sweep: str, plan: dict, settings, data_dir: Path, out: Path, slots, workers: int, log,
+                 raced: Raced):
         self.sweep, self.plan, self.settings, self.data_dir, self.out = sweep, plan, settings, data_dir, out
-        self.slots, self.workers, self.log = slots, workers, log
+        self.slots, self.workers, self.log, self.raced = slots, workers, log, raced
         self.grid: list[TrialConfig] = []  # every trial of the race so far, in the order run
         self.walls: dict[str, float] = {}  # each trial's wall seconds, by key (the budget's estimates)
         self.said: set[str] = set()  # the failed trials said so far
@@ -191,7 +195,7 @@ class _Runner:
         return TrialConfig(i["optimizer"], batch_size, i["dataset"], seed, epochs=epochs, image_size=i["image_size"],
                            data=i["data"], lr=lr, precision=i["precision"], until=until,
                            eval_every=self.plan["eval_every"] if until else None, deterministic=i["deterministic"],
-                           tf32=i["tf32"], backend=i["backend"])
+                           tf32=i["tf32"], backend=i["backend"], model=i.get("model"))
 
     def run_wave(self, configs: list[TrialConfig]) -> None:
         """One sweep call over the race's trials so far, of which `configs` are new; the sweep's own
@@ -202,6 +206,7 @@ class _Runner:
         quiet = (f"Sweep {self.sweep}:", f"Sweep {self.sweep} finished", "    epoch ")  # (a trial's own lines stay)
         settings = SweepSettings(workers=self.workers, eval_every=self.plan["eval_every"],
                                  sweep_config={"race": self.plan, "find_batch_size": self.settings.name},
+                                 user=self.raced.task,
                                  log=lambda line: None if line.startswith(quiet) else self.log(line))
         run_sweep(self.sweep, self.grid, self.data_dir, self.out, settings, kept=self.slots)
 
@@ -221,7 +226,7 @@ class _Runner:
                 found[(c["batch_size"], c["lr"], c["seed"])] = row
         return found
 
-    def reference(self, manifest: dict) -> None:
+    def reference(self) -> None:
         """The reference run at the anchor, whose validation loss after REFERENCE_EPOCHS epochs is the
         target; recorded in the plan (the sweep's config) so that a continued race keeps it."""
         a = self.plan["anchor"]
@@ -234,8 +239,9 @@ class _Runner:
         history = (row or {}).get("history") or []
         loss = history[-1].get("val_loss") if history else None
         if row is None or row["status"] != Status.DONE or loss is None or not math.isfinite(loss) \
-                or loss >= ANCHOR_LEARNED * math.log(2):  # (the noise runs' rule for a run that took off)
-            why = (f"its validation loss after {REFERENCE_EPOCHS} epochs is {loss:.3f}, not off chance (ln 2 = 0.693)"
+                or loss >= ANCHOR_LEARNED * math.log(self.raced.classes):  # (the noise runs' rule: it took off)
+            why = (f"its validation loss after {REFERENCE_EPOCHS} epochs is {loss:.3f}, not off chance (ln "
+                   f"{self.raced.classes} = {math.log(self.raced.classes):.3f})"
                    if loss is not None and math.isfinite(loss) else f"it ended {(row or {}).get('status')}")
             raise CatsdogsError(f"the race has no target: the reference run (batch size {a['batch_size']} at "
                                 f"{a['lr']:g}) did not learn ({why}); give one with --until METRIC=VALUE")
@@ -436,14 +442,3 @@ def race_into(result, record: dict) -> None:
     result.absent = result.absent - {"race"}
     if record.get("decision") and result.hand_off:
         result.hand_off = {**result.hand_off, "batch_size": record["decision"]["batch_size"]}
-
-
-def against_prediction(decision: dict, predicted: int) -> dict:
-    """The prediction's recommended size held against the race's answer: it agrees where it is the
-    leader's size or one the race cannot tell from it; else its best arm's time over the leader's,
-    where it raced."""
-    tied = {t["batch_size"] for t in decision["tied"]} | {decision["batch_size"]}
-    rows = [r for r in decision["arms"] if r["batch_size"] == predicted and r["ratio"] is not None]
-    best = min(rows, key=lambda r: r["ratio"]) if rows else None
-    return {"batch_size": predicted, "agrees": predicted in tied, "raced": bool(rows),
-            "ratio": best["ratio"] if best else None, "seeds": best["seeds"] if best else None}

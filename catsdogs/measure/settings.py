@@ -92,13 +92,13 @@ class FindSettings:
             raise SettingError(f"must be a whole number from 1 to {most:,}, the largest batch size, got {e!r}",
                                "effective_batch")
         check_loss(self.loss)
-        self.check_race(model_given)
+        self.check_race()
         if model_given and self.anchor:
             raise SettingError("the stores' tuned rates are the article's model's, not this one's", "from_store")
 
-    def check_race(self, model_given: bool) -> None:
+    def check_race(self) -> None:
         """The race's settings: each only with --race, a budget a positive number of seconds, a
-        target one a sweep takes, the article's model (its trials are a sweep's)."""
+        target one a sweep takes (a user's model races on real images only: model_check.Raced)."""
         if not isinstance(self.race, bool):
             raise SettingError(f"must be True or False, got {self.race!r}", "race")
         if not self.race:
@@ -117,9 +117,6 @@ class FindSettings:
         w = self.race_workers
         if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= RACE_WORKERS_MOST:
             raise SettingError(f"must be a whole number from 1 to {RACE_WORKERS_MOST}, got {w!r}", "race_workers")
-        if model_given:
-            raise SettingError("races the article's model (its trials are a sweep's); a model of yours is not "
-                               "raced yet: leave --race out", "race")
 
     def environment(self) -> dict:
         """Every worker's environment: its process settings, and what `worker_env` adds."""

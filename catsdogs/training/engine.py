@@ -224,8 +224,12 @@ def _start(cfg: TrialConfig, data_dir: Path, backend, user: dict | None = None) 
     backends.check_settings(cfg, backend.running_settings())
     compiled_before = backend.compile_counts()
     if user and user.get("data_folder"):  # a user's folder: a fixed tenth of it tests, no validation
-        train, test = folder_data.holdout(steps.DATA.load_folder(user["data_folder"], user["input_spec"]))
-        splits = {"train": train, "validation": loading.Split(train.images[:0], train.labels[:0], []), "test": test}
+        images = steps.DATA.load_folder(user["data_folder"], user["input_spec"])
+        if user.get("validation"):  # a race's trial: a tenth of the rest validates too (its target's)
+            splits = dict(zip(("train", "validation", "test"), folder_data.race_splits(images), strict=True))
+        else:
+            train, test = folder_data.holdout(images)
+            splits = {"train": train, "validation": loading.Split(train.images[:0], train.labels[:0], []), "test": test}
     else:
         manifest, splits = steps.DATA.load(data_dir, cfg.dataset, expect=cfg.data)
         if manifest["params"]["size"] != cfg.image_size:

@@ -63,8 +63,8 @@ class LocalSlot:
         return Worker(self.log_path, {**self.env, **settings, **(extra or {})}, digests=self.digests)
 
     def run(self, cfg, data_dir: Path, on_epoch=None, noise_sampling: dict | None = None,
-            eval_every: int | None = None) -> TrialRecord:
-        task = TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling, eval_every)
+            eval_every: int | None = None, user: dict | None = None) -> TrialRecord:
+        task = TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling, eval_every, user=user)
         settings = backends.process_env_for(cfg.deterministic, cfg.tf32)
         if not (self.isolate or needs_fresh_worker(cfg)):
             if settings != self.settings:  # a process runs one setting: another gets its own worker

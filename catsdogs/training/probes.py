@@ -33,6 +33,7 @@ from catsdogs.messages import (
     ProbeRecord,
     ProbeTask,
 )
+from catsdogs.model_ref import is_file
 from catsdogs.runtime import backends
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.training import steps, user_model
@@ -170,8 +171,9 @@ def run_model_check(task: ModelCheckTask) -> ModelInfo:
     backends.current().start()
     model = user_model.build(task.model)
     info = user_model.describe(model, user_model.choose_loss(model, task.loss))
+    digest = user_model.architecture_digest(model, weights=is_file(task.model))
     del model
-    return ModelInfo(status=Status.DONE, **info)
+    return ModelInfo(status=Status.DONE, **info, architecture=digest)
 
 
 def _fill(record, **values):

@@ -177,8 +177,8 @@ class RaySlot:
         return cls.options(name=f"catsdogs worker {id(self)}-{time.monotonic_ns()}", **options).remote(env)
 
     def run(self, cfg, data_dir, on_epoch=None, noise_sampling: dict | None = None,
-            eval_every: int | None = None) -> TrialRecord:
-        task = TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling, eval_every)
+            eval_every: int | None = None, user: dict | None = None) -> TrialRecord:
+        task = TrialTask(cfg, str(Path(data_dir).resolve()), noise_sampling, eval_every, user=user)
         fresh = self.isolate or needs_fresh_worker(cfg)  # an actor started for it, ended with it
         if self.actor is not None and self._settings != backends.process_env_for(cfg.deterministic, cfg.tf32):
             self.close()  # an actor's process runs one setting: another gets its own

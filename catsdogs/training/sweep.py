@@ -47,9 +47,10 @@ class Slot(Protocol):
         keeps: the slot claims those first."""
 
     def run(self, cfg: TrialConfig, data_dir: Path, on_epoch: Callable[[dict], None] | None = None,
-            noise_sampling: dict | None = None, eval_every: int | None = None) -> TrialRecord:
+            noise_sampling: dict | None = None, eval_every: int | None = None, user: dict | None = None) -> TrialRecord:
         """Run one trial (recording its noise scale as `noise_sampling`, NoiseSampling.as_dict(),
-        says, and its validation curve every `eval_every` training images), reporting each epoch's
+        says, and its validation curve every `eval_every` training images; `user`: a user's model
+        trained instead of the article's, messages.TrialTask.user), reporting each epoch's
         row to `on_epoch`; always its record: done, failed or oom, or lost (its worker lost through
         no fault of the trial: the sweep gives it back)."""
 
@@ -125,6 +126,9 @@ class SweepSettings:
     slots: SlotFactory | None = None  # `slots(index, workers, workdir)` makes slot `index`; None: LocalSlots
     noise_sampling: NoiseSampling | None = None  # record each trial's gradient noise scale, sampled so
     eval_every: int | None = None  # record each trial's validation curve every so many training images
+    # a user's model, trained in every trial instead of the article's (messages.TrialTask.user:
+    # find-batch-size --race --model); its trials carry its identity (TrialConfig.model)
+    user: dict | None = None
     sweep_config: dict | None = None  # more of what sweep.json and the store record of the sweep
     log: Callable[[str], None] = print
     on_finished: Callable[[], None] | None = None  # after each trial's outcome is in the store
@@ -143,16 +147,15 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path,
     transaction per outcome."""
     s = settings = settings or SweepSettings()
     overwrite, retry_failed, log, workers, isolate = s.overwrite, s.retry_failed, s.log, s.workers, s.isolate
-    noise_sampling, eval_every, on_finished = s.noise_sampling, s.eval_every, s.on_finished
+    noise_sampling, eval_every, on_finished, user = s.noise_sampling, s.eval_every, s.on_finished, s.user
     sweep_config = s.sweep_config
     out = Path(out)
     sweep_dir = out / name
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    manifest = require_prepared(Path(data_dir))
     resolved = {
         "name": name, **(sweep_config or {}), "data_dir": str(Path(data_dir).resolve()),
         "noise_scale": noise_sampling.as_dict() if noise_sampling else None, "eval_every": eval_every,
-        "data": {k: manifest[k] for k in ("params", "source", "fingerprint", "counts")},
+        "data": _data_record(data_dir, user), **({"user_model": user} if user else {}),
         "trials": [asdict(c) for c in grid], "versions": versions(),
     }
     write_json_atomic(sweep_dir / "sweep.json", resolved)
@@ -170,7 +173,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path,
     work = dict(keys=keys, by_key={c.key(): c for c in grid}, data_dir=data_dir, out=out, name=name,
                 board=board, retry_failed=retry_failed,
                 noise_sampling=noise_sampling.as_dict() if noise_sampling else None, eval_every=eval_every,
-                on_finished=on_finished)
+                on_finished=on_finished, user=user)
     # Each slot's thread sets its event when it ends. Waiting on events rather than
     # Thread.join: a join cut short by Ctrl-C can leave the thread looking finished when it is not.
     ended = [threading.Event() for _ in runners]
@@ -201,6 +204,15 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path,
     if board.error is not None:  # every finished trial is in the store: only the failed write is not
         raise board.error
     return _ended(name, keys, out, log)
+
+
+def _data_record(data_dir: Path, user: dict | None) -> dict:
+    """What the sweep trains on, as sweep.json and the store record it: the prepared data's
+    manifest, or a user's folder of images (a race of a user's model on its own images)."""
+    if user and user.get("data_folder"):
+        return {"folder": user["data_folder"], "input_spec": user.get("input_spec")}
+    manifest = require_prepared(Path(data_dir))
+    return {k: manifest[k] for k in ("params", "source", "fingerprint", "counts")}
 
 
 def _ended(name: str, keys: list[str], out: Path, log) -> dict:
@@ -272,7 +284,7 @@ def _say_finished(name: str, counts: dict, total: int, retry_failed: bool, log) 
 
 
 def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: _Board, retry_failed,
-          noise_sampling, eval_every, on_finished=None) -> None:
+          noise_sampling, eval_every, on_finished=None, user=None) -> None:
     """Claim, run, record; until nothing is left or the sweep is stopped. A trial answered with
     its weights' digest still being hashed (a GPU worker's: Slot.digest) is held, and recorded
     once the digest comes, which it does while the next trial runs."""
@@ -296,7 +308,8 @@ def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: 
                 t0 = time.time()
                 try:
                     record = runner.run(cfg, data_dir, on_epoch=_epoch_logger(board.log, tag),
-                                        noise_sampling=noise_sampling, eval_every=eval_every)
+                                        noise_sampling=noise_sampling, eval_every=eval_every,
+                                        **({"user": user} if user else {}))
                 except BaseException:  # no outcome of the trial's (a worker unfit for any trial): run it again later
                     store.release(row["key"])
                     raise

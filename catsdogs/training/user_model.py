@@ -14,7 +14,9 @@ Runs inside a worker, after its backend has started, so Keras is imported at the
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import math
 from dataclasses import dataclass
 
@@ -142,6 +144,25 @@ def describe(model: keras.Model, choice: LossChoice) -> dict:
             "loss": choice.kind, "from_logits": choice.from_logits, "loss_description": choice.describe(),
             "dtype_policy": model.dtype_policy.name,
             "batch_norm": has_batch_norm(model)}
+
+
+def architecture_digest(model: keras.Model, weights: bool = False) -> str:
+    """A digest of what the model is: each layer's kind, configuration (its name left out: Keras
+    numbers names by what the process built before) and weights' shapes, and with `weights` their
+    values (a saved model's, which its trials start from; a function's are drawn from the trial's
+    seed). Two builds of one function agree, and two saves of one model (a .keras file's bytes hold
+    the time it was saved); a changed layer does not. What a race's trials are keyed by (TrialConfig.model)."""
+    layers = []
+    for layer in _leaf_layers(model):
+        try:
+            config = {k: v for k, v in layer.get_config().items() if k != "name"}
+        except Exception:  # noqa: BLE001 - a custom layer without a config: its kind and weights say it
+            config = None
+        layers.append([type(layer).__name__, config, [[*map(int, w.shape), str(w.dtype)] for w in layer.weights]])
+    digest = hashlib.sha256(json.dumps(layers, sort_keys=True, default=lambda o: type(o).__name__).encode())
+    for value in model.weights if weights else ():  # (default: no object's address in the text)
+        digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(value)).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def has_batch_norm(model: keras.Model) -> bool:

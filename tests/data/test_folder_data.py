@@ -178,3 +178,17 @@ def test_the_folder_is_decoded_once_by_the_parent_and_the_workers_read_that_copy
     orphan.write_bytes(b"left by a killed run")
     again = model_check.data_for(info, tmp_path, three_classes, tmp_path / "work")
     assert not orphan.exists() and Path(again.decoded).exists() and again.decoded.startswith(str(tmp_path))
+
+
+def test_a_race_holds_out_the_test_tenth_then_a_tenth_of_the_rest_to_validate():
+    from catsdogs.data.loading import Split
+
+    # given 120 images
+    images = Split(np.arange(120, dtype=np.uint8).reshape(120, 1, 1, 1), np.arange(120) % 3, [f"{i}.png" for i in range(120)])
+    # when a race splits them
+    train, validation, test = folder.race_splits(images)
+    # then the test tenth is the one every other use of the folder holds out, and validation a tenth of the rest
+    assert test.files == folder.holdout(images)[1].files
+    assert (len(train), len(validation), len(test)) == (97, 11, 12) == (folder.race_train_count(120), 11, 12)
+    assert not {*train.files} & {*validation.files} and not ({*train.files} | {*validation.files}) & {*test.files}
+

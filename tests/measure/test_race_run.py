@@ -13,6 +13,7 @@ from catsdogs.errors import CatsdogsError, Interrupted, SettingError
 from catsdogs.find_result import FindResult
 from catsdogs.manifest import require_prepared
 from catsdogs.measure.find_summary import race_lines
+from catsdogs.measure.model_check import Raced
 from catsdogs.measure.race_run import (
     MAX_EPOCHS,
     _new_plan,
@@ -35,14 +36,15 @@ def recommendation(predicted: int = 32) -> dict:
 
 
 def race(tmp_path, data, device, *, until="val_loss=0.5", budget=None, predicted=32, ran=None, interrupt_after=None,
-         fixed=0.5, name="fbs", lines=None, slower=lambda seed: 1.0):
+         fixed=0.5, name="fbs", lines=None, slower=lambda seed: 1.0, raced=None, users=None):
     settings = FindSettings(name=name, optimizer="sgd", race=True, until=until, race_budget=budget)
     manifest = require_prepared(data)
-    n_train = sum(manifest["counts"]["standard"]["train"].values())
+    n_train = raced.train_images if raced else sum(manifest["counts"]["standard"]["train"].values())
     slots = lambda i, n, workdir: RaceSlot(device, n_train, fixed=fixed, ran=ran, interrupt_after=interrupt_after,  # noqa: E731
-                                           slower=slower)
+                                           slower=slower, users=users)
     log = lines.append if lines is not None else (lambda line: None)
-    return run_race(settings, data, tmp_path, manifest, 32, recommendation(predicted), ANCHOR, log, slots=slots)
+    return run_race(settings, data, tmp_path, manifest, 32, recommendation(predicted), ANCHOR, log, slots=slots,
+                    raced=raced)
 
 
 @pytest.fixture
@@ -210,7 +212,7 @@ def test_a_sweep_of_the_races_name_that_is_not_a_race_is_refused_and_left_as_it_
 def test_a_size_no_trial_of_which_ran_a_second_epoch_takes_its_probes_step_time_scaled_as_the_others_were(data):
     # given trials of 16 whose steps took 1.3 times their probe's, and of 8, done in one epoch each
     plan = {"n_train": 128, "sizes": [8, 16], "probe_step_seconds": {"8": 0.004, "16": 0.006}}
-    runner = _Runner("s", plan, None, data, data, [], 1, print)
+    runner = _Runner("s", plan, None, data, data, [], 1, print, None)
     rows = [{"config": {"batch_size": 16}, "history": [{"train_seconds": 1.0}, {"train_seconds": 8 * 0.0078}]},
             {"config": {"batch_size": 8}, "history": [{"train_seconds": 0.5}]}]
     # when the steady step times are fixed
@@ -222,7 +224,7 @@ def test_a_size_no_trial_of_which_ran_a_second_epoch_takes_its_probes_step_time_
 
 def test_a_cap_becomes_the_epochs_that_reach_it_beyond_the_uncapped_epochs_where_steps_are_few(tmp_path, data):
     # given batch 64 (2 steps an epoch of 128 images, 0.018 s a step) and a cap of 2 s
-    runner = _Runner("s", {"n_train": 128, "probe_step_seconds": {"64": 0.018}}, None, data, tmp_path, [], 1, print)
+    runner = _Runner("s", {"n_train": 128, "probe_step_seconds": {"64": 0.018}}, None, data, tmp_path, [], 1, print, None)
     # then its trial trains 56 epochs (2 / 0.036, rounded up), past the uncapped 12; none without a cap
     assert runner.epochs_for(64, 2.0) == 56 > MAX_EPOCHS
     assert runner.epochs_for(64, None) == MAX_EPOCHS
@@ -235,7 +237,7 @@ def test_the_predictions_size_races_even_where_the_factor_2_grid_would_thin_it_a
            "table": [{"batch_size": b, "step_seconds": t} for b, t in table.items()]}
     settings = FindSettings(optimizer="sgd", race=True, until="val_loss=0.5")
     # when the race is planned
-    plan = _new_plan(settings, require_prepared(data), rec, ANCHOR, {})
+    plan = _new_plan(settings, Raced.of(settings, require_prepared(data), None, None), rec, ANCHOR, {})
     # then 24 races, and races first (its trials cap the others')
     assert plan["sizes"] == [16, 24, 32] and plan["first"]["batch_size"] == 24
 
@@ -311,3 +313,99 @@ def test_find_batch_size_races_on_this_device_answers_with_the_measured_fastest_
     said: list = []
     catsdogs.report(sweep_name("find-batch-size"), out=tmp_path, log=said.append)
     assert any("time to the target (SGD, standard, to the target, 32 px)" in line for line in said)
+
+
+# --- a user's model ---------------------------------------------------------------------------------
+
+
+def users_model(prepared, **fields) -> Raced:
+    """A user's model on the prepared data, as model_check.Raced has it (a folder's: `fields`)."""
+    fingerprint = require_prepared(prepared)["fingerprint"]["standard"]
+    return Raced(**{"model": "my_models:tiny@0123456789abcdef", "task": {"model": "my_models:tiny", "loss": "auto"},
+                    "data": fingerprint, "train_images": 128, **fields})
+
+
+def test_a_users_models_race_keys_every_trial_by_the_model_and_hands_each_trial_the_model(tmp_path, data):
+    # given a user's model raced on the prepared data, and the article's raced on them after it
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    mine, users, theirs = [], [], []
+    raced = users_model(data)
+    record = race(tmp_path, data, device, name="mine", ran=mine, users=users, raced=raced)
+    race(tmp_path, data, device, name="theirs", ran=theirs)
+    # then every trial of the user's race trained the user's model, and carries it in its identity
+    assert mine and all(c.model == raced.model for c in mine)
+    assert users == [raced.task] * len(mine)
+    with Store(store_path(tmp_path), read_only=True) as store:
+        assert {row["config"]["model"] for row in store.trials(sweep_name("mine"))} == {raced.model}
+    # and the article's race took none of them for its own: its trials all ran, under other keys
+    assert len(theirs) == len({c.key() for c in theirs}) and not {c.key() for c in mine} & {c.key() for c in theirs}
+    assert all(c.model is None for c in theirs) and record["decision"] is not None
+
+
+def test_a_users_folder_races_only_the_sizes_with_a_batch_in_what_its_trials_train_on(tmp_path, data):
+    # given a user's folder whose trials train on 40 images (a tenth tests, a tenth of the rest validates)
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    raced = users_model(data, train_images=40, data="f00+validation",
+                        task={"model": "my_models:tiny", "loss": "auto", "data_folder": "/pics", "validation": True})
+    # when raced over probes up to 64
+    record = race(tmp_path, data, device, raced=raced, budget=4300, fixed=100.0)  # (one rung: quick)
+    # then 64, with no whole batch in 40 images, is not raced
+    assert record["sizes"] and max(record["sizes"]) <= 40 and 32 in record["sizes"]
+
+
+def test_a_reference_run_leaves_chance_by_the_models_own_classes(tmp_path, data, monkeypatch):
+    # given a reference run ending at a loss of 0.8: above chance for two classes (ln 2 = 0.69), below it for three
+    monkeypatch.setattr(RaceSlot, "REFERENCE_LOSSES", (0.95, 0.9, 0.8))
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    # when a three-class model races with no target given
+    record = race(tmp_path, data, device, until=None, raced=users_model(data, classes=3), budget=4300, fixed=100.0)
+    # then the reference learned (ln 3 = 1.10): its loss is the target
+    assert record["target"] == "val_loss=0.8"
+    # and the article's two classes would not have
+    with pytest.raises(CatsdogsError, match=r"not off chance \(ln 2 = 0.693\)"):
+        race(tmp_path, data, device, until=None, name="article")
+
+
+def test_a_stored_race_of_another_model_is_refused_in_one_line(tmp_path, data):
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    race(tmp_path, data, device, raced=users_model(data), budget=4300, fixed=100.0)
+    edited = users_model(data, model="my_models:tiny@fedcba9876543210")  # (the function's model changed)
+    with pytest.raises(CatsdogsError, match="other settings \\(model\\).*another --name"):
+        race(tmp_path, data, device, raced=edited, budget=4300, fixed=100.0)
+
+
+
+def test_a_users_folder_races_with_a_validation_tenth_held_out_and_keyed_by_the_folder_and_the_model():
+    from catsdogs.measure.model_check import ProbeData
+    from catsdogs.messages import ModelInfo
+    from catsdogs.schema import Status
+
+    # given a user's function model of three classes checked on a folder of 120 images
+    info = ModelInfo(status=Status.DONE, name="tiny", classes=3, architecture="abc123",
+                     source={"model": "my_models:tiny", "kind": "function"})
+    spec = [32, 32, 3, 3, "float32"]
+    folder = ProbeData(None, spec, "/pics", "120 images", count=120, decoded="/work/decoded.npz", fingerprint="f00")
+    settings = FindSettings(model="my_models:tiny", race=True)
+    # when the race is given its model and data
+    raced = Raced.of(settings, None, info, folder)
+    # then its trials train the model on the folder with a tenth of the training part validating
+    assert raced.task == {"model": "my_models:tiny", "loss": "auto", "input_spec": spec,
+                          "data_folder": "/work/decoded.npz", "validation": True}
+    assert raced.train_images == 97 and raced.classes == 3  # (120: 12 test, 11 validation)
+    # and they are keyed by the function and its layers' digest, and by the folder and the split
+    assert (raced.model, raced.data) == ("my_models:tiny@abc123", "f00+validation")
+
+
+def test_a_saved_model_is_keyed_by_its_name_and_digest_not_its_path_and_random_images_are_not_raced():
+    from catsdogs.measure.model_check import ProbeData, identity
+    from catsdogs.messages import ModelInfo
+    from catsdogs.schema import Status
+
+    # given one model saved twice, as the Python API saves a keras.Model a call (a new file each time)
+    saved = [ModelInfo(status=Status.DONE, name="m", classes=2, architecture="abc123",
+                       source={"model": f"/work/{i}-model.keras", "kind": "file", "sha256": str(i) * 64}) for i in (1, 2)]
+    # then its trials are keyed alike: a second call continues the first's race
+    assert identity(saved[0]) == identity(saved[1]) == "m@abc123"
+    random_images = ProbeData(None, [20, 24, 1, 2, "float32"], None, "random images")
+    with pytest.raises(SettingError, match="races on real images"):
+        Raced.of(FindSettings(model="m.keras", race=True), None, saved[0], random_images)

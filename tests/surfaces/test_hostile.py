@@ -224,8 +224,6 @@ CASES = [
                                                      "--until", "val_auc=0.9"], 2, "unknown metric 'val_auc'"),
     ("find-until-without-race", lambda t, d: ["find-batch-size", "--data-dir", d, "--out", t, "--until",
                                               "val_loss=0.5"], 2, "give --race"),
-    ("find-race-with-a-model", lambda t, d: ["find-batch-size", "--data-dir", d, "--out", t, "--race", "--model",
-                                             "keras.applications:MobileNetV2"], 2, "a model of yours is not raced"),
     # a batch size no step can train on: refused before the sweep starts (exit 2)
     ("sweep-batch-above-split", lambda t, d: ["sweep", "--data-dir", d, "--out", t, "--opt", "adam",
                                               "--batch-size", "64", "--seeds", "1"], 2,

@@ -269,6 +269,24 @@ def test_the_article_model_is_told_by_its_layers_saved_or_built_and_another_is_n
     assert user_model.article_size(other) is None
 
 
+def test_a_models_architecture_digest_is_the_same_for_two_builds_and_another_for_a_changed_layer():
+    def build(width: int):
+        return keras.Sequential([keras.Input((16, 16, 3)), layers.Conv2D(4, 3), layers.Flatten(),
+                                 layers.Dense(width)])
+
+    # given a function's model built twice in one process (Keras names the second's layers anew)
+    # and once with a wider last layer
+    first, second, wider = build(2), build(2), build(3)
+    assert [x.name for x in first.layers] != [x.name for x in second.layers]
+    # then the two builds have one digest (a race's trials of it are one model's), the wider another
+    assert user_model.architecture_digest(first) == user_model.architecture_digest(second)
+    assert user_model.architecture_digest(wider) != user_model.architecture_digest(first)
+    # and with the weights (a saved model's, its trials' start), two of other values differ
+    assert user_model.architecture_digest(first, weights=True) != user_model.architecture_digest(second, weights=True)
+    second.set_weights(first.get_weights())
+    assert user_model.architecture_digest(first, weights=True) == user_model.architecture_digest(second, weights=True)
+
+
 def test_a_models_activations_are_its_layers_outputs_an_image():
     model = keras.Sequential([keras.Input((4, 4, 2)), layers.Conv2D(3, 3, padding="same"), layers.Flatten(),
                               layers.Dense(5)])
