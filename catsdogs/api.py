@@ -51,7 +51,7 @@ _KEYWORDS = {"opt": "optimizer", "max": "max_batch_size", "batch_size": "batch_s
 PLAN_OVERRIDES = ("seeds", "name", "target_ci", "max_seeds", "noise_scale", "eval_every", "max_epochs",
                   *PROCESS_FIELDS)
 SEARCH = ("mode", "start", "margin", "steps", "resolution", "dataset", "isolate", "deterministic", "tf32", "worker_env",
-          "effective_batch", "race", "race_budget", "until", "race_workers")
+          "effective_batch", "race", "race_budget", "until", "race_workers", "race_runner", "ray_address")
 
 
 def _keyword_errors(function):
@@ -109,8 +109,9 @@ def find_batch_size(model=None, data=None, *, memory_limit: int | str | None = N
         resolution, dataset, isolate, deterministic, tf32, worker_env; effective_batch: a batch to
         keep, whose gradient-accumulation plan the advice gives; race=True: the sizes that fit
         raced to a target, the advice's batch_size then the measured fastest, with race_budget
-        (seconds), until ("val_loss=0.49"; default: a reference run's) and race_workers; a model
-        of yours races on `data` with a tenth of its training images held out to validate).
+        (seconds), until ("val_loss=0.49"; default: a reference run's), race_workers, and
+        race_runner="ray" with ray_address for Ray's actors; a model of yours races on `data` with
+        a tenth of its training images held out to validate).
     log: where the progress lines go (None: nowhere).
 
     Example:

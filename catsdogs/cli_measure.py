@@ -156,13 +156,22 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
 @click.option("--until", default=FIND.until, metavar="METRIC=VALUE",
               help="The race's target, as a sweep's --until takes it (val_loss=0.49, val_accuracy=0.8) [default: "
                    "the validation loss a reference run at the learning rate's anchor reaches in 3 epochs].")
-@click.option("--workers", "race_workers", type=kw("race_workers"), default=FIND.race_workers, show_default=True,
-              help="The race's trials at once, each in a worker process of its own.")
+@click.option("--workers", "race_workers", type=kw("race_workers"), default=FIND.race_workers,
+              help="The race's trials at once, each in a worker process (or Ray actor) of its own [default: 1; "
+                   "with --runner ray, what the cluster runs at once].")
+@click.option("--runner", "race_runner", type=kw("race_runner"), default=FIND.race_runner, show_default=True,
+              help="Where the race's trials run, as a sweep's do: local: worker processes on this machine; ray: "
+                   "Ray actors (one GPU, or CPU cores, each) on the cluster at --ray-address, else a local Ray "
+                   "(the catsdogs[ray] extra). The probes run here either way.")
+@click.option("--ray-address", default=FIND.ray_address,
+              help="The Ray cluster the race runs on, e.g. auto or ray://head:10001 [default: $RAY_ADDRESS, else "
+                   "a local Ray]. The data (the prepared data, or a --data folder's decoded copy under OUT/NAME) "
+                   "must be at the same path on every node.")
 @MODEL_OPTIONS
 @name_option(FIND.name, "Name of the run: OUT/NAME/find_batch_size.json and .csv.")
 @MEASUREMENT_OPTIONS
 def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_noise, seed, from_store, effective_batch,
-                    race, race_budget, until, race_workers,
+                    race, race_budget, until, race_workers, race_runner, ray_address,
                     model, images, loss, name, opt, dataset, precision, memory_limit, deterministic, tf32, data_dir, out,
                     isolate, compile_cache):
     """The largest batch size that fits, the fastest, the critical one, and which to train with.
@@ -178,7 +187,7 @@ def find_batch_size(mode, start, max_batch, margin, steps, resolution, measure_n
     search = dict(mode=mode, margin=margin, steps=steps, resolution=resolution, dataset=dataset, isolate=isolate,
                   deterministic=deterministic is not False, tf32=tf32, worker_env=worker_env(compile_cache),
                   effective_batch=effective_batch, race=race, race_budget=race_budget, until=until,
-                  race_workers=race_workers)
+                  race_workers=race_workers, race_runner=race_runner, ray_address=ray_address)
     if max_batch is None or click.get_current_context().get_parameter_source("start").name != "DEFAULT":
         search["start"] = start  # (--max alone: the search starts no higher than it)
     find_result(model, images, memory_limit=memory_limit, optimizer=opt, max_batch_size=max_batch, seed=seed,

@@ -167,7 +167,7 @@ KEYWORDS: dict[str, Keyword] = {
     "optimizer": Keyword("choice", choices=OPTIMIZERS),
     "dataset": Keyword("choice", choices=DATASETS),
     "precision": Keyword("choice", choices=PRECISIONS),
-    "runner": Keyword("choice", choices=("local", "ray")),
+    **{k: Keyword("choice", choices=("local", "ray")) for k in ("runner", "race_runner")},
     **{k: Keyword("path") for k in ("out", "data_dir", "from_store", "export_store")},
     **{k: Keyword("text") for k in ("name", "note", "until", "ray_address")},
     "log": Keyword("log"),

@@ -1,8 +1,10 @@
 """Models that are not the article's, for `--model` (issue 35's measurements): a small ResNet with
-BatchNormalization, and keras.applications' MobileNet without weights, both at 32 px, two classes.
+BatchNormalization, and keras.applications' MobileNet without weights, both at 32 px, two classes;
+and a small CNN ending in a softmax, raced on a folder of images (issue 62).
 
     catsdogs find-batch-size --model examples.example_models:resnet_small --memory-limit 2GiB
     catsdogs find-batch-size --model examples.example_models:mobilenet --memory-limit 2GiB
+    catsdogs find-batch-size --model examples.example_models:small_cnn --data PetImages --race
 
 Run from the repository's root, so that `examples.example_models` imports.
 """
@@ -47,3 +49,17 @@ def mobilenet(size: int = SIZE, classes: int = 2) -> keras.Model:
                                         pooling="avg")
     x = base(layers.Rescaling(1 / 127.5, offset=-1)(inputs))
     return keras.Model(inputs, layers.Dense(1 if classes == 2 else classes)(x), name="mobilenet")
+
+
+def small_cnn(size: int = SIZE, classes: int = 2) -> keras.Model:
+    """A user's own small network: two convolution blocks and a softmax over `classes` (24k
+    parameters): what `find-batch-size --race --model` races on a folder of images in minutes on a
+    CPU (docs/results.md, "A model of yours raced")."""
+    inputs = keras.Input((size, size, 3))
+    x = layers.Rescaling(1 / 255)(inputs)
+    for filters in (16, 32):
+        x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        x = layers.MaxPooling2D()(x)
+    x = layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, layers.Dense(classes, activation="softmax")(x), name="small_cnn")

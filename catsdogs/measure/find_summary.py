@@ -300,8 +300,10 @@ def race_lines(race: dict) -> list[str]:
                      f"{stopped['extension_skipped']}.")
     elif stopped["by"] == "budget":
         n = stopped["rungs_finished"]
-        lines.append(f"  Stopped by --race-budget {stopped['budget_seconds']:g} s after "
-                     f"{n} whole rung{'s' if n != 1 else ''}: the answer is theirs, on fewer seeds.")
+        lines.append(f"  Stopped by --race-budget {stopped['budget_seconds']:g} s " + (
+            f"after {n} whole rung{'s' if n != 1 else ''}: the answer is theirs, on fewer seeds." if n else
+            f"before its first rung would finish (about {stopped.get('estimate_seconds', 0):.0f} s more): "
+            "a larger budget, or a GPU, races it."))
     if d is None:
         lines.append("  No measured answer: no rung finished; the prediction stands alone.")
         return lines

@@ -58,7 +58,7 @@ from catsdogs.recommendation import anchor_at, learning_rate, rule_noise
 from catsdogs.runtime import backends
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.store import Store, store_path
-from catsdogs.training.sweep import SlotFactory, SweepSettings, make_slots, run_sweep
+from catsdogs.training.sweep import SlotFactory, SweepSettings, make_slots, run_sweep, runner_slots
 
 REFERENCE_EPOCHS = 3  # the reference run's epochs: the default target is its validation loss after them
 MAX_EPOCHS = 4 * REFERENCE_EPOCHS  # a race trial's cap, in epochs, before any leader's time caps it
@@ -86,7 +86,8 @@ def run_race(settings, data_dir: Path, out: Path, manifest: dict | None, size: i
     raced = raced or Raced.of(settings, manifest, None, None)
     identity = _identity(settings, raced, size)
     plan = _stored_plan(out, sweep, identity, log) or _new_plan(settings, raced, recommendation, anchor, identity)
-    workers = max(1, settings.race_workers)
+    slots, workers = runner_slots(settings.race_runner, slots, settings.race_workers, ray_address=settings.ray_address,
+                                  env=settings.environment(), log=log)  # (--runner ray: Ray's actors)
     kept = make_slots(out, SweepSettings(workers=workers, worker_env=settings.environment(), slots=slots))
     runner = _Runner(sweep, plan, settings, data_dir, out, kept, workers, log, raced)
     try:
@@ -240,8 +241,8 @@ class _Runner:
         loss = history[-1].get("val_loss") if history else None
         if row is None or row["status"] != Status.DONE or loss is None or not math.isfinite(loss) \
                 or loss >= ANCHOR_LEARNED * math.log(self.raced.classes):  # (the noise runs' rule: it took off)
-            why = (f"its validation loss after {REFERENCE_EPOCHS} epochs is {loss:.3f}, not off chance (ln "
-                   f"{self.raced.classes} = {math.log(self.raced.classes):.3f})"
+            why = (f"its validation loss after {REFERENCE_EPOCHS} epochs is {loss:.3f}, not below {ANCHOR_LEARNED:g} "
+                   f"ln {self.raced.classes} = {ANCHOR_LEARNED * math.log(self.raced.classes):.3f}, off chance"
                    if loss is not None and math.isfinite(loss) else f"it ended {(row or {}).get('status')}")
             raise CatsdogsError(f"the race has no target: the reference run (batch size {a['batch_size']} at "
                                 f"{a['lr']:g}) did not learn ({why}); give one with --until METRIC=VALUE")

@@ -63,7 +63,9 @@ class FindSettings:
     race: bool = False  # after the search, race the sizes that fit to a target (--race: catsdogs.measure.race_run)
     race_budget: float | None = None  # the race's seconds, at most (--race-budget; None: every rung)
     until: str | None = None  # the race's target (--until METRIC=VALUE; None: a reference run's)
-    race_workers: int = 1  # the race's trials at once (--workers)
+    race_workers: int | None = None  # the race's trials at once (--workers; None: 1, on Ray the cluster's concurrency)
+    race_runner: str = "local"  # where they run (--runner): worker processes here, or Ray actors
+    ray_address: str | None = None  # the Ray cluster (--ray-address; None: $RAY_ADDRESS, else a local Ray)
 
     def check(self, model_given: bool | None = None) -> None:
         """A SettingError naming the setting, for one no search can run with. `model_given`: whether
@@ -103,7 +105,8 @@ class FindSettings:
             raise SettingError(f"must be True or False, got {self.race!r}", "race")
         if not self.race:
             for key, value, unset in (("race_budget", self.race_budget, None), ("until", self.until, None),
-                                      ("race_workers", self.race_workers, 1)):
+                                      ("race_workers", self.race_workers, None), ("race_runner", self.race_runner, "local"),
+                                      ("ray_address", self.ray_address, None)):
                 if value != unset:
                     raise SettingError("sets the race: give --race too (race=True)", key)
             return
@@ -115,8 +118,12 @@ class FindSettings:
         if self.until is not None:
             targets.parse(self.until)
         w = self.race_workers
-        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= RACE_WORKERS_MOST:
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= RACE_WORKERS_MOST):
             raise SettingError(f"must be a whole number from 1 to {RACE_WORKERS_MOST}, got {w!r}", "race_workers")
+        if self.race_runner not in ("local", "ray"):
+            raise SettingError(f"unknown runner {self.race_runner!r}; choose from local, ray", "race_runner")
+        if self.ray_address is not None and self.race_runner != "ray":
+            raise SettingError("names a Ray cluster: give --runner ray too (race_runner='ray')", "ray_address")
 
     def environment(self) -> dict:
         """Every worker's environment: its process settings, and what `worker_env` adds."""
@@ -136,7 +143,7 @@ class FindSettings:
                    if self.model is not None else {}),
                 **({"effective_batch": self.effective_batch} if self.effective_batch is not None else {}),
                 **({"race": True, "race_budget": self.race_budget, "until": self.until,
-                    "race_workers": self.race_workers} if self.race else {})}
+                    "race_workers": self.race_workers, "race_runner": self.race_runner} if self.race else {})}
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from catsdogs.training.sweep import (
     describe,
     make_slots,
     run_sweep,
+    runner_slots,
 )
 
 
@@ -55,12 +56,10 @@ def run_plan(plan: Plan, data_dir: Path, out: Path, *, runner: str = "local", wo
             log(f"A run would stop before its first trial: {e}")
         return {"trials": len(trials), "dry_run": True}
     plans.check_fit(trials, data_dir)
-    if runner == "ray":
-        from catsdogs.training import ray_runner  # Ray is an extra: imported only when asked for
-
-        slots, workers = ray_runner.make_slots(ray_address, workers=workers, isolate=isolate, log=log, env=worker_env)
+    slots, workers = runner_slots(runner, slots, workers, ray_address=ray_address, isolate=isolate, env=worker_env,
+                                  log=log)
     target_ci, max_seeds = plan.adaptive
-    settings = SweepSettings(overwrite=overwrite, retry_failed=retry_failed, log=log, workers=workers or 1,
+    settings = SweepSettings(overwrite=overwrite, retry_failed=retry_failed, log=log, workers=workers,
                              isolate=isolate, slots=slots, worker_env=worker_env,
                              noise_sampling=plan.noise_sampling, eval_every=plan.eval_every,
                              on_finished=on_finished, sweep_config={"plan": plan.settings, "plan_origin": plan.origin})

@@ -206,6 +206,18 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path,
     return _ended(name, keys, out, log)
 
 
+def runner_slots(runner: str, slots: SlotFactory | None, workers: int | None, *, ray_address: str | None = None,
+                 isolate: bool = False, env: dict | None = None, log=print) -> tuple[SlotFactory | None, int]:
+    """(the slots trials run in, how many at once): for runner "ray", Ray's actors on the cluster at
+    `ray_address` (catsdogs.training.ray_runner, imported only then), as many as it runs at once
+    unless `workers` caps it; else `slots` (None: LocalSlots) and `workers` (None: 1)."""
+    if runner == "ray":
+        from catsdogs.training import ray_runner  # Ray is an extra: imported only when asked for
+
+        return ray_runner.make_slots(ray_address, workers=workers, isolate=isolate, log=log, env=env)
+    return slots, workers or 1
+
+
 def _data_record(data_dir: Path, user: dict | None) -> dict:
     """What the sweep trains on, as sweep.json and the store record it: the prepared data's
     manifest, or a user's folder of images (a race of a user's model on its own images)."""

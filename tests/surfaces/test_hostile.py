@@ -224,6 +224,10 @@ CASES = [
                                                      "--until", "val_auc=0.9"], 2, "unknown metric 'val_auc'"),
     ("find-until-without-race", lambda t, d: ["find-batch-size", "--data-dir", d, "--out", t, "--until",
                                               "val_loss=0.5"], 2, "give --race"),
+    ("find-ray-address-without-ray", lambda t, d: ["find-batch-size", "--data-dir", d, "--out", t, "--race",
+                                                   "--ray-address", "auto"], 2, "Invalid value for '--ray-address'"),
+    ("find-runner-unknown", lambda t, d: ["find-batch-size", "--data-dir", d, "--out", t, "--race", "--runner",
+                                          "slurm"], 2, "Invalid value for '--runner'"),
     # a batch size no step can train on: refused before the sweep starts (exit 2)
     ("sweep-batch-above-split", lambda t, d: ["sweep", "--data-dir", d, "--out", t, "--opt", "adam",
                                               "--batch-size", "64", "--seeds", "1"], 2,

@@ -127,6 +127,31 @@ def test_a_sweep_on_local_ray_records_every_trial_and_its_actors_keep_their_comp
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("brief_probes")
+def test_find_batch_sizes_race_runs_its_trials_on_local_ray_and_answers_as_a_local_race(data_dir, tmp_path):
+    import catsdogs
+    from catsdogs.measure.race_run import sweep_name
+
+    # given a race to a target the untrained model reaches at its first evaluation (a race in seconds)
+    lines: list = []
+    call = dict(data_dir=data_dir, out=tmp_path, max_batch_size=8, noise_scale=False, optimizer="sgd", race=True,
+                until="val_loss=50", log=lines.append)
+    # when find_batch_size races on a local Ray
+    advice = catsdogs.find_batch_size(**call, race_runner="ray")
+    # then Ray's actors ran the race's trials, and the answer is the race's measured fastest
+    assert any(line.startswith("Ray: 1 node(s)") for line in lines)
+    race = advice.result.race
+    assert race["decision"] is not None and advice.batch_size == race["decision"]["batch_size"]
+    with Store(tmp_path / "results.sqlite", read_only=True) as store:
+        rows = store.trials(sweep_name("find-batch-size"))
+    assert len(rows) == race["trials"] and all(r["status"] == "done" and r["env"] for r in rows)
+    # and the same race locally continues from the store: the runner is no part of what a trial is
+    again: list = []
+    catsdogs.find_batch_size(**{**call, "log": again.append})
+    assert any("continuing the race" in line for line in again) and not any(line.startswith("[") for line in again)
+
+
+@pytest.mark.slow
 def test_a_sweep_on_local_ray_trains_on_jax_when_keras_backend_says_so(data_dir, tmp_path, monkeypatch):
     # given KERAS_BACKEND=jax in the sweep's process (Ray may have been started under TensorFlow)
     monkeypatch.setenv("KERAS_BACKEND", "jax")

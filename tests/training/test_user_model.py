@@ -207,9 +207,10 @@ def test_the_article_models_find_batch_size_json_records_no_model_keys(tmp_path)
 def test_the_example_models_are_image_classifiers_it_accepts(monkeypatch):
     # given the repository's root on the path, as `--model examples.example_models:...` needs
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
-    for name, batchnorm in (("resnet_small", True), ("mobilenet", True)):
+    for name, batchnorm, loss in (("resnet_small", True, "binary"), ("mobilenet", True, "binary"),
+                                  ("small_cnn", False, "sparse-categorical")):
         model = user_model.build(f"examples.example_models:{name}")
-        assert user_model.choose_loss(model).kind == "binary" and model.inputs[0].shape[1:] == (32, 32, 3)
+        assert user_model.choose_loss(model).kind == loss and model.inputs[0].shape[1:] == (32, 32, 3)
         layers_all = [sub for layer in model.layers for sub in getattr(layer, "layers", [layer])]
         assert batchnorm == any(isinstance(sub, layers.BatchNormalization) for sub in layers_all)
 
