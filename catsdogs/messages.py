@@ -293,7 +293,8 @@ class TrialTask:
     # a user's model, trained instead of the article's (find-batch-size's noise scale): {"model",
     # "loss", and where its images are not the prepared data, "input_spec" and "data_folder"}
     # as a ProbeTask has them, and for a race's trial on a folder "validation": True (a tenth of
-    # its training images held out to validate: folder_data.race_splits) (None: the article's model)
+    # its training images held out to validate: folder_data.race_splits) and "images", the folder
+    # the sweep records (None: the article's model)
     user: dict | None = None
     # the weights' digest delivered after the record, while the worker runs its next task (a
     # `digest` message): on a GPU the hash of 164 MB held every trial up 0.4 s (catsdogs.runtime.worker)

@@ -51,6 +51,20 @@ def source(ref: str) -> dict:
     return {"model": ref, "kind": "file", "sha256": digest.hexdigest()}
 
 
+# A race's trials on a user's folder: its data, with a tenth of the training part validating
+# (catsdogs.data.folder.race_splits): TrialConfig.data is the folder's fingerprint and this.
+RACE_SPLIT = "+validation"
+
+
+def trial_model(source: dict, name: str | None, architecture: str | None) -> str:
+    """What a user's model's trials are keyed by (TrialConfig.model), from what its check found
+    (`source`: this module's, the name and the layers' digest, user_model.architecture_digest): a
+    function's reference, or a saved model's name, then the digest (a saved one's covers its
+    weights, which its trials start from), so an edited model is another model and one saved again
+    (the Python API saves a keras.Model to a new file each call) the same."""
+    return f"{source['model'] if source.get('kind') == 'function' else name}@{architecture}"
+
+
 def check_loss(loss: str | None) -> str:
     loss = loss or "auto"
     if loss not in LOSSES:

@@ -33,6 +33,7 @@ from pathlib import Path
 from catsdogs import goodput
 from catsdogs.analysis.rows import field, setting_of
 from catsdogs.errors import CatsdogsError
+from catsdogs.model_ref import RACE_SPLIT, trial_model
 
 TARGET_RATIO = 1.25  # T(recommended) / T(best) at most this: the recommendation costs at most 25% more time
 RESULT_FILE = "find_batch_size.json"
@@ -62,17 +63,24 @@ def identity_of_series(table: dict) -> dict:
     """What a find-batch-size result must share with a series to be held against it."""
     t = table["rows"][0]["chosen"][0] if table["rows"] and table["rows"][0]["chosen"] else {}
     return {"optimizer": field(t, "optimizer"), "dataset": field(t, "dataset"), "image_size": field(t, "image_size"),
-            "precision": field(t, "precision", "float32"), "backend": setting_of(t, "backend"), "data": field(t, "data"),
-            "model": None}  # a sweep trains the article's model
+            "precision": field(t, "precision", "float32"), "backend": setting_of(t, "backend"),
+            "data": _folder_of(field(t, "data")), "model": field(t, "model")}  # (None: the article's model)
+
+
+def _folder_of(data):
+    """A series' data as a result records it: a race's trials on a user's folder hold its split too."""
+    return data.removesuffix(RACE_SPLIT) if isinstance(data, str) else data
 
 
 def identity_of_result(found: dict) -> dict:
-    """A result's identity as `identity_of_series`'s; "model": a user's model (--model), never the
-    article's series, whatever else it shares with one (its data, its image size)."""
-    s = found.get("settings") or {}
+    """A result's identity as `identity_of_series`'s; "model": a user's model (--model) as its
+    trials are keyed (model_ref.trial_model: its race's series, never the article's, whatever else
+    it shares with one, its data or its image size)."""
+    s, m = found.get("settings") or {}, found.get("model") or {}
+    model = trial_model(m, m.get("name"), m.get("architecture")) if s.get("model") else None
     return {"optimizer": s.get("optimizer"), "dataset": s.get("dataset"), "image_size": s.get("image_size"),
             "precision": s.get("precision"), "backend": found.get("backend"), "data": s.get("data_fingerprint"),
-            "model": s.get("model")}
+            "model": model}
 
 
 def comparisons(tables: list[dict], found: list[dict]) -> dict:

@@ -291,7 +291,7 @@ def answer(run: FindRun) -> FindResult:
     if fits and run.safe is not None:
         rec = recommend(probes, run.safe, settings.optimizer, noise.estimate if noise else None, run.anchor,
                         bound_by=stopped_by if run.safe == result.largest_fit else None)
-    fingerprint = run.manifest["fingerprint"][settings.dataset] if run.manifest else None
+    fingerprint = run.manifest["fingerprint"][settings.dataset] if run.manifest else getattr(run.probe_data, "fingerprint", None)
     return FindResult.answered(
         largest_fitting=result.largest_fit, first_not_fitting=result.first_failure, reached_max=result.reached_max,
         stopped_by=stopped_by, noise_scale=noise.as_json() if noise else None,

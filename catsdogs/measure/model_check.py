@@ -28,7 +28,7 @@ from catsdogs.data import folder as folder_data
 from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.manifest import load_manifest, require_intact
 from catsdogs.messages import ModelCheckTask, ModelInfo
-from catsdogs.model_ref import check_loss, is_file, parse
+from catsdogs.model_ref import RACE_SPLIT, check_loss, is_file, parse
 from catsdogs.runtime.worker import Worker, run_isolated
 from catsdogs.schema import Status
 
@@ -83,12 +83,8 @@ def recorded(info: ModelInfo) -> dict:
 
 
 def identity(info: ModelInfo) -> str:
-    """What a user's model's trials are keyed by (TrialConfig.model): a function's reference, or a
-    saved model's name, and a digest of its layers (a saved one's weights too, which its trials
-    start from: ModelInfo.architecture), so an edited model is another model and a model saved
-    again (the Python API saves a keras.Model to a new file each call) the same."""
-    source = info.source or {}
-    return f"{source['model'] if source.get('kind') == 'function' else info.name}@{info.architecture}"
+    """What a user's model's trials are keyed by (TrialConfig.model: model_ref.trial_model)."""
+    return model_ref.trial_model(info.source or {}, info.name, info.architecture)
 
 
 @dataclass(frozen=True)
@@ -218,6 +214,7 @@ class Raced:
         if probe_data is None or not probe_data.own:
             raise SettingError("races on real images (its target is a validation loss, and random images carry "
                                "nothing to learn): give --data DIR, or prepared data your model takes", "race")
-        return cls(identity(info), {**task, "validation": True}, f"{probe_data.fingerprint}+validation",
+        images = probe_data.folder or f"numpy arrays {probe_data.arrays}"  # (what the sweep records)
+        return cls(identity(info), {**task, "validation": True, "images": images}, probe_data.fingerprint + RACE_SPLIT,
                    folder_data.race_train_count(probe_data.count), info.classes)
 

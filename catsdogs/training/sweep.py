@@ -221,8 +221,9 @@ def runner_slots(runner: str, slots: SlotFactory | None, workers: int | None, *,
 def _data_record(data_dir: Path, user: dict | None) -> dict:
     """What the sweep trains on, as sweep.json and the store record it: the prepared data's
     manifest, or a user's folder of images (a race of a user's model on its own images)."""
-    if user and user.get("data_folder"):
-        return {"folder": user["data_folder"], "input_spec": user.get("input_spec")}
+    if user and user.get("data_folder"):  # (the user's folder, and the decoded copy its trials read)
+        return {"folder": user.get("images", user["data_folder"]), "decoded": user["data_folder"],
+                "input_spec": user.get("input_spec")}
     manifest = require_prepared(Path(data_dir))
     return {k: manifest[k] for k in ("params", "source", "fingerprint", "counts")}
 

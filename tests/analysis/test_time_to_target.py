@@ -150,6 +150,24 @@ def test_a_result_of_another_model_optimizer_backend_or_data_matches_no_series_a
     assert compared["rows"] == [] and compared["unmatched"] == ["a", "b", "c", "old", "mine"]
 
 
+def test_a_users_race_is_held_against_its_own_result_and_never_the_articles_or_an_edited_models(tmp_path):
+    # given a race of a user's model on its folder: trials keyed by the model, on the folder's data and its split
+    race = [({**c, "model": "my_models:small@abc", "data": "f00+validation"}, r) for c, r in critical_study()]
+    (table,) = tables(build_store(tmp_path, "mine-race", race), "mine-race")
+    # and its own find-batch-size result, the same model's after an edit, and the article's on the same folder
+    results = []
+    for path, architecture in (("mine", "abc"), ("edited", "abd")):
+        result = found(16.0, path=path, data="f00")
+        result["settings"] = {**result["settings"], "model": "my_models:small"}
+        result["model"] = {"model": "my_models:small", "kind": "function", "name": "small", "architecture": architecture}
+        results.append(result)
+    results.append(found(16.0, path="article", data="f00"))
+    # when held against the race's series
+    compared = time_to_target.comparisons([table], results)
+    # then only its own result is
+    assert [c["path"] for c in compared["rows"]] == ["mine"] and compared["unmatched"] == ["edited", "article"]
+
+
 def test_a_target_met_before_the_first_update_has_no_time_and_is_never_the_best(tmp_path):
     # given batch 128 whose trials met the target at once (0 steps) and found a flat device
     trials = [t for t in critical_study() if t[0]["batch_size"] != 128]

@@ -395,7 +395,7 @@ def test_a_users_folder_races_with_a_validation_tenth_held_out_and_keyed_by_the_
     raced = Raced.of(settings, None, info, folder)
     # then its trials train the model on the folder with a tenth of the training part validating
     assert raced.task == {"model": "my_models:tiny", "loss": "auto", "input_spec": spec,
-                          "data_folder": "/work/decoded.npz", "validation": True}
+                          "data_folder": "/work/decoded.npz", "validation": True, "images": "/pics"}
     assert raced.train_images == 97 and raced.classes == 3  # (120: 12 test, 11 validation)
     # and they are keyed by the function and its layers' digest, and by the folder and the split
     assert (raced.model, raced.data) == ("my_models:tiny@abc123", "f00+validation")

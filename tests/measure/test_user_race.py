@@ -67,9 +67,11 @@ def test_find_batch_size_races_a_users_model_on_its_folder_and_continues_the_rac
     identity = f"my_models:small@{advice.result.model['architecture']}"
     with Store(store_path(tmp_path / "out"), read_only=True) as store:
         rows = store.trials(sweep_name("find-batch-size"))
-        plan = store.sweep_config(sweep_name("find-batch-size"))["race"]
+        config = store.sweep_config(sweep_name("find-batch-size"))
+    plan = config["race"]
+    assert config["data"]["folder"] == str(pictures)  # (the sweep says what it trained on: the user's folder)
     assert rows and {r["config"]["model"] for r in rows} == {identity}
-    assert all(r["status"] == "done" and r["target_reached"] == 1 for r in rows), [(r["status"], r["target_reached"], (r.get("error") or "")[-300:]) for r in rows][:3]
+    assert all(r["status"] == "done" and r["target_reached"] == 1 for r in rows)
     assert plan["n_train"] == 97 and plan["identity"]["data"].endswith("+validation")
     # and when the same call runs again (the model checked anew in a new worker), the race
     # continues from the store: no trial runs again
