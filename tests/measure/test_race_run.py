@@ -399,6 +399,11 @@ def test_a_users_folder_races_with_a_validation_tenth_held_out_and_keyed_by_the_
     assert raced.train_images == 97 and raced.classes == 3  # (120: 12 test, 11 validation)
     # and they are keyed by the function and its layers' digest, and by the folder and the split
     assert (raced.model, raced.data) == ("my_models:tiny@abc123", "f00+validation")
+    # and numpy arrays (the Python API's data=(x, y)) race alike, keyed by their digest
+    arrays = ProbeData(None, spec, None, "120 arrays", count=120, decoded="/work/arrays.npz", arrays="a0",
+                       fingerprint="a0")
+    raced = Raced.of(settings, None, info, arrays)
+    assert (raced.data, raced.train_images, raced.task["images"]) == ("a0+validation", 97, "numpy arrays a0")
 
 
 def test_a_saved_model_is_keyed_by_its_name_and_digest_not_its_path_and_random_images_are_not_raced():
