@@ -69,6 +69,7 @@ def tuned_anchor(out: Path | str, optimizer: str, dataset: str, image_size: int)
             trials = [t for t in store.trials(sweep)
                       if t.get("status") == Status.DONE and field(t, "optimizer") == optimizer
                       and field(t, "dataset") == dataset and field(t, "image_size") == image_size
+                      and field(t, "model") is None  # (a user's model's race tunes its own rates, not the article's)
                       and is_article_protocol(t, ignoring=("lr", "until"))]
             for kind, found in rates_of(trials).items():
                 candidates.append({"store": str(path), "sweep": sweep, "kind": kind, **found})

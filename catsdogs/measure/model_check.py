@@ -101,6 +101,7 @@ class ProbeData:
     decoded: str | None = None  # the folder decoded once, the file the workers read (folder_data.save_decoded)
     arrays: str | None = None  # the Python API's numpy arrays instead of a folder: their digest
     fingerprint: str | None = None  # the folder's (folder_data.fingerprint) or the arrays' digest: what the race keys by
+    classes: int | None = None  # the classes its images hold (a folder's subfolders, the arrays' labels)
 
     @property
     def own(self) -> bool:
@@ -114,7 +115,8 @@ class ProbeData:
 
     def task_fields(self) -> dict:
         """The probes' (ProbeTask) fields."""
-        return {"input_spec": self.input_spec, "data_folder": self.decoded or self.folder}
+        folder = self.decoded or self.folder  # (absolute: a Ray actor's working folder is not this one's)
+        return {"input_spec": self.input_spec, "data_folder": str(Path(folder).resolve()) if folder else None}
 
     def record(self) -> dict:
         return {"input_spec": self.input_spec, "data_folder": self.folder, "image_count": self.count,
@@ -140,7 +142,7 @@ def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None, work: 
                    if work is not None else None)
         k = len(np.unique(split.labels))
         return ProbeData(None, spec, None, f"{len(split):,} images of {k} classes (numpy arrays, {split.images.dtype}), "
-                         f"{height} x {width}", len(split), 0, [], decoded, digest, digest)
+                         f"{height} x {width}", len(split), 0, [], decoded, digest, digest, k)
     if folder is not None:
         found = folder_data.scan(folder)
         if len(found.classes) > info.classes:
@@ -156,7 +158,7 @@ def data_for(info: ModelInfo, data_dir: Path, folder: Path | None = None, work: 
         return ProbeData(None, spec, str(found.root), f"{len(loaded.split):,} images of {len(found.classes)} classes "
                          f"({', '.join(found.classes)}) in {found.root}, resized to {height} x {width}{left}",
                          len(loaded.split), len(loaded.undecodable), list(loaded.undecodable), decoded,
-                         fingerprint=fingerprint)
+                         fingerprint=fingerprint, classes=len(found.classes))
     manifest = load_manifest(Path(data_dir))
     size = manifest["params"]["size"] if manifest else None
     if manifest and (height, width, channels) == (size, size, 3):
@@ -201,7 +203,7 @@ class Raced:
     task: dict | None  # messages.TrialTask.user; None: the article's
     data: str  # TrialConfig.data: the prepared data's fingerprint, or the user's images', "+validation"
     train_images: int  # what each trial trains on
-    classes: int = 2  # chance's loss is ln(classes): a reference run below it learned
+    classes: int = 2  # the data's classes, at most the model's: chance's loss is ln(classes)
 
     @classmethod
     def of(cls, settings, manifest: dict | None, info: ModelInfo | None, probe_data: ProbeData | None) -> Raced:
@@ -210,11 +212,11 @@ class Raced:
         if task is None or manifest is not None:
             counts = manifest["counts"][settings.dataset]["train"].values()
             return cls(task and identity(info), task, manifest["fingerprint"][settings.dataset], sum(counts),
-                       info.classes if info else 2)
+                       2)  # (cats and dogs)
         if probe_data is None or not probe_data.own:
             raise SettingError("races on real images (its target is a validation loss, and random images carry "
                                "nothing to learn): give --data DIR, or prepared data your model takes", "race")
         images = probe_data.folder or f"numpy arrays {probe_data.arrays}"  # (what the sweep records)
         return cls(identity(info), {**task, "validation": True, "images": images}, probe_data.fingerprint + RACE_SPLIT,
-                   folder_data.race_train_count(probe_data.count), info.classes)
+                   folder_data.race_train_count(probe_data.count), min(info.classes, probe_data.classes or info.classes))
 

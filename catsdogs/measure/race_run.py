@@ -142,6 +142,9 @@ def _new_plan(settings, raced: Raced, recommendation: dict, anchor: dict | None,
     the evaluations' spacing, and the arm raced first (the prediction's choice at its rule's rate)."""
     n_train = raced.train_images  # (a size past it has no batch to train: a user's folder holds out a tenth more)
     table = {int(r["batch_size"]): float(r["step_seconds"]) for r in recommendation["table"] if r["batch_size"] <= n_train}
+    if not table:
+        raise CatsdogsError(f"the race has no size to train: none that fitted has a whole batch in the {n_train:,} "
+                            "images its trials train on (a tenth of a folder's held out to validate): lower --start")
     predicted = recommendation["batch_size"]  # raced whatever the grid: the prediction is held against the race
     span = recommendation.get("interval")
     sizes = sorted({*race_sizes(table, BETWEEN_RUNS, interval=tuple(span) if span else None),

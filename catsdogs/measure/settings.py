@@ -104,10 +104,10 @@ class FindSettings:
         if not isinstance(self.race, bool):
             raise SettingError(f"must be True or False, got {self.race!r}", "race")
         if not self.race:
-            for key, value, unset in (("race_budget", self.race_budget, None), ("until", self.until, None),
-                                      ("race_workers", self.race_workers, None), ("race_runner", self.race_runner, "local"),
-                                      ("ray_address", self.ray_address, None)):
-                if value != unset:
+            for key, value, unset in (("race_budget", self.race_budget, (None,)), ("until", self.until, (None,)),
+                                      ("race_workers", self.race_workers, (None, 1)),  # (1: the default before 0.31.0)
+                                      ("race_runner", self.race_runner, ("local",)), ("ray_address", self.ray_address, (None,))):
+                if value not in unset:
                     raise SettingError("sets the race: give --race too (race=True)", key)
             return
         b = self.race_budget

@@ -152,7 +152,16 @@ def architecture_digest(model: keras.Model, weights: bool = False) -> str:
     values (a saved model's, which its trials start from; a function's are drawn from the trial's
     seed). Two builds of one function agree, and two saves of one model (a .keras file's bytes hold
     the time it was saved); a changed layer does not. What a race's trials are keyed by (TrialConfig.model)."""
-    layers = []
+    try:  # its wiring (which layer feeds which) and input layer, every name as its position
+        config = model.get_config()
+        named = {model.name: "#model"}
+        for name in _layer_names(config):
+            named.setdefault(name, f"#{len(named)}")
+        wiring = _renamed(config, named)
+    except Exception:  # noqa: BLE001 - a subclassed model without a config: its layers below say what they can
+        wiring = None
+    inputs = [[list(x.shape), str(x.dtype)] for x in model.inputs]
+    layers = [inputs, wiring]
     for layer in _leaf_layers(model):
         try:
             config = {k: v for k, v in layer.get_config().items() if k != "name"}
@@ -229,6 +238,28 @@ def activation_bytes(model: keras.Model) -> float:
         if shape is not None and all(isinstance(d, int) for d in shape[1:]):
             total += math.prod(shape[1:]) * np.dtype(layer.compute_dtype or "float32").itemsize
     return total
+
+
+def _renamed(value, named: dict):
+    """`value` (a model's config) with every string that is a layer's name as its position."""
+    if isinstance(value, dict):
+        return {k: _renamed(v, named) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_renamed(v, named) for v in value]
+    return named.get(value, value) if isinstance(value, str) else value
+
+
+def _layer_names(config):
+    """The layers' names a model's config holds (an input layer's too, which a Sequential's
+    `layers` leaves out), in the order they appear."""
+    if isinstance(config, dict):
+        if "class_name" in config and isinstance(config.get("config"), dict) and "name" in config["config"]:
+            yield config["config"]["name"]
+        for value in config.values():
+            yield from _layer_names(value)
+    elif isinstance(config, (list, tuple)):
+        for value in config:
+            yield from _layer_names(value)
 
 
 def _leaf_layers(model):

@@ -5,6 +5,7 @@ records is tested apart from training (find-batch-size --race end to end: tests/
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from fakes import RaceDevice, RaceSlot
@@ -284,6 +285,7 @@ def test_a_race_setting_without_the_race_is_refused(field, value):
     with pytest.raises(SettingError, match="give --race") as caught:
         FindSettings(**{field: value}).check()
     assert caught.value.key == field
+    FindSettings(race_workers=1).check()  # (the default before 0.31.0: still taken without the race)
 
 
 @pytest.mark.slow
@@ -389,7 +391,8 @@ def test_a_users_folder_races_with_a_validation_tenth_held_out_and_keyed_by_the_
     info = ModelInfo(status=Status.DONE, name="tiny", classes=3, architecture="abc123",
                      source={"model": "my_models:tiny", "kind": "function"})
     spec = [32, 32, 3, 3, "float32"]
-    folder = ProbeData(None, spec, "/pics", "120 images", count=120, decoded="/work/decoded.npz", fingerprint="f00")
+    folder = ProbeData(None, spec, "/pics", "120 images", count=120, decoded="/work/decoded.npz", fingerprint="f00",
+                       classes=3)
     settings = FindSettings(model="my_models:tiny", race=True)
     # when the race is given its model and data
     raced = Raced.of(settings, None, info, folder)
@@ -401,9 +404,32 @@ def test_a_users_folder_races_with_a_validation_tenth_held_out_and_keyed_by_the_
     assert (raced.model, raced.data) == ("my_models:tiny@abc123", "f00+validation")
     # and numpy arrays (the Python API's data=(x, y)) race alike, keyed by their digest
     arrays = ProbeData(None, spec, None, "120 arrays", count=120, decoded="/work/arrays.npz", arrays="a0",
-                       fingerprint="a0")
+                       fingerprint="a0", classes=2)
     raced = Raced.of(settings, None, info, arrays)
     assert (raced.data, raced.train_images, raced.task["images"]) == ("a0+validation", 97, "numpy arrays a0")
+    # and chance is the data's: two classes in them, though the model has three outputs
+    assert raced.classes == 2
+    # and a relative decoded copy is handed over absolute (a Ray actor starts elsewhere)
+    relative = ProbeData(None, spec, "pics", "120 images", count=120, decoded="out/x.npz", fingerprint="f00")
+    assert Path(relative.task_fields()["data_folder"]).is_absolute()
+
+
+def test_a_users_race_never_becomes_the_article_models_tuned_rates(tmp_path, data):
+    from catsdogs.analysis.anchor import tuned_anchor
+
+    # given a store holding only a race of a user's model on the prepared data (three rates a size, a target)
+    race(tmp_path, data, RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD), raced=users_model(data), budget=4300, fixed=100.0)
+    # then --from-store finds no tuned rates of the article's model there
+    with pytest.raises(SettingError, match="no sweep .* tunes the learning rate"):
+        tuned_anchor(tmp_path, "sgd", "standard", 32)
+
+
+def test_a_race_with_no_size_that_has_a_whole_batch_to_train_is_one_line(data):
+    # given probes from 8 (--start 8) and a folder whose race trains on 4 images
+    settings = FindSettings(optimizer="sgd", race=True, until="val_loss=0.5")
+    rec = {**recommendation(), "table": [{"batch_size": b, "step_seconds": STEPS[b]} for b in (8, 16, 32)]}
+    with pytest.raises(CatsdogsError, match="none that fitted has a whole batch in the 4 images.*lower --start"):
+        _new_plan(settings, users_model(data, train_images=4), rec, ANCHOR, {})
 
 
 def test_a_saved_model_is_keyed_by_its_name_and_digest_not_its_path_and_random_images_are_not_raced():

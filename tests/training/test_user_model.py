@@ -271,17 +271,18 @@ def test_the_article_model_is_told_by_its_layers_saved_or_built_and_another_is_n
 
 
 def test_a_models_architecture_digest_is_the_same_for_two_builds_and_another_for_a_changed_layer():
-    def build(width: int):
-        return keras.Sequential([keras.Input((16, 16, 3)), layers.Conv2D(4, 3), layers.Flatten(),
+    def build(width: int, image_width: int = 16):
+        return keras.Sequential([keras.Input((16, image_width, 3)), layers.Conv2D(4, 3), layers.GlobalAveragePooling2D(),
                                  layers.Dense(width)])
 
-    # given a function's model built twice in one process (Keras names the second's layers anew)
-    # and once with a wider last layer
-    first, second, wider = build(2), build(2), build(3)
+    # given a function's model built twice in one process (Keras names the second's layers anew),
+    # once with a wider last layer, and once on wider images (the same layers and weights' shapes)
+    first, second, wider, wider_images = build(2), build(2), build(3), build(2, image_width=24)
     assert [x.name for x in first.layers] != [x.name for x in second.layers]
-    # then the two builds have one digest (a race's trials of it are one model's), the wider another
+    # then the two builds have one digest (a race's trials of it are one model's), the others others
     assert user_model.architecture_digest(first) == user_model.architecture_digest(second)
     assert user_model.architecture_digest(wider) != user_model.architecture_digest(first)
+    assert user_model.architecture_digest(wider_images) != user_model.architecture_digest(first)
     # and with the weights (a saved model's, its trials' start), two of other values differ
     assert user_model.architecture_digest(first, weights=True) != user_model.architecture_digest(second, weights=True)
     second.set_weights(first.get_weights())
