@@ -124,6 +124,10 @@ class FindSettings:
             raise SettingError(f"unknown runner {self.race_runner!r}; choose from local, ray", "race_runner")
         if self.ray_address is not None and self.race_runner != "ray":
             raise SettingError("names a Ray cluster: give --runner ray too (race_runner='ray')", "ray_address")
+        if self.race_runner == "ray":  # (Ray missing said before any probe, not after the search)
+            from catsdogs.training.ray_runner import import_ray
+
+            import_ray()
 
     def environment(self) -> dict:
         """Every worker's environment: its process settings, and what `worker_env` adds."""

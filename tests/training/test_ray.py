@@ -79,6 +79,19 @@ def test_without_ray_the_runner_is_a_one_line_error(data_dir, tmp_path, monkeypa
     assert not (tmp_path / "results.sqlite").exists()
 
 
+def test_without_ray_a_race_on_ray_is_one_line_before_any_probe(data_dir, tmp_path, monkeypatch):
+    # given Ray cannot be imported
+    monkeypatch.setitem(sys.modules, "ray", None)
+    # when find-batch-size is asked to race on Ray
+    result = CliRunner().invoke(cli, ["find-batch-size", "--data-dir", str(data_dir), "--out", str(tmp_path),
+                                      "--race", "--runner", "ray"])
+    # then one line says how to install it, before any probe or file
+    assert result.exit_code == 1
+    assert [ln for ln in result.output.splitlines() if ln.strip()] == [
+        "Error: --runner ray needs Ray, which is not installed; install the extra: pip install 'catsdogs[ray]'"]
+    assert not list(tmp_path.iterdir())
+
+
 def test_how_ray_errors_become_records():
     ex = ray.exceptions
     # a lost worker, a dead node, a cancelled task: lost, to be run again
