@@ -181,7 +181,7 @@ class InProcessSlot:
 
         return set(steps.STEPS.shapes())
 
-    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None, user=None):
         from catsdogs.messages import TrialTask
         from catsdogs.training import engine
 

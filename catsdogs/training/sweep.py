@@ -321,8 +321,7 @@ def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: 
                 t0 = time.time()
                 try:
                     record = runner.run(cfg, data_dir, on_epoch=_epoch_logger(board.log, tag),
-                                        noise_sampling=noise_sampling, eval_every=eval_every,
-                                        **({"user": user} if user else {}))
+                                        noise_sampling=noise_sampling, eval_every=eval_every, user=user)
                 except BaseException:  # no outcome of the trial's (a worker unfit for any trial): run it again later
                     store.release(row["key"])
                     raise

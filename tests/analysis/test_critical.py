@@ -262,7 +262,7 @@ class NoiseSlot:
     def shapes(self):
         return set()
 
-    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None, user=None):
         from catsdogs.messages import TrialRecord
 
         NoiseSlot.runs.append((cfg.key(), noise_sampling))

@@ -49,7 +49,7 @@ class InstantSlot:
     def shapes(self) -> set[str]:
         return set()
 
-    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None) -> TrialRecord:
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None, user=None) -> TrialRecord:
         return TrialRecord(status=Status.DONE, test_accuracy=0.5, images_per_second=100.0)
 
     def stop(self) -> None:
@@ -166,7 +166,7 @@ def test_two_sweeps_started_together_split_the_trials_and_both_succeed(data_dir,
 
 
 class FailingSlot(InstantSlot):
-    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None) -> TrialRecord:
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None, user=None) -> TrialRecord:
         return TrialRecord(status=Status.FAILED, error="RuntimeError: the environment was wrong")
 
 

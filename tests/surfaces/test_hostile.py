@@ -315,7 +315,7 @@ class CountingSlot:
     def shapes(self) -> set[str]:
         return set()
 
-    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None) -> TrialRecord:
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None, user=None) -> TrialRecord:
         CountingSlot.ran.append(cfg.key())
         return TrialRecord(status=Status.DONE, test_accuracy=0.5, images_per_second=100.0)
 

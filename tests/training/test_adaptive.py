@@ -204,7 +204,7 @@ class CountedSlot:
     def shapes(self) -> set[str]:
         return set()
 
-    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None, user=None):
         from catsdogs.messages import TrialRecord
         from catsdogs.schema import Status
 

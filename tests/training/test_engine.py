@@ -216,7 +216,7 @@ class FaultySlot(LocalSlot):
 
     pids: dict[str, int] = {}
 
-    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None):
+    def run(self, cfg, data_dir, on_epoch=None, noise_sampling=None, eval_every=None, user=None):
         def epoch(row):
             FaultySlot.pids.setdefault(cfg.key(), self.worker.proc.pid)
             if cfg.batch_size == 8:
