@@ -63,6 +63,14 @@ class FindResult:
         absent |= {k for k in ("recommendation", "model", "race", "pool_ceiling") if values.get(k) is None}
         return cls(**values, absent=frozenset(absent))
 
+    def take_race(self, record: dict) -> None:
+        """The race's record (catsdogs.measure.race_run) as its `race`, and the hand-off's batch size
+        the measured fastest (it fits: it was raced)."""
+        self.race = record
+        self.absent = self.absent - {"race"}
+        if record.get("decision") and self.hand_off:
+            self.hand_off = {**self.hand_off, "batch_size": record["decision"]["batch_size"]}
+
     def to_dict(self) -> dict:
         """find_batch_size.json's object, its keys in its source's order (this version's otherwise)."""
         names = [f.name for f in fields(self) if f.name not in ("absent", "order") and f.name not in self.absent]

@@ -114,6 +114,7 @@ LIMITS: dict[str, tuple[float, str]] = {  # the largest value of each, and why
     "epochs": (10_000, "more epochs than any of this model's trials needs"),
     "max_epochs": (10_000, "more epochs than any of this model's trials needs"),
     "eval_every": (10**9, "a billion images between evaluations is more than any trial trains on"),
+    "max_steps": (10**9, "a billion batches is more than any trial trains on"),
     "warmup_epochs": (10_000, "more epochs than any of this model's trials needs"),
     "seed": (2**32 - 1, "Keras seeds NumPy's legacy generator, which takes 32 bits"),
     "seeds": (1_000, "more seeds than any interval needs: ±1 point at 50% on 400 test images takes about 100"),
@@ -173,7 +174,7 @@ def _protocol(help: str, choices: tuple | None = None, multiple: bool = False):
 
 
 # Fields added after trials were first stored: out of a trial's key at their default (old stores resume).
-KEY_OMITS_DEFAULT = ("backend", "deterministic", "tf32", "until", "eval_every", "model")
+KEY_OMITS_DEFAULT = ("backend", "deterministic", "tf32", "until", "eval_every", "model", "max_steps")
 # The fields a worker process is started with and keeps (set before its framework starts): a trial
 # runs only in a worker of its own settings (catsdogs.runtime.backends.process_env_for).
 PROCESS_FIELDS = ("deterministic", "tf32")
@@ -226,6 +227,8 @@ class TrialConfig:
     # Nor this: a user's model trained instead of the article's (find-batch-size --race --model),
     # REF@DIGEST (model_check.identity), so a trial of one model is never read back as another's.
     model: str | None = field(default=None, metadata={"help": "A user's model, REF@DIGEST (None: the article's)."})
+    # Nor this: a trial with a target stops there short of it, within an epoch (the race's cap).
+    max_steps: int | None = field(default=None, metadata={"help": "At most this many batches (None: the epochs')."})
 
     def key(self) -> str:
         d = asdict(self)
@@ -243,7 +246,7 @@ class TrialConfig:
         (find-batch-size's anchor runs); a warm-up's schedule holds its rates as constants."""
         rate = ("lr", "lr_scaling", "base_batch_size") if not self.warmup_epochs else ()
         return tuple((f.name, getattr(self, f.name)) for f in fields(self)
-                     if f.name not in ("seed", "dataset", "data", "epochs", "until", "eval_every", *rate))
+                     if f.name not in ("seed", "dataset", "data", "epochs", "until", "eval_every", "max_steps", *rate))
 
     def cell(self) -> TrialConfig:
         """The trial's cell: its configuration with seed 0, whatever its seed."""
@@ -281,6 +284,10 @@ class TrialConfig:
         if self.until is not None or self.eval_every is not None:
             targets.check_trial(self.until, self.eval_every)
             check_number(self.eval_every, "eval_every")
+        if self.max_steps is not None and self.until is None:
+            raise SettingError("caps a trial short of its target, and this one has none (until)", "max_steps")
+        if self.max_steps is not None:
+            check_number(self.max_steps, "max_steps")
 
 
 # --- derived views -------------------------------------------------------------------------
@@ -406,25 +413,6 @@ def check_prepare(per_class: int, split: tuple[int, int, int], size: int, seed: 
         raise SettingError(f"--size must be between 8 and 2048 pixels, got {size}", "size")
 
 
-def check_adaptive(target_ci: float | None, max_seeds: int | None, seeds: int) -> None:
-    """Adaptive seeds: a positive target of points; a cap that needs a target and is no lower
-    than the seeds every cell starts with."""
-    if max_seeds is not None and target_ci is None:
-        raise SettingError("caps adaptive seeds, which need a target: give target_ci (--target-ci) too",
-                           "max_seeds")
-    number = isinstance(target_ci, (int, float)) and not isinstance(target_ci, bool)
-    if target_ci is not None and not (number and math.isfinite(target_ci) and target_ci > 0):
-        shown = f"{target_ci:g}" if number else repr(target_ci)
-        raise SettingError(f"must be a positive number of points, got {shown}", "target_ci")
-    if target_ci is not None and target_ci > TARGET_CI_MAX:
-        raise SettingError(f"must be at most {TARGET_CI_MAX:g} points (an interval wider than ±{TARGET_CI_MAX:g} "
-                           f"points says nothing about an accuracy), got {target_ci:g}", "target_ci")
-    if max_seeds is not None:
-        check_number(max_seeds, "max_seeds")
-    if max_seeds is not None and max_seeds < seeds:
-        raise SettingError(f"{max_seeds} is below the {seeds} seeds every cell starts with", "max_seeds")
-
-
 # --- arithmetic every backend shares ------------------------------------------------------
 
 
@@ -442,9 +430,12 @@ def plan_steps(cfg: TrialConfig, n_train: int) -> tuple[int, int]:
 
     With the steps budget every batch size makes the updates the base batch size makes in
     the configured epochs: the same number of epochs, each of n_train // base_batch_size
-    updates, the data repeated (and reshuffled) as often as that needs."""
+    updates, the data repeated (and reshuffled) as often as that needs. With `max_steps`, the
+    epochs up to the one the cap falls in (the curve stops training at it: Curve's `stop_at`)."""
     if cfg.budget == "steps":
         per_epoch = (n_train // cfg.base_batch_size) * cfg.accumulate
     else:
         per_epoch = n_train // cfg.batch_size
+    if cfg.max_steps and per_epoch:  # (a cap ends training in the epoch it falls in)
+        return per_epoch, min(cfg.epochs, -(-cfg.max_steps // per_epoch))
     return per_epoch, cfg.epochs

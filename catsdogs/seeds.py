@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from catsdogs.schema import Status, TrialConfig
+from catsdogs.errors import SettingError
+from catsdogs.schema import TARGET_CI_MAX, Status, TrialConfig, check_number
 from catsdogs.stats import LEVEL, binomial_sd, mean_ci, t_quantile
 
 
@@ -81,3 +82,22 @@ def next_seeds(grid: list[TrialConfig], rows: dict[str, dict], target_ci: float,
             add.append(replace(members[-1], seed=n))
         cells[cell] = {"seeds": n, "half_width": half, "floored": ci["floored"], "state": state}
     return {"add": add, "cells": cells}
+
+
+def check_adaptive(target_ci: float | None, max_seeds: int | None, seeds: int) -> None:
+    """Adaptive seeds: a positive target of points; a cap that needs a target and is no lower
+    than the seeds every cell starts with."""
+    if max_seeds is not None and target_ci is None:
+        raise SettingError("caps adaptive seeds, which need a target: give target_ci (--target-ci) too",
+                           "max_seeds")
+    number = isinstance(target_ci, (int, float)) and not isinstance(target_ci, bool)
+    if target_ci is not None and not (number and math.isfinite(target_ci) and target_ci > 0):
+        shown = f"{target_ci:g}" if number else repr(target_ci)
+        raise SettingError(f"must be a positive number of points, got {shown}", "target_ci")
+    if target_ci is not None and target_ci > TARGET_CI_MAX:
+        raise SettingError(f"must be at most {TARGET_CI_MAX:g} points (an interval wider than ±{TARGET_CI_MAX:g} "
+                           f"points says nothing about an accuracy), got {target_ci:g}", "target_ci")
+    if max_seeds is not None:
+        check_number(max_seeds, "max_seeds")
+    if max_seeds is not None and max_seeds < seeds:
+        raise SettingError(f"{max_seeds} is below the {seeds} seeds every cell starts with", "max_seeds")

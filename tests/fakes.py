@@ -273,7 +273,7 @@ class RaceDevice:
 
 class RaceSlot:
     """A sweep slot whose trials are a RaceDevice's (catsdogs.measure.race_run's trials without
-    training): a trial with a target trains until `trial_seconds` or its epochs run out, its
+    training): a trial with a target trains until `trial_seconds`, its epochs or its step cap run out, its
     epochs each `step_seconds` a step; a reference run (no target) ends its epochs at validation
     losses REFERENCE_LOSSES. Each trial's wall time is its steps' plus `fixed` seconds. `ran`:
     every trial run, in order; `interrupt_after`: a Ctrl-C in the main thread as that trial ends."""
@@ -308,7 +308,7 @@ class RaceSlot:
             steps, reached, to_target = per_epoch * cfg.epochs, None, None
         else:
             needed = self.device.trial_seconds(b, cfg.lr, cfg.seed) / step
-            allowed = cfg.epochs * per_epoch
+            allowed = min(cfg.epochs * per_epoch, cfg.max_steps or math.inf)  # (a step cap within an epoch)
             reached = needed <= allowed
             steps = math.ceil(needed) if reached else allowed
             to_target = needed if reached else None

@@ -68,7 +68,7 @@ from catsdogs.measure.memory_prediction import (
 )
 from catsdogs.measure.noise_run import NoiseRun, measure_noise_scale, user_noise_sampling
 from catsdogs.measure.probe_run import ProbeRun
-from catsdogs.measure.race_run import race_into, run_race
+from catsdogs.measure.race_run import run_race
 from catsdogs.measure.search import (
     RESOLUTION_SHARE,
     RSS_RESOLUTION_SHARE,
@@ -147,8 +147,8 @@ def race(run: FindRun, result: FindResult) -> None:
     written and said: find_batch_size.json again, with the race's measured answer beside it."""
     if not result.recommendation:
         return run.log("Race: not run: no size passed its probe with a time to race.")
-    race_into(result, run_race(run.settings, run.data_dir, run.folder.parent, run.manifest, run.size, result.recommendation,
-                               run.anchor, run.log, raced=model_check.Raced.of(run.settings, run.manifest, run.user, run.probe_data)))
+    result.take_race(run_race(run.settings, run.data_dir, run.folder.parent, run.manifest, run.size, result.recommendation,
+                              run.anchor, run.log, raced=model_check.Raced.of(run.settings, run.manifest, run.user, run.probe_data)))
     write_json_atomic(run.folder / "find_batch_size.json", result.to_dict(), indent=2)
     for line in race_lines(result.race):
         run.log(line)

@@ -22,9 +22,10 @@ whatever cap it ran under.
   trial of the size ran a second epoch. Compilation, evaluations and data are fixed costs, measured
   (each trial's wall time less its steady training) and said apart; the decision is on the steady T.
 - **Caps**: each rung runs its leader's trials first (the prediction's choice in the first rung),
-  then every other arm's, each capped at race.CAP times the leader's time on its seed (in whole
-  epochs, at most MAX_EPOCHS); a trial that stops short of the target is censored at the time it
-  trained.
+  then every other arm's, each capped at race.CAP times the leader's time on its seed (in steps of
+  its size, within the epoch the cap falls in: TrialConfig.max_steps; at most CAPPED_EPOCHS, and
+  MAX_EPOCHS before any time is known); a trial that stops short of the target is censored at the
+  time it trained.
 - **A budget** (`--race-budget`): before each rung, and again after its leader's trials, the cost
   of what is left of it is estimated from the trials so far (the median trial's wall time); a rung
   that would pass the budget is not started or not finished, and the answer is the last whole
@@ -194,12 +195,13 @@ class _Runner:
 
     # -- trials --
 
-    def config(self, batch_size: int, lr: float, seed: int, epochs: int, until: str | None) -> TrialConfig:
+    def config(self, batch_size: int, lr: float, seed: int, epochs: int, until: str | None,
+               max_steps: int | None = None) -> TrialConfig:
         i = self.plan["identity"]
         return TrialConfig(i["optimizer"], batch_size, i["dataset"], seed, epochs=epochs, image_size=i["image_size"],
                            data=i["data"], lr=lr, precision=i["precision"], until=until,
                            eval_every=self.plan["eval_every"] if until else None, deterministic=i["deterministic"],
-                           tf32=i["tf32"], backend=i["backend"], model=i.get("model"))
+                           tf32=i["tf32"], backend=i["backend"], model=i.get("model"), max_steps=max_steps)
 
     def run_wave(self, configs: list[TrialConfig]) -> None:
         """One sweep call over the race's trials so far, of which `configs` are new; the sweep's own
@@ -310,11 +312,16 @@ class _Runner:
                 fixed.setdefault(b, []).append(max(0.0, row["wall_seconds"] - (row.get("steps") or 0) * self.step_seconds(b)))
         return {str(b): round(statistics.median(v), 3) for b, v in sorted(fixed.items())}
 
-    def epochs_for(self, batch_size: int, cap: float | None) -> int:
-        """A cap in seconds as the whole epochs of this size's steady steps that reach it (a censored
-        trial trained at least its cap), at most CAPPED_EPOCHS; MAX_EPOCHS where none is known."""
-        epoch = self.step_seconds(batch_size) * self.per_epoch(batch_size)
-        return MAX_EPOCHS if cap is None else max(1, min(CAPPED_EPOCHS, math.ceil(cap / epoch)))
+    def capped(self, batch_size: int, cap: float | None) -> tuple[int, int | None]:
+        """A cap in seconds as (epochs, steps): the steps of this size's steady step time that reach it
+        (a censored trial trained at least its cap) and the epochs they fall in, at most
+        CAPPED_EPOCHS (steps None where the cap is those epochs' end); (MAX_EPOCHS, None) where none is known."""
+        if cap is None:
+            return MAX_EPOCHS, None
+        per = self.per_epoch(batch_size)
+        steps = max(1, math.ceil(cap / self.step_seconds(batch_size)))
+        epochs = min(CAPPED_EPOCHS, math.ceil(steps / per))
+        return epochs, (steps if steps < epochs * per else None)
 
     # -- the rungs --
 
@@ -374,8 +381,8 @@ class _Runner:
         new = []
         for t in trials:
             if (t.arm.batch_size, t.arm.lr, t.seed) not in done:
-                epochs = self.epochs_for(t.arm.batch_size, race.cap_for(t.seed))
-                new.append(self.config(t.arm.batch_size, t.arm.lr, t.seed, epochs, self.plan["target"]))
+                epochs, steps = self.capped(t.arm.batch_size, race.cap_for(t.seed))
+                new.append(self.config(t.arm.batch_size, t.arm.lr, t.seed, epochs, self.plan["target"], steps))
         self.run_wave(new)
         done = self.finished()
         for t in trials:
@@ -437,12 +444,3 @@ def _rates(race: Race | None, plan: dict) -> dict:
     for arm in race.arms if race is not None else ():
         rates.setdefault(str(arm.batch_size), set()).add(arm.lr)
     return {b: sorted(lrs) for b, lrs in rates.items()}
-
-
-def race_into(result, record: dict) -> None:
-    """The race's record into find-batch-size's result (catsdogs.find_result.FindResult): its
-    `race`, and the hand-off's batch size the measured fastest (it fits: it was raced)."""
-    result.race = record
-    result.absent = result.absent - {"race"}
-    if record.get("decision") and result.hand_off:
-        result.hand_off = {**result.hand_off, "batch_size": record["decision"]["batch_size"]}

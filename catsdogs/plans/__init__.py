@@ -28,6 +28,7 @@ from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.gradient_noise import NoiseSampling
 from catsdogs.manifest import load_manifest, require_intact, require_prepared
 from catsdogs.schema import PROTOCOL_FIELDS, TrialConfig
+from catsdogs.seeds import check_adaptive
 
 # The keys of each part of a plan, with what each may hold (docs/usage.md, "Plans"). A grid's keys
 # are `sweep`'s grid options by their names (`opt` is --opt), so the command line can replace them.
@@ -147,7 +148,7 @@ def check(plan: dict, origin: str) -> None:
         with _located(origin):
             _check_top_value(key, value)
     with _located(origin):
-        schema.check_adaptive(plan.get("target_ci"), plan.get("max_seeds"), plan.get("seeds", config.SEEDS))
+        check_adaptive(plan.get("target_ci"), plan.get("max_seeds"), plan.get("seeds", config.SEEDS))
     prepare = plan.get("prepare", {})
     _unknown(prepare, PREPARE_KEYS, origin, "[prepare] ")
     for key, value in prepare.items():

@@ -28,9 +28,11 @@ Where it runs, and why it changes nothing in training:
   1,200 on 1,200 training images: two a step).
 
 A target ends training at the evaluation that reaches it: at an epoch's end by Keras's own
-`stop_training`; mid-epoch by raising TargetReached from `on_train_batch_begin` (Keras checks
+`stop_training`; mid-epoch by raising TrainingStopped from `on_train_batch_begin` (Keras checks
 stop_training only after a step, which would train one more), which the engine catches. The
-weights are then exactly those the last point evaluated.
+weights are then exactly those the last point evaluated. A step cap (`stop_at`, a trial's
+`max_steps`: the race's cap within an epoch) ends training the same way, after evaluating there:
+a batch-1 trial capped at 300 steps no longer trains the rest of its 1,200-step epoch.
 """
 
 from __future__ import annotations
@@ -46,18 +48,22 @@ _STARTS: dict[tuple, tuple[float, float]] = {}  # the model as it starts, valida
 MOST_STARTS = 64  # kept at once (a race interleaves up to 18 seeds)
 
 
-class TargetReached(Exception):
-    """Raised inside fit at the step boundary where the curve reached its target: training ends there."""
+class TrainingStopped(Exception):
+    """Raised inside fit at the step boundary where the curve reached its target or its step cap:
+    training ends there."""
 
 
 class Curve(keras.callbacks.Callback):
     """Evaluates `val_batches` every `every` training images (batch_size each batch, one update
     per `accumulate` batches, `per_epoch` batches an epoch); `points` is the curve, `seconds` its
-    time, `stopped_at` the batches trained when a target stopped training (else None)."""
+    time, `stopped_at` the batches trained when a target or the cap (`stop_at` batches, within an
+    epoch) stopped training (else None)."""
 
     def __init__(self, every: int, batch_size: int, accumulate: int, per_epoch: int, val_batches, timer,
-                 backend, target: Target | None = None, epochs: int | None = None, start_key: tuple | None = None):
+                 backend, target: Target | None = None, epochs: int | None = None, start_key: tuple | None = None,
+                 stop_at: int | None = None):
         super().__init__()
+        self.stop_at = stop_at
         self.start_key = start_key  # what decides the model as it starts (None: evaluate it every time)
         self.every, self.batch_size, self.accumulate, self.per_epoch = every, batch_size, accumulate, per_epoch
         self.val_batches, self.timer, self.backend, self.target = val_batches, timer, backend, target
@@ -92,14 +98,15 @@ class Curve(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         done = self.epoch * self.per_epoch + batch  # batches trained before this one
-        if not self._due(done):
+        capped = self.stop_at is not None and done >= self.stop_at
+        if not (self._due(done) or capped):
             return
         self.backend.sync_weights(self.model)
         with self.timer.outside_training() as train_seconds:
             self._evaluate(done, train_seconds)
-        if self.reached:
+        if self.reached or capped:
             self.stopped_at = done
-            raise TargetReached()
+            raise TrainingStopped()
 
     def on_epoch_end(self, epoch, logs=None):
         done = (epoch + 1) * self.per_epoch

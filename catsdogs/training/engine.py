@@ -43,7 +43,7 @@ from catsdogs.messages import (
 from catsdogs.runtime import backends
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.training import steps
-from catsdogs.training.curve import Curve, TargetReached
+from catsdogs.training.curve import Curve, TrainingStopped
 from catsdogs.training.diagnosis import diagnose, initial_diagnosis
 from catsdogs.training.probes import run_memory_plan, run_model_check, run_peak, run_probe
 
@@ -175,13 +175,14 @@ def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, epochs: int, val
         raise CatsdogsError("--eval-every evaluates the validation split, and this data set has none: "
                             "prepare it with a validation share (--split)")
     target = targets.parse(cfg.until) if cfg.until else None
+    capped = cfg.max_steps if cfg.max_steps and cfg.max_steps < per_epoch * epochs else None  # (else: the epochs end it)
     return Curve(every, cfg.batch_size, cfg.accumulate, per_epoch, backend.eval_batches(val, config.EVAL_BATCH_SIZE),
-                 timer, backend, target, epochs=epochs, start_key=start_key)
+                 timer, backend, target, epochs=epochs, start_key=start_key, stop_at=capped)
 
 
 def _fit(model, train_ds, val_ds, epochs: int, per_epoch: int, timer: EpochTimer, curve: Curve | None):
     """Keras's fit, with the curve beside the timer; the history of its full epochs (None when a
-    target was met before the first step). A target met mid-epoch ends fit there (TargetReached):
+    target was met before the first step). A target or a step cap met mid-epoch ends fit there (TrainingStopped):
     the partial epoch joins the timer's epochs, with its running loss and accuracy, the last
     point's validation figures, and the noise scale where it is measured."""
     if curve is not None and curve.start(model):
@@ -190,7 +191,7 @@ def _fit(model, train_ds, val_ds, epochs: int, per_epoch: int, timer: EpochTimer
     try:
         return model.fit(train_ds, validation_data=val_ds, epochs=epochs, steps_per_epoch=per_epoch,
                          callbacks=callbacks, shuffle=False, verbose=0)  # the dataset shuffles
-    except TargetReached:
+    except TrainingStopped:
         point = curve.points[-1]
         timer.end_partial(point["train_seconds"], curve.stopped_at - len(timer.epochs) * per_epoch,
                           {**_running_metrics(model), "val_loss": point["val_loss"],

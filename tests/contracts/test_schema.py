@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import pytest
 from click.testing import CliRunner
@@ -18,6 +18,7 @@ from catsdogs.analysis.rows import ARTICLE_PROTOCOL, is_article_protocol
 from catsdogs.cli import cli, sweep
 from catsdogs.errors import SettingError
 from catsdogs.schema import PROTOCOL_FIELDS, Status, TrialConfig
+from catsdogs.seeds import check_adaptive
 from catsdogs.store import CSV_COLUMNS, Store
 
 
@@ -113,9 +114,9 @@ def test_each_rule_raises_a_setting_error_naming_its_key(rule, value, key):
 ])
 def test_adaptive_seeds_are_checked_once_for_plans_and_options(target, most, seeds, key, message):
     with pytest.raises(SettingError, match=re.escape(message)) as e:
-        schema.check_adaptive(target, most, seeds)
+        check_adaptive(target, most, seeds)
     assert e.value.key == key
-    schema.check_adaptive(5, 8, 3)  # and a good setting passes
+    check_adaptive(5, 8, 3)  # and a good setting passes
 
 
 def test_a_bad_protocol_value_is_a_one_line_usage_error(tmp_path):
@@ -191,3 +192,18 @@ def test_a_store_from_the_old_engine_still_reads_and_reports(old_store):
     paths = report.report("old", old_store, log=lambda *_: None)
     assert paths["figures"]["optimizers"]["png"].exists()
     assert "62.0" in paths["results_md"].read_text()
+
+
+def test_a_step_cap_needs_a_target_and_ends_training_in_the_epoch_it_falls_in():
+    # given a trial of 10 steps an epoch for 12 epochs
+    cfg = TrialConfig("sgd", 10, "standard", 0, epochs=12, until="val_loss=0.5", eval_every=64)
+    # then a cap of 25 steps trains into its third epoch, one of 120 or more changes nothing
+    assert schema.plan_steps(replace(cfg, max_steps=25), 100) == (10, 3)
+    assert schema.plan_steps(replace(cfg, max_steps=500), 100) == (10, 12)
+    # and it is part of the trial's identity, not of its compiled step's shape
+    assert replace(cfg, max_steps=25).key() != cfg.key() and replace(cfg, max_steps=25).shape() == cfg.shape()
+    # and a cap without a target, or not a whole positive number, is refused naming it
+    for bad in ({"max_steps": 5, "until": None, "eval_every": None}, {"max_steps": 0}, {"max_steps": 2.5}):
+        with pytest.raises(SettingError) as e:
+            replace(cfg, **bad).check()
+        assert e.value.key == "max_steps"

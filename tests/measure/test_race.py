@@ -94,6 +94,36 @@ def test_each_rung_keeps_the_best_third_on_the_same_seeds_and_caps_at_three_time
     assert all(o.seconds == 3.0 for o in race.outcomes.values() if o.censored)
 
 
+def test_an_arm_that_reached_the_target_on_no_seed_of_a_rung_is_left_behind_though_the_better_half_has_room():
+    # given four arms of which only the first reaches the target in time on both seeds of the first
+    # rung (the others, 5 s, are capped at 3 times its 1 s and censored), halving keeping two
+    arms = [Arm(b, 0.01) for b in (1, 2, 3, 4)]
+    race = Race(arms, seeds=list(range(6)), rungs=(2, 6), keep=1 / 2)
+    for t in race.next_trials():
+        cap = race.cap_for(t.seed)
+        seconds = 1.0 if t.arm.batch_size == 1 else 5.0
+        race.record(Outcome(t.arm, t.seed, min(seconds, cap) if cap else seconds, bool(cap and seconds > cap)))
+    left = race.advance()
+    # then the three censored arms are all left behind: none takes the second place halving had
+    assert race.alive == [Arm(1, 0.01)] and sorted(left) == [Arm(2, 0.01), Arm(3, 0.01), Arm(4, 0.01)]
+    assert {t.arm for t in race.next_trials()} == {Arm(1, 0.01)}
+
+
+@pytest.mark.parametrize("seeds, left_behind", [(6, True), (2, False)], ids=["six-seeds", "two-seeds"])
+def test_from_six_seeds_an_arm_clearly_slower_than_the_leader_is_left_behind(seeds, left_behind):
+    # given a leader, an arm 5% slower and one twice as slow on every seed (a few percent of spread),
+    # halving keeping them all
+    times = {8: 1.0, 16: 1.05, 32: 2.0}
+    race = Race([Arm(b, 0.01) for b in times], seeds=list(range(18)), rungs=(seeds, 18), keep=1.0)
+    for t in race.next_trials():
+        race.record(Outcome(t.arm, t.seed, times[t.arm.batch_size] * (1 + 0.03 * (t.seed % 3))))
+    race.advance()
+    # then over six seeds the slow arm's interval lies wholly above 1.25 times the leader's: it is
+    # left behind; over two it is not told apart yet and races on, as is the close arm either way
+    assert (Arm(32, 0.01) not in race.alive) is left_behind
+    assert Arm(16, 0.01) in race.alive and Arm(8, 0.01) in race.alive
+
+
 def test_a_winner_at_its_rates_edge_races_one_more_rate_that_way():
     # given a device whose size 16 is best at 4 times its rule's rate, beyond the set (half, once, twice)
     device = RaceDevice(H200_STEPS, b_noise=8.0, log_sd={b: 0.05 for b in H200_STEPS}, best_factor={16: 4.0})

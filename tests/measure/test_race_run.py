@@ -171,6 +171,23 @@ def test_a_trial_short_of_the_target_is_censored_at_the_time_it_trained(tmp_path
     assert rows and all(r["censored"] == r["seeds"] for r in rows)
 
 
+def test_a_capped_trial_stops_at_its_caps_step_within_the_epoch_it_falls_in(tmp_path, data):
+    # given a race on 128 training images (batch 2: 64 steps an epoch)
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    ran: list = []
+    # when raced
+    race(tmp_path, data, device, ran=ran)
+    # then a trial capped within an epoch carries its cap's step inside its last epoch (not that
+    # epoch's end), and one short of the target stopped there, no step past it
+    capped = [c for c in ran if c.max_steps]
+    assert capped and all((c.epochs - 1) * (128 // c.batch_size) < c.max_steps < c.epochs * (128 // c.batch_size)
+                          for c in capped)
+    with Store(store_path(tmp_path), read_only=True) as store:
+        stored = {t["key"]: t for t in store.trials(sweep_name("fbs"))}
+    short = [c for c in capped if not stored[c.key()]["target_reached"]]
+    assert short and all(stored[c.key()]["steps"] == c.max_steps for c in short)
+
+
 def test_the_default_target_is_the_reference_runs_loss_after_its_epochs_rounded_up(tmp_path, data):
     # given no --until: the reference run's validation loss after 3 epochs is 0.503
     device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
@@ -225,12 +242,19 @@ def test_a_size_no_trial_of_which_ran_a_second_epoch_takes_its_probes_step_time_
     assert plan["steady_step_seconds"]["8"] == pytest.approx(0.004 * 1.3) and plan["steady_from"]["8"] == "probe x 1.3"
 
 
-def test_a_cap_becomes_the_epochs_that_reach_it_beyond_the_uncapped_epochs_where_steps_are_few(tmp_path, data):
-    # given batch 64 (2 steps an epoch of 128 images, 0.018 s a step) and a cap of 2 s
-    runner = _Runner("s", {"n_train": 128, "probe_step_seconds": {"64": 0.018}}, None, data, tmp_path, [], 1, print, None)
-    # then its trial trains 56 epochs (2 / 0.036, rounded up), past the uncapped 12; none without a cap
-    assert runner.epochs_for(64, 2.0) == 56 > MAX_EPOCHS
-    assert runner.epochs_for(64, None) == MAX_EPOCHS
+def test_a_cap_becomes_the_steps_that_reach_it_in_the_epochs_they_fall_in(tmp_path, data):
+    # given batch 64 (2 steps an epoch of 128 images, 0.018 s a step) and batch 1 (128 steps an
+    # epoch, 0.01 s a step)
+    runner = _Runner("s", {"n_train": 128, "probe_step_seconds": {"64": 0.018, "1": 0.01}}, None, data, tmp_path,
+                     [], 1, print, None)
+    # then a cap of 2 s trains 64 for 56 epochs (2 / 0.036, rounded up), past the uncapped 12, whose
+    # end is the cap (no step cap); none without a cap
+    assert runner.capped(64, 2.0) == (56, None) and 56 > MAX_EPOCHS
+    assert runner.capped(64, None) == (MAX_EPOCHS, None)
+    # and a cap of 0.5 s stops batch 1 at its 50th step, within its first epoch, where whole epochs
+    # trained all 128; a cap of 1.5 s at its 150th, in its second
+    assert runner.capped(1, 0.5) == (1, 50)
+    assert runner.capped(1, 1.5) == (2, 150)
 
 
 def test_the_predictions_size_races_even_where_the_factor_2_grid_would_thin_it_and_races_first(data):

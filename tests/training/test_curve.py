@@ -125,6 +125,21 @@ def test_a_target_stops_the_trial_where_its_curve_first_reaches_it(keras_backend
     assert [{**p, "train_seconds": 0} for p in again.curve] == [{**p, "train_seconds": 0} for p in free.curve]
 
 
+def test_a_step_cap_stops_a_trial_short_of_its_target_within_an_epoch(keras_backend, data_dir, tmp_path,
+                                                                       curved_alone):
+    # given a trial's curve (6 steps an epoch, an evaluation every 2), and the same trial to a
+    # target it never reaches, capped at step 8: in its second epoch
+    free = curved_alone(data_dir, tmp_path / "free")
+    (capped,) = run([(trial(data_dir, until="val_loss=0.001", eval_every=EVERY, max_steps=8), None)], data_dir,
+                    tmp_path / "capped")
+    # then it trained 8 steps, the second epoch's 2 in its history, short of the target
+    assert capped.steps == capped.batches == 8 and capped.target_reached == 0
+    assert len(capped.history) == 2 and capped.history[-1]["batches"] == 2
+    # and its curve is the uncapped trial's up to there: the cap changes nothing before it
+    assert [{**p, "train_seconds": 0} for p in capped.curve] == [{**p, "train_seconds": 0} for p in free.curve
+                                                                 if p["step"] <= 8]
+
+
 def test_a_target_never_reached_is_recorded_so_and_the_trial_runs_its_epochs(data_dir, tmp_path):
     cfg = trial(data_dir, until="val_loss=0.001", eval_every=EVERY, epochs=2)
     (plain, missed) = run([(replace(cfg, until=None, eval_every=None), None), (cfg, None)], data_dir, tmp_path)

@@ -4,9 +4,12 @@ again. In-process, with a stand-in model: no training here."""
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
-from catsdogs.training.curve import Curve
+import pytest
+
+from catsdogs.training.curve import Curve, TrainingStopped
 
 
 class NoEvaluate:
@@ -70,3 +73,27 @@ def test_the_model_as_it_starts_is_evaluated_once_per_seed_in_a_worker():
     other.start_key = first.start_key[:3] + (4,) + first.start_key[4:]
     other.start(model)
     assert len(calls) == 2
+
+
+def test_a_step_cap_evaluates_there_and_stops_training_short_of_the_target():
+    # given a curve every 256 images at batch 1 (1,200 steps an epoch) capped at step 300, whose
+    # model never reaches its target
+    from catsdogs.targets import parse
+
+    evaluated = []
+    model = SimpleNamespace(metrics_variables=[], evaluate=lambda *a, **k: evaluated.append(1) or (0.69, 0.5))
+    timer = SimpleNamespace(outside_training=lambda: contextlib.nullcontext(2.0))
+    c = Curve(every=256, batch_size=1, accumulate=1, per_epoch=1200, val_batches=None, timer=timer,
+              backend=SimpleNamespace(sync_weights=lambda m: None), target=parse("val_loss=0.1"), epochs=1, stop_at=300)
+    c.set_model(model)
+    c.points.append({"examples": 0})
+    c.next_at = 256
+    # when fit runs its steps: evaluated at 256 (due), then not again before the cap
+    c.on_epoch_begin(0)
+    for batch in range(300):
+        c.on_train_batch_begin(batch)
+    assert [p["examples"] for p in c.points] == [0, 256] and c.stopped_at is None
+    # then at step 300 the curve evaluates the weights there and ends training, the target unreached
+    with pytest.raises(TrainingStopped):
+        c.on_train_batch_begin(300)
+    assert c.points[-1]["step"] == 300 and c.stopped_at == 300 and not c.reached and len(evaluated) == 2
