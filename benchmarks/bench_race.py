@@ -8,8 +8,8 @@ tell apart, and the prediction's recommendation with its verdict.
 With `--critical OUT` (the results store of `catsdogs sweep --config critical`, or a run of it on
 these data and this backend, at the same target), each answer is held against the critical plan's
 measured times: per batch size, the median over seeds of the steps to the target at its best rate
-times the race's own steady step time of that size (the same device and run; the probe's for a size
-the race did not train), and the answer's T over the least: the target is at most 1.25 in each run,
+times the race's own steady step time of that size (the same device and run; for a size the race
+did not train, its probe's scaled as the race scales its own: `step_times`), and the answer's T over the least: the target is at most 1.25 in each run,
 with the 95% interval the critical plan's own few seeds leave that ratio (a median of 5 seeds at a
 log sd of 0.4-1.1 moves by 25-60%). Sizes the critical plan did not train are said, not guessed.
 
@@ -39,6 +39,19 @@ def critical_times(store_out: Path, optimizer: str, steady: dict[str, float]) ->
 
     return {b: s * steady[str(b)] for b, s in best_rate_steps(_critical(store_out, optimizer)).items()
             if str(b) in steady and math.isfinite(s)}
+
+
+def step_times(answer: dict) -> dict[str, float]:
+    """Each size's steady seconds a step: the race's own, and for a size it did not train (the
+    critical plan's 32 where the grid skips it) its probe's times the median ratio of the two over
+    the sizes raced, as the race scales its own (0.31.0's runs: steady/probe 0.92-1.32 by run; the
+    probe's bare time beside the race's steady ones moved T(answer)/T(best) by as much)."""
+    import statistics
+
+    probe = {str(r["batch_size"]): r["step_seconds"] for r in answer["recommendation"]["table"]}
+    steady = answer["race"]["steady_step_seconds"]
+    scale = statistics.median(steady[b] / probe[b] for b in steady if probe.get(b))
+    return {**{b: t * scale for b, t in probe.items()}, **steady}
 
 
 def truth_spread(store_out: Path, optimizer: str, a: int, b: int) -> tuple[float, float] | None:
@@ -94,8 +107,7 @@ def main() -> int:
               f"{d['seconds_high'] or math.inf:.2f}); tied {[t['batch_size'] for t in d['tied']]}; prediction "
               f"{p.get('batch_size')} {'agrees' if p.get('agrees') else 'ratio ' + str(p.get('ratio'))}")
         if args.critical:
-            table = {str(r["batch_size"]): r["step_seconds"] for r in answer["recommendation"]["table"]}
-            truth = critical_times(args.critical, args.opt, {**table, **race["steady_step_seconds"]})
+            truth = critical_times(args.critical, args.opt, step_times(answer))
             if d["batch_size"] in truth:
                 ratio = truth[d["batch_size"]] / min(truth.values())
                 ratios.append(ratio)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 MOST_SIZES = 8  # the race's sizes, at most: a factor-2 grid, plus the throughput's peak
 RATE_FACTORS = (0.5, 1.0, 2.0)  # each size's rates: the rule's, half and twice it
@@ -156,6 +156,11 @@ class Race:
         if len(self.seeds) < self.rungs[-1]:
             raise ValueError(f"{self.rungs[-1]} seeds are needed, got {len(self.seeds)}")
         self.alive = self.alive or sorted(set(self.arms))
+
+    def copy(self) -> Race:
+        """The race as it stands, apart from this one's later rungs."""
+        return replace(self, arms=list(self.arms), seeds=list(self.seeds), outcomes=dict(self.outcomes),
+                       alive=list(self.alive), dropped=dict(self.dropped))
 
     @property
     def finished(self) -> bool:

@@ -4,12 +4,11 @@ half left behind at each (catsdogs.measure.race decides what runs; this module r
 answer is measured: the leader, its time with an interval, the sizes it cannot be told from, and
 the prediction held against it.
 
-The race's trials are a sweep in the results store, `NAME-race` (catsdogs.training.sweep runs each
-wave on its slots: `--workers` at once; a user's model with its identity, model_check.Raced), so `catsdogs report --name NAME-race` and TensorBoard
-show it, and Ctrl-C then the same command continues it: the race's plan (its sizes, rates, seeds,
-target and step times) is the sweep's recorded config, read back rather than made again from
-probes that time differently on a second run, and a trial is found again by its arm and seed
-whatever cap it ran under.
+The race's trials are a sweep in the results store, `NAME-race` (catsdogs.training.sweep runs them
+on its slots; a user's model with its identity, model_check.Raced): `catsdogs report` and
+TensorBoard show it, and Ctrl-C then the same command continues it (the plan is the sweep's
+recorded config, not made again from probes that time differently; a trial is found again by its
+arm and seed whatever cap it ran under).
 
 - **The target**: `--until`, or the validation loss a reference run reaches at the anchor (the
   base batch size at the rate the learning-rate rule starts from) after REFERENCE_EPOCHS epochs,
@@ -22,10 +21,9 @@ whatever cap it ran under.
   trial of the size ran a second epoch. Compilation, evaluations and data are fixed costs, measured
   (each trial's wall time less its steady training) and said apart; the decision is on the steady T.
 - **Caps**: each rung runs its leader's trials first (the prediction's choice in the first rung),
-  then every other arm's, each capped at race.CAP times the leader's time on its seed (in steps of
-  its size, within the epoch the cap falls in: TrialConfig.max_steps; at most CAPPED_EPOCHS, and
-  MAX_EPOCHS before any time is known); a trial that stops short of the target is censored at the
-  time it trained.
+  then every other arm's, `--workers` at a time, each capped at race.CAP times the best time on
+  its seed when it starts (in steps of its size: TrialConfig.max_steps; at most CAPPED_EPOCHS,
+  MAX_EPOCHS before any is known); a trial short of the target is censored at the time it trained.
 - **A budget** (`--race-budget`): before each rung, and again after its leader's trials, the cost
   of what is left of it is estimated from the trials so far (the median trial's wall time); a rung
   that would pass the budget is not started or not finished, and the answer is the last whole
@@ -37,7 +35,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from catsdogs import targets
@@ -195,9 +192,9 @@ class _Runner:
 
     # -- trials --
 
-    def config(self, batch_size: int, lr: float, seed: int, epochs: int, until: str | None,
-               max_steps: int | None = None) -> TrialConfig:
-        i = self.plan["identity"]
+    def config(self, batch_size: int, lr: float, seed: int, epochs: int, max_steps: int | None = None,
+               target: bool = True) -> TrialConfig:
+        i, until = self.plan["identity"], self.plan["target"] if target else None
         return TrialConfig(i["optimizer"], batch_size, i["dataset"], seed, epochs=epochs, image_size=i["image_size"],
                            data=i["data"], lr=lr, precision=i["precision"], until=until,
                            eval_every=self.plan["eval_every"] if until else None, deterministic=i["deterministic"],
@@ -236,7 +233,7 @@ class _Runner:
         """The reference run at the anchor, whose validation loss after REFERENCE_EPOCHS epochs is the
         target; recorded in the plan (the sweep's config) so that a continued race keeps it."""
         a = self.plan["anchor"]
-        cfg = self.config(a["batch_size"], a["lr"], self.plan["seeds"][0], REFERENCE_EPOCHS, None)
+        cfg = self.config(a["batch_size"], a["lr"], self.plan["seeds"][0], REFERENCE_EPOCHS, target=False)
         self.log(f"Race: the target first, from a reference run of batch size {a['batch_size']} at "
                  f"{a['lr']:g} ({a['said']}) for {REFERENCE_EPOCHS} epochs.")
         self.run_wave([cfg])
@@ -358,12 +355,12 @@ class _Runner:
                     race.record(self.outcome(arm, seed, done[(arm.batch_size, arm.lr, seed)]))
                 left = race.advance()
                 if left:
-                    self.log(f"Race: {', '.join(map(str, left))} left behind (the slower "
-                             f"{len(left)} by their times' geometric mean).")
-                whole = _copy(race)
+                    self.log(f"Race: {', '.join(map(str, left))} left behind (slower by their times' geometric mean, "
+                             "or beaten: short of the target on every seed so far, or clearly over 1.25 times the leader).")
+                whole = race.copy()
             if extended:
                 break
-            finished = _copy(race)
+            finished = race.copy()
             step = race.extend_edge(rates_of)
             extended = True
             if step is None:
@@ -375,24 +372,36 @@ class _Runner:
         return race, {"by": "finished"}
 
     def wave(self, race: Race, trials) -> None:
-        """Trials whose (arm, seed) the store holds already are read back; the rest run in one sweep,
-        each capped at CAP times the best time on its seed so far."""
+        """Trials whose (arm, seed) the store holds already are read back; the rest run an arm at a
+        time (as many as keep `workers` busy), the likeliest fastest first (by its times so far, then its size's and rate's nearness
+        to the leader's and the rule's), each capped at CAP times the best time on its seed when it
+        starts, as race.Race has it (one sweep for all capped each by the leader's time alone)."""
         done = self.finished()
-        new = []
-        for t in trials:
-            if (t.arm.batch_size, t.arm.lr, t.seed) not in done:
-                epochs, steps = self.capped(t.arm.batch_size, race.cap_for(t.seed))
-                new.append(self.config(t.arm.batch_size, t.arm.lr, t.seed, epochs, self.plan["target"], steps))
-        self.run_wave(new)
-        done = self.finished()
-        for t in trials:
-            row = done.get((t.arm.batch_size, t.arm.lr, t.seed))
-            if row is None:  # a trial another live sweep runs, or lost: the race cannot decide without it
-                raise CatsdogsError(f"the race's trial {t.arm} on seed {t.seed} did not finish (another run of "
-                                    f"{self.sweep!r} may hold it): run the same command again")
-            if row.get("wall_seconds"):
-                self.walls[row["key"]] = row["wall_seconds"]
-            race.record(self.outcome(t.arm, t.seed, row))
+        pending = [t for t in trials if (t.arm.batch_size, t.arm.lr, t.seed) not in done]
+        for t in (t for t in trials if t not in pending):
+            self.take(race, t, done[(t.arm.batch_size, t.arm.lr, t.seed)])
+        lead = race.leader() if race.outcomes else race.alive[0]
+        rule = {int(b): statistics.median(rates) for b, rates in self.plan["rates"].items()}
+        while pending:
+            ranked = sorted({t.arm for t in pending}, key=lambda a: (race.log_time(a), abs(math.log(a.batch_size / lead.batch_size)),
+                                                                     abs(math.log(a.lr / rule.get(a.batch_size, a.lr))), a))
+            arms = next(ranked[:n] for n in range(1, len(ranked) + 1)  # (enough arms to keep every worker busy)
+                        if n == len(ranked) or sum(t.arm in ranked[:n] for t in pending) >= self.workers)
+            tier, pending = [t for t in pending if t.arm in arms], [t for t in pending if t.arm not in arms]
+            configs = [self.config(t.arm.batch_size, t.arm.lr, t.seed, *self.capped(t.arm.batch_size, race.cap_for(t.seed)))
+                       for t in tier]
+            self.run_wave(configs)
+            with Store(store_path(self.out), read_only=True) as store:
+                for t, cfg in zip(tier, configs, strict=True):
+                    self.take(race, t, store.get(cfg.key()))
+
+    def take(self, race: Race, t, row: dict | None) -> None:  # (a trial's outcome into the race)
+        if row is None or row["status"] not in (Status.DONE, Status.FAILED, Status.OOM):  # (another live sweep's, or lost)
+            raise CatsdogsError(f"the race's trial {t.arm} on seed {t.seed} did not finish (another run of "
+                                f"{self.sweep!r} may hold it): run the same command again")
+        if row.get("wall_seconds"):
+            self.walls[row["key"]] = row["wall_seconds"]
+        race.record(self.outcome(t.arm, t.seed, row))
 
     def to_run(self, trials) -> int:  # how many of `trials` the store does not hold yet (a continued race runs only those)
         done = self.finished()
@@ -411,11 +420,6 @@ class _Runner:
                  f"{budget:g} s ({elapsed:.0f} s spent): the answer is "
                  f"{'rung ' + str(rung) + chr(39) + 's' if rung else 'none, no rung having finished'}.")
         return {"by": "budget", "budget_seconds": budget, "rungs_finished": rung, "estimate_seconds": round(estimate, 1)}
-
-
-def _copy(race: Race) -> Race:
-    return replace(race, arms=list(race.arms), seeds=list(race.seeds), outcomes=dict(race.outcomes),
-                   alive=list(race.alive), dropped=dict(race.dropped))
 
 
 # --- the record ------------------------------------------------------------------------------------

@@ -188,6 +188,31 @@ def test_a_capped_trial_stops_at_its_caps_step_within_the_epoch_it_falls_in(tmp_
     assert short and all(stored[c.key()]["steps"] == c.max_steps for c in short)
 
 
+def test_every_trial_starts_capped_by_the_best_time_on_its_seed_so_far_not_the_leaders_alone(tmp_path, data):
+    # given a device on which the prediction's arm (32 at its rule's rate, racing first) is far from
+    # its size's best rate, so that other arms beat it on every seed
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD, best_factor={32: 8.0})
+    ran: list = []
+    # when raced
+    race(tmp_path, data, device, ran=ran)
+    with Store(store_path(tmp_path), read_only=True) as store:
+        stored = {t["key"]: t for t in store.trials(sweep_name("fbs"))}
+    # then each trial may train at most 3 times the best time on its seed among the trials before it
+    best: dict[int, float] = {}
+    tighter = 0
+    for c in ran:
+        row, step = stored[c.key()], STEPS[c.batch_size]
+        if c.seed in best:
+            allowed = c.max_steps or c.epochs * (128 // c.batch_size)
+            assert allowed <= math.ceil(3 * best[c.seed] / step), (c.label(), allowed, best[c.seed])
+        if row["target_reached"]:
+            seconds = max(row["steps_to_target"], 1.0) * step
+            tighter += c.seed in best and seconds < best[c.seed]
+            best[c.seed] = min(best.get(c.seed, math.inf), seconds)
+    # and arms after the leader did beat it, so caps tightened as they ran
+    assert tighter > 0
+
+
 def test_the_default_target_is_the_reference_runs_loss_after_its_epochs_rounded_up(tmp_path, data):
     # given no --until: the reference run's validation loss after 3 epochs is 0.503
     device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
