@@ -372,10 +372,10 @@ class _Runner:
         return race, {"by": "finished"}
 
     def wave(self, race: Race, trials) -> None:
-        """Trials whose (arm, seed) the store holds already are read back; the rest run an arm at a
-        time (as many as keep `workers` busy), the likeliest fastest first (by its times so far, then its size's and rate's nearness
-        to the leader's and the rule's), each capped at CAP times the best time on its seed when it
-        starts, as race.Race has it (one sweep for all capped each by the leader's time alone)."""
+        """Trials whose (arm, seed) the store holds already are read back; the rest run an arm at a time
+        (as many as keep `workers` busy), the likeliest fastest first (by its times so far, then its
+        size's and rate's nearness to the leader's and the rule's), each capped at CAP times the best
+        time on its seed when it starts, as race.Race has it (not the leader's time alone)."""
         done = self.finished()
         pending = [t for t in trials if (t.arm.batch_size, t.arm.lr, t.seed) not in done]
         for t in (t for t in trials if t not in pending):
