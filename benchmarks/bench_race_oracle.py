@@ -5,8 +5,8 @@ Races catsdogs.measure.race.Race as find-batch-size does (the sizes race.race_si
 rates each, a rate's edge extended) on tests/fakes.py's RaceDevice: the critical plan's per-seed
 spreads (log sd 0.38-1.12 by size, 70% of a seed's luck shared by its arms), the H200's step
 times and a CPU's (step time growing as B^0.85), B_noise small to large. Each race twice on the
-same device: as it is (`Race`), and with `Race.beaten` switched off (halving alone, 0.31.0). A
-trial costs its capped time plus a fixed cost of 1.5 times the best arm's time (this CPU's race:
+same device (tests/measure/test_race.py's run_race): as it is (`Race`), and with `Race.beaten`
+switched off (halving alone, 0.31.0). A trial costs its capped time plus a fixed cost of 1.5 times the best arm's time (this CPU's race:
 1.0-1.6 s of compilation, evaluations and data against a leader's 0.7-0.9 s). Prints per device the
 share within 1.25, the median trial-seconds (in units of the best arm's time) and trials.
 
@@ -26,30 +26,12 @@ sys.path[:0] = [str(HERE), str(HERE / "tests"), str(HERE / "tests" / "measure")]
 FIXED = 1.5  # a trial's fixed cost, in the best arm's times
 
 
-def race_once(race_class, device, sizes: list[int], fixed: float):
-    """(the race, its trial-seconds, its trials): every rung, then a rate's edge, as race_run does."""
-    from catsdogs.measure.race import Arm, Outcome, race_rates
-
-    rates = {b: race_rates(device.rule_rate(b)) for b in sizes}
-    race = race_class([Arm(b, lr) for b in sizes for lr in rates[b]])
-    cost, trials = 0.0, 0
-    while True:
-        while not race.finished:
-            for t in race.next_trials():
-                seconds, censored = device.run(t.arm.batch_size, t.arm.lr, t.seed, race.cap_for(t.seed))
-                cost, trials = cost + seconds + fixed, trials + 1
-                race.record(Outcome(t.arm, t.seed, seconds, censored))
-            race.advance()
-        if race.extend_edge(rates) is None:
-            return race, cost, trials
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--races", type=int, default=500, help="simulated races per device and oracle")
     args = ap.parse_args()
     from fakes import RaceDevice
-    from test_race import CPU_STEPS, H200_STEPS, LOG_SD
+    from test_race import CPU_STEPS, H200_STEPS, LOG_SD, run_race
 
     from catsdogs.measure.race import Race, race_rates, race_sizes
 
@@ -70,11 +52,11 @@ def main() -> int:
                 device = RaceDevice(steps, b_noise=b_noise, log_sd=LOG_SD, seed=n, shared=0.7)
                 every = [(b, lr) for b in sizes for lr in race_rates(device.rule_rate(b), (0.25, 0.5, 1.0, 2.0, 4.0))]
                 best = min(device.median_seconds(b, lr) for b, lr in every)
-                race, cost, trials = race_once(oracle, device, sizes, FIXED * best)
+                race = run_race(device, sizes, race_class=oracle)
                 lead = race.leader()
                 hits += device.median_seconds(lead.batch_size, lead.lr) <= 1.25 * best
-                costs.append(cost / best)
-                counts.append(trials)
+                costs.append(sum(o.seconds + FIXED * best for o in race.outcomes.values()) / best)  # (each trial once)
+                counts.append(len(race.outcomes))
             got[oracle] = (hits / args.races, statistics.median(costs), statistics.median(counts))
         (p0, c0, n0), (p1, c1, n1) = got[HalvingAlone], got[Race]
         rows.append([name, f"{p0:.3f}", f"{p1:.3f}", f"{c0:.0f}", f"{c1:.0f}", f"{c1 / c0:.2f}x", f"{n0:.0f}", f"{n1:.0f}"])

@@ -201,8 +201,8 @@ class Race:
             left = []
         else:
             keep = max(1, math.ceil(len(ranked) * self.keep))
-            contenders = [a for a in ranked if not self.beaten(a, ranked[0], seeds)]
-            left = [a for a in ranked if a not in (contenders or ranked)[:keep]]
+            kept = ([a for a in ranked if not self.beaten(a, ranked[0], seeds)] or ranked)[:keep]
+            left = [a for a in ranked if a not in kept]
         for arm in left:
             self.dropped[arm] = self.rung
         self.alive = sorted(a for a in ranked if a not in left)

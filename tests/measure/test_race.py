@@ -18,9 +18,11 @@ LOG_SD = {4: 1.12, 8: 0.9, 16: 0.7, 32: 0.55, 64: 0.45, 128: 0.38, 256: 0.38, 51
 CPU_STEPS = {b: 0.004 * b ** 0.85 for b in (4, 8, 16, 32, 64, 128, 256, 512)}  # a CPU: step time grows with B
 
 
-def run_race(device: RaceDevice, sizes: list[int], seeds=None) -> Race:
+def run_race(device: RaceDevice, sizes: list[int], seeds=None, race_class: type[Race] = Race) -> Race:
+    """Every rung, then a rate's edge, as race_run does, each trial on `device` (its outcomes: every
+    trial run, once). `race_class`: the oracle (benchmarks/bench_race_oracle.py races a variant)."""
     rates = {b: race_rates(device.rule_rate(b)) for b in sizes}
-    race = Race([Arm(b, lr) for b in sizes for lr in rates[b]], **({"seeds": seeds} if seeds else {}))
+    race = race_class([Arm(b, lr) for b in sizes for lr in rates[b]], **({"seeds": seeds} if seeds else {}))
     while True:
         while not race.finished:
             for trial in race.next_trials():
