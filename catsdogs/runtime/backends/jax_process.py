@@ -11,6 +11,8 @@ these functions as its own (the Backend protocol's `start`, `process_env`, `stra
 - The persistent compilation cache (backends.compile_cache_dir), configured before JAX starts,
   its thresholds at zero; the process's compilations and the cache's loads counted
   (`compile_counts`).
+- On the CPU, Keras's 2x2 max-pooling with a gradient that avoids XLA:CPU's scalar
+  select-and-scatter (catsdogs.runtime.backends.jax_pool): the same numbers, a 1.5x faster step.
 
 Imports JAX only inside `start`, after everything it reads at start-up is set.
 """
@@ -21,6 +23,8 @@ import contextlib
 import functools
 import os
 import sys
+
+from catsdogs.runtime.backends import jax_pool
 
 LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many host devices
 DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
@@ -95,6 +99,8 @@ def start() -> str:
     jax.config.update("jax_default_matmul_precision",
                       None if settings["tf32"] is None else "tensorfloat32" if settings["tf32"] else "highest")
     _count_compilations()
+    if jax.default_backend() == "cpu":  # XLA:CPU's select-and-scatter is a scalar loop (jax_pool)
+        jax_pool.install()
     precision = jax.config.jax_default_matmul_precision  # read back: what the process really runs with
     RUNNING.update(deterministic=DETERMINISTIC_FLAG in os.environ.get("XLA_FLAGS", "").split(),
                    tf32={"tensorfloat32": True, "highest": False}.get(precision) if precision else None)
