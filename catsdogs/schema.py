@@ -174,7 +174,7 @@ def _protocol(help: str, choices: tuple | None = None, multiple: bool = False):
 
 
 # Fields added after trials were first stored: out of a trial's key at their default (old stores resume).
-KEY_OMITS_DEFAULT = ("backend", "deterministic", "tf32", "until", "eval_every", "model", "max_steps")
+KEY_OMITS_DEFAULT = ("backend", "deterministic", "tf32", "until", "eval_every", "model", "max_steps", "stop_at_chance")
 # The fields a worker process is started with and keeps (set before its framework starts): a trial
 # runs only in a worker of its own settings (catsdogs.runtime.backends.process_env_for).
 PROCESS_FIELDS = ("deterministic", "tf32")
@@ -229,6 +229,8 @@ class TrialConfig:
     model: str | None = field(default=None, metadata={"help": "A user's model, REF@DIGEST (None: the article's)."})
     # Nor this: a trial with a target stops there short of it, within an epoch (the race's cap).
     max_steps: int | None = field(default=None, metadata={"help": "At most this many batches (None: the epochs')."})
+    # Nor this: ... or once it sits at chance, learning nothing (curve.STUCK: the race's trials).
+    stop_at_chance: bool = field(default=False, metadata={"help": "Stop once stuck at chance (needs until)."})
 
     def key(self) -> str:
         d = asdict(self)
@@ -246,7 +248,8 @@ class TrialConfig:
         (find-batch-size's anchor runs); a warm-up's schedule holds its rates as constants."""
         rate = ("lr", "lr_scaling", "base_batch_size") if not self.warmup_epochs else ()
         return tuple((f.name, getattr(self, f.name)) for f in fields(self)
-                     if f.name not in ("seed", "dataset", "data", "epochs", "until", "eval_every", "max_steps", *rate))
+                     if f.name not in ("seed", "dataset", "data", "epochs", "until", "eval_every", "max_steps",
+                                                          "stop_at_chance", *rate))
 
     def cell(self) -> TrialConfig:
         """The trial's cell: its configuration with seed 0, whatever its seed."""
@@ -284,8 +287,11 @@ class TrialConfig:
         if self.until is not None or self.eval_every is not None:
             targets.check_trial(self.until, self.eval_every)
             check_number(self.eval_every, "eval_every")
-        if self.max_steps is not None and self.until is None:
-            raise SettingError("caps a trial short of its target, and this one has none (until)", "max_steps")
+        for name in ("max_steps", "stop_at_chance"):
+            if getattr(self, name) not in (None, False) and self.until is None:
+                raise SettingError("stops a trial short of its target, and this one has none (until)", name)
+        if not isinstance(self.stop_at_chance, bool):
+            raise SettingError(f"stop_at_chance is true or false, got {self.stop_at_chance!r}", "stop_at_chance")
         if self.max_steps is not None:
             check_number(self.max_steps, "max_steps")
 

@@ -276,13 +276,16 @@ class RaceSlot:
     training): a trial with a target trains until `trial_seconds`, its epochs or its step cap run out, its
     epochs each `step_seconds` a step; a reference run (no target) ends its epochs at validation
     losses REFERENCE_LOSSES. Each trial's wall time is its steps' plus `fixed` seconds. `ran`:
-    every trial run, in order; `interrupt_after`: a Ctrl-C in the main thread as that trial ends."""
+    every trial run, in order; `interrupt_after`: a Ctrl-C in the main thread as that trial ends;
+    `stuck(batch, lr, seed)`: the runs that sit at chance (stopped an epoch in when the trial says
+    `stop_at_chance`, its last point marked stuck; else trained to the end of their cap)."""
 
     REFERENCE_LOSSES = (0.62, 0.55, 0.503, 0.47)
 
     def __init__(self, device: RaceDevice, n_train: int, fixed: float = 0.5, ran: list | None = None,
-                 interrupt_after: int | None = None, slower=lambda seed: 1.0, users: list | None = None):
-        self.device, self.n_train, self.fixed, self.slower = device, n_train, fixed, slower
+                 interrupt_after: int | None = None, slower=lambda seed: 1.0, users: list | None = None,
+                 stuck=lambda b, lr, seed: False):
+        self.device, self.n_train, self.fixed, self.slower, self.stuck = device, n_train, fixed, slower, stuck
         self.ran = ran if ran is not None else []
         self.users = users if users is not None else []  # each trial's user model (TrialTask.user), in order
         self.interrupt_after = interrupt_after
@@ -307,8 +310,11 @@ class RaceSlot:
                        for e in range(cfg.epochs)]
             steps, reached, to_target = per_epoch * cfg.epochs, None, None
         else:
-            needed = self.device.trial_seconds(b, cfg.lr, cfg.seed) / step
+            stuck = self.stuck(b, cfg.lr, cfg.seed)
+            needed = math.inf if stuck else self.device.trial_seconds(b, cfg.lr, cfg.seed) / step
             allowed = min(cfg.epochs * per_epoch, cfg.max_steps or math.inf)  # (a step cap within an epoch)
+            if stuck and cfg.stop_at_chance:
+                allowed = min(allowed, per_epoch + 1)  # (an epoch at chance after its first point)
             reached = needed <= allowed
             steps = math.ceil(needed) if reached else allowed
             to_target = needed if reached else None
@@ -319,9 +325,11 @@ class RaceSlot:
                                 "seconds": steps % per_epoch * clock, "batches": steps % per_epoch})
         if self.interrupt_after is not None and len(self.ran) == self.interrupt_after:
             _thread.interrupt_main()
+        curve = [{"step": steps, "val_loss": 0.693, "val_accuracy": 0.5, "stuck": True}] \
+            if cfg.until is not None and self.stuck(b, cfg.lr, cfg.seed) and cfg.stop_at_chance else None
         return TrialRecord(status=Status.DONE, test_accuracy=0.5, history=history, steps=steps,
                            target_reached=None if reached is None else int(reached), steps_to_target=to_target,
-                           wall_seconds=steps * clock + self.fixed)
+                           wall_seconds=steps * clock + self.fixed, curve=curve)
 
     def stop(self) -> None:
         pass

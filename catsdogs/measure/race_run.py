@@ -23,7 +23,8 @@ arm and seed whatever cap it ran under).
 - **Caps**: each rung runs its leader's trials first (the prediction's choice in the first rung),
   then every other arm's, `--workers` at a time, each capped at race.CAP times the best time on
   its seed when it starts (in steps of its size: TrialConfig.max_steps; at most CAPPED_EPOCHS,
-  MAX_EPOCHS before any is known); a trial short of the target is censored at the time it trained.
+  MAX_EPOCHS before any is known); a trial short of the target is censored at the time it trained
+  (one stuck at chance, which stops there: at its whole cap, catsdogs.training.curve).
 - **A budget** (`--race-budget`): before each rung, and again after its leader's trials, the cost
   of what is left of it is estimated from the trials so far (the median trial's wall time); a rung
   that would pass the budget is not started or not finished, and the answer is the last whole
@@ -198,7 +199,8 @@ class _Runner:
         return TrialConfig(i["optimizer"], batch_size, i["dataset"], seed, epochs=epochs, image_size=i["image_size"],
                            data=i["data"], lr=lr, precision=i["precision"], until=until,
                            eval_every=self.plan["eval_every"] if until else None, deterministic=i["deterministic"],
-                           tf32=i["tf32"], backend=i["backend"], model=i.get("model"), max_steps=max_steps)
+                           tf32=i["tf32"], backend=i["backend"], model=i.get("model"), max_steps=max_steps,
+                           stop_at_chance=until is not None)
 
     def run_wave(self, configs: list[TrialConfig]) -> None:
         """One sweep call over the race's trials so far, of which `configs` are new; the sweep's own
@@ -285,19 +287,18 @@ class _Runner:
         self.plan["steady_from"] = {str(b): "race" if per.get(b) else f"probe x {scale:.3g}" for b in self.plan["sizes"]}
 
     def outcome(self, arm: Arm, seed: int, row: dict) -> Outcome:
-        """A trial's steady time to the target, or censored at the steady time it trained."""
+        """A trial's steady time to the target, or censored at the steady time it trained (stuck at chance: its cap)."""
         b, step = arm.batch_size, self.step_seconds(arm.batch_size)
         reached = row["status"] == Status.DONE and row.get("target_reached") == 1
-        if row["status"] != Status.DONE and row["key"] not in self.said:  # (said once)
+        stuck = not reached and bool((row.get("curve") or [{}])[-1].get("stuck"))
+        if (row["status"] != Status.DONE or stuck) and row["key"] not in self.said:  # (said once)
             self.said.add(row["key"])
-            why = (row.get("error") or "no error kept").splitlines()[0][:120]
-            self.log(f"Race: {arm} on seed {seed} {row['status']} ({why}): counted as short of the target")
-        if reached:
-            seconds = max(row.get("steps_to_target") or 0.0, 1.0) * step
-        else:
-            steps = row.get("steps") or row["config"].get("epochs", MAX_EPOCHS) * self.per_epoch(b)
-            seconds = max(steps, 1) * step
-        return Outcome(arm, seed, seconds, censored=not reached)
+            why = "sat at chance for an epoch" if stuck else (row.get("error") or "no error kept").splitlines()[0][:120]
+            self.log(f"Race: {arm} on seed {seed} {'stopped' if stuck else row['status']} ({why}): counted as short "
+                     f"of the target{' at its whole cap' if stuck else ''}")
+        allowed = min(row["config"].get("epochs", MAX_EPOCHS) * self.per_epoch(b), row["config"].get("max_steps") or math.inf)
+        steps = (row.get("steps_to_target") or 0.0) if reached else allowed if stuck else row.get("steps") or allowed
+        return Outcome(arm, seed, max(steps, 1.0) * step, censored=not reached)
 
     def fixed_seconds(self) -> dict[str, float]:
         """Per size, the median over its race trials of their fixed seconds: the wall time less the
@@ -331,8 +332,7 @@ class _Runner:
         race = Race(arms, seeds=list(plan["seeds"]))
         rates_of = {b: list(plan["rates"][str(b)]) for b in plan["sizes"]}
         first = Arm(plan["first"]["batch_size"], plan["first"]["lr"])
-        whole = None  # the race as its last whole rung left it
-        extended = False
+        whole, extended = None, False  # (whole: the race as its last whole rung left it)
         while True:
             while not race.finished:
                 trials = race.next_trials()

@@ -33,6 +33,15 @@ stop_training only after a step, which would train one more), which the engine c
 weights are then exactly those the last point evaluated. A step cap (`stop_at`, a trial's
 `max_steps`: the race's cap within an epoch) ends training the same way, after evaluating there:
 a batch-1 trial capped at 300 steps no longer trains the rest of its 1,200-step epoch.
+
+A trial that is stuck at chance (`stop_at_chance`, a trial's field: the race's trials) ends the
+same way: once its last points over an epoch of images (at least STUCK_POINTS of them) hold a
+validation loss flat to within STUCK_LOSS and an accuracy no better than its first point's (the
+model as it started, at chance) by more than STUCK_ACCURACY. Such a model predicts one constant:
+in 0.32.0's Adam race on this CPU six trials sat at a validation loss of 0.693 (ln 2) and accuracy
+0.5 from their 64th step on, and every one stayed there for the rest of its 12 epochs, 117 s of the
+race's 632. The last point then says so (`"stuck": True`), and the race counts the trial as
+short of its target at its whole cap.
 """
 
 from __future__ import annotations
@@ -46,11 +55,14 @@ from catsdogs.targets import Target
 VAL = ("val_loss", "val_accuracy")  # a point's validation figures, as fit's logs name them
 _STARTS: dict[tuple, tuple[float, float]] = {}  # the model as it starts, validated: by what decides it
 MOST_STARTS = 64  # kept at once (a race interleaves up to 18 seeds)
+STUCK_POINTS = 3  # a stuck trial's flat points, at the least (and an epoch of images)
+STUCK_LOSS = 1e-3  # their validation losses' range, at the most
+STUCK_ACCURACY = 0.02  # their accuracy above the model's as it started, at the most
 
 
 class TrainingStopped(Exception):
-    """Raised inside fit at the step boundary where the curve reached its target or its step cap:
-    training ends there."""
+    """Raised inside fit at the step boundary where the curve reached its target, its step cap or
+    a stuck model: training ends there."""
 
 
 class Curve(keras.callbacks.Callback):
@@ -61,9 +73,9 @@ class Curve(keras.callbacks.Callback):
 
     def __init__(self, every: int, batch_size: int, accumulate: int, per_epoch: int, val_batches, timer,
                  backend, target: Target | None = None, epochs: int | None = None, start_key: tuple | None = None,
-                 stop_at: int | None = None):
+                 stop_at: int | None = None, stop_at_chance: bool = False):
         super().__init__()
-        self.stop_at = stop_at
+        self.stop_at, self.stop_at_chance = stop_at, stop_at_chance
         self.start_key = start_key  # what decides the model as it starts (None: evaluate it every time)
         self.every, self.batch_size, self.accumulate, self.per_epoch = every, batch_size, accumulate, per_epoch
         self.val_batches, self.timer, self.backend, self.target = val_batches, timer, backend, target
@@ -77,6 +89,25 @@ class Curve(keras.callbacks.Callback):
     @property
     def reached(self) -> bool:
         return bool(self.target and self.points and self.target.reached(self.points[-1]))
+
+    @property
+    def stuck(self) -> bool:
+        """Whether the points over the last epoch of images say the model sits at chance (above)."""
+        if not (self.stop_at_chance and self.points):
+            return False
+        after, epoch = self.points[1:], self.per_epoch * self.batch_size  # (the start's point is the model untrained)
+        spans = [i for i, p in enumerate(after) if after[-1]["examples"] - p["examples"] >= epoch]
+        if not spans or len(after) < STUCK_POINTS:
+            return False  # (less than an epoch trained since the first point after the start, or fewer points)
+        last = after[min(spans[-1], len(after) - STUCK_POINTS):]
+        losses = [p["val_loss"] for p in last]
+        return (max(losses) - min(losses) <= STUCK_LOSS
+                and max(p["val_accuracy"] for p in last) <= self.points[0]["val_accuracy"] + STUCK_ACCURACY)
+
+    def _stop_if_stuck(self) -> bool:
+        if self.stuck:
+            self.points[-1]["stuck"] = True
+        return self.points[-1].get("stuck", False)
 
     def start(self, model) -> bool:
         """The first point, before fit: the model as it starts. True when it already meets the target.
@@ -104,7 +135,7 @@ class Curve(keras.callbacks.Callback):
         self.backend.sync_weights(self.model)
         with self.timer.outside_training() as train_seconds:
             self._evaluate(done, train_seconds)
-        if self.reached or capped:
+        if self.reached or capped or self._stop_if_stuck():
             self.stopped_at = done
             raise TrainingStopped()
 
@@ -114,7 +145,7 @@ class Curve(keras.callbacks.Callback):
         if not (self._due(done) or final):
             return
         self._evaluate(done, self.timer.train_seconds_so_far(), logs)  # the timer has closed the epoch
-        if self.reached:
+        if self.reached or self._stop_if_stuck():
             self.stopped_at = done
             self.model.stop_training = True
 

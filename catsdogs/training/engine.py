@@ -177,7 +177,8 @@ def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, epochs: int, val
     target = targets.parse(cfg.until) if cfg.until else None
     capped = cfg.max_steps if cfg.max_steps and cfg.max_steps < per_epoch * epochs else None  # (else: the epochs end it)
     return Curve(every, cfg.batch_size, cfg.accumulate, per_epoch, backend.eval_batches(val, config.EVAL_BATCH_SIZE),
-                 timer, backend, target, epochs=epochs, start_key=start_key, stop_at=capped)
+                 timer, backend, target, epochs=epochs, start_key=start_key, stop_at=capped,
+                 stop_at_chance=cfg.stop_at_chance)
 
 
 def _fit(model, train_ds, val_ds, epochs: int, per_epoch: int, timer: EpochTimer, curve: Curve | None):

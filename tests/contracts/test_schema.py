@@ -207,3 +207,17 @@ def test_a_step_cap_needs_a_target_and_ends_training_in_the_epoch_it_falls_in():
         with pytest.raises(SettingError) as e:
             replace(cfg, **bad).check()
         assert e.value.key == "max_steps"
+
+
+def test_stopping_at_chance_needs_a_target_and_is_identity_not_shape():
+    # given a trial with a target
+    cfg = TrialConfig("sgd", 10, "standard", 0, epochs=12, until="val_loss=0.5", eval_every=64)
+    stopping = replace(cfg, stop_at_chance=True)
+    # then stopping at chance is part of its identity (a trial stopped early is another result), not its step's shape
+    stopping.check()
+    assert stopping.key() != cfg.key() and stopping.shape() == cfg.shape()
+    # and it is refused, naming it, without a target or as anything but true or false
+    for bad in ({"until": None, "eval_every": None}, {"stop_at_chance": 1}, {"stop_at_chance": "yes"}):
+        with pytest.raises(SettingError) as e:
+            replace(stopping, **bad).check()
+        assert e.value.key == "stop_at_chance"

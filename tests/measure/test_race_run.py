@@ -15,6 +15,7 @@ from catsdogs.find_result import FindResult
 from catsdogs.manifest import require_prepared
 from catsdogs.measure.find_summary import race_lines
 from catsdogs.measure.model_check import Raced
+from catsdogs.measure.race import Arm
 from catsdogs.measure.race_run import (
     MAX_EPOCHS,
     _new_plan,
@@ -280,6 +281,45 @@ def test_a_cap_becomes_the_steps_that_reach_it_in_the_epochs_they_fall_in(tmp_pa
     # trained all 128; a cap of 1.5 s at its 150th, in its second
     assert runner.capped(1, 0.5) == (1, 50)
     assert runner.capped(1, 1.5) == (2, 150)
+
+
+def test_a_trial_stuck_at_chance_counts_short_of_the_target_at_its_whole_cap_and_says_so(tmp_path, data):
+    # given batch 32 (4 steps an epoch of 128 images, 0.01 s a step) run uncapped for 12 epochs, and
+    # two of its trials stopped after 5 steps: one stuck at chance, one at its step cap
+    lines: list = []
+    runner = _Runner("s", {"n_train": 128, "probe_step_seconds": {"32": 0.01}}, None, data, tmp_path,
+                     [], 1, lines.append, None)
+    arm = Arm(32, 0.01)
+    stuck = {"key": "a", "status": "done", "target_reached": 0, "steps": 5, "config": {"batch_size": 32, "epochs": 12},
+             "curve": [{"step": 5, "val_loss": 0.693, "val_accuracy": 0.5, "stuck": True}]}
+    capped = {**stuck, "key": "b", "config": {"batch_size": 32, "epochs": 2, "max_steps": 5}, "curve": [{"step": 5}]}
+    # when their outcomes are read
+    at_chance, short = runner.outcome(arm, 1, stuck), runner.outcome(arm, 2, capped)
+    # then the stuck one is censored at the whole 12 epochs it was given (48 steps), where it would have
+    # stayed, and said once; the capped one at the 5 steps it trained
+    assert at_chance.censored and at_chance.seconds == pytest.approx(48 * 0.01)
+    assert short.censored and short.seconds == pytest.approx(5 * 0.01)
+    runner.outcome(arm, 1, stuck)
+    assert len([line for line in lines if "sat at chance" in line]) == 1
+
+
+def test_a_race_stops_its_trials_stuck_at_chance_an_epoch_in(tmp_path, data):
+    # given a device on which the prediction's arm, racing first and uncapped, sits at chance on every seed
+    device = RaceDevice(STEPS, b_noise=8, log_sd=LOG_SD)
+    ran: list = []
+    slots = lambda i, n, workdir: RaceSlot(device, 128, ran=ran, stuck=lambda b, lr, seed: b == 32)  # noqa: E731
+    settings = FindSettings(name="fbs", optimizer="sgd", race=True, until="val_loss=0.5")
+    # when raced
+    record = run_race(settings, data, tmp_path, require_prepared(data), 32, recommendation(32), ANCHOR,
+                      lambda line: None, slots=slots)
+    # then every race trial may stop at chance, and batch 32's trained an epoch and a step, not their 12 epochs
+    raced = [c for c in ran if c.until is not None]
+    assert raced and all(c.stop_at_chance for c in raced)
+    with Store(store_path(tmp_path), read_only=True) as store:
+        stored = {t["key"]: t for t in store.trials(sweep_name("fbs"))}
+    assert all(stored[c.key()]["steps"] <= 128 // 32 + 1 for c in raced if c.batch_size == 32)
+    # and the race answers with another size
+    assert record["decision"]["batch_size"] != 32
 
 
 def test_the_predictions_size_races_even_where_the_factor_2_grid_would_thin_it_and_races_first(data):

@@ -153,3 +153,18 @@ def test_the_final_weights_are_evaluated_even_off_an_update_boundary(data_dir, t
     (r,) = run([(trial(data_dir, accumulate=4, epochs=1), EVERY)], data_dir, tmp_path)
     # then the curve's last point is the end of training all the same
     assert r.curve[-1]["examples"] == 48 and r.curve[-1]["val_loss"] == pytest.approx(r.history[-1]["val_loss"], rel=1e-4)
+
+
+def test_a_trial_that_sits_at_chance_stops_an_epoch_in_when_asked_and_trains_on_when_not(data_dir, tmp_path):
+    # given Adam at a rate high enough that the model collapses to one constant output (a validation
+    # loss of ln 2: chance), to a target it never reaches, for 6 epochs of 6 steps; once stopping at
+    # chance, once not
+    cfg = trial(data_dir, until="val_loss=0.001", eval_every=EVERY, epochs=6, lr=0.03)
+    (stopped, plain) = run([(replace(cfg, stop_at_chance=True), None), (cfg, None)], data_dir, tmp_path)
+    # then the trial asked to stops once an epoch of its points sat flat at chance, its last point saying so
+    assert stopped.curve[-1].get("stuck") is True and stopped.target_reached == 0
+    assert stopped.steps < 36 and not any(p.get("stuck") for p in stopped.curve[:-1])
+    # and its curve is the other's up to there, which trained all 36 steps, never marked stuck
+    assert plain.steps == 36 and not any(p.get("stuck") for p in plain.curve)
+    assert [{**p, "train_seconds": 0} for p in stopped.curve[:-1]] == \
+        [{**p, "train_seconds": 0} for p in plain.curve[:len(stopped.curve) - 1]]
