@@ -19,7 +19,10 @@ at the same absolute path as on the driver**: a shared filesystem (NFS, a mounte
 same `catsdogs prepare` on every node. The path is sent as it is; the trial checks the data's
 fingerprint against the one the sweep was planned with, so a node with other data (or none)
 fails the trial loudly (its record names the node) rather than recording a result trained on
-the wrong images.
+the wrong images. An actor starts in the sweep's current folder where that folder exists on its
+node, first on its Python path, as a local worker does: a user's model by function
+(`--model my_models:small`) imports from there on this machine, and elsewhere from the node's own
+folder of that path or its installed packages.
 
 What comes back, and what becomes of the actor:
 - the trial's record (messages.TrialRecord, from `engine.run_task`), as a local worker gives it; one that is not `done`
@@ -42,6 +45,7 @@ import contextlib
 import logging
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -120,8 +124,11 @@ def cluster_plan(ray, num_cpus_per_trial: int | None = None, workers: int | None
 class TrialActor:
     """A worker as a Ray actor: the framework imported once, the engine's caches kept."""
 
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, cwd: str | None = None):
         os.environ.update(env)  # before the framework starts: its thread pools are sized once
+        if cwd and os.path.isdir(cwd):  # the sweep's folder, as a local worker has it (fork_server._move_to): a
+            os.chdir(cwd)  # user's model module there imports (Ray's workers start in its session folder)
+            sys.path.insert(0, cwd)
         from catsdogs.runtime import backends
 
         backends.current().start()
@@ -174,7 +181,7 @@ class RaySlot:
             options = {"num_cpus": self.plan["cpus"]}
             env.update(backend.process_env(threads=self.plan["cpus"]))
         cls = self.ray.remote(max_restarts=0, max_task_retries=0)(TrialActor)
-        return cls.options(name=f"catsdogs worker {id(self)}-{time.monotonic_ns()}", **options).remote(env)
+        return cls.options(name=f"catsdogs worker {id(self)}-{time.monotonic_ns()}", **options).remote(env, os.getcwd())
 
     def run(self, cfg, data_dir, on_epoch=None, noise_sampling: dict | None = None,
             eval_every: int | None = None, user: dict | None = None) -> TrialRecord:

@@ -164,6 +164,52 @@ def test_find_batch_sizes_race_runs_its_trials_on_local_ray_and_answers_as_a_loc
     assert any("continuing the race" in line for line in again) and not any(line.startswith("[") for line in again)
 
 
+USER_MODELS = """
+import keras
+from keras import layers
+
+
+def small():  # two classes of 16 px images, logits
+    return keras.Sequential([keras.Input((16, 16, 3)), layers.Rescaling(1 / 255),
+                             layers.Conv2D(4, 3, activation="relu"), layers.GlobalAveragePooling2D(),
+                             layers.Dense(2)], name="small")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("brief_probes")
+def test_a_users_model_races_on_local_ray_from_the_users_project_and_folder(a_project, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    import catsdogs
+    from catsdogs.measure.race_run import sweep_name
+
+    # given a user's project (my_models.py in the current directory) and folder of two classes of 16 px images
+    project = a_project(USER_MODELS)
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(("ant", "bee")):
+        (project / "pics" / name).mkdir(parents=True)
+        for i in range(30):
+            pixels = np.clip(rng.normal(70 + 100 * label, 40, (16, 16, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(project / "pics" / name / f"{i}.png")
+    # when its model races on a local Ray, to a target the untrained model reaches at its first evaluation
+    lines: list = []
+    advice = catsdogs.find_batch_size("my_models:small", project / "pics", data_dir=tmp_path / "none",
+                                      out=tmp_path / "out", max_batch_size=8, noise_scale=False, optimizer="sgd",
+                                      memory_limit="1GiB", race=True, until="val_loss=50", race_runner="ray",
+                                      log=lines.append)
+    # then Ray's actors imported the user's module and trained its model: every trial keyed by it, done
+    race = advice.result.race
+    assert race["decision"] is not None and advice.batch_size == race["decision"]["batch_size"]
+    with Store(tmp_path / "out" / "results.sqlite", read_only=True) as store:
+        rows = store.trials(sweep_name("find-batch-size"))
+    identity = f"my_models:small@{advice.result.model['architecture']}"
+    assert rows and all(r["status"] == "done" and r["config"]["model"] == identity for r in rows), \
+        [r["error"] for r in rows if r["status"] != "done"][:1]
+    assert len(rows) == race["trials"]
+
+
 @pytest.mark.slow
 def test_a_sweep_on_local_ray_trains_on_jax_when_keras_backend_says_so(data_dir, tmp_path, monkeypatch):
     # given KERAS_BACKEND=jax in the sweep's process (Ray may have been started under TensorFlow)
