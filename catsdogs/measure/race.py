@@ -10,7 +10,7 @@ simulated devices, tests/measure/test_race.py); nothing here imports a framework
   faster, beyond the same spread, wherever B_noise lies in its interval (`slower_throughout`). Then thinned to a factor-2 grid of at most MOST_SIZES,
   the throughput's peak kept.
 - **Rates** (`race_rates`): each size's rate by the optimizer's rule and the factor-2 set around it
-  (RATE_FACTORS); a winner at its set's edge gets one more step that way (`Race.extend_edge`).
+  (RATE_FACTORS); a winner at its set's edge steps that way, again while it wins (`Race.extend_edge`).
 - **Seeds** (`Race`): every arm runs the same seeds; successive halving by rungs (SEEDS_PER_RUNG:
   n, then 3n, then 9n seeds), the better half of the arms (KEEP) kept from one rung to the next by
   the geometric mean of their times (simulated with the critical plan's spreads, n = 1 and a third
@@ -45,6 +45,7 @@ CAP = 3.0  # a trial stops at this many times the best time on its seed so far, 
 TIE = 1.25  # an arm within this factor of the leader's time is not told from it
 LEVEL = 0.95  # the decision's interval, fixed before the race
 CLEAR_SEEDS = 6  # from this many seeds on, an arm whose interval lies wholly above TIE is left behind at a rung
+EDGE_STEPS = 3  # a winner at its rates' edge steps that way again while it wins, this many times at most
 T_QUANTILES = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
                10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # Student's t, 97.5%, by degrees of freedom
 
@@ -149,6 +150,7 @@ class Race:
     rung: int = 0  # the rung being run
     alive: list[Arm] = field(default_factory=list)  # the arms still racing
     dropped: dict[Arm, int] = field(default_factory=dict)  # an arm left behind, and the rung it was left at
+    edge_steps: int = 0  # the rates added at an edge so far (extend_edge)
 
     def __post_init__(self):
         if not self.arms:
@@ -231,16 +233,22 @@ class Race:
         return min(self.alive, key=lambda a: (self.log_time(a, seeds), a))
 
     def extend_edge(self, rates_of: dict[int, list[float]]) -> Arm | None:
-        """Where the leader's rate is at an edge of its size's rates (`rates_of`), the next rate that
-        way (half the least, twice the most), raced on the seeds run so far; None where it is not,
-        or the step was taken already. The arm is added to those racing."""
+        """Where the leader's rate is at an edge of its size's rates (`rates_of`) and it is faster than
+        its neighbour rate there, the next rate that way (half the least, twice the most), raced on
+        the seeds run so far; None where it is not (a tie steps nowhere), after EDGE_STEPS, or where
+        the step was taken already. The arm is added to those racing: called again after it has
+        raced, the race steps on while the new rate wins (an anchor 10 times off the best rate, as
+        Adam's was on this CPU, needs three)."""
         lead = self.leader()
         rates = sorted(rates_of.get(lead.batch_size, [lead.lr]))
-        if len(rates) < 2 or lead.lr not in (rates[0], rates[-1]):
+        if len(rates) < 2 or lead.lr not in (rates[0], rates[-1]) or self.edge_steps >= EDGE_STEPS:
             return None
+        inner = Arm(lead.batch_size, rates[1] if lead.lr == rates[0] else rates[-2])
+        both = [s for s in self.seeds if (inner, s) in self.outcomes and (lead, s) in self.outcomes]
         step = Arm(lead.batch_size, lead.lr / 2 if lead.lr == rates[0] else lead.lr * 2)
-        if step in self.arms:
+        if step in self.arms or (both and self.log_time(lead, both) >= self.log_time(inner, both)):
             return None
+        self.edge_steps += 1
         rates_of[lead.batch_size] = sorted([*rates, step.lr])
         self.arms.append(step)
         self.alive = sorted({*self.alive, step})

@@ -332,7 +332,7 @@ class _Runner:
         race = Race(arms, seeds=list(plan["seeds"]))
         rates_of = {b: list(plan["rates"][str(b)]) for b in plan["sizes"]}
         first = Arm(plan["first"]["batch_size"], plan["first"]["lr"])
-        whole, extended = None, False  # (whole: the race as its last whole rung left it)
+        whole = None  # the race as its last whole rung left it
         while True:
             while not race.finished:
                 trials = race.next_trials()
@@ -358,11 +358,8 @@ class _Runner:
                     self.log(f"Race: {', '.join(map(str, left))} left behind (slower by their times' geometric mean, "
                              "or beaten: short of the target on every seed so far, or clearly over 1.25 times the leader).")
                 whole = race.copy()
-            if extended:
-                break
             finished = race.copy()
-            step = race.extend_edge(rates_of)
-            extended = True
+            step = race.extend_edge(rates_of)  # (again while a winner is at its set's edge, as the oracle has it)
             if step is None:
                 break
             cut = self.over_budget(started, self.to_run(race.next_trials()), race.rung)
@@ -443,7 +440,7 @@ def _record(race: Race | None, plan: dict, runner: _Runner, recommendation: dict
 
 
 def _rates(race: Race | None, plan: dict) -> dict:
-    """Each size's rates raced: the plan's, and an edge's extra one where it raced."""
+    """Each size's rates raced: the plan's, and an edge's extra ones where they raced."""
     rates = {b: set(lrs) for b, lrs in plan["rates"].items()}
     for arm in race.arms if race is not None else ():
         rates.setdefault(str(arm.batch_size), set()).add(arm.lr)

@@ -322,6 +322,24 @@ def test_a_race_stops_its_trials_stuck_at_chance_an_epoch_in(tmp_path, data):
     assert record["decision"]["batch_size"] != 32
 
 
+def test_a_winner_still_at_its_rates_edge_steps_again_as_the_oracle_does(tmp_path, data):
+    # given a device whose 16 is far the fastest size and best at 8 times its rule's rate: two
+    # steps beyond the set (half, once, twice the rule's); rates cost little away from the best, so
+    # that twice the rule's reaches the target within 12 epochs of 128 images
+    steps = {**STEPS, 16: 0.001}
+    device = RaceDevice(steps, b_noise=8, log_sd=dict.fromkeys(steps, 0.05), best_factor={16: 8.0})
+    device.RATE_COST = 0.1
+    lines: list = []
+    # when raced
+    record = race(tmp_path, data, device, lines=lines)
+    # then it stepped to 4 and to 8 times the rule's rate, and past it to 16 (which lost), and
+    # answers at 8 times, where one step, as before, answered at 4
+    rule = device.rule_rate(16)
+    assert record["decision"]["batch_size"] == 16 and record["decision"]["lr"] == pytest.approx(8 * rule)
+    assert sorted(record["rates"]["16"]) == pytest.approx([r * rule for r in (0.5, 1, 2, 4, 8, 16)])
+    assert len([line for line in lines if "at its set's edge" in line]) == 3
+
+
 def test_the_predictions_size_races_even_where_the_factor_2_grid_would_thin_it_and_races_first(data):
     # given probes at 16, 24 and 32 (a factor-2 grid keeps 16 and 32) and a prediction of 24
     table = {16: 0.006, 24: 0.008, 32: 0.01}
