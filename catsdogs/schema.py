@@ -229,7 +229,7 @@ class TrialConfig:
     model: str | None = field(default=None, metadata={"help": "A user's model, REF@DIGEST (None: the article's)."})
     # Nor this: a trial with a target stops there short of it, within an epoch (the race's cap).
     max_steps: int | None = field(default=None, metadata={"help": "At most this many batches (None: the epochs')."})
-    # Nor this: ... or once it sits at chance, learning nothing (curve.STUCK: the race's trials).
+    # Nor this: ... or once it sits at chance, learning nothing (catsdogs.training.curve: the race's trials).
     stop_at_chance: bool = field(default=False, metadata={"help": "Stop once stuck at chance (needs until)."})
 
     def key(self) -> str:
@@ -249,7 +249,7 @@ class TrialConfig:
         rate = ("lr", "lr_scaling", "base_batch_size") if not self.warmup_epochs else ()
         return tuple((f.name, getattr(self, f.name)) for f in fields(self)
                      if f.name not in ("seed", "dataset", "data", "epochs", "until", "eval_every", "max_steps",
-                                                          "stop_at_chance", *rate))
+                                       "stop_at_chance", *rate))
 
     def cell(self) -> TrialConfig:
         """The trial's cell: its configuration with seed 0, whatever its seed."""

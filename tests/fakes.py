@@ -305,12 +305,12 @@ class RaceSlot:
         b, step = cfg.batch_size, self.device.step_seconds[cfg.batch_size]
         per_epoch = max(1, self.n_train // b)
         clock = step * self.slower(cfg.seed)  # a trial's own step time, where the device's is its probe's
+        stuck = cfg.until is not None and self.stuck(b, cfg.lr, cfg.seed)
         if cfg.until is None:
             history = [{"epoch": e + 1, "seconds": per_epoch * clock, "val_loss": self.REFERENCE_LOSSES[e]}
                        for e in range(cfg.epochs)]
             steps, reached, to_target = per_epoch * cfg.epochs, None, None
         else:
-            stuck = self.stuck(b, cfg.lr, cfg.seed)
             needed = math.inf if stuck else self.device.trial_seconds(b, cfg.lr, cfg.seed) / step
             allowed = min(cfg.epochs * per_epoch, cfg.max_steps or math.inf)  # (a step cap within an epoch)
             if stuck and cfg.stop_at_chance:
@@ -326,7 +326,7 @@ class RaceSlot:
         if self.interrupt_after is not None and len(self.ran) == self.interrupt_after:
             _thread.interrupt_main()
         curve = [{"step": steps, "val_loss": 0.693, "val_accuracy": 0.5, "stuck": True}] \
-            if cfg.until is not None and self.stuck(b, cfg.lr, cfg.seed) and cfg.stop_at_chance else None
+            if stuck and cfg.stop_at_chance else None
         return TrialRecord(status=Status.DONE, test_accuracy=0.5, history=history, steps=steps,
                            target_reached=None if reached is None else int(reached), steps_to_target=to_target,
                            wall_seconds=steps * clock + self.fixed, curve=curve)

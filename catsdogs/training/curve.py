@@ -105,9 +105,11 @@ class Curve(keras.callbacks.Callback):
                 and max(p["val_accuracy"] for p in last) <= self.points[0]["val_accuracy"] + STUCK_ACCURACY)
 
     def _stop_if_stuck(self) -> bool:
-        if self.stuck:
-            self.points[-1]["stuck"] = True
-        return self.points[-1].get("stuck", False)
+        """Whether to stop as stuck; the last point then says so."""
+        if not self.stuck:
+            return False
+        self.points[-1]["stuck"] = True
+        return True
 
     def start(self, model) -> bool:
         """The first point, before fit: the model as it starts. True when it already meets the target.
