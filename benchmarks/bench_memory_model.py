@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                        "predicted": pred.get("max_batch_size"), "apart": pred.get("percent_apart"),
                        "method": pred.get("method"), "per_image_mib": (pred.get("per_image_bytes") or 0) / 2**20,
                        "calibration_mib": pred.get("calibration_peak_mb"),
+                       "check": pred.get("check"), "kernel_mib": (pred.get("kernel_bytes_per_image") or 0) / 2**20,
                        "fresh_from": pred.get("fresh_from"), "probes": len(s["probes"]),
                        "fresh_probes": sum(p.get("worker") != "reused" for p in s["probes"]),
                        "seconds": round(time.time() - t0, 1), "device": s["probes"][0].get("device")}
@@ -118,14 +119,24 @@ def main(argv: list[str] | None = None) -> int:
         predicted = "/".join(dict.fromkeys(str(r["predicted"]) for r in group))  # a line's moves with its probes
         r = group[0]
         out_rows.append((r["model"], r["backend"], r["isa"], f"{r['image_size']} px", r["cap"], f"{measured} ({r['not_fitting']})",
-                         predicted, apart, f"{r['per_image_mib']:.2f}", f"{r['probes']} ({r['fresh_probes']})",
-                         f"{median_of(group, 'seconds'):.0f} s"))
+                         predicted, apart, f"{r['per_image_mib']:.2f}", _checks(group),
+                         f"{r['probes']} ({r['fresh_probes']})", f"{median_of(group, 'seconds'):.0f} s"))
     print(table(("model", "backend", "oneDNN ISA", "image size", "cap", "measured (next)", "predicted", "apart: median (spread)",
-                 "model's MiB/image", "probes (fresh)", "time"), out_rows))
+                 "model's MiB/image", "replay's check: size, MiB apart (counted MiB/image)", "probes (fresh)", "time"),
+                out_rows))
     print(f"\nmedian within {TARGET_PERCENT:.0f}% everywhere: {'yes' if ok else 'no'} (worst median {worst:.1f}%)")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_memory_model.json").write_text(json.dumps(rows, indent=2))
     return 0 if ok else 1
+
+
+def _checks(group: list[dict]) -> str:
+    """The replay's checks of a row's searches (TensorFlow on the CPU): the size, how far its peak
+    was from the replay's, and the MiB an image counted where that was beyond the threshold."""
+    checks = [(r["check"], r["kernel_mib"]) for r in group if (r["check"] or {}).get("apart_mb") is not None]
+    if not checks:
+        return "-"
+    return "; ".join(f"{c['batch_size']}, {c['apart_mb']:+.0f}" + (f" ({k:+.3f})" if k else "") for c, k in checks)
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ class ProbeRecord(Record):
     "profile" is OUT/NAME/profile.csv, "search" the probes of find_batch_size.json and .csv."""
 
     order: int | None = _field(views=("search",))  # the search's n-th probe
-    phase: str | None = _field(views=("search",))  # calibrate, search, confirm, critical, retime or between
+    phase: str | None = _field(views=("search",))  # calibrate, check, predict, search, confirm, critical, retime or between
     wall_seconds: float | None = _field(views=("search",))  # the probe in the parent, a worker's start included
     batch_size: int | None = _field(views=("profile", "search"))
     status: Status = field(default=Status.FAILED, metadata={"views": ("profile", "search")})

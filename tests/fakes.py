@@ -84,18 +84,21 @@ class GpuWorker(FakeWorker):
 
 class LinearProber:
     """Stands in for the prober: a probe's peak is what the BFC replay says over a 700 MiB
-    runtime (so the prediction is exact), under the prober's cap."""
+    runtime (so the prediction is exact), under the prober's cap; with `kernel_mb_per_image`,
+    another CPU's, whose kernels hold that much more an image past batch size 1."""
 
-    base_mb, calls, record_extra = 700.0, [], {}
+    base_mb, calls, asides, record_extra, kernel_mb_per_image = 700.0, [], [], {}, 0.0
     in_place = False  # the CPU's rules (fresh workers near the limit)
     spares = False  # (no worker to launch ahead)
 
     def __init__(self, workdir, memory_cap_bytes=None, cpu_cap_bytes=None, isolate=False, fresh_from=None, env=None):
         self.cap_mb, self.fresh_from = memory_cap_bytes / 2**20, fresh_from
-        LinearProber.calls = []
+        LinearProber.calls, LinearProber.asides = [], []
 
     def run(self, task, fresh=False, timing=False, spare=True):
-        peak = predicted_peak_bytes(task.batch_size, self.base_mb * MiB, SIZE, train_images=48) / MiB
+        peak = predicted_peak_bytes(task.batch_size, self.base_mb * MiB, SIZE, train_images=48,
+                                    steps=task.warmup + task.steps) / MiB
+        peak += self.kernel_mb_per_image * (task.batch_size - 1)
         LinearProber.calls.append((task.batch_size, self.fresh_from))
         fresh = self.fresh_from is not None and task.batch_size >= self.fresh_from
         return ProbeRecord(batch_size=task.batch_size, status="done" if peak <= self.cap_mb else "oom",
@@ -104,6 +107,7 @@ class LinearProber:
                            **LinearProber.record_extra)
 
     def run_aside(self, task):
+        LinearProber.asides.append(task.batch_size)
         return self.run(task, fresh=True)
 
     def prestart(self, count=1):

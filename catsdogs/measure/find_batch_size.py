@@ -62,7 +62,7 @@ from catsdogs.measure.find_summary import opening_line, race_lines, summary_line
 from catsdogs.measure.memory_prediction import (
     CALIBRATION_BATCH,
     BackgroundPlan,
-    by_line,
+    fresh_before_search,
     predict_first,
     prediction_record,
 )
@@ -346,15 +346,6 @@ def _noise_scale(run: FindRun) -> NoiseRun | None:
     return measure_noise_scale(run.data_dir, run.manifest, settings, run.probes.work, run.probes.env, log,
                                probe_data=probe_data, sampling=user_noise_sampling(bool(user.batch_norm)) if user
                                else None, worker=worker)
-
-
-def fresh_before_search(user, manifest: dict | None) -> int:
-    """The fresh workers the probes before the search take: the calibration's, and where the
-    prediction is a line through two probes (memory_prediction.by_line), its second's, run aside:
-    launched together, they import while the noise scale trains, where the second started when
-    asked would make the search wait for its import (docs/performance.md, "Measurements behind
-    the code's choices")."""
-    return 2 if by_line(user, manifest) else 1
 
 
 def keep_interrupted(folder: Path, settings: FindSettings, probes: list[ProbeRecord], log) -> None:

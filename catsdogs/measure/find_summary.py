@@ -117,7 +117,23 @@ def _prediction_lines(pred: dict, largest: int | None, optimizer: str) -> list[s
             f"{pred['state_bytes'] / 2**20:.0f} MiB of weights, gradients and {optimizer} slots, "
             f"{pred['baseline_bytes'] / 2**20:.0f} MiB runtime baseline "
             f"(from the batch-size-{pred['calibration_batch_size']} probe).")
+        if pred.get("check"):
+            lines.append(_check_line(pred))
     return lines
+
+
+def _check_line(pred: dict) -> str:
+    """What the replay's check (memory_prediction.check_replay) measured, and what it changed."""
+    c = pred["check"]
+    if c.get("apart_mb") is None:
+        return f"Its check at batch size {c['batch_size']} did not run to the end ({c['status']}): the replay stands."
+    said = (f"Checked at batch size {c['batch_size']} (a fresh worker{', out of memory' if c['status'] == 'oom' else ''}): "
+            f"{c['peak_mb']:,.0f} MiB against the replay's {c['replayed_mb']:,.0f} ({c['apart_mb']:+,.0f} MiB")
+    if not pred.get("kernel_bytes_per_image"):
+        return f"{said}, within the {c['threshold_mb']:,.0f} MiB one probe's spread reaches: the replay stands)."
+    return (f"{said}, beyond the {c['threshold_mb']:,.0f} MiB one probe's spread reaches): "
+            f"{pred['kernel_bytes_per_image'] / 2**20:+.3f} MiB an image as this CPU's kernels run the step, "
+            f"counted in the prediction (the replay alone: {c['replay_max_batch_size']}).")
 
 
 def summary_lines(result: FindResult) -> list[str]:

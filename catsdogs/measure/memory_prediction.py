@@ -3,7 +3,8 @@
 
 The article's model: on TensorFlow its step replayed through a model of the BFC allocator
 (costs.predict_max_batch_size: on the CPU, the pages its growing regions have written),
-arithmetic here; on JAX, whose compiler assigns buffers itself, XLA's plan of the step compiled at
+arithmetic here, checked on the CPU by one fresh probe on the search's way up, which measures what
+this CPU's kernels hold beyond it (`check_replay`); on JAX, whose compiler assigns buffers itself, XLA's plan of the step compiled at
 a few small batch sizes (`BackgroundPlan`, costs.predict_max_batch_size_planned), never near the
 limit, and where the probes share one worker on a GPU held to the largest region its pool can
 grow (catsdogs.measure.gpu_pool). Any other model: a line through the calibration and one fresh probe of a fifth of what
@@ -22,7 +23,7 @@ from pathlib import Path
 from catsdogs.measure import gpu_pool, model_check
 from catsdogs.measure.common import first_line
 from catsdogs.measure.find_summary import METHODS
-from catsdogs.measure.search import fresh_threshold, percent_apart
+from catsdogs.measure.search import fresh_threshold, last_doubling_size, percent_apart
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import MemoryPlan, MemoryPlanTask, ProbeRecord
 from catsdogs.runtime import backends
@@ -38,6 +39,14 @@ from catsdogs.training.costs import (
 )
 
 CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline comes from
+# The replay's check (`check_replay`) corrects it where its second probe peaks apart from it by more
+# than this share of the room the calibration left under the cap: a difference d moves the answer by
+# about d / room of itself, and fresh probes on the development machine (any of oneDNN's ISAs)
+# peaked -30 to +90 MiB from the replay below 0.8 of the limit: up to 8% of the room at 64 px under
+# 2 GiB, and at 40 px under 1 GiB (docs/results.md, "The replay checked by one probe"). One probe's
+# difference below a tenth is that spread, not the kernels'.
+CHECK_ROOM_SHARE = 0.1
+CHECK_LEAST = 16  # no check below this size: what it adds to batch size 1 is within the peaks' spread
 
 
 class BackgroundPlan:
@@ -114,6 +123,8 @@ def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, pla
         pred = {**predict_max_batch_size(cap_bytes, CALIBRATION_BATCH, peak_bytes, size, s.optimizer, s.precision,
                                          train_images=train_images, device=device, steps=steps),
                 "train_images": train_images, "device": device, "steps": steps}
+        if device == "cpu":
+            pred = check_replay(run, pred, calib, size, log, bound)
     else:
         pred = None  # XLA's plan failed (said)
     if pred:
@@ -126,6 +137,53 @@ def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, pla
                 if pool and pool["max_batch_size"] < pool["plan_max_batch_size"] else "")
         log(f"Predicted before the search: {pred['max_batch_size']} ({METHODS[pred['method']]}{held}); {near}.")
     return pred
+
+
+def check_replay(run, pred: dict, calib: ProbeRecord, size: int, log, bound: int | None = None) -> dict:
+    """The replay checked by a second probe, in a fresh worker of its own, at the last size the
+    search's doubling would probe anyway (search.last_doubling_size: 0.4 to 0.8 of the prediction),
+    which the search then takes as it stands. oneDNN picks its kernels, their scratch and layouts
+    by the CPU's instruction set, and the replay knows one machine's: where that probe peaks above
+    (or below) the replay by more than CHECK_ROOM_SHARE of the room the calibration left, the
+    difference is counted as bytes per image past batch size 1 (`kernel_bytes_per_image`) and the
+    prediction made again with them; a smaller difference is the resident set's run-to-run spread,
+    which one probe cannot tell from the kernels', and leaves the replay as it was. The probe and
+    the difference are recorded (`check`) either way."""
+    s = run.settings
+    batch = last_doubling_size(s.start, bound, pred["max_batch_size"]) if pred["max_batch_size"] else None
+    if batch is None or batch < CHECK_LEAST:
+        return pred
+    probe = run.probe(batch, "check", aside=True)  # the calibration's worker kept for the search's way up
+    if probe.status not in (Status.DONE, Status.OOM) or not probe.peak_memory_mb:
+        log(f"The replay was not checked: the probe of {batch} {probe.status}.")
+        return {**pred, "check": {"batch_size": batch, "status": probe.status}}
+    measured = max(probe.peak_memory_mb * 2**20, pred["cap_bytes"]) if probe.status == Status.OOM \
+        else probe.peak_memory_mb * 2**20  # a probe killed at the cap peaked there at least
+    replayed = planned_peak_bytes(pred, batch, s, size)
+    room = pred["cap_bytes"] - calib.peak_memory_mb * 2**20
+    check = {"batch_size": batch, "status": probe.status, "peak_mb": probe.peak_memory_mb,
+             "replayed_mb": replayed / 2**20, "apart_mb": (measured - replayed) / 2**20,
+             "threshold_mb": CHECK_ROOM_SHARE * room / 2**20, "replay_max_batch_size": pred["max_batch_size"]}
+    if abs(measured - replayed) <= CHECK_ROOM_SHARE * room:
+        return {**pred, "check": check}
+    kernel = (measured - replayed) / (batch - CALIBRATION_BATCH)
+    again = predict_max_batch_size(pred["cap_bytes"], CALIBRATION_BATCH, calib.peak_memory_mb * 2**20, size,
+                                   s.optimizer, s.precision, train_images=pred["train_images"], device="cpu",
+                                   steps=pred["steps"], kernel_bytes_per_image=kernel)
+    log(f"The replay checked at batch size {batch} (a fresh worker): {probe.peak_memory_mb:,.0f} MiB "
+        f"against its {replayed / 2**20:,.0f}, {kernel / 2**20:+.3f} MiB an image as this CPU's kernels run the "
+        f"step; the prediction made again with them: {again['max_batch_size']} (the replay alone: {pred['max_batch_size']}).")
+    return {**pred, **again, "check": check}
+
+
+def fresh_before_search(user, manifest: dict | None) -> int:
+    """The fresh workers the probes before the search take: the calibration's, and its second's,
+    run aside, where the prediction is a line through two probes (memory_prediction.by_line) or
+    TensorFlow's replay checked by one (memory_prediction.check_replay): launched together, they
+    import while the noise scale trains, where the second started when asked would make the
+    search wait for its import (docs/performance.md, "Measurements behind the code's choices")."""
+    replayed = manifest is not None and backends.current().compiled_step_bytes is None
+    return 2 if by_line(user, manifest) or replayed else 1
 
 
 def by_line(user: model_check.ModelInfo | None, manifest: dict | None) -> bool:
@@ -174,5 +232,6 @@ def planned_peak_bytes(pred: dict, batch: int, s: FindSettings, image_size: int)
     """A probe's peak by the prediction: the BFC replay's, or the line of XLA's plan."""
     if pred["method"] == "bfc":
         return predicted_peak_bytes(batch, pred["baseline_bytes"], image_size, s.optimizer, s.precision,
-                                    pred["train_images"], pred["device"], pred["steps"])
+                                    pred["train_images"], pred["device"], pred["steps"],
+                                    pred.get("kernel_bytes_per_image", 0.0), CALIBRATION_BATCH)
     return pred["baseline_bytes"] + pred["state_bytes"] + pred["per_image_bytes"] * batch

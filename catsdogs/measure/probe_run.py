@@ -138,7 +138,7 @@ class ProbeRun:
         """The search's probe of `batch_size`, and before it the critical batch size's, when that
         lies between the largest probed so far and `batch_size`: so it runs in the worker of the
         search's way up, where a probe costs a fraction of a second, not in a fresh one."""
-        done = max((p.batch_size for p in self.probes), default=0)
+        done = max((p.batch_size for p in self.probes if p.phase != "check"), default=0)  # (the replay's: aside)
         if critical is not None and done < critical < batch_size:
             self.probe(critical, "critical")
         return self.probe(batch_size, "search").status

@@ -139,7 +139,7 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
         current = guess if callable(guess) else (lambda: guess)
         while max_batch is None or b < max_batch:
             aim = None if guided else current()
-            if aim is not None and b * 2 >= FRESH_SHARE * aim:
+            if aim is not None and near_aim(b, aim):
                 guided = True
                 lo, hi = around_guess(ask, lo, aim, max_batch)
                 if failed_run and failed_run[0] < lo:  # a size failed below one that fitted: stepped over
@@ -188,6 +188,24 @@ def bisect(ask: Callable[[int], str], lo: int, hi: int, gap: Callable[[int], int
         else:
             hi = mid
     return lo, hi, None
+
+
+def near_aim(b: int, aim: int) -> bool:
+    """Whether the doubling ends at `b`, aiming at `aim` (the memory model's prediction): its next
+    size would reach FRESH_SHARE of it, where the probes run in fresh workers."""
+    return b * 2 >= FRESH_SHARE * aim
+
+
+def last_doubling_size(start: int, max_batch: int | None, aim: int) -> int | None:
+    """The largest size the doubling probes before it aims at `aim` (as `search` runs it, every
+    size fitting), in [0.4, 0.8) of `aim`; None where the doubling never gets below FRESH_SHARE of
+    it (a start there) or reaches `max_batch` first."""
+    b = min(start, max_batch) if max_batch is not None else start
+    while not near_aim(b, aim):
+        if max_batch is not None and b >= max_batch:
+            return None
+        b = next_size(b, max_batch)
+    return b if b < FRESH_SHARE * aim and (max_batch is None or b < max_batch) else None
 
 
 def next_size(b: int, max_batch: int | None) -> int:

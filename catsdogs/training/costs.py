@@ -187,14 +187,17 @@ def _mark(spans: list[tuple[int, int]], start: int, end: int) -> None:
 
 def predict_max_batch_size(cap_bytes: float, calibration_batch: int, calibration_peak_bytes: float,
                            size: int = 200, optimizer: str = "adam", precision: str = "float32",
-                           train_images: int = 1200, device: str = "cpu", steps: int = PROBE_STEPS) -> dict:
+                           train_images: int = 1200, device: str = "cpu", steps: int = PROBE_STEPS,
+                           kernel_bytes_per_image: float = 0.0) -> dict:
     """The largest batch size whose replayed peak stays under `cap_bytes`.
 
     On the CPU (`device` "cpu", the peak resident memory): runtime + the pages BFC's growing
     regions have had written, the runtime calibrated by one probe (`calibration_batch` images
-    peaked at `calibration_peak_bytes`). On a GPU capped as a logical device, BFC has one region
+    peaked at `calibration_peak_bytes`), + `kernel_bytes_per_image` for each image past it (what
+    this CPU's kernels hold beyond the replay, where a second probe measured it:
+    memory_prediction.check_replay). On a GPU capped as a logical device, BFC has one region
     of the device's memory less the runtime's, and a batch size fits when every allocation
-    finds room in it. Returns the breakdown too: per_image (the slope from the calibration to
+    finds room in it. Returns the breakdown too: per_image (the replay's slope from the calibration to
     the answer), state, baseline (the runtime) and max_batch_size (0: not even one image)."""
     def replay(b: int, region=None) -> dict:
         return bfc_replay(step_allocations(b, size, optimizer, precision, train_images, steps), region)
@@ -204,7 +207,7 @@ def predict_max_batch_size(cap_bytes: float, calibration_batch: int, calibration
         baseline = calibration_peak_bytes - calib["touched_bytes"]
 
         def fits(b: int) -> bool:
-            return baseline + replay(b)["touched_bytes"] <= cap_bytes
+            return baseline + replay(b)["touched_bytes"] + kernel_bytes_per_image * (b - calibration_batch) <= cap_bytes
     else:  # the allocator's own peak, which the calibration measured, less its live tensors
         baseline = calibration_peak_bytes - calib["peak_in_use_bytes"]
         region = int(cap_bytes - baseline)
@@ -216,16 +219,21 @@ def predict_max_batch_size(cap_bytes: float, calibration_batch: int, calibration
     at = replay(best)["touched_bytes"] if best else calib["touched_bytes"]
     slope = (at - calib["touched_bytes"]) / max(1, best - calibration_batch)
     return {"max_batch_size": best, "per_image_bytes": slope, "state_bytes": sum(state_bytes(size, optimizer,
-            precision).values()), "baseline_bytes": baseline, "cap_bytes": cap_bytes, "method": "bfc"}
+            precision).values()), "baseline_bytes": baseline, "cap_bytes": cap_bytes, "method": "bfc",
+            "kernel_bytes_per_image": kernel_bytes_per_image}
 
 
 def predicted_peak_bytes(batch: int, baseline_bytes: float, size: int, optimizer: str = "adam",
                          precision: str = "float32", train_images: int = 1200, device: str = "cpu",
-                         steps: int = PROBE_STEPS) -> float:
-    """The peak at a batch size, by the replay: on the CPU the runtime + the pages written; on a
+                         steps: int = PROBE_STEPS, kernel_bytes_per_image: float = 0.0,
+                         calibration_batch: int = 1) -> float:
+    """The peak at a batch size, by the replay: on the CPU the runtime + the pages written (+ the
+    kernels' bytes past the calibration's images, as predict_max_batch_size counts them); on a
     GPU the runtime + the allocator's peak in use."""
     replay = bfc_replay(step_allocations(batch, size, optimizer, precision, train_images, steps))
-    return baseline_bytes + replay["touched_bytes" if device == "cpu" else "peak_in_use_bytes"]
+    if device != "cpu":
+        return baseline_bytes + replay["peak_in_use_bytes"]
+    return baseline_bytes + replay["touched_bytes"] + kernel_bytes_per_image * (batch - calibration_batch)
 
 
 def _largest(fits, limit: int = 2**20) -> int:

@@ -40,14 +40,18 @@ def test_the_prediction_comes_before_the_search_from_the_calibration_probe_alone
     s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=1000 * 2**20, resolution=1, margin=0.0,
                                             measure_noise=False, max_batch=4096), data_dir, tmp_path,
                                log=lines.append).to_dict()
-    # then the prediction was stated after the calibration probe, before any search probe
+    # then the prediction was stated after the calibration probe and the replay's check, before
+    # any search probe
     predicted = s["prediction"]["max_batch_size"]
     at = next(i for i, ln in enumerate(lines) if ln.startswith("Predicted before the search"))
-    assert lines[at - 1].startswith("calibrate") and lines[at + 1].startswith("search")
+    assert lines[at - 2].startswith("calibrate") and lines[at - 1].startswith("check")
+    assert lines[at + 1].startswith("search")
     assert f"{predicted} (the step replayed through TensorFlow's allocator)" in lines[at]
-    # and every search probe ran with the fresh threshold at 80% of it; the calibration without
-    assert LinearProber.calls[0] == (1, None)
-    assert {f for _, f in LinearProber.calls[1:]} == {fresh_threshold(predicted)}
+    # and every search probe ran with the fresh threshold at 80% of it; the calibration and the
+    # check without
+    check = s["prediction"]["check"]["batch_size"]
+    assert LinearProber.calls[:2] == [(1, None), (check, None)]
+    assert {f for _, f in LinearProber.calls[2:]} == {fresh_threshold(predicted)}
     # and on a device that is what the model says, the search's first probe past the doubling is the
     # prediction, and it fits (the replay's peak is not monotonic in the batch size, as BFC's is not:
     # 5% above it fits too here, so the search goes on from there)
@@ -65,6 +69,59 @@ def test_the_prediction_comes_before_the_search_from_the_calibration_probe_alone
     assert all(p["wall_seconds"] is not None for p in s["probes"])
     assert lines[-1].startswith(f"Answered in {s['seconds']['total']:.0f} s: the memory model ")
     assert s["memory_fraction"] is None and not any("XLA's" in ln for ln in lines)
+
+
+def _search_on(prober_kernel_mb: float, data_dir, tmp_path, monkeypatch, cap_mb: float = 1000.0):
+    """find-batch-size under `cap_mb` on a LinearProber whose kernels hold `prober_kernel_mb` more an image."""
+    from catsdogs.measure import prober
+
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setattr(prober, "Prober", LinearProber)
+    monkeypatch.setattr(LinearProber, "kernel_mb_per_image", prober_kernel_mb)
+    LinearProber.record_extra = {}
+    lines: list[str] = []
+    s = findbs.find_batch_size(FindSettings("fbs", memory_cap_bytes=int(cap_mb * 2**20), resolution=1, margin=0.0,
+                                            measure_noise=False, max_batch=4096), data_dir, tmp_path,
+                               log=lines.append).to_dict()
+    return s, lines
+
+
+def test_the_replay_is_checked_on_the_searchs_way_up_and_stands_where_the_check_agrees(data_dir, tmp_path,
+                                                                                    monkeypatch):
+    # given a CPU whose kernels hold what the replay says (the development machine's)
+    s, lines = _search_on(0.0, data_dir, tmp_path, monkeypatch)
+    pred = s["prediction"]
+    check = pred["check"]
+    # then the check ran once, aside in a worker of its own, at the last size the search's doubling
+    # reaches below 80% of the prediction, and the search took its probe as it stood
+    assert LinearProber.asides == [check["batch_size"]]
+    assert 0.4 * pred["max_batch_size"] <= check["batch_size"] < 0.8 * pred["max_batch_size"]
+    assert [b for b, _ in LinearProber.calls].count(check["batch_size"]) == 1
+    assert [p["phase"] for p in s["probes"] if p["batch_size"] == check["batch_size"]] == ["check"]
+    # and it peaked where the replay says, so the replay stands, and says so
+    assert abs(check["apart_mb"]) < check["threshold_mb"] and pred["kernel_bytes_per_image"] == 0.0
+    assert check["replay_max_batch_size"] == pred["max_batch_size"]
+    assert any(ln.startswith(f"Checked at batch size {check['batch_size']} (a fresh worker)") and
+               ln.endswith("the replay stands).") for ln in lines)
+
+
+@pytest.mark.parametrize("kernel_mb", [0.5, -0.4, 3.0])
+def test_kernels_that_hold_more_or_less_than_the_replay_are_measured_by_the_check_and_counted(
+        kernel_mb, data_dir, tmp_path, monkeypatch):
+    # given another CPU, whose kernels hold kernel_mb more (or less) an image than the replay says
+    # (as oneDNN's choice by instruction set may: issue 65)
+    s, lines = _search_on(kernel_mb, data_dir, tmp_path, monkeypatch, cap_mb=1500.0)
+    pred, measured = s["prediction"], s["largest_fitting"]
+    replay_alone = pred["check"]["replay_max_batch_size"]
+    # then the replay alone would miss that device's limit by more than 15%
+    assert abs(replay_alone - measured) > 0.15 * measured
+    # and the check measured the difference, counted it per image, and the prediction lands on the limit
+    assert pred["kernel_bytes_per_image"] / 2**20 == pytest.approx(kernel_mb, rel=0.05)
+    assert abs(pred["percent_apart"]) <= 2.0
+    assert any(f"counted in the prediction (the replay alone: {replay_alone})" in ln for ln in lines)
+    # and a check that ran out of memory (3 MiB more an image) says so, and the search went on below it
+    assert (pred["check"]["status"] == "oom") == (kernel_mb == 3.0)
+    assert any("(a fresh worker, out of memory)" in ln for ln in lines) == (kernel_mb == 3.0)
 
 
 def test_xlas_memory_fraction_is_reported_beside_the_limit(data_dir, tmp_path, monkeypatch):
@@ -224,7 +281,8 @@ def test_the_critical_batch_size_is_probed_and_joins_the_choice_when_statistics_
     # 64 (so in the worker of the way up, not a fresh one), and has the least worst case over 30 to 90
     critical = [p for p in s["probes"] if p["phase"] == "critical"]
     assert [p["batch_size"] for p in critical] == [48]
-    assert [p["batch_size"] for p in s["probes"]][:6] == [1, 8, 16, 32, 48, 64]
+    way_up = [p["batch_size"] for p in s["probes"] if p["phase"] != "check"]  # (the replay's check: aside)
+    assert way_up[:5] == [1, 8, 16, 32, 48]
     rec = s["recommendation"]
     worst = {r["batch_size"]: r["worst_case"] for r in rec["table"]}
     assert min(worst, key=worst.get) == 48 and rec["binding"] == "statistics"

@@ -128,6 +128,56 @@ def test_the_prediction_takes_the_runtime_from_the_calibration_probe_and_stops_a
     assert gpu["max_batch_size"] > best
 
 
+def test_kernels_bytes_per_image_past_the_calibration_join_the_replay_and_lower_the_answer():
+    # given the replay's prediction at 64 px under 1.5 GiB, and the same with 0.5 MiB an image more
+    runtime, cap = 700 * MiB, 1536 * MiB
+    peak1 = predicted_peak_bytes(1, runtime, 64, train_images=48)
+    alone = predict_max_batch_size(cap, 1, peak1, 64, "adam", train_images=48)
+    more = predict_max_batch_size(cap, 1, peak1, 64, "adam", train_images=48, kernel_bytes_per_image=0.5 * MiB)
+    # then the runtime is the same (batch size 1 has no image past the calibration's), the answer
+    # lower, and it is the largest size whose replayed peak plus those bytes fits
+    assert more["baseline_bytes"] == alone["baseline_bytes"] and more["kernel_bytes_per_image"] == 0.5 * MiB
+    best = more["max_batch_size"]
+    assert best < alone["max_batch_size"]
+    peak = lambda b: predicted_peak_bytes(b, runtime, 64, train_images=48, kernel_bytes_per_image=0.5 * MiB)  # noqa: E731
+    assert peak(best) <= cap < peak(best + 1)
+    assert peak(best) - predicted_peak_bytes(best, runtime, 64, train_images=48) == (best - 1) * 0.5 * MiB
+
+
+# Recorded on the development machine (0.29.0, docs/results.md "TensorFlow's memory prediction by
+# oneDNN's instruction set"), 64 px, Adam, 1,200 training images, 2 GiB: the batch-size-1 probe's
+# peak, a fresh probe's at 512, and the limit the search measured, under two of oneDNN's ISAs.
+RECORDED_ISAS = {"SSE41": (945.8, 1793.8, 675), "AVX2": (947.2, 1807.8, 638)}
+
+
+@pytest.mark.parametrize("isa", sorted(RECORDED_ISAS))
+def test_the_replay_checked_on_recorded_peaks_of_two_instruction_sets_stands_within_their_spread(isa):
+    from types import SimpleNamespace
+
+    from catsdogs.measure.memory_prediction import check_replay
+    from catsdogs.measure.settings import FindSettings
+    from catsdogs.messages import ProbeRecord
+
+    calib_mb, check_mb, measured = RECORDED_ISAS[isa]
+    cap = 2048 * MiB
+    # given the replay's prediction from that ISA's calibration, and its probe of 512 as the check
+    calib = ProbeRecord(batch_size=1, status="done", peak_memory_mb=calib_mb, memory_kind="cpu-rss")
+    pred = {**predict_max_batch_size(cap, 1, calib_mb * MiB, 64, "adam", train_images=1200, steps=4),
+            "train_images": 1200, "device": "cpu", "steps": 4}
+    asked: list[int] = []
+    run = SimpleNamespace(settings=FindSettings("fbs", memory_cap_bytes=cap),
+                          probe=lambda b, phase, aside: asked.append(b) or ProbeRecord(
+                              batch_size=b, status="done", peak_memory_mb=check_mb, memory_kind="cpu-rss"))
+    checked = check_replay(run, pred, calib, 64, log=lambda line: None, bound=1200)
+    # then the check probed 512, found it within the run-to-run spread of the replay (51 and 64 MiB
+    # above it, a tenth of the room being 110), and the replay stands: within 15% of either limit
+    assert asked == [512]
+    c = checked["check"]
+    assert 0 < c["apart_mb"] < c["threshold_mb"] and c["threshold_mb"] == pytest.approx(0.1 * (2048 - calib_mb))
+    assert checked["max_batch_size"] == pred["max_batch_size"] and checked["kernel_bytes_per_image"] == 0.0
+    assert abs(checked["max_batch_size"] - measured) <= 0.15 * measured
+
+
 def test_jax_reads_xlas_memory_fraction_as_jaxlib_does(monkeypatch):
     from catsdogs.runtime.backends import jax as jax_backend
 
@@ -138,3 +188,28 @@ def test_jax_reads_xlas_memory_fraction_as_jaxlib_does(monkeypatch):
     assert jax_backend.memory_fraction() == 0.5
     monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.9")
     assert jax_backend.memory_fraction() == 0.9
+
+
+def test_a_check_that_failed_leaves_the_replay_and_says_it_was_not_checked():
+    from types import SimpleNamespace
+
+    from catsdogs.measure.find_summary import _prediction_lines
+    from catsdogs.measure.memory_prediction import check_replay
+    from catsdogs.measure.settings import FindSettings
+    from catsdogs.messages import ProbeRecord
+
+    # given the replay's prediction, and a check probe that failed for another reason than memory
+    cap = 2048 * MiB
+    calib = ProbeRecord(batch_size=1, status="done", peak_memory_mb=946.0, memory_kind="cpu-rss")
+    pred = {**predict_max_batch_size(cap, 1, 946.0 * MiB, 64, "adam", steps=4), "train_images": 1200,
+            "device": "cpu", "steps": 4, "calibration_batch_size": 1}
+    run = SimpleNamespace(settings=FindSettings("fbs", memory_cap_bytes=cap),
+                          probe=lambda b, phase, aside: ProbeRecord(batch_size=b, status="failed", error="crash"))
+    said: list[str] = []
+    checked = check_replay(run, pred, calib, 64, log=said.append, bound=1200)
+    # then the prediction is the replay's, the check's record says what happened, and so do the lines
+    assert checked["max_batch_size"] == pred["max_batch_size"] and "kernel_bytes_per_image" in checked
+    assert checked["check"] == {"batch_size": 512, "status": "failed"}
+    assert said == ["The replay was not checked: the probe of 512 failed."]
+    assert _prediction_lines(checked, None, "adam")[-1] == \
+        "Its check at batch size 512 did not run to the end (failed): the replay stands."

@@ -188,7 +188,7 @@ def test_the_calibrations_worker_and_a_probe_asides_are_launched_together_and_ta
     from catsdogs.measure import prober as prober_module
 
     # given a prober on the CPU asked for the two fresh workers the probes before a user's model's
-    # search take (find_batch_size.fresh_before_search)
+    # search take (memory_prediction.fresh_before_search)
     with prober_module.Prober(tmp_path) as prober:
         prober.prestart(2)
         prober.prestart(2)  # (asked again: none more)

@@ -18,6 +18,7 @@ from catsdogs.measure.search import (
     RSS_RESOLUTION_SHARE,
     apply_margin,
     effective_resolution,
+    last_doubling_size,
     search,
 )
 
@@ -60,6 +61,23 @@ def test_a_margin_outside_0_1_is_refused(margin):
 
 
 # --- the search, with a fake probe ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("start, max_batch, aim", [
+    (8, None, 731), (8, 4096, 300), (8, 600, 731), (32, 4096, 124), (100, None, 110), (8, None, 10), (1, 64, 1000),
+])
+def test_the_last_size_the_doubling_probes_before_its_aim_is_the_one_the_search_probes(start, max_batch, aim):
+    # given a device on which the sizes up to `aim` fit, searched with `aim` predicted
+    asked: list[int] = []
+    search(lambda b: asked.append(b) or ("done" if b <= aim else "oom"), start=start, max_batch=max_batch, guess=aim)
+    # then the doubling's last size before the guess, where it probes the guess below the bound, is
+    # what the replay's check probes (memory_prediction.check_replay), 0.4 to 0.8 of the guess
+    aimed = aim in asked and (max_batch is None or aim < max_batch)
+    doubling = asked[:asked.index(aim)] if aimed else []
+    expected = doubling[-1] if doubling and doubling[-1] < 0.8 * aim else None
+    assert last_doubling_size(start, max_batch, aim) == expected
+    if expected is not None and expected > start:
+        assert 0.4 * aim <= expected < 0.8 * aim
 
 
 def test_power_mode_doubles_until_out_of_memory():
