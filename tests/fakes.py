@@ -101,8 +101,10 @@ class LinearProber:
         peak += self.kernel_mb_per_image * (task.batch_size - 1)
         LinearProber.calls.append((task.batch_size, self.fresh_from))
         fresh = self.fresh_from is not None and task.batch_size >= self.fresh_from
-        return ProbeRecord(batch_size=task.batch_size, status="done" if peak <= self.cap_mb else "oom",
-                           peak_memory_mb=peak, memory_kind="cpu-rss", memory_cap_mb=self.cap_mb,
+        fits = peak <= self.cap_mb
+        return ProbeRecord(batch_size=task.batch_size, status="done" if fits else "oom",
+                           peak_memory_mb=peak if fits else self.cap_mb + 1,  # a probe is killed at the cap
+                           memory_kind="cpu-rss", memory_cap_mb=self.cap_mb,
                            images_per_second=100.0, worker="fresh" if fresh else "reused",
                            **LinearProber.record_extra)
 

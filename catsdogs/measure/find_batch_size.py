@@ -259,7 +259,8 @@ def predict_memory(run: FindRun) -> None:
     planned = run.plan.result(run.log) if run.plan else None
     plan_wait = time.perf_counter() - waiting
     if run.calibration is None:
-        run.probes.start_ahead(fresh_before_search(run.user, run.manifest), only_beside=True)
+        run.probes.start_ahead(fresh_before_search(run.user, run.manifest, run.probes.prober.spares),
+                              only_beside=True)
         calibrate(run)
     predicting = time.perf_counter()
     run.prediction = predict_first(run.probes, run.calibration, run.manifest, run.size, planned, run.log, run.user, run.bound.batch_size)
@@ -340,7 +341,7 @@ def _noise_scale(run: FindRun) -> NoiseRun | None:
             worker.close()
             worker.log_path.unlink(missing_ok=True)
         return None
-    ahead = fresh_before_search(user, run.manifest) - (run.calibration is not None)  # (the calibration's: run)
+    ahead = fresh_before_search(user, run.manifest, run.probes.prober.spares) - (run.calibration is not None)  # (the calibration's: run)
     if ahead:
         run.probes.start_ahead(ahead)
     return measure_noise_scale(run.data_dir, run.manifest, settings, run.probes.work, run.probes.env, log,
@@ -373,7 +374,8 @@ def search_memory(run: FindRun) -> None:
     result = run.search = search(lambda b: probes.probe_on_the_way(b, early), mode=s.mode, start=s.start,
                                  max_batch=run.bound.batch_size, resolution=s.resolution,
                                  guess=probes.guess if run.prediction and s.mode == "binsearch" else None,
-                                 share=RSS_RESOLUTION_SHARE if rss else RESOLUTION_SHARE, ceiling=probes.ceiling)
+                                 share=RSS_RESOLUTION_SHARE if rss else RESOLUTION_SHARE, ceiling=probes.ceiling,
+                                 known=tuple(p.batch_size for p in probes.probes if p.phase == "check"))
     if result.largest_fit is not None:
         largest = next(p for p in reversed(probes.probes) if p.batch_size == result.largest_fit)
         if run.bound.stopped_by(result) in ("data", "max") and room_beyond_margin(largest, s.margin):

@@ -125,6 +125,9 @@ def _prediction_lines(pred: dict, largest: int | None, optimizer: str) -> list[s
 def _check_line(pred: dict) -> str:
     """What the replay's check (memory_prediction.check_replay) measured, and what it changed."""
     c = pred["check"]
+    if c["status"] == "oom":
+        return (f"Checked at batch size {c['batch_size']} (a fresh worker): out of memory, so the replay's "
+                f"{c['replay_max_batch_size']} is more than a quarter high; the search bisected below it.")
     if c.get("apart_mb") is None:
         return f"Its check at batch size {c['batch_size']} did not run to the end ({c['status']}): the replay stands."
     said = (f"Checked at batch size {c['batch_size']} (a fresh worker{', out of memory' if c['status'] == 'oom' else ''}): "

@@ -39,12 +39,14 @@ from catsdogs.training.costs import (
 )
 
 CALIBRATION_BATCH = 1  # the tiny probe the memory model's runtime baseline comes from
-# The replay's check (`check_replay`) corrects it where its second probe peaks apart from it by more
-# than this share of the room the calibration left under the cap: a difference d moves the answer by
-# about d / room of itself, and fresh probes on the development machine (any of oneDNN's ISAs)
-# peaked -30 to +90 MiB from the replay below 0.8 of the limit: up to 8% of the room at 64 px under
-# 2 GiB, and at 40 px under 1 GiB (docs/results.md, "The replay checked by one probe"). One probe's
-# difference below a tenth is that spread, not the kernels'.
+# The replay's check (`check_replay`) corrects it where its probe peaks apart from it by more than
+# this share of the room the calibration left under the cap. Fresh probes on the development
+# machine (any of oneDNN's ISAs) peaked -30 to +90 MiB from the replay below 0.8 of the limit, up
+# to 8% of the room at 64 px under 2 GiB and at 40 px under 1 GiB (docs/results.md, "The replay
+# checked by one probe"): one probe's difference below a tenth is that spread, not the kernels'.
+# What a difference d left alone costs: d/room of the answer where it is an offset, up to
+# d/room x answer/size (1.25-2.5 times that) where it grows with the batch; what one probe cannot
+# resolve.
 CHECK_ROOM_SHARE = 0.1
 CHECK_LEAST = 16  # no check below this size: what it adds to batch size 1 is within the peaks' spread
 
@@ -141,32 +143,40 @@ def predict_first(run, calib: ProbeRecord, manifest: dict | None, size: int, pla
 
 def check_replay(run, pred: dict, calib: ProbeRecord, size: int, log, bound: int | None = None) -> dict:
     """The replay checked by a second probe, in a fresh worker of its own, at the last size the
-    search's doubling would probe anyway (search.last_doubling_size: 0.4 to 0.8 of the prediction),
-    which the search then takes as it stands. oneDNN picks its kernels, their scratch and layouts
-    by the CPU's instruction set, and the replay knows one machine's: where that probe peaks above
-    (or below) the replay by more than CHECK_ROOM_SHARE of the room the calibration left, the
-    difference is counted as bytes per image past batch size 1 (`kernel_bytes_per_image`) and the
-    prediction made again with them; a smaller difference is the resident set's run-to-run spread,
-    which one probe cannot tell from the kernels', and leaves the replay as it was. The probe and
-    the difference are recorded (`check`) either way."""
+    search's doubling would probe (search.last_doubling_size: 0.4 to 0.8 of the prediction); the
+    search is handed its outcome (search.search's `known`), so it probes that size no more. oneDNN
+    picks its kernels, their scratch and layouts by the CPU's instruction set, and the replay knows
+    one machine's: where that probe peaks above (or below) the replay by more than CHECK_ROOM_SHARE
+    of the room the calibration left, the difference is counted as bytes per image past batch
+    size 1 (`kernel_bytes_per_image`) and the prediction made again with them; a smaller difference
+    is the resident set's run-to-run spread, which one probe cannot tell from the kernels', and
+    leaves the replay as it was. A probe out of memory there says the replay is at least a quarter
+    high: its peak, cut at the cap, is a bound, not a measurement, so the prediction is only held
+    below that size and the search bisects up to it. The probe and the difference are recorded
+    (`check`) either way."""
     s = run.settings
     batch = last_doubling_size(s.start, bound, pred["max_batch_size"]) if pred["max_batch_size"] else None
     if batch is None or batch < CHECK_LEAST:
         return pred
     probe = run.probe(batch, "check", aside=True)  # the calibration's worker kept for the search's way up
-    if probe.status not in (Status.DONE, Status.OOM) or not probe.peak_memory_mb:
-        log(f"The replay was not checked: the probe of {batch} {probe.status}.")
+    if probe.status == Status.OOM:
+        log(f"The replay checked at batch size {batch} (a fresh worker): out of memory, so the replay is more than "
+            f"a quarter high; the search bisects below it.")
+        return {**pred, "max_batch_size": batch - 1,
+                "check": {"batch_size": batch, "status": probe.status, "peak_mb": probe.peak_memory_mb,
+                          "replay_max_batch_size": pred["max_batch_size"]}}
+    if probe.status != Status.DONE or not probe.peak_memory_mb or probe.peak_memory_mb <= calib.peak_memory_mb:
+        said = probe.status if probe.status != Status.DONE else "peaked no higher than batch size 1"
+        log(f"The replay was not checked: the probe of {batch} {said}.")
         return {**pred, "check": {"batch_size": batch, "status": probe.status}}
-    measured = max(probe.peak_memory_mb * 2**20, pred["cap_bytes"]) if probe.status == Status.OOM \
-        else probe.peak_memory_mb * 2**20  # a probe killed at the cap peaked there at least
-    replayed = planned_peak_bytes(pred, batch, s, size)
+    measured, replayed = probe.peak_memory_mb * 2**20, planned_peak_bytes(pred, batch, s, size)
     room = pred["cap_bytes"] - calib.peak_memory_mb * 2**20
     check = {"batch_size": batch, "status": probe.status, "peak_mb": probe.peak_memory_mb,
              "replayed_mb": replayed / 2**20, "apart_mb": (measured - replayed) / 2**20,
              "threshold_mb": CHECK_ROOM_SHARE * room / 2**20, "replay_max_batch_size": pred["max_batch_size"]}
     if abs(measured - replayed) <= CHECK_ROOM_SHARE * room:
         return {**pred, "check": check}
-    kernel = (measured - replayed) / (batch - CALIBRATION_BATCH)
+    kernel = (measured - replayed) / (batch - CALIBRATION_BATCH)  # above -(the replay's slope): peaked above batch 1
     again = predict_max_batch_size(pred["cap_bytes"], CALIBRATION_BATCH, calib.peak_memory_mb * 2**20, size,
                                    s.optimizer, s.precision, train_images=pred["train_images"], device="cpu",
                                    steps=pred["steps"], kernel_bytes_per_image=kernel)
@@ -176,13 +186,14 @@ def check_replay(run, pred: dict, calib: ProbeRecord, size: int, log, bound: int
     return {**pred, **again, "check": check}
 
 
-def fresh_before_search(user, manifest: dict | None) -> int:
+def fresh_before_search(user, manifest: dict | None, on_cpu: bool) -> int:
     """The fresh workers the probes before the search take: the calibration's, and its second's,
-    run aside, where the prediction is a line through two probes (memory_prediction.by_line) or
-    TensorFlow's replay checked by one (memory_prediction.check_replay): launched together, they
-    import while the noise scale trains, where the second started when asked would make the
-    search wait for its import (docs/performance.md, "Measurements behind the code's choices")."""
-    replayed = manifest is not None and backends.current().compiled_step_bytes is None
+    run aside, where the prediction is a line through two probes (`by_line`) or, on the CPU
+    (`on_cpu`: the prober's spares run beside), TensorFlow's replay checked by one (`check_replay`,
+    which may yet find no size to check): launched together, they import while the noise scale
+    trains, where the second started when asked would make the search wait for its import
+    (docs/performance.md, "Measurements behind the code's choices")."""
+    replayed = on_cpu and manifest is not None and backends.current().compiled_step_bytes is None
     return 2 if by_line(user, manifest) or replayed else 1
 
 

@@ -24,7 +24,8 @@ RETIME_FILL = 0.9  # a live worker times a size while what it holds plus that st
 
 class ProbeRun:
     """The search's probes, in the order run: each run once by the prober (catsdogs.measure.prober),
-    numbered, named by its phase (calibrate, search, confirm, critical) and logged."""
+    numbered, named by its phase (calibrate, check, predict, search, confirm, critical, retime,
+    between) and logged."""
 
     def __init__(self, settings: FindSettings, data_dir: Path, work: Path, cpu_cap: int | None, env: dict, log,
                  probe_data: model_check.ProbeData | None = None):

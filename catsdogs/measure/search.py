@@ -98,7 +98,7 @@ def effective_resolution(resolution: int | None, largest_fit: int, share: float 
 def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DEFAULT_START,
            max_batch: int | None = None, resolution: int | None = None,
            guess: int | Callable[[], int | None] | None = None, share: float = RESOLUTION_SHARE,
-           ceiling: Callable[[], int | None] | None = None) -> SearchResult:
+           ceiling: Callable[[], int | None] | None = None, known: tuple[int, ...] = ()) -> SearchResult:
     """Find the largest batch size for which `probe(batch_size)` says done (it fits).
 
     `probe` returns a status, done (fits), oom or failed, and is called at most once per batch size.
@@ -106,7 +106,9 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
     probes so far) ends the doubling where the next size would pass FRESH_SHARE of it: the guess
     is probed, then GUESS_STEP to its other side (`around_guess`). `ceiling` gives, once a size has
     failed, the largest that can still fit by the allocator's own words (probe_run.ProbeRun.ceiling),
-    or None: the bisection probes no size above it, and stops where it lies within the gap."""
+    or None: the bisection probes no size above it, and stops where it lies within the gap.
+    `known`: sizes `probe` has run already (memory_prediction.check_replay's), answered at no cost,
+    taken where the doubling ends (`from_known`): the gallop starts from them or bisects up to them."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     if start < 1 or (max_batch is not None and max_batch < 1) or (resolution is not None and resolution < 1):
@@ -141,6 +143,9 @@ def search(probe: Callable[[int], str], mode: str = "binsearch", start: int = DE
             aim = None if guided else current()
             if aim is not None and near_aim(b, aim):
                 guided = True
+                lo, hi = from_known(ask, lo, known)
+                if hi is not None:  # no guess above a size that ran out of memory: bisect up to it
+                    break
                 lo, hi = around_guess(ask, lo, aim, max_batch)
                 if failed_run and failed_run[0] < lo:  # a size failed below one that fitted: stepped over
                     failed_run = []
@@ -188,6 +193,15 @@ def bisect(ask: Callable[[int], str], lo: int, hi: int, gap: Callable[[int], int
         else:
             hi = mid
     return lo, hi, None
+
+
+def from_known(ask: Callable[[int], str], lo: int, known: tuple[int, ...]) -> tuple[int, int | None]:
+    """Where the doubling ends at `lo`, the sizes probed before the search (`known`) above it: (the
+    largest that fitted below the least that ran out of memory, that least or None)."""
+    above = {k: ask(k) for k in sorted(known) if k > lo}
+    failed = [k for k, status in above.items() if status == Status.OOM]
+    hi = failed[0] if failed else None
+    return max([lo] + [k for k, status in above.items() if status == Status.DONE and (hi is None or k < hi)]), hi
 
 
 def near_aim(b: int, aim: int) -> bool:

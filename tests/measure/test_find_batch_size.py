@@ -105,7 +105,7 @@ def test_the_replay_is_checked_on_the_searchs_way_up_and_stands_where_the_check_
                ln.endswith("the replay stands).") for ln in lines)
 
 
-@pytest.mark.parametrize("kernel_mb", [0.5, -0.4, 3.0])
+@pytest.mark.parametrize("kernel_mb", [0.5, -0.4, 1.0])
 def test_kernels_that_hold_more_or_less_than_the_replay_are_measured_by_the_check_and_counted(
         kernel_mb, data_dir, tmp_path, monkeypatch):
     # given another CPU, whose kernels hold kernel_mb more (or less) an image than the replay says
@@ -119,9 +119,32 @@ def test_kernels_that_hold_more_or_less_than_the_replay_are_measured_by_the_chec
     assert pred["kernel_bytes_per_image"] / 2**20 == pytest.approx(kernel_mb, rel=0.05)
     assert abs(pred["percent_apart"]) <= 2.0
     assert any(f"counted in the prediction (the replay alone: {replay_alone})" in ln for ln in lines)
-    # and a check that ran out of memory (3 MiB more an image) says so, and the search went on below it
-    assert (pred["check"]["status"] == "oom") == (kernel_mb == 3.0)
-    assert any("(a fresh worker, out of memory)" in ln for ln in lines) == (kernel_mb == 3.0)
+    # and the search took the check's probe as it stood, wherever the new prediction put its aim
+    # (1 MiB more an image: 270, whose doubling ends at 128, below the check's 256): no size between
+    # the doubling's last and the check's was probed, and none twice
+    check = pred["check"]["batch_size"]
+    sizes = [p["batch_size"] for p in s["probes"] if p["phase"] not in ("retime", "between")]  # (timed again)
+    assert len(sizes) == len(set(sizes)) and sizes.count(check) == 1
+    doubled = max(b for b in sizes if b < check and b & (b - 1) == 0)  # the way up's powers of two
+    assert not [b for b in sizes if doubled < b < check]
+
+
+def test_a_check_out_of_memory_holds_the_prediction_below_it_and_the_search_bisects_up_to_it(
+        data_dir, tmp_path, monkeypatch):
+    # given a CPU whose kernels hold 3 MiB more an image than the replay says: the check's size does
+    # not fit, and its peak is cut at the cap, a bound and no measurement
+    s, lines = _search_on(3.0, data_dir, tmp_path, monkeypatch, cap_mb=1500.0)
+    pred, check = s["prediction"], s["prediction"]["check"]
+    assert check["status"] == "oom" and pred["max_batch_size"] == check["batch_size"] - 1
+    assert pred["kernel_bytes_per_image"] == 0.0  # nothing counted from a peak that is not one
+    # then the search bisected between the doubling's last size and the check's, and found the device's
+    # limit there, without a gallop down from the prediction (at most log2 of the bracket's probes)
+    search = [p for p in s["probes"] if p["phase"] == "search"]
+    bracket = [p["batch_size"] for p in search if check["batch_size"] // 2 < p["batch_size"] < check["batch_size"]]
+    assert 0 < len(bracket) <= math.ceil(math.log2(check["batch_size"] // 2)) and check["batch_size"] - 1 not in bracket
+    assert s["first_not_fitting"] - s["largest_fitting"] <= 1  # (resolution 1)
+    assert any(ln.startswith(f"Checked at batch size {check['batch_size']} (a fresh worker): out of memory")
+               for ln in lines)
 
 
 def test_xlas_memory_fraction_is_reported_beside_the_limit(data_dir, tmp_path, monkeypatch):
@@ -281,8 +304,8 @@ def test_the_critical_batch_size_is_probed_and_joins_the_choice_when_statistics_
     # 64 (so in the worker of the way up, not a fresh one), and has the least worst case over 30 to 90
     critical = [p for p in s["probes"] if p["phase"] == "critical"]
     assert [p["batch_size"] for p in critical] == [48]
-    way_up = [p["batch_size"] for p in s["probes"] if p["phase"] != "check"]  # (the replay's check: aside)
-    assert way_up[:5] == [1, 8, 16, 32, 48]
+    assert [(p["batch_size"], p["phase"]) for p in s["probes"]][:6] == [
+        (1, "calibrate"), (64, "check"), (8, "search"), (16, "search"), (32, "search"), (48, "critical")]
     rec = s["recommendation"]
     worst = {r["batch_size"]: r["worst_case"] for r in rec["table"]}
     assert min(worst, key=worst.get) == 48 and rec["binding"] == "statistics"

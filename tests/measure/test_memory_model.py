@@ -213,3 +213,26 @@ def test_a_check_that_failed_leaves_the_replay_and_says_it_was_not_checked():
     assert said == ["The replay was not checked: the probe of 512 failed."]
     assert _prediction_lines(checked, None, "adam")[-1] == \
         "Its check at batch size 512 did not run to the end (failed): the replay stands."
+
+
+def test_a_check_that_peaked_below_the_calibration_corrects_nothing():
+    from types import SimpleNamespace
+
+    from catsdogs.measure.memory_prediction import check_replay
+    from catsdogs.measure.settings import FindSettings
+    from catsdogs.messages import ProbeRecord
+
+    # given a check probe at 512 that peaked below batch size 1's (no measurement of a step's
+    # kernels: counted, it would take more than the replay's whole slope an image off)
+    cap = 2048 * MiB
+    calib = ProbeRecord(batch_size=1, status="done", peak_memory_mb=946.0, memory_kind="cpu-rss")
+    pred = {**predict_max_batch_size(cap, 1, 946.0 * MiB, 64, "adam", steps=4), "train_images": 1200,
+            "device": "cpu", "steps": 4}
+    run = SimpleNamespace(settings=FindSettings("fbs", memory_cap_bytes=cap),
+                          probe=lambda b, phase, aside: ProbeRecord(batch_size=b, status="done", peak_memory_mb=900.0,
+                                                                    memory_kind="cpu-rss"))
+    said: list[str] = []
+    checked = check_replay(run, pred, calib, 64, log=said.append, bound=1200)
+    # then the replay stands, and the line says why
+    assert checked["max_batch_size"] == pred["max_batch_size"] and checked["kernel_bytes_per_image"] == 0.0
+    assert said == ["The replay was not checked: the probe of 512 peaked no higher than batch size 1."]

@@ -319,3 +319,25 @@ def test_a_ceiling_below_a_size_that_fitted_is_ignored_and_the_probes_decide():
                                        ceiling=lambda: 1850)
     # then the bisection goes on by its probes, to within its gap of 1,900, and says no ceiling ended it
     assert top is None and 1900 - lo <= 55 and lo <= 1900 < hi
+
+
+def test_a_size_probed_before_the_search_bounds_the_gallop_from_where_the_doubling_ends():
+    # given a device whose limit is 260, a prediction of 300 (its doubling ends at 128), and 256
+    # probed before the search (the replay's check), which fitted
+    asked: list[int] = []
+
+    def probe(b: int) -> str:
+        asked.append(b)
+        return "done" if b <= 260 else "oom"
+
+    res = search(probe, start=8, guess=300, known=(256,), resolution=1)
+    # then the gallop down from 300 stops at 256, not at 128: no size between them is probed, and
+    # the answer lies in between
+    after = asked[asked.index(300):]
+    assert all(b > 256 for b in after) and res.largest_fit == 260
+    # and where the known size ran out of memory, no guess is probed: the search bisects up to it
+    asked.clear()
+    res = search(lambda b: asked.append(b) or ("done" if b <= 200 else "oom"), start=8, guess=300, known=(256,),
+                 resolution=1)
+    assert 300 not in asked and res.largest_fit == 200 and res.first_failure == 201
+    assert all(128 < b < 256 for b in asked[asked.index(256) + 1:])
