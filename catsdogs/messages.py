@@ -142,6 +142,7 @@ class TrialRecord(Record):
 
 RETIME = "retime"  # the phase of a probe run again for its step time alone
 BETWEEN = "between"  # ... and of a size first timed in the retime's worker, between two probed sizes
+CHECK = "check"  # ... and of the memory model's check, run aside before the search (memory_prediction.check_replay)
 TIMING_PHASES = (RETIME, BETWEEN)  # run beside other sizes' steps: their memory says nothing of the size's
 
 

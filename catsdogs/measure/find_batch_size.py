@@ -79,7 +79,7 @@ from catsdogs.measure.search import (
     search,
 )
 from catsdogs.measure.settings import FindSettings, SearchBound
-from catsdogs.messages import ProbeRecord, columns
+from catsdogs.messages import CHECK, ProbeRecord, columns
 from catsdogs.recommendation import fastest, hand_off, recommend, short_run_anchor
 from catsdogs.runtime import backends
 from catsdogs.runtime.worker import Worker
@@ -375,7 +375,7 @@ def search_memory(run: FindRun) -> None:
                                  max_batch=run.bound.batch_size, resolution=s.resolution,
                                  guess=probes.guess if run.prediction and s.mode == "binsearch" else None,
                                  share=RSS_RESOLUTION_SHARE if rss else RESOLUTION_SHARE, ceiling=probes.ceiling,
-                                 known=tuple(p.batch_size for p in probes.probes if p.phase == "check"))
+                                 known=tuple(p.batch_size for p in probes.probes if p.phase == CHECK))
     if result.largest_fit is not None:
         largest = next(p for p in reversed(probes.probes) if p.batch_size == result.largest_fit)
         if run.bound.stopped_by(result) in ("data", "max") and room_beyond_margin(largest, s.margin):

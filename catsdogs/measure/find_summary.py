@@ -130,7 +130,7 @@ def _check_line(pred: dict) -> str:
                 f"{c['replay_max_batch_size']} is more than a quarter high; the search bisected below it.")
     if c.get("apart_mb") is None:
         return f"Its check at batch size {c['batch_size']} did not run to the end ({c['status']}): the replay stands."
-    said = (f"Checked at batch size {c['batch_size']} (a fresh worker{', out of memory' if c['status'] == 'oom' else ''}): "
+    said = (f"Checked at batch size {c['batch_size']} (a fresh worker): "
             f"{c['peak_mb']:,.0f} MiB against the replay's {c['replayed_mb']:,.0f} ({c['apart_mb']:+,.0f} MiB")
     if not pred.get("kernel_bytes_per_image"):
         return f"{said}, within the {c['threshold_mb']:,.0f} MiB one probe's spread reaches: the replay stands)."

@@ -25,7 +25,7 @@ from catsdogs.measure.common import first_line
 from catsdogs.measure.find_summary import METHODS
 from catsdogs.measure.search import fresh_threshold, last_doubling_size, percent_apart
 from catsdogs.measure.settings import FindSettings
-from catsdogs.messages import MemoryPlan, MemoryPlanTask, ProbeRecord
+from catsdogs.messages import CHECK, MemoryPlan, MemoryPlanTask, ProbeRecord
 from catsdogs.runtime import backends
 from catsdogs.runtime.worker import run_isolated
 from catsdogs.schema import Status
@@ -158,7 +158,7 @@ def check_replay(run, pred: dict, calib: ProbeRecord, size: int, log, bound: int
     batch = last_doubling_size(s.start, bound, pred["max_batch_size"]) if pred["max_batch_size"] else None
     if batch is None or batch < CHECK_LEAST:
         return pred
-    probe = run.probe(batch, "check", aside=True)  # the calibration's worker kept for the search's way up
+    probe = run.probe(batch, CHECK, aside=True)  # the calibration's worker kept for the search's way up
     if probe.status == Status.OOM:
         log(f"The replay checked at batch size {batch} (a fresh worker): out of memory, so the replay is more than "
             f"a quarter high; the search bisects below it.")

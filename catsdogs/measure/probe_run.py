@@ -13,7 +13,7 @@ from catsdogs.measure import gpu_pool, model_check
 from catsdogs.measure import prober as probers
 from catsdogs.measure.find_summary import probe_line
 from catsdogs.measure.settings import FindSettings
-from catsdogs.messages import BETWEEN, RETIME, ProbeRecord, ProbeTask
+from catsdogs.messages import BETWEEN, CHECK, RETIME, ProbeRecord, ProbeTask
 from catsdogs.schema import Status
 from catsdogs.training.costs import PLAN_MOST
 
@@ -139,7 +139,7 @@ class ProbeRun:
         """The search's probe of `batch_size`, and before it the critical batch size's, when that
         lies between the largest probed so far and `batch_size`: so it runs in the worker of the
         search's way up, where a probe costs a fraction of a second, not in a fresh one."""
-        done = max((p.batch_size for p in self.probes if p.phase != "check"), default=0)  # (the replay's: aside)
+        done = max((p.batch_size for p in self.probes if p.phase != CHECK), default=0)  # (the replay's: aside)
         if critical is not None and done < critical < batch_size:
             self.probe(critical, "critical")
         return self.probe(batch_size, "search").status
