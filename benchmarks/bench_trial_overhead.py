@@ -8,16 +8,19 @@ training (`train_seconds`), "the non-training time", and where it went: validati
 weights' digest (`digest_seconds`), and the rest (the test evaluation, the collapse diagnosis
 before and after, the pipeline, bookkeeping). Prints the medians per side over the trials that
 reused a compiled step (the first of each shape compiles, and is shown apart), their ratio, and
-whether every trial's weights digest is the same on both sides.
+whether every trial's weights digest is the same on both sides. `--data DIR` runs a small sweep
+(DATA_SWEEP) on a prepared folder instead, its splits as large as they are.
 
 `--split DATA` instead runs the quick plan's trials (seeds 0 to 2) in this process, as a worker
 runs them, with a clock on each part of a trial: training, the validation inside fit, fit's own
-overhead, the step's reset, the data pipelines, the initial and final collapse diagnosis, the
-test evaluation, the digest's wait, and the rest; medians over the trials that reused a step.
+overhead, the step's reset, the data pipelines, the initial collapse diagnosis, the test
+evaluation with the final one (one pass), the digest's wait, and the rest; medians over the
+trials that reused a step.
 
     git worktree add /tmp/catsdogs-0.15.0 53f39ec
     python benchmarks/bench_trial_overhead.py --old /tmp/catsdogs-0.15.0 --repeats 3
     python benchmarks/bench_trial_overhead.py --old /tmp/catsdogs-0.15.0 --backends jax --repeats 2
+    python benchmarks/bench_trial_overhead.py --old /tmp/catsdogs-0.34.0 --data /tmp/b/data   # 400 test images
     KERAS_BACKEND=jax python benchmarks/bench_trial_overhead.py --split data/quick
 """
 
@@ -34,6 +37,7 @@ from pathlib import Path
 from harness import HERE, alternate, plan_file, run_catsdogs
 
 PARTS = ("validation", "setup", "digest wait", "rest")
+DATA_SWEEP = ("--opt", "sgd", "adam", "--batch-size", "32", "64", "--seeds", "2", "--epochs", "1")  # (with --data)
 
 
 def trials(store: Path) -> dict[tuple, dict]:
@@ -52,8 +56,8 @@ def trials(store: Path) -> dict[tuple, dict]:
     return out
 
 
-SPLIT = ("training", "validation", "fit's own", "reset", "pipelines", "initial diagnosis", "test evaluation",
-         "final diagnosis", "digest wait", "rest")
+SPLIT = ("training", "validation", "fit's own", "reset", "pipelines", "initial diagnosis",
+         "test and final diagnosis", "digest wait", "rest")  # (one pass over the test set since 0.35.0)
 
 
 def split(data: Path) -> int:
@@ -67,14 +71,11 @@ def split(data: Path) -> int:
     backend = backends.current()
     backend.setup_device(None)
     backend.start()
-    import keras
-
     from catsdogs.training import engine, steps
 
     clocks: dict[str, float] = {}
-    in_fit = [False]
 
-    def timed(owner, name, part, when=lambda: True):
+    def timed(owner, name, part):
         original = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
@@ -82,26 +83,14 @@ def split(data: Path) -> int:
             try:
                 return original(*args, **kwargs)
             finally:
-                key = part() if callable(part) else part
-                if when():
-                    clocks[key] = clocks.get(key, 0.0) + time.perf_counter() - t0
+                clocks[part] = clocks.get(part, 0.0) + time.perf_counter() - t0
         setattr(owner, name, wrapper)
 
     timed(steps.StepCache, "get", "reset")
     timed(engine, "initial_diagnosis", "initial diagnosis")
-    timed(engine, "diagnose", "final diagnosis")
+    timed(engine, "test_and_diagnose", "test and final diagnosis")
     timed(backend, "train_batches", "pipelines")
     timed(backend, "eval_batches", "pipelines")
-    timed(keras.Model, "evaluate", "test evaluation", when=lambda: not in_fit[0])  # validation: the epochs' clocks
-    fit = keras.Model.fit
-
-    def fit_clocked(self, *args, **kwargs):
-        in_fit[0] = True
-        try:
-            return fit(self, *args, **kwargs)
-        finally:
-            in_fit[0] = False
-    keras.Model.fit = fit_clocked
     manifest = require_prepared(data)
     grids = [(("sgd", "adam"), (8, 32), ("standard",)), (("adam",), (8, 32, 64), ("standard", "augmented"))]
     configs = list(dict.fromkeys(
@@ -136,22 +125,28 @@ def main() -> int:
     ap.add_argument("--old", type=Path, default=None, help="a checkout of the catsdogs to compare with")
     ap.add_argument("--backends", nargs="+", default=["tensorflow", "jax"])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--data", type=Path, default=None,
+                    help="a prepared data folder: the sweep DATA_SWEEP on it instead of the quick plan on its own data")
     args = ap.parse_args()
     if args.split:
         return split(args.split)
     if args.old is None:
         ap.error("--old CHECKOUT is needed (or --split DATA)")
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
-    data = work / "data"
-    print(f"preparing the quick plan's data once in {data} ...", flush=True)
-    run_catsdogs(["reproduce", "--config", plan_file(HERE, "quick"), "--data-dir", data, "--out", work / "warm",
-                  "--quiet"])
+    data = args.data or work / "data"
+    if args.data is None:
+        print(f"preparing the quick plan's data once in {data} ...", flush=True)
+        run_catsdogs(["reproduce", "--config", plan_file(HERE, "quick"), "--data-dir", data, "--out", work / "warm",
+                      "--quiet"])
     sides = {"new": HERE, "old": args.old.resolve()}
 
     def quick(backend: str, side: str, r: int) -> dict:
         out = work / f"{backend}-{side}-{r}"
-        run_catsdogs(["reproduce", "--config", plan_file(sides[side], "quick"), "--data-dir", data, "--out", out,
-                      "--quiet"], sides[side], env={"KERAS_BACKEND": backend})
+        if args.data is None:
+            run_catsdogs(["reproduce", "--config", plan_file(sides[side], "quick"), "--data-dir", data, "--out", out,
+                          "--quiet"], sides[side], env={"KERAS_BACKEND": backend})
+        else:  # its splits as large as they are (the race's data: 400 test images, where quick has 48)
+            run_catsdogs(["sweep", "--data-dir", data, "--out", out, *DATA_SWEEP], sides[side], env={"KERAS_BACKEND": backend})
         return trials(out / "results.sqlite")
 
     found = alternate({(b, s): (lambda r, b=b, s=s: quick(b, s, r)) for b in args.backends for s in sides},

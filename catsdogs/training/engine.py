@@ -44,7 +44,7 @@ from catsdogs.runtime import backends
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.training import steps
 from catsdogs.training.curve import Curve, TrainingStopped
-from catsdogs.training.diagnosis import diagnose, initial_diagnosis
+from catsdogs.training.diagnosis import initial_diagnosis, test_and_diagnose
 from catsdogs.training.probes import run_memory_plan, run_model_check, run_peak, run_probe
 
 
@@ -132,8 +132,7 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
         digest_started = time.perf_counter()
         digest = start_weights_digest(model, then=on_digest)  # hashed while the trial evaluates and tests
         digest_seconds = time.perf_counter() - digest_started
-        test_loss, test_acc = model.evaluate(test_ds, verbose=0)
-        final = diagnose(step, test_ds)
+        test_loss, test_acc, final = test_and_diagnose(step, test_ds, test.labels)  # one pass over the test set
 
     updates = int(keras.ops.convert_to_numpy(model.optimizer.iterations))  # Keras counts updates, not batches
     batches = sum(e.get("batches", per_epoch) for e in timer.epochs)  # what fit ran: full batches only

@@ -1,0 +1,76 @@
+"""A trial's test figures and its collapse diagnosis from one pass over the test set: what
+`model.evaluate` and a second pass of the diagnosis gave, read off the hidden layer's pass."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import keras
+import numpy as np
+import pytest
+
+from catsdogs.data.loading import Split
+from catsdogs.runtime import backends
+from catsdogs.training import diagnosis, steps
+from catsdogs.training.diagnosis import diagnose
+from catsdogs.training.model import build_model, loss_and_metrics
+
+
+def compiled_step(size: int = 16, seed: int = 0, user: bool = False) -> SimpleNamespace:
+    """The article's model compiled as a trial's step is, its weights drawn for `seed`; the inspection
+    model beside it unless it stands for a user's model."""
+    keras.utils.set_random_seed(seed)
+    model = build_model(size)
+    loss, metrics = loss_and_metrics()
+    model.compile(optimizer="sgd", loss=loss, metrics=metrics)
+    return SimpleNamespace(model=model, loss=loss, inspect=None if user else steps.inspection_model(model))
+
+
+def a_test_set(size: int, n: int, seed: int):
+    """Random images and labels, batched as a trial's test set is (the last batch partial)."""
+    rng = np.random.default_rng(seed)
+    split = Split(rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8), rng.integers(0, 2, n).astype(np.float32),
+                  [f"{i}.png" for i in range(n)])
+    return backends.current().eval_batches(split, 100), split.labels
+
+
+@pytest.mark.parametrize("seed,n", [(0, 250), (1, 37), (2, 400)])
+def test_one_pass_gives_evaluates_loss_and_accuracy_and_the_diagnosis_of_a_second_pass(seed, n):
+    # given the article's model with its weights for a seed, and a test set whose last batch is partial
+    step = compiled_step(seed=seed)
+    batches, labels = a_test_set(16, n, seed)
+    # when its test figures and diagnosis come from one pass
+    loss, accuracy, diagnosed = diagnosis.test_and_diagnose(step, batches, labels)
+    # then they are what evaluate and the diagnosis's own pass give: the loss to float32's rounding
+    # (its sum taken in another order), the accuracy to the image
+    evaluated_loss, evaluated_accuracy = step.model.evaluate(batches, verbose=0)
+    assert loss == pytest.approx(evaluated_loss, rel=1e-5)
+    assert round(accuracy * n) == round(evaluated_accuracy * n)
+    assert diagnosed == diagnose(step, batches)
+    assert set(diagnosed) >= {"dog_share", "dead_units", "logit_abs", "logit_sd", "collapsed"}
+
+
+def test_a_collapsed_model_is_said_so_and_its_accuracy_is_the_share_of_its_one_class():
+    # given a model whose last layer is its bias alone, far positive: it calls every image a Dog
+    step = compiled_step()
+    kernel, bias = step.model.layers[-1].get_weights()
+    step.model.layers[-1].set_weights([np.zeros_like(kernel), np.full_like(bias, 5.0)])
+    batches, labels = a_test_set(16, 120, 3)
+    # when tested and diagnosed in one pass
+    loss, accuracy, diagnosed = diagnosis.test_and_diagnose(step, batches, labels)
+    # then it is a collapse, its accuracy the share of Dogs, its loss the cross-entropy of logit 5
+    assert diagnosed["collapsed"] == 1 and diagnosed["dog_share"] == 1.0 and diagnosed["logit_sd"] == 0.0
+    assert accuracy == pytest.approx(labels.mean())
+    dogs = labels.mean()
+    assert loss == pytest.approx(dogs * np.log1p(np.exp(-5.0)) + (1 - dogs) * (5.0 + np.log1p(np.exp(-5.0))), rel=1e-5)
+
+
+def test_a_users_model_is_evaluated_and_has_no_diagnosis():
+    # given a model with no hidden layer of the article's to read (a user's)
+    step = compiled_step(user=True)
+    batches, labels = a_test_set(16, 60, 4)
+    # when tested
+    loss, accuracy, diagnosed = diagnosis.test_and_diagnose(step, batches, labels)
+    # then its figures are evaluate's and there is no diagnosis
+    assert (loss, accuracy) == pytest.approx(tuple(step.model.evaluate(batches, verbose=0)))
+    assert diagnosed == {}
