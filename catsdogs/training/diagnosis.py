@@ -42,9 +42,12 @@ def test_and_diagnose(step: steps.TrainingStep, batches, labels: np.ndarray) -> 
         return float(loss), float(accuracy), {}
     hidden, logits = step.inspect.predict(batches, verbose=0)
     labels = np.asarray(labels, dtype=np.float32).reshape(-1, 1)
-    loss = step.loss(labels, np.asarray(logits, dtype=np.float32).reshape(-1, 1))  # the compiled loss object
+    # the compiled loss object's per-image values, averaged here: its own reduction divides by a
+    # tf.distribute strategy's replicas when called in its scope, as the trial's test is
+    per_image = step.loss.call(labels, np.asarray(logits, dtype=np.float32).reshape(-1, 1))
+    loss = float(np.mean(keras.ops.convert_to_numpy(per_image), dtype=np.float32))
     accuracy = float(np.mean((np.asarray(logits).ravel() > 0) == (labels.ravel() > 0.5)))
-    return float(keras.ops.convert_to_numpy(loss)), accuracy, _diagnosis(hidden, logits, "")
+    return loss, accuracy, _diagnosis(hidden, logits, "")
 
 
 def _diagnosis(hidden, logits, prefix: str) -> dict:

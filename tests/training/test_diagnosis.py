@@ -74,3 +74,28 @@ def test_a_users_model_is_evaluated_and_has_no_diagnosis():
     # then its figures are evaluate's and there is no diagnosis
     assert (loss, accuracy) == pytest.approx(tuple(step.model.evaluate(batches, verbose=0)))
     assert diagnosed == {}
+
+
+def test_the_loss_is_not_divided_by_a_distribution_strategys_replicas(monkeypatch):
+    # given the trial's test run in the scope of a tf.distribute strategy of two replicas (where a
+    # Keras loss object's own reduction divides by them: the trainer multiplies back, a caller must not)
+    if backends.name() != "tensorflow":
+        pytest.skip("tf.distribute's replicas scale a loss on TensorFlow only")
+    import tensorflow as tf
+
+    step = compiled_step(seed=5)
+    batches, labels = a_test_set(16, 90, 5)
+    alone, _, _ = diagnosis.test_and_diagnose(step, batches, labels)
+    real = tf.distribute.get_strategy
+
+    class TwoReplicas:  # the strategy in scope, as two replicas would have it
+        num_replicas_in_sync = 2
+
+        def __getattr__(self, name):
+            return getattr(real(), name)
+
+    monkeypatch.setattr(tf.distribute, "get_strategy", TwoReplicas)
+    # when tested there
+    loss, _, _ = diagnosis.test_and_diagnose(step, batches, labels)
+    # then the loss is the mean over the test images, as on one replica
+    assert loss == pytest.approx(alone, rel=1e-6)
