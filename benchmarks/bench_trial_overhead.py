@@ -113,8 +113,8 @@ def split(data: Path) -> int:
     non_training = statistics.median(p["wall"] - p["training"] for p in later)
     for part in SPLIT:
         share = "" if part == "training" else f" ({statistics.median(p.get(part, 0.0) for p in later) / non_training:.0%} of the non-training)"
-        print(f"  {part:>18}: {statistics.median(p.get(part, 0.0) for p in later):.4f}{share}")
-    print(f"  {'non-training':>18}: {non_training:.4f}   wall {statistics.median(p['wall'] for p in later):.4f}")
+        print(f"  {part:>24}: {statistics.median(p.get(part, 0.0) for p in later):.4f}{share}")
+    print(f"  {'non-training':>24}: {non_training:.4f}   wall {statistics.median(p['wall'] for p in later):.4f}")
     return 0
 
 

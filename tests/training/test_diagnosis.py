@@ -16,11 +16,14 @@ from catsdogs.training.diagnosis import diagnose
 from catsdogs.training.model import build_model, loss_and_metrics
 
 
-def compiled_step(size: int = 16, seed: int = 0, user: bool = False) -> SimpleNamespace:
-    """The article's model compiled as a trial's step is, its weights drawn for `seed`; the inspection
+def compiled_step(size: int = 16, seed: int = 0, user: bool = False, spread: float = 1.0) -> SimpleNamespace:
+    """The article's model compiled as a trial's step is, its weights drawn for `seed` (the logit's
+    kernel times `spread`: a trained model's logits lie far from 0 on both sides); the inspection
     model beside it unless it stands for a user's model."""
     keras.utils.set_random_seed(seed)
     model = build_model(size)
+    kernel, bias = model.layers[-1].get_weights()
+    model.layers[-1].set_weights([kernel * spread, bias])
     loss, metrics = loss_and_metrics()
     model.compile(optimizer="sgd", loss=loss, metrics=metrics)
     return SimpleNamespace(model=model, loss=loss, inspect=None if user else steps.inspection_model(model))
@@ -34,10 +37,16 @@ def a_test_set(size: int, n: int, seed: int):
     return backends.current().eval_batches(split, 100), split.labels
 
 
-@pytest.mark.parametrize("seed,n", [(0, 250), (1, 37), (2, 400)])
-def test_one_pass_gives_evaluates_loss_and_accuracy_and_the_diagnosis_of_a_second_pass(seed, n):
-    # given the article's model with its weights for a seed, and a test set whose last batch is partial
-    step = compiled_step(seed=seed)
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("seed,n,spread", [(0, 250, 1.0), (1, 37, 30.0), (2, 400, 30.0)])
+def test_one_pass_gives_evaluates_loss_and_accuracy_and_the_diagnosis_of_a_second_pass(seed, n, spread, precision):
+    # given the article's model under a precision policy, with its weights for a seed (as drawn, or with
+    # logits spread far on both sides, as a trained model's), and a test set whose last batch is partial
+    keras.mixed_precision.set_dtype_policy(precision)
+    try:
+        step = compiled_step(seed=seed, spread=spread)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
     batches, labels = a_test_set(16, n, seed)
     # when its test figures and diagnosis come from one pass
     loss, accuracy, diagnosed = diagnosis.test_and_diagnose(step, batches, labels)
