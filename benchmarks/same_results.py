@@ -134,7 +134,7 @@ def main() -> int:
         same = sum(1 for k in a if k in b and alike(a[k], b[k]))
         differ = sorted(k for k in a if k in b and not alike(a[k], b[k]))
         print(f"{backend}: {len(a)} trials old, {len(b)} new, {len(set(a) & set(b))} of the same keys; "
-              f"{same} identical (digest, accuracy, loss, history, steps), {len(differ)} differ; "
+              f"{same} alike (digest, history, steps exactly; test figures to {TEST_TOLERANCE:g}), {len(differ)} differ; "
               f"{sum(1 for v in b.values() if v[0] == 'done')} done; wall {seconds['old']:.0f} s old, "
               f"{seconds['new']:.0f} s new", flush=True)
         failures += len(differ) + len(set(a) ^ set(b))
