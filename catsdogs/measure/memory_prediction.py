@@ -170,14 +170,15 @@ def check_replay(run, pred: dict, calib: ProbeRecord, size: int, log, bound: int
         log(f"The replay was not checked: the probe of {batch} {said}.")
         return {**pred, "check": {"batch_size": batch, "status": probe.status}}
     measured, replayed = probe.peak_memory_mb * 2**20, planned_peak_bytes(pred, batch, s, size)
-    room = pred["cap_bytes"] - calib.peak_memory_mb * 2**20
+    calibration = calib.peak_memory_mb * 2**20
+    room = pred["cap_bytes"] - calibration
     check = {"batch_size": batch, "status": probe.status, "peak_mb": probe.peak_memory_mb,
              "replayed_mb": replayed / 2**20, "apart_mb": (measured - replayed) / 2**20,
              "threshold_mb": CHECK_ROOM_SHARE * room / 2**20, "replay_max_batch_size": pred["max_batch_size"]}
     if abs(measured - replayed) <= CHECK_ROOM_SHARE * room:
         return {**pred, "check": check}
     kernel = (measured - replayed) / (batch - CALIBRATION_BATCH)  # above -(the replay's slope): peaked above batch 1
-    again = predict_max_batch_size(pred["cap_bytes"], CALIBRATION_BATCH, calib.peak_memory_mb * 2**20, size,
+    again = predict_max_batch_size(pred["cap_bytes"], CALIBRATION_BATCH, calibration, size,
                                    s.optimizer, s.precision, train_images=pred["train_images"], device="cpu",
                                    steps=pred["steps"], kernel_bytes_per_image=kernel)
     log(f"The replay checked at batch size {batch} (a fresh worker): {probe.peak_memory_mb:,.0f} MiB "
