@@ -167,6 +167,11 @@ def usable_cores() -> list[int]:
 # --- NVIDIA GPUs ---------------------------------------------------------------------------------
 
 
+def nvidia_devices() -> bool:
+    """Whether this host has an NVIDIA device node (/dev/nvidia0, ...), without starting anything."""
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
 def visible_gpus() -> list[str]:
     """NVIDIA GPU ids this process may use, without importing a framework."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -34,6 +34,7 @@ import threading
 import time
 from pathlib import Path
 
+from catsdogs import host
 from catsdogs.runtime.fork_server import MESSAGE_BYTES, WORKER_MAIN
 from catsdogs.runtime.spawner import SPAWNER, die_with_parent
 
@@ -51,7 +52,7 @@ LOOK_SECONDS = 1.0  # how often a wait for a child's end asks the kernel too (a 
 def usable(env: dict) -> bool:
     """Whether a worker of this environment may come from a template."""
     return (env.get(ENV, "1").strip() != "0" and sys.platform == "linux" and hasattr(socket, "send_fds")
-            and _backend(env) == "tensorflow" and not _nvidia_devices())
+            and _backend(env) == "tensorflow" and not host.nvidia_devices())
 
 
 def _backend(env: dict) -> str | None:
@@ -66,10 +67,6 @@ def _backend(env: dict) -> str | None:
         return backends.check()
     except CatsdogsError:
         return None
-
-
-def _nvidia_devices() -> bool:
-    return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 def import_key(env: dict) -> tuple:

@@ -62,6 +62,35 @@ def test_xlas_deterministic_flag_is_set_exactly_when_deterministic(monkeypatch):
     assert jax_process._xla_flags(deterministic=True) == "--xla_gpu_deterministic_ops=true"
 
 
+def test_a_jax_worker_on_a_cpu_host_keeps_what_malloc_frees(monkeypatch):
+    from catsdogs import host
+    from catsdogs.runtime.backends import jax_process
+
+    # given a host without an NVIDIA device and no malloc setting of the user's
+    monkeypatch.setattr(host, "nvidia_devices", lambda: False)
+    for key in [k for k in jax_process.os.environ if k.startswith("MALLOC_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    # then a JAX worker starts with one arena, no mmap and no trimming
+    env = jax_process.process_env()
+    assert {k: env[k] for k in jax_process.MALLOC_ENV} == {
+        "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+    # and on a GPU host (the allocations there are the device's) it starts with glibc's defaults
+    monkeypatch.setattr(host, "nvidia_devices", lambda: True)
+    assert not set(jax_process.process_env()) & set(jax_process.MALLOC_ENV)
+
+
+@pytest.mark.parametrize("users", [{"MALLOC_ARENA_MAX": "4"}, {"MALLOC_CHECK_": "3"},
+                                   {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}])
+def test_a_users_malloc_setting_is_left_whole(users):
+    from catsdogs.runtime.backends import jax_process
+
+    # given any malloc setting of the user's, then none of ours is mixed in with it
+    assert jax_process.malloc_env(users) == {}
+    # while a tunable of another part of glibc's leaves ours in place
+    assert jax_process.malloc_env({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}) == jax_process.MALLOC_ENV
+
+
 class RecordingWorker:
     """Stands in for a worker process: notes the settings each one was started with."""
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from catsdogs import host
 from catsdogs.runtime import template
 from catsdogs.runtime.template import Template, TemplateChild, import_key, usable
 
@@ -21,7 +22,7 @@ TESTS = str(Path(__file__).parent)
 
 
 def test_a_template_serves_tensorflows_workers_on_a_cpu_host(monkeypatch):
-    monkeypatch.setattr(template, "_nvidia_devices", lambda: False)
+    monkeypatch.setattr(host, "nvidia_devices", lambda: False)
     assert usable({"KERAS_BACKEND": "tensorflow"})
     # not JAX's: it reads its flags and cache settings at import, and those are each worker's own
     assert not usable({"KERAS_BACKEND": "jax"})
@@ -32,7 +33,7 @@ def test_a_template_serves_tensorflows_workers_on_a_cpu_host(monkeypatch):
 
 def test_a_worker_of_a_backend_catsdogs_refuses_starts_fresh_to_say_so_itself(monkeypatch):
     # given a backend Keras does not know, in the worker's environment or only in this process's
-    monkeypatch.setattr(template, "_nvidia_devices", lambda: False)
+    monkeypatch.setattr(host, "nvidia_devices", lambda: False)
     monkeypatch.setenv("KERAS_BACKEND", "nonesuch")
     # then no template is asked for, and nothing is raised here: the fresh worker says why
     assert not usable({"KERAS_BACKEND": "nonesuch"})
@@ -40,7 +41,7 @@ def test_a_worker_of_a_backend_catsdogs_refuses_starts_fresh_to_say_so_itself(mo
 
 
 def test_no_template_on_a_host_with_an_nvidia_device(monkeypatch):
-    monkeypatch.setattr(template, "_nvidia_devices", lambda: True)
+    monkeypatch.setattr(host, "nvidia_devices", lambda: True)
     assert not usable({"KERAS_BACKEND": "tensorflow"})
 
 
