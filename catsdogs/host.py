@@ -279,8 +279,18 @@ def versions() -> dict:
 
 
 def environment(backend) -> dict:
-    """A trial's environment: catsdogs, the backend and its versions, Python, device, host, and the
-    process settings the backend runs with."""
+    """A trial's environment: catsdogs, the backend and its versions, Python, device, host, the
+    process settings the backend runs with, and glibc's malloc settings where the process started
+    with any (`malloc_settings`: they move a CPU step's time, not what it computes)."""
+    malloc = malloc_settings()
     return {"catsdogs": __version__, **backend.versions(), "python": platform.python_version(),
             "device": backend.device_description(), "host": platform.node(), "cores": len(usable_cores()),
-            **backend.running_settings()}
+            **backend.running_settings(), **({"malloc": malloc} if malloc else {})}
+
+
+def malloc_settings(environ=None) -> str | None:
+    """The MALLOC_* variables and GLIBC_TUNABLES of `environ` (this process's by default), as
+    `NAME=value` words in name order; None where there are none."""
+    environ = os.environ if environ is None else environ
+    words = [f"{k}={v}" for k, v in sorted(environ.items()) if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"]
+    return " ".join(words) or None

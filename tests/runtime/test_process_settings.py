@@ -170,8 +170,15 @@ def test_the_sweep_takes_the_settings_from_its_options_and_from_a_plan(prepared_
 
 
 @pytest.mark.slow
-def test_the_settings_reach_the_worker_and_the_record_on_each_backend(keras_backend, prepared_data, tmp_path):
+def test_the_settings_reach_the_worker_and_the_record_on_each_backend(keras_backend, prepared_data, tmp_path,
+                                                                      monkeypatch):
+    from catsdogs import host
+    from catsdogs.runtime.backends import jax_process
     from catsdogs.store import Store
+
+    for key in [k for k in jax_process.os.environ if k.startswith("MALLOC_")]:
+        monkeypatch.delenv(key)  # (no malloc setting of the user's: the worker's are catsdogs's own)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
 
     data = prepared_data(32)
     # given a sweep of two trials, one at the defaults and one without determinism and TF32
@@ -187,6 +194,9 @@ def test_the_settings_reach_the_worker_and_the_record_on_each_backend(keras_back
     assert (plain["env"]["deterministic"], plain["env"]["tf32"]) == (True, None)
     assert (off["env"]["deterministic"], off["env"]["tf32"]) == (False, False)
     assert (off["deterministic"], off["tf32"]) == (0, 0) and plain["key"] != off["key"]
+    # and a JAX worker on a CPU host started with malloc keeping what it frees, as its record says
+    mine = host.malloc_settings(jax_process.MALLOC_ENV) if keras_backend == "jax" and not host.nvidia_devices() else None
+    assert plain["env"].get("malloc") == off["env"].get("malloc") == mine
 
 
 @pytest.mark.slow

@@ -108,8 +108,9 @@ def start() -> str:
     _block_tensorflow()
     settings = process_settings()
     if "jax" not in sys.modules:
-        for key, value in process_env().items():
-            os.environ.setdefault(key, value)
+        for key, value in process_env().items():  # (malloc's are read at a process's start: too late here)
+            if key not in MALLOC_ENV:
+                os.environ.setdefault(key, value)
         os.environ["XLA_FLAGS"] = _xla_flags(deterministic=settings["deterministic"])
         _configure_cache(compile_cache_dir())
     import jax
