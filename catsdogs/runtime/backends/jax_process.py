@@ -15,7 +15,8 @@ these functions as its own (the Backend protocol's `start`, `process_env`, `stra
   step's large buffers afresh at every step, which glibc maps and unmaps, so the kernel faulted in
   and zeroed every page again (10 million page faults in 24 s of steps at batch 256, 40% of the
   CPU time in the kernel); with one arena, no mmap and no trimming they come back from the heap:
-  a step at 32 in 44-47 ms against 91-95, 0.5-0.8x at 8 and 256, peaks no higher.
+  catsdogs's step 0.69-0.84x at batch 16 to 256 (benchmarks/bench_step.py; no change beyond the
+  noise at 4 and 8), the same weights, peaks no higher.
 - On the CPU, Keras's 2x2 max-pooling with a gradient that avoids XLA:CPU's scalar
   select-and-scatter (catsdogs.runtime.backends.jax_pool): the same numbers, a 1.5x faster step.
 
