@@ -288,9 +288,21 @@ def environment(backend) -> dict:
             **backend.running_settings(), **({"malloc": malloc} if malloc else {})}
 
 
+def start_environ() -> dict[str, str]:
+    """This process's environment as it started (/proc/self/environ), which is what glibc read:
+    a variable set in os.environ later (a Ray actor's, given after its process started) is not in
+    it. os.environ where /proc cannot say."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return dict(os.environ)
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
 def malloc_settings(environ=None) -> str | None:
-    """The MALLOC_* variables and GLIBC_TUNABLES of `environ` (this process's by default), as
-    `NAME=value` words in name order; None where there are none."""
-    environ = os.environ if environ is None else environ
+    """The MALLOC_* variables and GLIBC_TUNABLES of `environ` (by default this process's as it
+    started: what glibc's malloc read, `start_environ`), as `NAME=value` words in name order; None
+    where there are none."""
+    environ = start_environ() if environ is None else environ
     words = [f"{k}={v}" for k, v in sorted(environ.items()) if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"]
     return " ".join(words) or None

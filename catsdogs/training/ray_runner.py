@@ -180,6 +180,9 @@ class RaySlot:
         else:
             options = {"num_cpus": self.plan["cpus"]}
             env.update(backend.process_env(threads=self.plan["cpus"]))
+        malloc = {k: v for k, v in env.items() if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"}
+        if malloc:  # glibc reads them as a process starts: Ray starts the actor's process with them
+            options["runtime_env"] = {"env_vars": malloc}
         cls = self.ray.remote(max_restarts=0, max_task_retries=0)(TrialActor)
         return cls.options(name=f"catsdogs worker {id(self)}-{time.monotonic_ns()}", **options).remote(env, os.getcwd())
 

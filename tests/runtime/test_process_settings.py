@@ -5,11 +5,15 @@ setting reaches the worker and the record."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from catsdogs import host
 from catsdogs.analysis.summary import summarize
 from catsdogs.analysis.tables import setting
 from catsdogs.cli import cli
@@ -89,6 +93,28 @@ def test_a_users_malloc_setting_is_left_whole(users):
     assert jax_process.malloc_env(users) == {}
     # while a tunable of another part of glibc's leaves ours in place
     assert jax_process.malloc_env({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}) == jax_process.MALLOC_ENV
+
+
+def test_the_malloc_settings_recorded_are_those_the_process_started_with_not_set_after(monkeypatch):
+    # given this process's environment as it started, and a malloc variable set after the start
+    # (as a Ray actor's environment was, which glibc never read)
+    started = host.malloc_settings(host.start_environ())
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "3")
+    # then the settings recorded are still the start's, and the variable set late is not among them
+    assert host.malloc_settings() == started
+    assert "MALLOC_ARENA_MAX=3" not in (host.malloc_settings() or "")
+    # while a given environment is read as given
+    assert host.malloc_settings({"MALLOC_ARENA_MAX": "3", "PATH": "/bin"}) == "MALLOC_ARENA_MAX=3"
+
+
+@pytest.mark.slow
+def test_the_start_environment_is_read_from_proc_and_holds_what_the_process_was_started_with():
+    # given the environment a child process is started with
+    code = "from catsdogs import host; print(host.start_environ().get('CATSDOGS_PROBE_VAR'))"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "CATSDOGS_PROBE_VAR": "at-start"},
+                         capture_output=True, text=True, check=True).stdout.strip()
+    # then the child reads it back as its start environment
+    assert out == "at-start"
 
 
 class RecordingWorker:
