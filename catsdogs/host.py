@@ -299,10 +299,14 @@ def start_environ() -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
+def malloc_vars(environ) -> dict[str, str]:
+    """The variables of `environ` that set glibc's malloc: MALLOC_* and GLIBC_TUNABLES."""
+    return {k: v for k, v in environ.items() if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"}
+
+
 def malloc_settings(environ=None) -> str | None:
     """The MALLOC_* variables and GLIBC_TUNABLES of `environ` (by default this process's as it
     started: what glibc's malloc read, `start_environ`), as `NAME=value` words in name order; None
     where there are none."""
-    environ = start_environ() if environ is None else environ
-    words = [f"{k}={v}" for k, v in sorted(environ.items()) if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"]
+    words = [f"{k}={v}" for k, v in sorted(malloc_vars(start_environ() if environ is None else environ).items())]
     return " ".join(words) or None

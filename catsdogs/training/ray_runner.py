@@ -49,6 +49,7 @@ import sys
 import time
 from pathlib import Path
 
+from catsdogs import host
 from catsdogs.errors import CatsdogsError
 from catsdogs.messages import TrialRecord, TrialTask
 from catsdogs.runtime import backends
@@ -180,7 +181,7 @@ class RaySlot:
         else:
             options = {"num_cpus": self.plan["cpus"]}
             env.update(backend.process_env(threads=self.plan["cpus"]))
-        malloc = {k: v for k, v in env.items() if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"}
+        malloc = host.malloc_vars(env)
         if malloc:  # glibc reads them as a process starts: Ray starts the actor's process with them
             options["runtime_env"] = {"env_vars": malloc}
         cls = self.ray.remote(max_restarts=0, max_task_retries=0)(TrialActor)
