@@ -283,9 +283,26 @@ def environment(backend) -> dict:
     process settings the backend runs with, and glibc's malloc settings where the process started
     with any (`malloc_settings`: they move a CPU step's time, not what it computes)."""
     malloc = malloc_settings()
+    pages = huge_pages() if malloc and "glibc.malloc.hugetlb" in malloc else None  # whether the tunable took
     return {"catsdogs": __version__, **backend.versions(), "python": platform.python_version(),
             "device": backend.device_description(), "host": platform.node(), "cores": len(usable_cores()),
-            **backend.running_settings(), **({"malloc": malloc} if malloc else {})}
+            **backend.running_settings(), **({"malloc": malloc} if malloc else {}),
+            **({"huge_pages": pages} if pages else {})}
+
+
+HUGE_PAGES = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def huge_pages(path: Path | None = None) -> str | None:
+    """The kernel's transparent huge pages mode (always, madvise or never: the word in brackets), on
+    which glibc's malloc.hugetlb tunable depends (it does nothing under `never`); None where the
+    kernel does not say."""
+    try:
+        text = (path or HUGE_PAGES).read_text()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else None
 
 
 def start_environ() -> dict[str, str]:

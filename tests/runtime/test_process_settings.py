@@ -66,7 +66,7 @@ def test_xlas_deterministic_flag_is_set_exactly_when_deterministic(monkeypatch):
     assert jax_process._xla_flags(deterministic=True) == "--xla_gpu_deterministic_ops=true"
 
 
-def test_a_jax_worker_on_a_cpu_host_keeps_what_malloc_frees(monkeypatch):
+def test_a_jax_worker_on_a_cpu_host_starts_with_mallocs_blocks_in_huge_pages(monkeypatch):
     from catsdogs import host
     from catsdogs.runtime.backends import jax_process
 
@@ -75,24 +75,25 @@ def test_a_jax_worker_on_a_cpu_host_keeps_what_malloc_frees(monkeypatch):
     for key in [k for k in jax_process.os.environ if k.startswith("MALLOC_")]:
         monkeypatch.delenv(key)
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    # then a JAX worker starts with one arena, no mmap and no trimming
+    # then a JAX worker starts with glibc's malloc in transparent huge pages, and nothing else of malloc's
     env = jax_process.process_env()
-    assert {k: env[k] for k in jax_process.MALLOC_ENV} == {
-        "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert not [k for k in env if k.startswith("MALLOC_")]  # (0.36.0's one heap: its holes moved the peaks)
     # and on a GPU host (the allocations there are the device's) it starts with glibc's defaults
     monkeypatch.setattr(host, "nvidia_devices", lambda: True)
     assert not set(jax_process.process_env()) & set(jax_process.MALLOC_ENV)
 
 
 @pytest.mark.parametrize("users", [{"MALLOC_ARENA_MAX": "4"}, {"MALLOC_CHECK_": "3"},
-                                   {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}])
+                                   {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}])
 def test_a_users_malloc_setting_is_left_whole(users):
     from catsdogs.runtime.backends import jax_process
 
     # given any malloc setting of the user's, then none of ours is mixed in with it
     assert jax_process.malloc_env(users) == {}
-    # while a tunable of another part of glibc's leaves ours in place
-    assert jax_process.malloc_env({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}) == jax_process.MALLOC_ENV
+    # while a tunable of another part of glibc's is kept, ours beside it
+    assert jax_process.malloc_env({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}) == {
+        "GLIBC_TUNABLES": "glibc.pthread.rseq=0:glibc.malloc.hugetlb=1"}
 
 
 def test_the_malloc_settings_recorded_are_those_the_process_started_with_not_set_after(monkeypatch):
@@ -105,6 +106,38 @@ def test_the_malloc_settings_recorded_are_those_the_process_started_with_not_set
     assert "MALLOC_ARENA_MAX=3" not in (host.malloc_settings() or "")
     # while a given environment is read as given
     assert host.malloc_settings({"MALLOC_ARENA_MAX": "3", "PATH": "/bin"}) == "MALLOC_ARENA_MAX=3"
+
+
+def test_a_record_with_the_huge_page_tunable_says_the_kernels_huge_page_mode(monkeypatch, tmp_path):
+    from catsdogs.runtime.backends import jax_process
+
+    class Backend:  # what host.environment asks of a backend
+        def versions(self):
+            return {}
+
+        def device_description(self):
+            return "CPU"
+
+        def running_settings(self):
+            return {}
+
+    # given the kernel's transparent huge pages in each of its modes
+    mode = tmp_path / "enabled"
+    for text, word in [("always [madvise] never\n", "madvise"), ("[always] madvise never\n", "always"),
+                       ("always madvise [never]\n", "never")]:
+        mode.write_text(text)
+        # then the mode is the word in brackets
+        assert host.huge_pages(mode) == word
+    # and a kernel that does not say gives None
+    assert host.huge_pages(tmp_path / "absent") is None
+    # and a process started with the tunable records the mode beside it (under `never` it did nothing)
+    monkeypatch.setattr(host, "HUGE_PAGES", mode)
+    monkeypatch.setattr(host, "start_environ", lambda: dict(jax_process.MALLOC_ENV))
+    env = host.environment(Backend())
+    assert env["malloc"] == "GLIBC_TUNABLES=glibc.malloc.hugetlb=1" and env["huge_pages"] == "never"
+    # while one started without it records no mode
+    monkeypatch.setattr(host, "start_environ", lambda: {"MALLOC_ARENA_MAX": "2"})
+    assert "huge_pages" not in host.environment(Backend())
 
 
 @pytest.mark.slow
@@ -220,7 +253,7 @@ def test_the_settings_reach_the_worker_and_the_record_on_each_backend(keras_back
     assert (plain["env"]["deterministic"], plain["env"]["tf32"]) == (True, None)
     assert (off["env"]["deterministic"], off["env"]["tf32"]) == (False, False)
     assert (off["deterministic"], off["tf32"]) == (0, 0) and plain["key"] != off["key"]
-    # and a JAX worker on a CPU host started with malloc keeping what it frees, as its record says
+    # and a JAX worker on a CPU host started with malloc's blocks in huge pages, as its record says
     mine = host.malloc_settings(jax_process.MALLOC_ENV) if keras_backend == "jax" and not host.nvidia_devices() else None
     assert plain["env"].get("malloc") == off["env"].get("malloc") == mine
 

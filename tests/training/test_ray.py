@@ -223,7 +223,7 @@ def test_a_sweep_on_local_ray_trains_on_jax_when_keras_backend_says_so(data_dir,
     assert len(trials) == 4 and {t["status"] for t in trials} == {Status.DONE}
     assert {t["backend"] for t in trials} == {"jax"}
     assert all(t["env"]["backend"] == "jax" and "jax" in t["env"] for t in trials)
-    # and on a CPU host each actor's process started with malloc keeping what it frees (glibc reads
+    # and on a CPU host each actor's process started with malloc's blocks in huge pages (glibc reads
     # it at the start: Ray's runtime_env, not the actor's os.environ), as its record says
     from catsdogs import host
     from catsdogs.runtime.backends import jax_process

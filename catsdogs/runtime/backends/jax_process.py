@@ -11,12 +11,16 @@ these functions as its own (the Backend protocol's `start`, `process_env`, `stra
 - The persistent compilation cache (backends.compile_cache_dir), configured before JAX starts,
   its thresholds at zero; the process's compilations and the cache's loads counted
   (`compile_counts`).
-- On the CPU, glibc's malloc told to keep what it frees (`MALLOC_ENV`): XLA:CPU allocates a
-  step's large buffers afresh at every step, which glibc maps and unmaps, so the kernel faulted in
-  and zeroed every page again (10 million page faults in 24 s of steps at batch 256, 40% of the
-  CPU time in the kernel); with one arena, no mmap and no trimming they come back from the heap:
-  catsdogs's step 0.69-0.84x at batch 16 to 256 (benchmarks/bench_step.py; no change beyond the
-  noise at 4 and 8), the same weights, peaks no higher.
+- On the CPU, glibc's malloc told to back its large blocks with transparent huge pages
+  (`MALLOC_ENV`, glibc's `malloc.hugetlb` tunable): XLA:CPU allocates a step's large buffers afresh
+  at every step, which glibc maps and unmaps, so the kernel faulted in and zeroed every 4 KiB page
+  again (10 million page faults in 24 s of steps at batch 256, 40% of the CPU time in the kernel).
+  In 2 MiB pages the step runs about as fast as with 0.36.0's settings (one arena, no mmap, no
+  trimming: the blocks kept in the heap), and its peak stays what the buffers need: kept in one
+  heap, the freed blocks left holes a step's next buffers did not fit, and about one process in
+  three peaked 40-70% above the rest (benchmarks/bench_malloc.py), past the probe that had said
+  the size fits. Where glibc is older than 2.35 or the kernel's huge pages are off, the tunable
+  does nothing: glibc's defaults, slower, the same peaks.
 - On the CPU, Keras's 2x2 max-pooling with a gradient that avoids XLA:CPU's scalar
   select-and-scatter (catsdogs.runtime.backends.jax_pool): the same numbers, a 1.5x faster step.
 
@@ -36,9 +40,11 @@ from catsdogs.runtime.backends import jax_pool
 LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many host devices
 DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
 HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
-# glibc's malloc in a CPU worker (read when the process starts, so set at its launch): one arena
-# (another thread's arena would map a buffer over 64 MiB whatever the rest says), no mmap, no trim
-MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+# glibc's malloc in a CPU worker (read when the process starts, so set at its launch): its mapped
+# blocks and heap in transparent huge pages (glibc 2.35 on, where the kernel's are `madvise` or
+# `always`), mapped and unmapped as by default, so a freed block leaves no hole behind
+MALLOC_TUNABLE = "glibc.malloc.hugetlb=1"
+MALLOC_ENV = {"GLIBC_TUNABLES": MALLOC_TUNABLE}
 
 
 def _xla_flags(*extra: str, deterministic: bool = True, flags: str | None = None) -> str:
@@ -65,10 +71,12 @@ def process_env(threads: int | None = None) -> dict[str, str]:
 
 def malloc_env(environ) -> dict[str, str]:
     """MALLOC_ENV, unless `environ` already says how glibc's malloc should behave (a MALLOC_*
-    variable, or glibc.malloc tunables): a user's choice is left whole, not mixed with ours."""
+    variable, or glibc.malloc tunables): a user's choice is left whole, not mixed with ours. A
+    tunable of another part of glibc's is kept beside ours."""
     if any(k.startswith("MALLOC_") for k in environ) or "glibc.malloc" in environ.get("GLIBC_TUNABLES", ""):
         return {}
-    return dict(MALLOC_ENV)
+    others = environ.get("GLIBC_TUNABLES", "")
+    return {"GLIBC_TUNABLES": f"{others}:{MALLOC_TUNABLE}" if others else MALLOC_TUNABLE}
 
 
 def strategy_env(strategy: str) -> dict[str, str]:
