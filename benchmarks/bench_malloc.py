@@ -1,6 +1,7 @@
 """glibc's malloc settings of a JAX worker on a CPU: each one's step time and peak, in fresh processes.
 
-For each setting in turn (A B C A B C, `--rounds` rounds) a fresh process runs find-batch-size's
+For each setting in turn (A B C A B C, `--rounds` rounds) a fresh process on the CPU (JAX_PLATFORMS=cpu,
+whatever the host has) runs find-batch-size's
 probe (catsdogs.training.probes.run_probe: a warm-up step, then `--steps` timed ones) at each
 `--batch-size`, one process a size, and reports its median step and its peak resident memory.
 Prints per setting and size the median step over the rounds, the median peak, the largest, and
@@ -35,11 +36,14 @@ ABOVE = 1.15  # a peak this far above the defaults' median peak counts as one th
 
 PROBE = """
 import json, statistics, sys
+from catsdogs.runtime import backends
+backends.current().start()  # (before Keras imports JAX: the process's settings set first, as a worker's)
+running = backends.current().running_settings()
 from catsdogs.messages import ProbeTask
 from catsdogs.training.probes import run_probe
 data, size, steps, opt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 r = run_probe(ProbeTask(size, data, optimizer=opt, dataset="standard", precision="float32", steps=steps,
-                        warmup=1, min_seconds=0.0, deterministic=False))
+                        warmup=1, min_seconds=0.0, deterministic=running["deterministic"], tf32=running["tf32"]))
 if r.status != "done":
     raise SystemExit(f"batch size {size}: {r.status}: {r.error}")
 print(json.dumps({"step": statistics.median(r.step_times_s), "peak": r.peak_memory_mb}))
@@ -63,7 +67,7 @@ def main() -> int:
         for name, env in SETTINGS.items():
             for b in args.batch_size:
                 out = run_snippet(PROBE, [args.data_dir.resolve(), b, args.steps, args.opt], HERE, "jax",
-                                  env=env, what=f"the probe of {b} ({name})")
+                                  env={"JAX_PLATFORMS": "cpu", **env}, what=f"the probe of {b} ({name})")
                 got[(name, b)].append(out)
                 print(f"round {r + 1}: {name:8} {b:5}: step {out['step'] * 1000:7.1f} ms, peak {out['peak']:7.0f} MiB",
                       flush=True)

@@ -281,22 +281,29 @@ def versions() -> dict:
 def environment(backend) -> dict:
     """A trial's environment: catsdogs, the backend and its versions, Python, device, host, the
     process settings the backend runs with, and glibc's malloc settings where the process started
-    with any (`malloc_settings`: they move a CPU step's time, not what it computes)."""
+    with any (`malloc_settings`: they move a CPU step's time, not what it computes); with the
+    huge-page tunable, what decides whether it took: the kernel's mode (`huge_pages`) and glibc's
+    version (2.35 on reads it)."""
     malloc = malloc_settings()
-    pages = huge_pages() if malloc and "glibc.malloc.hugetlb" in malloc else None  # whether the tunable took
+    took = {}
+    if malloc and HUGE_PAGE_TUNABLE in malloc:
+        took = {"huge_pages": huge_pages(), "glibc": platform.libc_ver()[1] or None}
     return {"catsdogs": __version__, **backend.versions(), "python": platform.python_version(),
             "device": backend.device_description(), "host": platform.node(), "cores": len(usable_cores()),
             **backend.running_settings(), **({"malloc": malloc} if malloc else {}),
-            **({"huge_pages": pages} if pages else {})}
+            **{k: v for k, v in took.items() if v}}
+
+
+HUGE_PAGE_TUNABLE = "glibc.malloc.hugetlb=1"  # (catsdogs.runtime.backends.jax_process sets it)
 
 
 HUGE_PAGES = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def huge_pages(path: Path | None = None) -> str | None:
-    """The kernel's transparent huge pages mode (always, madvise or never: the word in brackets), on
-    which glibc's malloc.hugetlb tunable depends (it does nothing under `never`); None where the
-    kernel does not say."""
+    """The kernel's transparent huge pages mode (always, madvise or never: the word in brackets).
+    glibc's malloc.hugetlb=1 asks for them by madvise: under `madvise` it takes, under `always`
+    they come without it, under `never` not at all. None where the kernel does not say."""
     try:
         text = (path or HUGE_PAGES).read_text()
     except OSError:

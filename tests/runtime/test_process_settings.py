@@ -91,9 +91,18 @@ def test_a_users_malloc_setting_is_left_whole(users):
 
     # given any malloc setting of the user's, then none of ours is mixed in with it
     assert jax_process.malloc_env(users) == {}
-    # while a tunable of another part of glibc's is kept, ours beside it
-    assert jax_process.malloc_env({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}) == {
-        "GLIBC_TUNABLES": "glibc.pthread.rseq=0:glibc.malloc.hugetlb=1"}
+
+
+@pytest.mark.parametrize(("users", "started"), [
+    ("glibc.pthread.rseq=0", "glibc.pthread.rseq=0:glibc.malloc.hugetlb=1"), ("", "glibc.malloc.hugetlb=1")])
+def test_a_tunable_of_another_part_of_glibc_is_kept_beside_ours(users, started):
+    from catsdogs.runtime.backends import jax_process
+
+    # given the user's GLIBC_TUNABLES with no malloc tunable (or an empty one)
+    # when a JAX worker's malloc settings are made
+    env = jax_process.malloc_env({"GLIBC_TUNABLES": users})
+    # then the user's tunables are kept, ours beside them
+    assert env == {"GLIBC_TUNABLES": started}
 
 
 def test_the_malloc_settings_recorded_are_those_the_process_started_with_not_set_after(monkeypatch):
@@ -126,18 +135,22 @@ def test_a_record_with_the_huge_page_tunable_says_the_kernels_huge_page_mode(mon
     for text, word in [("always [madvise] never\n", "madvise"), ("[always] madvise never\n", "always"),
                        ("always madvise [never]\n", "never")]:
         mode.write_text(text)
-        # then the mode is the word in brackets
+        # when the mode is read, then it is the word in brackets
         assert host.huge_pages(mode) == word
     # and a kernel that does not say gives None
     assert host.huge_pages(tmp_path / "absent") is None
-    # and a process started with the tunable records the mode beside it (under `never` it did nothing)
+    # given a process started with the tunable, on a kernel whose huge pages are off
+    mode.write_text("always madvise [never]\n")
     monkeypatch.setattr(host, "HUGE_PAGES", mode)
     monkeypatch.setattr(host, "start_environ", lambda: dict(jax_process.MALLOC_ENV))
+    # when its environment is recorded
     env = host.environment(Backend())
+    # then the record says the tunable, the mode (under `never` the tunable did nothing) and glibc's version
     assert env["malloc"] == "GLIBC_TUNABLES=glibc.malloc.hugetlb=1" and env["huge_pages"] == "never"
-    # while one started without it records no mode
+    assert env.get("glibc") == (host.platform.libc_ver()[1] or None)
+    # while one started without it (a user's own malloc setting) records neither
     monkeypatch.setattr(host, "start_environ", lambda: {"MALLOC_ARENA_MAX": "2"})
-    assert "huge_pages" not in host.environment(Backend())
+    assert not {"huge_pages", "glibc"} & set(host.environment(Backend()))
 
 
 @pytest.mark.slow
@@ -256,6 +269,8 @@ def test_the_settings_reach_the_worker_and_the_record_on_each_backend(keras_back
     # and a JAX worker on a CPU host started with malloc's blocks in huge pages, as its record says
     mine = host.malloc_settings(jax_process.MALLOC_ENV) if keras_backend == "jax" and not host.nvidia_devices() else None
     assert plain["env"].get("malloc") == off["env"].get("malloc") == mine
+    # and says whether its huge pages could take: the kernel's mode beside the tunable
+    assert plain["env"].get("huge_pages") == (host.huge_pages() if mine else None)
 
 
 @pytest.mark.slow

@@ -228,7 +228,7 @@ def test_a_sweep_on_local_ray_trains_on_jax_when_keras_backend_says_so(data_dir,
     from catsdogs import host
     from catsdogs.runtime.backends import jax_process
 
-    mine = None if host.nvidia_devices() else host.malloc_settings(jax_process.MALLOC_ENV)
+    mine = None if host.nvidia_devices() else host.malloc_settings(jax_process.malloc_env(os.environ) or os.environ)
     assert {t["env"].get("malloc") for t in trials} == {mine}
 
 

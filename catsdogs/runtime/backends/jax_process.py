@@ -19,8 +19,9 @@ these functions as its own (the Backend protocol's `start`, `process_env`, `stra
   trimming: the blocks kept in the heap), and its peak stays what the buffers need: kept in one
   heap, the freed blocks left holes a step's next buffers did not fit, and about one process in
   three peaked 40-70% above the rest (benchmarks/bench_malloc.py), past the probe that had said
-  the size fits. Where glibc is older than 2.35 or the kernel's huge pages are off, the tunable
-  does nothing: glibc's defaults, slower, the same peaks.
+  the size fits. Where glibc is older than 2.35 or the kernel's huge pages are `never`, the
+  tunable does nothing: glibc's defaults, slower, the same peaks (under `always` the kernel gives
+  them without it). A trial's record says which (`huge_pages`, `glibc`: catsdogs.host.environment).
 - On the CPU, Keras's 2x2 max-pooling with a gradient that avoids XLA:CPU's scalar
   select-and-scatter (catsdogs.runtime.backends.jax_pool): the same numbers, a 1.5x faster step.
 
@@ -41,9 +42,10 @@ LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many host 
 DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
 HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 # glibc's malloc in a CPU worker (read when the process starts, so set at its launch): its mapped
-# blocks and heap in transparent huge pages (glibc 2.35 on, where the kernel's are `madvise` or
-# `always`), mapped and unmapped as by default, so a freed block leaves no hole behind
-MALLOC_TUNABLE = "glibc.malloc.hugetlb=1"
+# blocks and heap asked into transparent huge pages (glibc 2.35 on, where the kernel's mode is
+# `madvise`; under `always` they come without asking), mapped and unmapped as by default, so a
+# freed block leaves no hole behind
+MALLOC_TUNABLE = host.HUGE_PAGE_TUNABLE
 MALLOC_ENV = {"GLIBC_TUNABLES": MALLOC_TUNABLE}
 
 
