@@ -27,10 +27,13 @@ from pathlib import Path
 
 from harness import HERE, run_snippet, table
 
+from catsdogs import host
+from catsdogs.runtime.backends.jax_process import MALLOC_ENV  # (imports no framework)
+
 SETTINGS = {
     "defaults": {},
     "0.36.0": {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)},
-    "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
+    "hugetlb": MALLOC_ENV,  # catsdogs's own
 }
 ABOVE = 1.15  # a peak this far above the defaults' median peak counts as one that moved
 
@@ -60,7 +63,7 @@ def main() -> int:
     args = ap.parse_args()
     if not (args.data_dir / "manifest.json").is_file():
         raise SystemExit(f"--data-dir {args.data_dir}: no prepared data there (catsdogs prepare)")
-    for key in [k for k in os.environ if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"]:
+    for key in host.malloc_vars(os.environ):
         del os.environ[key]  # this shell's own: each side runs with its settings alone
     got = {(name, b): [] for name in SETTINGS for b in args.batch_size}
     for r in range(args.rounds):

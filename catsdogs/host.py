@@ -295,9 +295,7 @@ def environment(backend) -> dict:
 
 
 HUGE_PAGE_TUNABLE = "glibc.malloc.hugetlb=1"  # (catsdogs.runtime.backends.jax_process sets it)
-
-
-HUGE_PAGES = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+HUGE_PAGES = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # the kernel's mode for them
 
 
 def huge_pages(path: Path | None = None) -> str | None:

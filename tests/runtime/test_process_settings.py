@@ -67,14 +67,12 @@ def test_xlas_deterministic_flag_is_set_exactly_when_deterministic(monkeypatch):
 
 
 def test_a_jax_worker_on_a_cpu_host_starts_with_mallocs_blocks_in_huge_pages(monkeypatch):
-    from catsdogs import host
     from catsdogs.runtime.backends import jax_process
 
     # given a host without an NVIDIA device and no malloc setting of the user's
     monkeypatch.setattr(host, "nvidia_devices", lambda: False)
-    for key in [k for k in jax_process.os.environ if k.startswith("MALLOC_")]:
+    for key in host.malloc_vars(os.environ):
         monkeypatch.delenv(key)
-    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     # then a JAX worker starts with glibc's malloc in transparent huge pages, and nothing else of malloc's
     env = jax_process.process_env()
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
@@ -244,13 +242,11 @@ def test_the_sweep_takes_the_settings_from_its_options_and_from_a_plan(prepared_
 @pytest.mark.slow
 def test_the_settings_reach_the_worker_and_the_record_on_each_backend(keras_backend, prepared_data, tmp_path,
                                                                       monkeypatch):
-    from catsdogs import host
     from catsdogs.runtime.backends import jax_process
     from catsdogs.store import Store
 
-    for key in [k for k in jax_process.os.environ if k.startswith("MALLOC_")]:
+    for key in host.malloc_vars(os.environ):
         monkeypatch.delenv(key)  # (no malloc setting of the user's: the worker's are catsdogs's own)
-    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
 
     data = prepared_data(32)
     # given a sweep of two trials, one at the defaults and one without determinism and TF32

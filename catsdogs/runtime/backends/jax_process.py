@@ -75,9 +75,9 @@ def malloc_env(environ) -> dict[str, str]:
     """MALLOC_ENV, unless `environ` already says how glibc's malloc should behave (a MALLOC_*
     variable, or glibc.malloc tunables): a user's choice is left whole, not mixed with ours. A
     tunable of another part of glibc's is kept beside ours."""
-    if any(k.startswith("MALLOC_") for k in environ) or "glibc.malloc" in environ.get("GLIBC_TUNABLES", ""):
-        return {}
     others = environ.get("GLIBC_TUNABLES", "")
+    if any(k.startswith("MALLOC_") for k in environ) or "glibc.malloc" in others:
+        return {}
     return {"GLIBC_TUNABLES": f"{others}:{MALLOC_TUNABLE}" if others else MALLOC_TUNABLE}
 
 
