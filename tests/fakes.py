@@ -284,14 +284,16 @@ class RaceSlot:
     losses REFERENCE_LOSSES. Each trial's wall time is its steps' plus `fixed` seconds. `ran`:
     every trial run, in order; `interrupt_after`: a Ctrl-C in the main thread as that trial ends;
     `stuck(batch, lr, seed)`: the runs that sit at chance (stopped an epoch in when the trial says
-    `stop_at_chance`, its last point marked stuck; else trained to the end of their cap)."""
+    `stop_at_chance`, its last point marked stuck; else trained to the end of their cap). `clock`: a
+    one-element list, each trial's wall seconds added to it as it ends (a race's simulated time)."""
 
     REFERENCE_LOSSES = (0.62, 0.55, 0.503, 0.47)
 
     def __init__(self, device: RaceDevice, n_train: int, fixed: float = 0.5, ran: list | None = None,
                  interrupt_after: int | None = None, slower=lambda seed: 1.0, users: list | None = None,
-                 stuck=lambda b, lr, seed: False):
+                 stuck=lambda b, lr, seed: False, clock: list | None = None):
         self.device, self.n_train, self.fixed, self.slower, self.stuck = device, n_train, fixed, slower, stuck
+        self.clock = clock
         self.ran = ran if ran is not None else []
         self.users = users if users is not None else []  # each trial's user model (TrialTask.user), in order
         self.interrupt_after = interrupt_after
@@ -329,6 +331,8 @@ class RaceSlot:
             if steps % per_epoch:
                 history.append({"epoch": len(history) + 1, "train_seconds": steps % per_epoch * clock,
                                 "seconds": steps % per_epoch * clock, "batches": steps % per_epoch})
+        if self.clock is not None:
+            self.clock[0] += steps * clock + self.fixed
         if self.interrupt_after is not None and len(self.ran) == self.interrupt_after:
             _thread.interrupt_main()
         curve = [{"step": steps, "val_loss": 0.693, "val_accuracy": 0.5, "stuck": True}] \

@@ -10,12 +10,17 @@ simulated devices, tests/measure/test_race.py); nothing here imports a framework
   faster, beyond the same spread, wherever B_noise lies in its interval (`slower_throughout`). Then thinned to a factor-2 grid of at most MOST_SIZES,
   the throughput's peak kept.
 - **Rates** (`race_rates`): each size's rate by the optimizer's rule and the factor-2 set around it
-  (RATE_FACTORS); a winner at its set's edge steps that way, again while it wins (`Race.extend_edge`).
+  (RATE_FACTORS); a winner at its set's edge steps that way, again while it wins (`Race.extend_edge`);
+  the new rate climbs the rungs alone (2, 6, 18 seeds), left behind where it is beaten (a rate too
+  high, short of the target on its first 2 seeds: 2 trials), where it raced on the last rung's 18
+  seeds at once.
 - **Seeds** (`Race`): every arm runs the same seeds; successive halving by rungs (SEEDS_PER_RUNG:
   n, then 3n, then 9n seeds), the better half of the arms (KEEP) kept from one rung to the next by
   the geometric mean of their times (simulated with the critical plan's spreads, n = 1 and a third
   kept missed 1.25 times the best in 13-40% of races where arms lie 1.1-1.4 times apart:
-  tests/measure/test_race.py); a trial is capped at CAP times the best time on its seed so
+  tests/measure/test_race.py; 9 arms kept, then 3, as often within 1.25 at 0.72-0.90 times the
+  trial-seconds, but a real Adam race whose rates sat 10 times below the best then left behind the
+  arm whose edge led to them: docs/results.md, 0.39.0); a trial is capped at CAP times the best time on its seed so
   far, and a trial that hits its cap is right-censored there (its time is at least the cap).
   Whatever its rank, an arm is left behind at a rung where it is beaten (`Race.beaten`): it
   reached the target on none of the rung's seeds, or, from CLEAR_SEEDS seeds on, its interval
@@ -151,6 +156,7 @@ class Race:
     alive: list[Arm] = field(default_factory=list)  # the arms still racing
     dropped: dict[Arm, int] = field(default_factory=dict)  # an arm left behind, and the rung it was left at
     edge_steps: int = 0  # the rates added at an edge so far (extend_edge)
+    stepping: Arm | None = None  # the rate added at an edge, while it climbs the rungs
 
     def __post_init__(self):
         if not self.arms:
@@ -199,6 +205,16 @@ class Race:
             raise ValueError(f"{len(missing)} trials of rung {self.rung + 1} have not run")
         seeds = self.rung_seeds()
         ranked = sorted(self.alive, key=lambda a: (self.log_time(a, seeds), a))
+        if self.stepping is not None:  # an edge's rate alone climbs: left behind only where beaten
+            step, lead = self.stepping, min((a for a in ranked if a != self.stepping), key=lambda a: (self.log_time(a, seeds), a))
+            beaten = self.beaten(step, lead, seeds)
+            if beaten:
+                self.dropped[step] = self.rung
+                self.alive = sorted(a for a in self.alive if a != step)
+            self.rung = len(self.rungs) if beaten else self.rung + 1
+            if self.finished:
+                self.stepping = None
+            return [step] if beaten else []
         if self.rung == len(self.rungs) - 1:  # the last rung leaves none behind: the decision reads them all
             left = []
         else:
@@ -234,8 +250,9 @@ class Race:
 
     def extend_edge(self, rates_of: dict[int, list[float]]) -> Arm | None:
         """Where the leader's rate is at an edge of its size's rates (`rates_of`) and it is faster than
-        its neighbour rate there, the next rate that way (half the least, twice the most), raced on
-        the seeds run so far; None where it is not (a tie steps nowhere), after EDGE_STEPS, or where
+        its neighbour rate there, the next rate that way (half the least, twice the most), which then
+        climbs the rungs alone (`stepping`: `advance` leaves it behind where beaten, and cuts no other
+        arm); None where it is not (a tie steps nowhere), after EDGE_STEPS, or where
         the step was taken already. The arm is added to those racing: called again after it has
         raced, the race steps on while the new rate wins (an anchor 10 times off the best rate, as
         Adam's was on this CPU, needs three)."""
@@ -252,8 +269,8 @@ class Race:
         rates_of[lead.batch_size] = sorted([*rates, step.lr])
         self.arms.append(step)
         self.alive = sorted({*self.alive, step})
-        if self.finished:  # race it on the last rung's seeds
-            self.rung = len(self.rungs) - 1
+        if self.finished:  # it climbs the rungs alone, from the first, left behind where beaten (`advance`)
+            self.rung, self.stepping = 0, step
         return step
 
     def decision(self, tie: float = TIE) -> dict:

@@ -333,20 +333,21 @@ class _Runner:
         rates_of = {b: list(plan["rates"][str(b)]) for b in plan["sizes"]}
         first = Arm(plan["first"]["batch_size"], plan["first"]["lr"])
         whole = None  # the race as its last whole rung left it
+        before = None  # the race before its edge's latest rate began to climb the rungs (a cut then answers with it)
         while True:
             while not race.finished:
                 trials = race.next_trials()
-                cut = self.over_budget(started, self.to_run(trials), race.rung)
+                cut = self.over_budget(started, self.to_run(trials), race)
                 if cut:
-                    return whole, cut
+                    return before if race.stepping else whole, cut
                 self.log(f"Race, rung {race.rung + 1} of {len(race.rungs)}: {len(race.alive)} arm"
                          f"{'s' if len(race.alive) != 1 else ''} on {len(race.rung_seeds())} seeds ({len(trials)} trials).")
                 lead = first if race.rung == 0 and first in race.alive else race.leader() if race.outcomes else race.alive[0]
                 self.wave(race, [t for t in trials if t.arm == lead])
                 rest = [t for t in trials if t.arm != lead]
-                cut = self.over_budget(started, self.to_run(rest), race.rung)  # (the first rung's, where no run came before it)
+                cut = self.over_budget(started, self.to_run(rest), race)  # (the first rung's, where no run came before it)
                 if cut:
-                    return whole, cut
+                    return before if race.stepping else whole, cut
                 self.wave(race, rest)
                 done = self.finished()
                 if plan.get("steady_step_seconds") is None:
@@ -358,14 +359,11 @@ class _Runner:
                     self.log(f"Race: {', '.join(map(str, left))} left behind (slower by their times' geometric mean, "
                              "or beaten: short of the target on every seed so far, or clearly over 1.25 times the leader).")
                 whole = race.copy()
-            finished = race.copy()
+            before = race.copy()
             step = race.extend_edge(rates_of)  # (again while a winner is at its set's edge, as the oracle has it)
             if step is None:
                 break
-            cut = self.over_budget(started, self.to_run(race.next_trials()), race.rung)
-            if cut:  # every rung ran: only the edge's extra rate is left out
-                return finished, {**cut, "rungs_finished": len(race.rungs), "extension_skipped": str(step)}
-            self.log(f"Race: the leader's rate is at its set's edge: {step} races on the last rung's seeds.")
+            self.log(f"Race: the leader's rate is at its set's edge: {step} climbs the rungs, left behind where beaten.")
         return race, {"by": "finished"}
 
     def wave(self, race: Race, trials) -> None:
@@ -404,8 +402,9 @@ class _Runner:
         done = self.finished()
         return sum((t.arm.batch_size, t.arm.lr, t.seed) not in done for t in trials)
 
-    def over_budget(self, started: float, trials: int, rung: int) -> dict | None:
-        """Where the rung about to start would pass --race-budget: how the race stopped."""
+    def over_budget(self, started: float, trials: int, race: Race) -> dict | None:
+        """Where the rung about to start (an edge's rate's, where one climbs) would pass --race-budget:
+        how the race stopped."""
         budget = self.settings.race_budget
         if budget is None or not self.walls or not trials:
             return None
@@ -413,10 +412,12 @@ class _Runner:
         estimate = math.ceil(trials / self.workers) * statistics.median(self.walls.values())
         if elapsed + estimate <= budget:
             return None
-        self.log(f"Race: rung {rung + 1} ({trials} trials more, about {estimate:.0f} s) would pass the budget of "
-                 f"{budget:g} s ({elapsed:.0f} s spent): the answer is "
-                 f"{'rung ' + str(rung) + chr(39) + 's' if rung else 'none, no rung having finished'}.")
-        return {"by": "budget", "budget_seconds": budget, "rungs_finished": rung, "estimate_seconds": round(estimate, 1)}
+        rung, step = race.rung, race.stepping
+        answer = "the race's without it" if step else f"rung {rung}'s" if rung else "none, no rung having finished"
+        self.log(f"Race: {f'{step} at its rates edge, ' if step else ''}rung {rung + 1} ({trials} trials more, about "
+                 f"{estimate:.0f} s) would pass the budget of {budget:g} s ({elapsed:.0f} s spent): the answer is {answer}.")
+        return {"by": "budget", "budget_seconds": budget, "rungs_finished": len(race.rungs) if step else rung,
+                "estimate_seconds": round(estimate, 1), **({"extension_skipped": str(step)} if step else {})}
 
 
 # --- the record ------------------------------------------------------------------------------------

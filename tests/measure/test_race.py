@@ -4,6 +4,7 @@ the answer is within 1.25 times the best's time. Pure: nothing trains here."""
 
 from __future__ import annotations
 
+import collections
 import math
 
 import pytest
@@ -135,6 +136,22 @@ def test_a_winner_at_its_rates_edge_races_one_more_rate_that_way():
     # then the winner at twice the rule's rate is raced at four times, on the same seeds, and wins
     assert decided["batch_size"] == 16 and decided["lr"] == pytest.approx(4 * device.rule_rate(16))
     assert Arm(16, 8 * device.rule_rate(16)) in race.arms  # ... and one more step, which lost
+
+
+def test_an_edges_rate_climbs_the_rungs_alone_and_is_left_behind_where_beaten():
+    # given the same device: 16 best at 4 times its rule's rate, 8 times it a factor 1.4 slower
+    device = RaceDevice(H200_STEPS, b_noise=8.0, log_sd={b: 0.05 for b in H200_STEPS}, best_factor={16: 4.0})
+    device.step_seconds = {**H200_STEPS, 16: 0.004}
+    # when raced
+    race = run_race(device, [8, 16, 64])
+    ran = collections.Counter(arm for arm, _ in race.outcomes)
+    # then the winning step ran every seed, and the losing one only the rungs' seeds up to where
+    # its interval lay wholly above 1.25 times the leader's (6 seeds), not the last rung's 18
+    assert ran[Arm(16, 4 * device.rule_rate(16))] == 18
+    assert ran[Arm(16, 8 * device.rule_rate(16))] == 6
+    assert race.dropped[Arm(16, 8 * device.rule_rate(16))] == 1 and race.stepping is None and race.finished
+    # and the finalists of the last rung were never cut by the steps' rungs
+    assert {a for a, n in ran.items() if n == 18} <= set(race.alive)
 
 
 def test_the_decision_gives_the_leaders_time_with_an_interval_and_the_arms_it_cannot_tell_from_it():

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 from fakes import RaceDevice, RaceSlot
@@ -13,6 +15,7 @@ from fakes import RaceDevice, RaceSlot
 from catsdogs.errors import CatsdogsError, Interrupted, SettingError
 from catsdogs.find_result import FindResult
 from catsdogs.manifest import require_prepared
+from catsdogs.measure import race_run
 from catsdogs.measure.find_summary import race_lines
 from catsdogs.measure.model_check import Raced
 from catsdogs.measure.race import Arm
@@ -39,14 +42,17 @@ def recommendation(predicted: int = 32) -> dict:
 
 def race(tmp_path, data, device, *, until="val_loss=0.5", budget=None, predicted=32, ran=None, interrupt_after=None,
          fixed=0.5, name="fbs", lines=None, slower=lambda seed: 1.0, raced=None, users=None):
+    """The race on `device`, its clock the trials' simulated wall seconds (what --race-budget reads)."""
     settings = FindSettings(name=name, optimizer="sgd", race=True, until=until, race_budget=budget)
     manifest = require_prepared(data)
     n_train = raced.train_images if raced else sum(manifest["counts"]["standard"]["train"].values())
+    clock = [0.0]
     slots = lambda i, n, workdir: RaceSlot(device, n_train, fixed=fixed, ran=ran, interrupt_after=interrupt_after,  # noqa: E731
-                                           slower=slower, users=users)
+                                           slower=slower, users=users, clock=clock)
     log = lines.append if lines is not None else (lambda line: None)
-    return run_race(settings, data, tmp_path, manifest, 32, recommendation(predicted), ANCHOR, log, slots=slots,
-                    raced=raced)
+    with mock.patch.object(race_run, "time", SimpleNamespace(perf_counter=lambda: clock[0])):
+        return run_race(settings, data, tmp_path, manifest, 32, recommendation(predicted), ANCHOR, log, slots=slots,
+                        raced=raced)
 
 
 @pytest.fixture
@@ -338,6 +344,28 @@ def test_a_winner_still_at_its_rates_edge_steps_again_as_the_oracle_does(tmp_pat
     assert record["decision"]["batch_size"] == 16 and record["decision"]["lr"] == pytest.approx(8 * rule)
     assert sorted(record["rates"]["16"]) == pytest.approx([r * rule for r in (0.5, 1, 2, 4, 8, 16)])
     assert len([line for line in lines if "at its set's edge" in line]) == 3
+
+
+def test_a_budget_that_cuts_an_edges_rate_as_it_climbs_answers_with_the_race_without_it(tmp_path, data):
+    # given the device above (16 far the fastest, best at 8 times its rule's rate), trials of 100 s
+    steps = {**STEPS, 16: 0.001}
+    device = RaceDevice(steps, b_noise=8, log_sd=dict.fromkeys(steps, 0.05), best_factor={16: 8.0})
+    device.RATE_COST = 0.1
+    ran: list = []
+    whole = race(tmp_path / "whole", data, device, fixed=100.0, ran=ran)
+    rule = device.rule_rate(16)
+    before = next(i for i, c in enumerate(ran) if c.batch_size == 16 and c.lr == pytest.approx(4 * rule))
+    # when the budget holds every rung and the first edge step's first rung (2 trials), not its second (4)
+    cut: list = []
+    record = race(tmp_path / "cut", data, device, fixed=100.0, budget=100 * before + 450, ran=cut)
+    # then the step ran its first rung's 2 seeds, and the race stops there and answers as the race
+    # before the step did, saying what it left out
+    assert sum(c.batch_size == 16 and c.lr == pytest.approx(4 * rule) for c in cut) == 2
+    assert whole["stopped"] == {"by": "finished"}
+    assert record["stopped"]["by"] == "budget" and record["stopped"]["rungs_finished"] == 3
+    assert record["stopped"]["extension_skipped"] == str(Arm(16, 4 * rule))
+    assert record["decision"]["lr"] == pytest.approx(2 * rule) and record["decision"]["seeds"] == 18
+    assert not any(r["batch_size"] == 16 and r["lr"] == pytest.approx(4 * rule) for r in record["decision"]["arms"])
 
 
 def test_the_predictions_size_races_even_where_the_factor_2_grid_would_thin_it_and_races_first(data):
