@@ -8,7 +8,8 @@ surface is flat within a set (Adam on seed 1 of this CPU: docs/results.md, "Trie
 while most sizes' best rates sit at their top edges. `Vote` then steps the leader's size the way
 two or more sizes' votes point (+1 for a size whose best rate is its top one, -1 its bottom one).
 Prints per device, best rate over the rule's and oracle the share of races within 1.25 times the
-best, the median and 90th-percentile ratios, and the trial-seconds in the best arm's times.
+best, the median and 90th-percentile ratios, and the trial-seconds in the best arm's times
+(race_keep.simulate's races).
 
     python studies/race_edge_vote.py --races 200 --rate-cost 0.1 --best-factor 1 8 12
 """
@@ -23,7 +24,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(HERE / "tests"), str(HERE / "tests" / "measure")]
 
-FIXED = 1.5  # a trial's fixed cost, in the best arm's times (as benchmarks/bench_race_oracle.py)
 VOTES = 2  # the net votes that step the leader's size
 
 
@@ -64,33 +64,20 @@ def main() -> int:
     ap.add_argument("--rate-cost", type=float, default=None, help="the device's cost of a factor-2 rate error")
     ap.add_argument("--best-factor", type=float, nargs="+", default=[1.0, 8.0, 12.0], help="the best rate over the rule's")
     args = ap.parse_args()
-    from fakes import RaceDevice
-    from test_race import CPU_STEPS, H200_STEPS, LOG_SD, run_race
+    from race_keep import simulate
+    from test_race import CPU_STEPS, H200_STEPS
 
-    from catsdogs.measure.race import Race, race_sizes
+    from catsdogs.measure.race import Race
 
     oracles = {"as it is": Race, "vote": voting()}
     devices = [("CPU, B_noise 8", CPU_STEPS, 8.0), ("CPU, B_noise 32", CPU_STEPS, 32.0), ("H200, B_noise 8", H200_STEPS, 8.0)]
     print("| device | best rate / rule's | oracle | within 1.25 | median ratio | 90th percentile | trial-seconds |")
     print("|---|---|---|---|---|---|---|")
     for name, steps, b_noise in devices:
-        sizes = race_sizes(steps, spread=0.2)
         for factor in args.best_factor:
             for label, oracle in oracles.items():
-                hits, ratios, costs = 0, [], []
-                for n in range(args.races):
-                    device = RaceDevice(steps, b_noise=b_noise, log_sd=LOG_SD, seed=n, shared=0.7,
-                                        best_factor=dict.fromkeys(steps, factor))
-                    if args.rate_cost is not None:
-                        device.RATE_COST = args.rate_cost
-                    best = min(device.median_seconds(b, device.rule_rate(b) * f) for b in sizes
-                               for f in (0.25, 0.5, 1, 2, 4, 8, 16))
-                    race = run_race(device, sizes, race_class=oracle)
-                    lead = race.leader()
-                    ratio = device.median_seconds(lead.batch_size, lead.lr) / best
-                    hits += ratio <= 1.25
-                    ratios.append(ratio)
-                    costs.append(sum(o.seconds + FIXED * best for o in race.outcomes.values()) / best)
+                ratios, costs, _ = simulate(oracle, steps, b_noise, args.races, factor, args.rate_cost)
+                hits = sum(r <= 1.25 for r in ratios)
                 print(f"| {name} | {factor:g} | {label} | {hits / args.races:.3f} | {statistics.median(ratios):.2f} | "
                       f"{sorted(ratios)[int(0.9 * args.races)]:.2f} | {statistics.median(costs):.0f} |", flush=True)
     return 0

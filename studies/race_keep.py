@@ -42,16 +42,41 @@ def keeping(most: tuple[int, ...]):
     return Kept
 
 
+def simulate(oracle, steps: dict[int, float], b_noise: float, races: int, factor: float = 1.0,
+             rate_cost: float | None = None) -> tuple[list[float], list[float], list[int]]:
+    """`races` races of `oracle` on RaceDevice (`steps`, B_noise, the best rate `factor` times the
+    rule's, `rate_cost` a factor-2 rate error's price where given): each answer's true time over
+    the best arm's, each race's trial-seconds in the best arm's times, each race's trials."""
+    from fakes import RaceDevice
+    from test_race import LOG_SD, run_race
+
+    from catsdogs.measure.race import race_sizes
+
+    sizes = race_sizes(steps, spread=0.2)
+    ratios, costs, counts = [], [], []
+    for n in range(races):
+        device = RaceDevice(steps, b_noise=b_noise, log_sd=LOG_SD, seed=n, shared=0.7,
+                            best_factor=dict.fromkeys(steps, factor))
+        if rate_cost is not None:
+            device.RATE_COST = rate_cost
+        best = min(device.median_seconds(b, device.rule_rate(b) * f) for b in sizes for f in (0.25, 0.5, 1, 2, 4, 8, 16))
+        race = run_race(device, sizes, race_class=oracle)
+        lead = race.leader()
+        ratios.append(device.median_seconds(lead.batch_size, lead.lr) / best)
+        costs.append(sum(o.seconds + FIXED * best for o in race.outcomes.values()) / best)
+        counts.append(len(race.outcomes))
+    return ratios, costs, counts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--races", type=int, default=600, help="simulated races per device and variant")
     ap.add_argument("--rate-cost", type=float, default=None, help="the device's cost of a factor-2 rate error")
     ap.add_argument("--best-factor", type=float, nargs="+", default=[1.0], help="the best rate over the rule's")
     args = ap.parse_args()
-    from fakes import RaceDevice
-    from test_race import CPU_STEPS, H200_STEPS, LOG_SD, run_race
+    from test_race import CPU_STEPS, H200_STEPS
 
-    from catsdogs.measure.race import Race, race_sizes
+    from catsdogs.measure.race import Race
 
     variants = {"halving": Race, "9, 3": keeping((9, 3)), "9, then half": keeping((9, 10**6)),
                 "a third": keeping((0,))}
@@ -61,24 +86,10 @@ def main() -> int:
     print("| device | best rate / rule's | variant | within 1.25 | median ratio | trial-seconds | trials |")
     print("|---|---|---|---|---|---|---|")
     for name, steps, b_noise in devices:
-        sizes = race_sizes(steps, spread=0.2)
         for factor in args.best_factor:
             for label, oracle in variants.items():
-                hits, ratios, costs, counts = 0, [], [], []
-                for n in range(args.races):
-                    device = RaceDevice(steps, b_noise=b_noise, log_sd=LOG_SD, seed=n, shared=0.7,
-                                        best_factor=dict.fromkeys(steps, factor))
-                    if args.rate_cost is not None:
-                        device.RATE_COST = args.rate_cost
-                    best = min(device.median_seconds(b, device.rule_rate(b) * f) for b in sizes
-                               for f in (0.25, 0.5, 1, 2, 4, 8, 16))
-                    race = run_race(device, sizes, race_class=oracle)
-                    lead = race.leader()
-                    ratio = device.median_seconds(lead.batch_size, lead.lr) / best
-                    hits += ratio <= 1.25
-                    ratios.append(ratio)
-                    costs.append(sum(o.seconds + FIXED * best for o in race.outcomes.values()) / best)
-                    counts.append(len(race.outcomes))
+                ratios, costs, counts = simulate(oracle, steps, b_noise, args.races, factor, args.rate_cost)
+                hits = sum(r <= 1.25 for r in ratios)
                 print(f"| {name} | {factor:g} | {label} | {hits / args.races:.3f} | {statistics.median(ratios):.2f} | "
                       f"{statistics.median(costs):.0f} | {statistics.median(counts):.0f} |", flush=True)
     return 0

@@ -206,8 +206,8 @@ class Race:
         seeds = self.rung_seeds()
         ranked = sorted(self.alive, key=lambda a: (self.log_time(a, seeds), a))
         if self.stepping is not None:  # an edge's rate alone climbs: left behind only where beaten
-            step, lead = self.stepping, min((a for a in ranked if a != self.stepping), key=lambda a: (self.log_time(a, seeds), a))
-            beaten = self.beaten(step, lead, seeds)
+            step = self.stepping
+            beaten = self.beaten(step, next(a for a in ranked if a != step), seeds)  # (against the fastest of the rest)
             if beaten:
                 self.dropped[step] = self.rung
                 self.alive = sorted(a for a in self.alive if a != step)

@@ -414,7 +414,8 @@ class _Runner:
             return None
         rung, step = race.rung, race.stepping
         answer = "the race's without it" if step else f"rung {rung}'s" if rung else "none, no rung having finished"
-        self.log(f"Race: {f'{step} at its rates edge, ' if step else ''}rung {rung + 1} ({trials} trials more, about "
+        where = f"{step} at its rates' edge, " if step else ""
+        self.log(f"Race: {where}rung {rung + 1} ({trials} trials more, about "
                  f"{estimate:.0f} s) would pass the budget of {budget:g} s ({elapsed:.0f} s spent): the answer is {answer}.")
         return {"by": "budget", "budget_seconds": budget, "rungs_finished": len(race.rungs) if step else rung,
                 "estimate_seconds": round(estimate, 1), **({"extension_skipped": str(step)} if step else {})}
