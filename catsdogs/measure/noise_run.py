@@ -45,8 +45,8 @@ NOISE_EPOCHS = 2  # each short run's epochs: measured after the 2nd, past the fi
 NOISE_FROM = 2  # the first epoch whose measurement counts
 NOISE_SEEDS = 4  # short runs, each its own seed and one cluster: one seed's trajectory is one draw
 # Without a store's tuned rate (--from-store), the first seed trains first at Keras's default rate
-# and 3 and 10 times it, and the least validation loss after 2 epochs of the three anchors the
-# learning-rate rule; where none of the three trained (whether a run takes off within 2 epochs is
+# and 3 and 10 times it, and the validation loss after 2 epochs of the three anchors the
+# learning-rate rule (the largest rate within ANCHOR_TIE of the least); where none of the three trained (whether a run takes off within 2 epochs is
 # the seed's luck on this model: seed 4 collapsed at 0.01 and stayed at chance at 0.03 and 0.1),
 # the next seed tries them, up to ANCHOR_SEEDS; none took off at all, Keras's default, said. Why:
 # Keras's default is not a tuned rate (the tuned plans chose SGD 0.1 and Adam 0.01 on the article's
@@ -63,6 +63,18 @@ ANCHOR_SEEDS = 2
 # here runs that took off ended at 0.36-0.44, runs that did not at 0.59-0.69 (ln 2 = 0.693), and one
 # at 0.675, barely moved, had chosen its rate by the noise of an untrained loss).
 ANCHOR_LEARNED = 0.9
+# Among the rates that took off, the largest whose final loss is within this factor of the least
+# anchors the rule, not the least's own: one seed cannot rank rates closer than that. On the article's
+# model at 64 px (TensorFlow, 12 seeds a rate, studies/anchor_rates.py) one seed's paired comparison
+# of two neighbouring rates, the log of their losses' ratio, varies by 0.17-0.30 (a factor 1.19-1.36)
+# from seed to seed, and the least loss chose Adam's 0.001 on seed 1 (0.409 against 0.459 at 0.01),
+# ten times below the rate that reaches the target soonest on 20 seeds: a race from that anchor
+# stepped its rates up three times (804 s, where seeds 0 and 2 took 203-303 s). Why the largest of a
+# tie: the rule and the race answer time to a target, which on this model the largest grid rate that
+# trains reaches soonest (the critical plan's at batch 32: Adam 0.01, SGD 0.071, nearest 0.1 of the
+# grid). The least loss alone chose those in 9 of 12 seeds for each optimizer; the tie, in 12 and 11
+# (JAX: 10 and 11 of 12 against 12 and 12; its spread 0.13-0.38).
+ANCHOR_TIE = 1.2
 # A short run trained, and measured training's gradient, when its final loss is below this share of
 # chance's, ln(classes): the anchor's rule (0.98 before 0.28.0 pooled SGD runs at 0.673 and 0.620,
 # near chance, as trained, and the noise scale read above the critical batch size measured everywhere)
@@ -207,9 +219,10 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
 def _rate_test_line(settings: FindSettings, rates: list[float], probe_data: model_check.ProbeData | None) -> str:
     which = ("validation loss" if not getattr(probe_data, "own", False) else "training loss (a --data folder "
              "has no validation split)" if probe_data.folder else "training loss (the arrays have no validation split)")
-    return (f"Learning rate first: seed {settings.seed} trains at {', '.join(f'{r:g}' for r in rates)}; the least "
-            f"{which} after {NOISE_EPOCHS} epochs anchors the rule, and the noise scale's runs train at it (where "
-            f"none trained, seed {settings.seed + 1} tries them).")
+    return (f"Learning rate first: seed {settings.seed} trains at {', '.join(f'{r:g}' for r in rates)}; the largest "
+            f"rate whose {which} after {NOISE_EPOCHS} epochs is within {ANCHOR_TIE:g} times the least (one seed "
+            f"ranks no closer) anchors the rule, and the noise scale's runs train at it (where none trained, seed "
+            f"{settings.seed + 1} tries them).")
 
 
 def noise_rate(settings: FindSettings, test: dict | None) -> float:
@@ -272,18 +285,21 @@ def _took_off(losses: list[float | None], learned: float) -> bool:
 def rate_test(rates: list, rounds: list[dict], learned: float,
               log: Callable[[str], None] = lambda line: None) -> dict:
     """What the anchor's short runs say of the learning rate: in the first round (a seed's runs
-    at `rates`) where a run trained (its final loss below `learned`), the rate of the least loss
-    ("chosen", that round's "seed" and "losses"); whether it lies at the grid's edge. None chosen,
-    said, where no run trained in any round: a loss at chance ranks no rate."""
+    at `rates`) where a run trained (its final loss below `learned`), the largest rate whose loss is
+    within ANCHOR_TIE of the least ("chosen"; "least" the least's own rate; that round's "seed" and
+    "losses"); whether it lies at the grid's edge. None chosen, said, where no run trained in any
+    round: a loss at chance ranks no rate."""
     chosen_round = next((r for r in rounds if _took_off(r["losses"], learned)), None)
-    chosen = None
+    chosen = least = None
     if chosen_round is None:
         grid = ", ".join(f"{r:g}" for r in rates)
         log(f"Learning rate: no short run trained at {grid} (seeds {', '.join(str(r['seed']) for r in rounds)}): "
             "the rule is anchored at Keras's default, untuned.")
     else:
-        chosen = min((loss, r) for r, loss in zip(rates, chosen_round["losses"], strict=True) if loss is not None)[1]
+        ranked = [(loss, r) for r, loss in zip(rates, chosen_round["losses"], strict=True) if loss is not None]
+        least_loss, least = min(ranked)
+        chosen = max(r for loss, r in ranked if loss <= ANCHOR_TIE * least_loss)
     return {"rates": list(rates), "rounds": rounds, "seed": chosen_round and chosen_round["seed"],
-            "losses": chosen_round and chosen_round["losses"], "chosen": chosen,
+            "losses": chosen_round and chosen_round["losses"], "chosen": chosen, "least": least, "tie": ANCHOR_TIE,
             "edge": chosen in (rates[0], rates[-1]), "batch_size": default("base_batch_size"),
             "epochs": NOISE_EPOCHS}
