@@ -108,3 +108,28 @@ def test_the_loss_is_not_divided_by_a_distribution_strategys_replicas(monkeypatc
     loss, _, _ = diagnosis.test_and_diagnose(step, batches, labels)
     # then the loss is the mean over the test images, as on one replica
     assert loss == pytest.approx(alone, rel=1e-6)
+
+
+def test_the_model_as_it_starts_is_diagnosed_once_per_seed_however_the_seeds_interleave(monkeypatch):
+    # given a worker that diagnoses the model as it starts by one pass over the test set (counted)
+    diagnosis._INITIAL.clear()
+    passes = []
+    monkeypatch.setattr(diagnosis, "diagnose", lambda step, batches, prefix="": passes.append(1) or {"initial_x": 1})
+    step = SimpleNamespace(user=None)
+
+    def trial(seed):
+        return SimpleNamespace(image_size=64, precision="float32", seed=seed, data="f", dataset="standard")
+
+    # when a race's trials run an arm at a time, so the seed changes at every trial: 3 arms x seeds 0-5
+    for _ in range(3):
+        for seed in range(6):
+            assert diagnosis.initial_diagnosis(step, trial(seed), None) == {"initial_x": 1}
+    # then each seed's start is diagnosed once, not once a trial (18 passes before)
+    assert len(passes) == 6
+    # and no more than MOST_INITIAL are kept: the oldest goes first, and is diagnosed again when asked
+    for seed in range(6, diagnosis.MOST_INITIAL + 1):
+        diagnosis.initial_diagnosis(step, trial(seed), None)
+    assert len(diagnosis._INITIAL) == diagnosis.MOST_INITIAL and len(passes) == diagnosis.MOST_INITIAL + 1
+    diagnosis.initial_diagnosis(step, trial(0), None)
+    assert len(passes) == diagnosis.MOST_INITIAL + 2
+    diagnosis._INITIAL.clear()
