@@ -5,6 +5,8 @@ runs: 2 epochs at the base batch size, at the three rates of the anchor's grid, 
     catsdogs sweep --data-dir D --out O --name adam --opt adam --batch-size 32 --lr 0.001 0.003 0.01 \\
         --seeds 12 --epochs 2
     python studies/anchor_rates.py --out O --sweep adam --best 0.01
+    KERAS_BACKEND=jax catsdogs sweep ... --name both --opt adam sgd --lr 0.001 0.003 0.01 0.03 0.1 ...
+    python studies/anchor_rates.py --out O --sweep both --opt sgd --rates 0.01 0.03 0.1 --best 0.1
 
 For each first seed s it replays what find-batch-size does with `--seed s` (seed s's runs at the
 three rates, seed s+1's where none of s's took off: noise_run.anchor_rounds and rate_test) under
@@ -27,11 +29,15 @@ from catsdogs.messages import TrialRecord
 from catsdogs.store import store_path
 
 
-def runs_by_seed(trials: list[dict]) -> tuple[list[float], dict[tuple[int, float], TrialRecord]]:
-    """The grid's rates and each (seed, rate)'s record, as the anchor's runs return them."""
+def runs_by_seed(trials: list[dict], optimizer: str | None = None,
+                 rates: list[float] | None = None) -> tuple[list[float], dict[tuple[int, float], TrialRecord]]:
+    """The grid's rates and each (seed, rate)'s record, as the anchor's runs return them (of
+    `optimizer` and at `rates` only, where given: a sweep over more)."""
     runs = {(int(t["config"]["seed"]), float(t["learning_rate"])):
             TrialRecord(status=t["status"], history=t.get("history") or [], collapsed=t.get("collapsed") or 0)
-            for t in trials if t.get("learning_rate") is not None}
+            for t in trials if t.get("learning_rate") is not None
+            and optimizer in (None, t["config"]["optimizer"])
+            and (rates is None or any(math.isclose(t["learning_rate"], r) for r in rates))}
     return sorted({lr for _, lr in runs}), runs
 
 
@@ -70,10 +76,12 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path, help="the store's folder (the sweep's --out)")
     parser.add_argument("--sweep", required=True, help="the sweep of the anchor's runs")
     parser.add_argument("--best", type=float, help="the grid's rate nearest the fastest to the target")
+    parser.add_argument("--opt", default=None, help="this optimizer's trials only (a sweep over both)")
+    parser.add_argument("--rates", type=float, nargs="+", default=None, help="these rates only (a sweep over more)")
     parser.add_argument("--ties", type=float, nargs="+", default=[1.0, noise_run.ANCHOR_TIE],
                         help="ties to compare (1.0: the least loss alone)")
     args = parser.parse_args()
-    rates, runs = runs_by_seed(load_trials(store_path(args.out), args.sweep))
+    rates, runs = runs_by_seed(load_trials(store_path(args.out), args.sweep), args.opt, args.rates)
     seeds = sorted({s for s, _ in runs})
     print(f"rates {', '.join(f'{r:g}' for r in rates)}; final losses after 2 epochs (c: collapsed, -: not run)")
     print("seed  " + "  ".join(f"{r:>7g}" for r in rates) + "  " + "  ".join(f"tie {t:g}" for t in args.ties))

@@ -12,6 +12,7 @@ median answer's ratio, and the trial-seconds in the best arm's times (a trial's 
 
     python studies/race_keep.py --races 600
     python studies/race_keep.py --races 200 --rate-cost 0.1 --best-factor 1 8 12
+    python studies/race_keep.py --races 300 --rungs 2,6,12 2,4,12   # seeds a rung, not arms kept
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ def keeping(most: tuple[int, ...]):
             return super().advance()
 
     return Kept
+
+
+def seeding(rungs: tuple[int, ...]):
+    """A Race whose rungs end at `rungs` seeds an arm (the race's own: SEEDS_PER_RUNG, 2, 6, 18)."""
+    from catsdogs.measure.race import Race
+
+    class Seeded(Race):
+        def __init__(self, arms, **kwargs):
+            super().__init__(arms, **{"rungs": rungs, "seeds": list(range(rungs[-1])), **kwargs})
+
+    return Seeded
 
 
 def simulate(oracle, steps: dict[int, float], b_noise: float, races: int, factor: float = 1.0,
@@ -73,6 +85,8 @@ def main() -> int:
     ap.add_argument("--races", type=int, default=600, help="simulated races per device and variant")
     ap.add_argument("--rate-cost", type=float, default=None, help="the device's cost of a factor-2 rate error")
     ap.add_argument("--best-factor", type=float, nargs="+", default=[1.0], help="the best rate over the rule's")
+    ap.add_argument("--rungs", nargs="+", default=None, metavar="N,N,N",
+                    help="compare seeds a rung instead of arms kept: halving over these, e.g. 2,6,12 2,4,12")
     args = ap.parse_args()
     from test_race import CPU_STEPS, H200_STEPS
 
@@ -80,6 +94,9 @@ def main() -> int:
 
     variants = {"halving": Race, "9, 3": keeping((9, 3)), "9, then half": keeping((9, 10**6)),
                 "a third": keeping((0,))}
+    if args.rungs:
+        variants = {"halving, 2, 6, 18": Race} | {f"halving, {r.replace(',', ', ')}": seeding(
+            tuple(int(n) for n in r.split(","))) for r in args.rungs}
     devices = [("H200, B_noise 8", H200_STEPS, 8.0), ("H200, B_noise 64", H200_STEPS, 64.0),
                ("CPU, B_noise 8", CPU_STEPS, 8.0), ("CPU, B_noise 32", CPU_STEPS, 32.0),
                ("CPU, B_noise 200", CPU_STEPS, 200.0)]
