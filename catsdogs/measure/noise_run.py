@@ -298,7 +298,9 @@ def rate_test(rates: list, rounds: list[dict], learned: float,
     else:
         ranked = [(loss, r) for r, loss in zip(rates, chosen_round["losses"], strict=True) if loss is not None]
         least_loss, least = min(ranked)
-        chosen = max(r for loss, r in ranked if loss <= ANCHOR_TIE * least_loss)
+        # (a ratio of losses needs them positive: a user's loss of 0 or below ties with its equals alone)
+        bound = ANCHOR_TIE * least_loss if least_loss > 0 else least_loss
+        chosen = max(r for loss, r in ranked if loss <= bound)
     return {"rates": list(rates), "rounds": rounds, "seed": chosen_round and chosen_round["seed"],
             "losses": chosen_round and chosen_round["losses"], "chosen": chosen, "least": least, "tie": ANCHOR_TIE,
             "edge": chosen in (rates[0], rates[-1]), "batch_size": default("base_batch_size"),

@@ -650,6 +650,11 @@ def test_the_anchor_takes_the_largest_rate_one_seed_cannot_tell_from_the_least_l
     # and a run that collapsed or diverged (no loss) is never taken, however large its rate
     collapsed = noise_run.rate_test(rates, [{"seed": 1, "losses": [0.40, 0.41, None]}], learned)
     assert collapsed["chosen"] == 0.003
+    # and a user's loss of 0 or below (no ratio to take) ties with its equals alone
+    negative = noise_run.rate_test(rates, [{"seed": 1, "losses": [-0.5, -0.45, -0.2]}], learned)
+    assert (negative["chosen"], negative["least"]) == (0.001, 0.001)
+    zero = noise_run.rate_test(rates, [{"seed": 1, "losses": [0.3, 0.0, 0.0]}], learned)
+    assert zero["chosen"] == 0.01
 
 
 @pytest.mark.parametrize("kind", ["cpu-rss", "gpu-worker"])
