@@ -2,7 +2,8 @@
 
 Runs `catsdogs find-batch-size --race` on prepared data once per `--seeds` value (each a fresh --out,
 the noise scale's seed and so the race's seeds too), and prints per run: the race's seconds and the
-whole command's, its trials, the target, the measured fastest with its interval, the arms it cannot
+whole command's, its trials, the target, where the trials' time went size by size (and the store's
+folder, kept for reading afterwards), the measured fastest with its interval, the arms it cannot
 tell apart, and the prediction's recommendation with its verdict.
 
 With `--critical OUT` (the results store of `catsdogs sweep --config critical`, or a run of it on
@@ -74,6 +75,20 @@ def _critical(store_out: Path, optimizer: str) -> list[dict]:
         return [t for t in store.trials("critical") if t["config"]["optimizer"] == optimizer]
 
 
+def by_size(out: Path, sweep: str) -> str:
+    """Where the race's trial time went, size by size, from its store: trials, wall seconds, and how
+    many reached the target."""
+    from catsdogs.store import Store, store_path
+
+    with Store(store_path(out), read_only=True) as store:
+        rows = store.trials(sweep)
+    sizes: dict[int, list] = {}
+    for r in rows:
+        n = sizes.setdefault(r["config"]["batch_size"], [0, 0.0, 0])
+        n[0], n[1], n[2] = n[0] + 1, n[1] + (r.get("wall_seconds") or 0.0), n[2] + bool(r.get("target_reached"))
+    return "; ".join(f"{b}: {n} trials, {w:.0f} s, {k} reached" for b, (n, w, k) in sorted(sizes.items()))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", required=True)
@@ -100,6 +115,7 @@ def main() -> int:
         d, p = race["decision"], race["prediction"] or {}
         print(f"seed {seed}: command {wall:.0f} s, race {race['seconds']:.0f} s, {race['trials']} trials, "
               f"target {race['target']} ({race['target_said']})")
+        print(f"  by size: {by_size(out, race['sweep'])} (the store: {out})")
         if d is None:
             print("  no measured answer")
             continue
