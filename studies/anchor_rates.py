@@ -46,11 +46,7 @@ def choose(rates: list[float], runs: dict, seed: int, tie: float) -> dict:
     learned = noise_run.ANCHOR_LEARNED * math.log(2)
     seeds = [s for s in range(seed, seed + noise_run.ANCHOR_SEEDS) if all((s, r) in runs for r in rates)]
     rounds = noise_run.anchor_rounds(lambda s, r: runs[s, r], rates, seeds, learned)
-    saved, noise_run.ANCHOR_TIE = noise_run.ANCHOR_TIE, tie
-    try:
-        return noise_run.rate_test(rates, rounds, learned)
-    finally:
-        noise_run.ANCHOR_TIE = saved
+    return noise_run.rate_test(rates, rounds, learned, tie=tie)
 
 
 def paired_spread(rates: list[float], runs: dict) -> list[tuple[float, float, float, int]]:

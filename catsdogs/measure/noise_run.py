@@ -46,8 +46,9 @@ NOISE_FROM = 2  # the first epoch whose measurement counts
 NOISE_SEEDS = 4  # short runs, each its own seed and one cluster: one seed's trajectory is one draw
 # Without a store's tuned rate (--from-store), the first seed trains first at Keras's default rate
 # and 3 and 10 times it, and the validation loss after 2 epochs of the three anchors the
-# learning-rate rule (the largest rate within ANCHOR_TIE of the least); where none of the three trained (whether a run takes off within 2 epochs is
-# the seed's luck on this model: seed 4 collapsed at 0.01 and stayed at chance at 0.03 and 0.1),
+# learning-rate rule (the largest rate within ANCHOR_TIE of the least); where none of the three
+# trained (whether a run takes off within 2 epochs is the seed's luck on this model: seed 4
+# collapsed at 0.01 and stayed at chance at 0.03 and 0.1),
 # the next seed tries them, up to ANCHOR_SEEDS; none took off at all, Keras's default, said. Why:
 # Keras's default is not a tuned rate (the tuned plans chose SGD 0.1 and Adam 0.01 on the article's
 # model, ten times it), and a ramp of Smith's range test said nothing on this model within a budget
@@ -283,12 +284,12 @@ def _took_off(losses: list[float | None], learned: float) -> bool:
 
 
 def rate_test(rates: list, rounds: list[dict], learned: float,
-              log: Callable[[str], None] = lambda line: None) -> dict:
+              log: Callable[[str], None] = lambda line: None, tie: float = ANCHOR_TIE) -> dict:
     """What the anchor's short runs say of the learning rate: in the first round (a seed's runs
     at `rates`) where a run trained (its final loss below `learned`), the largest rate whose loss is
-    within ANCHOR_TIE of the least ("chosen"; "least" the least's own rate; that round's "seed" and
+    within `tie` of the least ("chosen"; "least" the least's own rate; that round's "seed" and
     "losses"); whether it lies at the grid's edge. None chosen, said, where no run trained in any
-    round: a loss at chance ranks no rate."""
+    round: a loss at chance ranks no rate. (`tie`: ANCHOR_TIE; 1 ranks by the least loss alone.)"""
     chosen_round = next((r for r in rounds if _took_off(r["losses"], learned)), None)
     chosen = least = None
     if chosen_round is None:
@@ -299,9 +300,9 @@ def rate_test(rates: list, rounds: list[dict], learned: float,
         ranked = [(loss, r) for r, loss in zip(rates, chosen_round["losses"], strict=True) if loss is not None]
         least_loss, least = min(ranked)
         # (a ratio of losses needs them positive: a user's loss of 0 or below ties with its equals alone)
-        bound = ANCHOR_TIE * least_loss if least_loss > 0 else least_loss
+        bound = tie * least_loss if least_loss > 0 else least_loss
         chosen = max(r for loss, r in ranked if loss <= bound)
     return {"rates": list(rates), "rounds": rounds, "seed": chosen_round and chosen_round["seed"],
-            "losses": chosen_round and chosen_round["losses"], "chosen": chosen, "least": least, "tie": ANCHOR_TIE,
+            "losses": chosen_round and chosen_round["losses"], "chosen": chosen, "least": least, "tie": tie,
             "edge": chosen in (rates[0], rates[-1]), "batch_size": default("base_batch_size"),
             "epochs": NOISE_EPOCHS}
