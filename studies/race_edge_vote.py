@@ -64,7 +64,7 @@ def main() -> int:
     ap.add_argument("--rate-cost", type=float, default=None, help="the device's cost of a factor-2 rate error")
     ap.add_argument("--best-factor", type=float, nargs="+", default=[1.0, 8.0, 12.0], help="the best rate over the rule's")
     args = ap.parse_args()
-    from race_keep import simulate
+    from race_keep import rows
     from test_race import CPU_STEPS, H200_STEPS
 
     from catsdogs.measure.race import Race
@@ -73,13 +73,10 @@ def main() -> int:
     devices = [("CPU, B_noise 8", CPU_STEPS, 8.0), ("CPU, B_noise 32", CPU_STEPS, 32.0), ("H200, B_noise 8", H200_STEPS, 8.0)]
     print("| device | best rate / rule's | oracle | within 1.25 | median ratio | 90th percentile | trial-seconds |")
     print("|---|---|---|---|---|---|---|")
-    for name, steps, b_noise in devices:
-        for factor in args.best_factor:
-            for label, oracle in oracles.items():
-                ratios, costs, _ = simulate(oracle, steps, b_noise, args.races, factor, args.rate_cost)
-                hits = sum(r <= 1.25 for r in ratios)
-                print(f"| {name} | {factor:g} | {label} | {hits / args.races:.3f} | {statistics.median(ratios):.2f} | "
-                      f"{sorted(ratios)[int(0.9 * args.races)]:.2f} | {statistics.median(costs):.0f} |", flush=True)
+    for name, factor, label, ratios, costs, _ in rows(oracles, devices, args.races, args.best_factor, args.rate_cost):
+        hits = sum(r <= 1.25 for r in ratios)
+        print(f"| {name} | {factor:g} | {label} | {hits / args.races:.3f} | {statistics.median(ratios):.2f} | "
+              f"{sorted(ratios)[int(0.9 * args.races)]:.2f} | {statistics.median(costs):.0f} |", flush=True)
     return 0
 
 

@@ -80,6 +80,15 @@ def simulate(oracle, steps: dict[int, float], b_noise: float, races: int, factor
     return ratios, costs, counts
 
 
+def rows(oracles: dict, devices: list[tuple], races: int, factors: list[float], rate_cost: float | None):
+    """Each device's races under each oracle at each best-rate factor: (device, factor, oracle's label,
+    ratios, trial-seconds, trials) as `simulate` gives them, in the order a table prints them."""
+    for name, steps, b_noise in devices:
+        for factor in factors:
+            for label, oracle in oracles.items():
+                yield name, factor, label, *simulate(oracle, steps, b_noise, races, factor, rate_cost)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--races", type=int, default=600, help="simulated races per device and variant")
@@ -102,13 +111,10 @@ def main() -> int:
                ("CPU, B_noise 200", CPU_STEPS, 200.0)]
     print("| device | best rate / rule's | variant | within 1.25 | median ratio | trial-seconds | trials |")
     print("|---|---|---|---|---|---|---|")
-    for name, steps, b_noise in devices:
-        for factor in args.best_factor:
-            for label, oracle in variants.items():
-                ratios, costs, counts = simulate(oracle, steps, b_noise, args.races, factor, args.rate_cost)
-                hits = sum(r <= 1.25 for r in ratios)
-                print(f"| {name} | {factor:g} | {label} | {hits / args.races:.3f} | {statistics.median(ratios):.2f} | "
-                      f"{statistics.median(costs):.0f} | {statistics.median(counts):.0f} |", flush=True)
+    for name, factor, label, ratios, costs, counts in rows(variants, devices, args.races, args.best_factor, args.rate_cost):
+        hits = sum(r <= 1.25 for r in ratios)
+        print(f"| {name} | {factor:g} | {label} | {hits / args.races:.3f} | {statistics.median(ratios):.2f} | "
+              f"{statistics.median(costs):.0f} | {statistics.median(counts):.0f} |", flush=True)
     return 0
 
 
