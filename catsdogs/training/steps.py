@@ -96,9 +96,9 @@ class TrainingStep:
         self.shape = shape_of(cfg, steps_per_epoch, user)
         self.trial_shape = repr(cfg.shape())  # what a sweep knows of it (Worker.shapes)
         self.strategy = backend.distribution(cfg.strategy)
-        self.user = user
+        self.user, self.backend = user, backend
         keras.mixed_precision.set_dtype_policy(cfg.precision)
-        keras.utils.set_random_seed(cfg.seed)
+        backend.seed(cfg.seed)  # (keras.utils.set_random_seed's, keeping the other steps' kernels)
         with self.strategy.scope():
             self.model = self._build(cfg)
             if user:
@@ -125,7 +125,7 @@ class TrainingStep:
         """The state a freshly built model of `cfg.seed` starts from: its weights (drawn as a
         new process draws them; a saved model's as saved), the optimizer's variables as built."""
         keras.mixed_precision.set_dtype_policy(cfg.precision)
-        keras.utils.set_random_seed(cfg.seed)
+        self.backend.seed(cfg.seed)  # keras.utils.set_random_seed's, less TensorFlow's kernels rebuilt
         # every variable, a Dropout's seed state too (`weights` leaves it out: a reused step then
         # drew other masks than a fresh one)
         for target, value in zip(self.model.variables, INITIAL.values(self, cfg), strict=True):

@@ -59,7 +59,7 @@ def test_each_backend_module_provides_the_backend_protocol(module):
     # given a backend's module, imported without its framework
     methods = protocol_methods(Backend)
     # then it is a Backend: every name the engine and the worker call, each taking what the protocol says
-    assert isinstance(module, Backend) and len(methods) == 23
+    assert isinstance(module, Backend) and len(methods) == 24
     for name, sig in methods.items():
         got = inspect.signature(getattr(module, name))
         assert [(p.name, p.default) for p in got.parameters.values()] == \
@@ -190,6 +190,34 @@ def test_a_planned_prediction_extends_the_line_through_the_largest_two_sizes_com
 
 def test_only_jax_states_a_compiled_memory_plan():
     assert tf_backend.compiled_step_bytes is None and callable(jax_backend.compiled_step_bytes)
+
+
+def test_tensorflow_seed_draws_as_keras_set_random_seed_and_keeps_the_compiled_kernels():
+    import random
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    def draws():  # Python's, NumPy's and Keras's global generators, and TensorFlow's global seed
+        return (random.random(), float(np.random.random()), float(keras.random.uniform(())),
+                tf.compat.v1.random.get_seed(None)[0])
+
+    # given the generators seeded by Keras's own set_random_seed, then by the backend's seed
+    keras.utils.set_random_seed(7)
+    expected = draws()
+    tf_backend.seed(7)
+    # then each draws what it drew after Keras's
+    assert draws() == expected
+    # and TensorFlow's kernel cache is kept: a stateful kernel's stream goes on after the backend's
+    # seed, where Keras's own (tf.random.set_seed clearing the cache) starts it again
+    keras.utils.set_random_seed(7)
+    first = float(tf.random.uniform((), seed=1))
+    keras.utils.set_random_seed(7)
+    restarted = float(tf.random.uniform((), seed=1))
+    tf_backend.seed(7)
+    kept = float(tf.random.uniform((), seed=1))
+    assert restarted == first and kept != first
 
 
 # --- JAX's own pieces ---------------------------------------------------------------------------

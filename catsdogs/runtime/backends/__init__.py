@@ -75,6 +75,10 @@ class Backend(Protocol):
     def versions(self) -> dict: ...
 
     # --- training
+    def seed(self, seed: int) -> None:
+        """Seed what a trial draws from, as keras.utils.set_random_seed does, keeping every compiled
+        function ready to run (a trial's reset and a step's build call it)."""
+
     def train_batches(self, split, batch_size: int, seed: int, n_batches: int, cross_epochs: bool = False,
                       prefetch: int = 2):
         """The batches of catsdogs.data.loading.batch_schedule, in order, ready for `fit`."""

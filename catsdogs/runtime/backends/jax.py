@@ -226,6 +226,13 @@ def weight_values(model) -> list:
     return [jnp.copy(v.value) for v in model.weights]
 
 
+def seed(seed: int) -> None:
+    """keras.utils.set_random_seed: on JAX it clears nothing compiled."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+
+
 def wait_for_steps(model) -> None:
     """Return when every dispatched training step has run: JAX dispatches asynchronously, so a
     timer stamped without waiting measures the dispatch, not the training. Waits on the weights,

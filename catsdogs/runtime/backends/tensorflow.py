@@ -269,6 +269,35 @@ def weight_values(model) -> list:
     return [v.value.read_value() for v in model.weights]
 
 
+def seed(seed: int) -> None:
+    """What keras.utils.set_random_seed sets (Python's, NumPy's and Keras's global generators and
+    TensorFlow's global seed), without the clearing of TensorFlow's kernel cache that
+    `tf.random.set_seed` adds (TFE_ContextClearCaches, to restart the streams of stateful random
+    kernels): after it every compiled function builds its kernels again at its next call, a graph
+    optimisation each. A reused step's reset paid it every trial: its first training step, its
+    first validation (0.05 s at 40 px here, against 0.006 s after) and its test, 0.1-0.15 s of
+    the quick plan's 0.2-0.24 s a trial besides training, and as much inside its training
+    (benchmarks/bench_trial_overhead.py --split). A trial draws nothing from a stateful
+    TensorFlow kernel: Keras's random ops are stateless, seeded from SeedGenerator variables a
+    reset puts back, and the batches' order is NumPy's; the weights' digests are those a fresh
+    process trains (tests/training/test_engine.py). Keras's private names are its own
+    set_random_seed's (tests/runtime/test_backends.py holds the two to the same draws)."""
+    import random
+
+    import numpy as np
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+    from keras.src.utils import rng_utils
+    from tensorflow.python.eager import context
+
+    global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
+    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+    random.seed(seed)
+    np.random.seed(seed)
+    ctx = context.context()
+    ctx._seed, ctx._rng = seed, random.Random(seed)  # context._set_global_seed, less its clearing
+
+
 def wait_for_steps(model) -> None:
     """Return when every dispatched training step has run. On a CPU TensorFlow's steps have; on a
     GPU reading the smallest weight back waits for the kernels queued before its update."""
