@@ -137,31 +137,39 @@ class TrainingStep:
 
 
 class InitialWeights:
-    """The variables a freshly built model of one seed starts with, kept for the next trial of
-    that seed. A sweep runs seed-major, and every shape of a seed (optimizer, batch size, data
-    set) starts from the same weights: building the model again for each is time a trial need
-    not spend (at 200 px, 41 million numbers drawn). Only the last model's are kept (at 200 px,
-    164 MB of host memory). Building draws from Python's and NumPy's global generators
-    (Keras's default seeds): their states after the build are kept too, and put back, so what
-    follows a reset draws as it would after a build."""
+    """The variables a freshly built model of a seed starts with, kept for the next trial of that
+    seed. Every shape of a seed (optimizer, batch size, data set) starts from the same weights:
+    building the model again for each is time a trial need not spend (at 200 px, 41 million
+    numbers drawn; at 64 px 0.07-0.1 s a trial here). A sweep runs seed-major, but a race runs an
+    arm at a time over up to 18 seeds (catsdogs.measure.race), so the seed changes at every
+    trial: the most recent seeds' are kept, within MOST_BYTES (at 64 px 19 seeds, 17 MB each; at
+    200 px one, 164 MB). Building draws from Python's and NumPy's global generators (Keras's
+    default seeds): their states after the build are kept too, and put back, so what follows a
+    reset draws as it would after a build."""
+
+    MOST_BYTES = 320 * 2**20
 
     def __init__(self):
-        self._key: tuple | None = None
-        self._values: list | None = None
-        self._states: tuple | None = None
+        self._kept: OrderedDict[tuple, tuple[list, tuple]] = OrderedDict()  # key -> (values, states), oldest first
 
     def values(self, step: TrainingStep, cfg: TrialConfig) -> list:
         """The initial variables of `step`'s model at `cfg.seed` (the random seeds already set)."""
         key = (step.user, cfg.image_size, cfg.precision, cfg.seed)
-        if key != self._key:
+        kept = self._kept.get(key)
+        if kept is None:
             fresh = step._build(cfg)
-            self._key, self._values = key, [keras.ops.convert_to_numpy(v.value) for v in fresh.variables]
-            self._states = (random.getstate(), np.random.get_state())
+            kept = ([keras.ops.convert_to_numpy(v.value) for v in fresh.variables],
+                    (random.getstate(), np.random.get_state()))
             del fresh
+            size = sum(v.nbytes for v in kept[0])
+            while self._kept and sum(v.nbytes for vs, _ in self._kept.values() for v in vs) + size > self.MOST_BYTES:
+                self._kept.popitem(last=False)
+            self._kept[key] = kept
         else:
-            random.setstate(self._states[0])
-            np.random.set_state(self._states[1])
-        return self._values
+            self._kept.move_to_end(key)
+            random.setstate(kept[1][0])
+            np.random.set_state(kept[1][1])
+        return kept[0]
 
 
 INITIAL = InitialWeights()  # one per process

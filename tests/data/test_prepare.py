@@ -458,6 +458,34 @@ def test_given_a_manifest_whose_files_went_missing_when_loading_then_it_is_not_t
     assert victim.exists() and again["chosen"] == manifest["chosen"]
 
 
+def test_given_unchanged_class_folders_when_loading_again_then_their_files_are_not_listed_until_one_changes(
+        small_archive, tmp_path, monkeypatch):
+    from catsdogs import manifest as manifest_module
+
+    # given: a finished prepare whose folders were last changed long before (older than the racy window)
+    data = tmp_path / "data"
+    manifest, _ = run(data, small_archive.path, per_class=20, split=(12, 4, 4), size=32)
+    past = time.time() - 60
+    for folder in (p for p in data.rglob("*") if p.is_dir()):
+        os.utime(folder, (past, past))
+    listed = []
+    monkeypatch.setattr(manifest_module, "count_files", lambda root, count=manifest_module.count_files:
+                        listed.append(root) or count(root))
+
+    # when it is loaded three times
+    loads = [load_manifest(data) for _ in range(3)]
+    # then its files were listed once, and each load is the finished manifest
+    assert len(listed) == 1 and all(m == manifest for m in loads)
+
+    # when a file goes missing behind its back, then the next load lists again and is not taken as finished
+    victim = data / "standard" / "train" / "Cat" / manifest["chosen"]["Cat"]["train"][0]
+    victim.unlink()
+    assert load_manifest(data) is None and len(listed) == 2
+    # and a folder changed within the racy window is listed at every load (a change in the same
+    # clock tick would leave its time as it was)
+    assert load_manifest(data) is None and load_manifest(data) is None and len(listed) == 4
+
+
 def _start(data: Path, seed: int, per_class: int = 40) -> subprocess.Popen:
     """`python -m catsdogs prepare --source synthetic` in its own session (so its workers too)."""
     args = [sys.executable, "-m", "catsdogs", "prepare", "--source", "synthetic", "--data-dir", str(data),

@@ -133,6 +133,47 @@ def test_a_trial_is_bit_identical_alone_or_as_a_later_trial_of_a_worker(keras_ba
     assert outcome(records[0]) != outcome(in_worker)  # another seed: really another trial
 
 
+def test_a_seeds_initial_weights_are_built_once_however_the_seeds_interleave_within_the_byte_bound(monkeypatch):
+    import random
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from catsdogs.training import steps
+
+    # given a model whose build (counted) draws its weights from NumPy's generator, 1 MiB a seed
+    builds = []
+
+    def build(cfg):
+        builds.append(cfg.seed)
+        return SimpleNamespace(variables=[SimpleNamespace(value=np.random.random(2**17))])
+
+    step = SimpleNamespace(user=None, _build=build)
+    kept = steps.InitialWeights()
+
+    def trial(seed):
+        return SimpleNamespace(image_size=64, precision="float32", seed=seed)
+
+    def values(seed):
+        np.random.seed(seed)
+        random.seed(seed)
+        return kept.values(step, trial(seed))[0].copy(), np.random.random()
+
+    # when a race's trials run an arm at a time over seeds 0-5, three arms
+    first = {seed: values(seed) for seed in range(6)}
+    later = [values(seed) for _ in range(2) for seed in range(6)]
+    # then each seed's model is built once, its weights are the same each time, and NumPy draws
+    # after a kept seed's reset what it drew after the build
+    assert builds == list(range(6))
+    assert all(np.array_equal(w, first[i % 6][0]) and after == first[i % 6][1] for i, (w, after) in enumerate(later))
+    # and no more than MOST_BYTES are kept: the oldest goes first, and is built again when asked
+    monkeypatch.setattr(steps.InitialWeights, "MOST_BYTES", 3 * 2**20)
+    values(6)
+    assert builds == [*range(7)] and len(kept._kept) == 3
+    values(0)
+    assert builds == [*range(7), 0]
+
+
 def without_noise(record) -> tuple:
     """`outcome`, the noise scale's fields left out of the history."""
     digest, acc, loss, history, steps = outcome(record)
