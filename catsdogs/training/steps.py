@@ -98,7 +98,7 @@ class TrainingStep:
         self.strategy = backend.distribution(cfg.strategy)
         self.user, self.backend = user, backend
         keras.mixed_precision.set_dtype_policy(cfg.precision)
-        backend.seed(cfg.seed)  # (keras.utils.set_random_seed's, keeping the other steps' kernels)
+        self._seed(cfg.seed)
         with self.strategy.scope():
             self.model = self._build(cfg)
             if user:
@@ -118,6 +118,16 @@ class TrainingStep:
             self._opt_start.append(value if value.any() else None)
         self.nbytes = step_bytes(cfg, self.model.count_params() if user else None)
 
+    def _seed(self, seed: int) -> None:
+        """The article's model: the backend's seed, keeping every compiled function's kernels (its
+        random ops are Keras's, stateless). A user's model may hold a layer that calls a stateful
+        TensorFlow random op, whose stream only the kernel cache's clearing restarts:
+        keras.utils.set_random_seed, as before 0.41.0."""
+        if self.user is None:
+            self.backend.seed(seed)
+        else:
+            keras.utils.set_random_seed(seed)
+
     def _build(self, cfg: TrialConfig):
         return user_model.build(self.user[0]) if self.user else build_model(cfg.image_size)
 
@@ -125,7 +135,7 @@ class TrainingStep:
         """The state a freshly built model of `cfg.seed` starts from: its weights (drawn as a
         new process draws them; a saved model's as saved), the optimizer's variables as built."""
         keras.mixed_precision.set_dtype_policy(cfg.precision)
-        self.backend.seed(cfg.seed)  # keras.utils.set_random_seed's, less TensorFlow's kernels rebuilt
+        self._seed(cfg.seed)
         # every variable, a Dropout's seed state too (`weights` leaves it out: a reused step then
         # drew other masks than a fresh one)
         for target, value in zip(self.model.variables, INITIAL.values(self, cfg), strict=True):
@@ -140,14 +150,15 @@ class InitialWeights:
     """The variables a freshly built model of a seed starts with, kept for the next trial of that
     seed. Every shape of a seed (optimizer, batch size, data set) starts from the same weights:
     building the model again for each is time a trial need not spend (at 200 px, 41 million
-    numbers drawn; at 64 px 0.07-0.1 s a trial here). A sweep runs seed-major, but a race runs an
-    arm at a time over up to 18 seeds (catsdogs.measure.race), so the seed changes at every
-    trial: the most recent seeds' are kept, within MOST_BYTES (at 64 px 19 seeds, 17 MB each; at
-    200 px one, 164 MB). Building draws from Python's and NumPy's global generators (Keras's
-    default seeds): their states after the build are kept too, and put back, so what follows a
-    reset draws as it would after a build."""
+    numbers drawn; at 64 px 0.05 s a trial here). A sweep runs seed-major, but a race runs an arm
+    at a time over up to 18 seeds (catsdogs.measure.race), so the seed changes at every trial: the
+    most recently used seeds' are kept, within MOST_BYTES (at 64 px 15 seeds of 17 MB, enough for
+    a rung's new seeds, 2, 4 and 12; at 128 px 3 of 67 MB, too few for them: a race there builds as
+    before; at 200 px one of 164 MB, as before). Building draws from Python's and NumPy's global
+    generators (Keras's default seeds): their states after the build are kept too, and put back, so
+    what follows a reset draws as it would after a build."""
 
-    MOST_BYTES = 320 * 2**20
+    MOST_BYTES = 256 * 2**20
 
     def __init__(self):
         self._kept: OrderedDict[tuple, tuple[list, tuple]] = OrderedDict()  # key -> (values, states), oldest first

@@ -199,9 +199,9 @@ def test_tensorflow_seed_draws_as_keras_set_random_seed_and_keeps_the_compiled_k
     import numpy as np
     import tensorflow as tf
 
-    def draws():  # Python's, NumPy's and Keras's global generators, and TensorFlow's global seed
+    def draws():  # Python's, NumPy's and Keras's global generators, TensorFlow's global and op seeds
         return (random.random(), float(np.random.random()), float(keras.random.uniform(())),
-                tf.compat.v1.random.get_seed(None)[0])
+                tf.compat.v1.random.get_seed(None), tf.compat.v1.random.get_seed(None))
 
     # given the generators seeded by Keras's own set_random_seed, then by the backend's seed
     keras.utils.set_random_seed(7)

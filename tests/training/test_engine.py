@@ -157,21 +157,44 @@ def test_a_seeds_initial_weights_are_built_once_however_the_seeds_interleave_wit
     def values(seed):
         np.random.seed(seed)
         random.seed(seed)
-        return kept.values(step, trial(seed))[0].copy(), np.random.random()
+        return kept.values(step, trial(seed))[0].copy(), np.random.random(), random.random()
 
     # when a race's trials run an arm at a time over seeds 0-5, three arms
     first = {seed: values(seed) for seed in range(6)}
     later = [values(seed) for _ in range(2) for seed in range(6)]
-    # then each seed's model is built once, its weights are the same each time, and NumPy draws
-    # after a kept seed's reset what it drew after the build
+    # then each seed's model is built once, its weights are the same each time, and NumPy and
+    # Python draw after a kept seed's reset what they drew after the build
     assert builds == list(range(6))
-    assert all(np.array_equal(w, first[i % 6][0]) and after == first[i % 6][1] for i, (w, after) in enumerate(later))
-    # and no more than MOST_BYTES are kept: the oldest goes first, and is built again when asked
+    assert all(np.array_equal(w, first[i % 6][0]) and (np_after, py_after) == first[i % 6][1:]
+               for i, (w, np_after, py_after) in enumerate(later))
+    # and no more than MOST_BYTES are kept: the least recently used goes first (seed 3, not seed
+    # 0 asked again just now), and is built again when asked
     monkeypatch.setattr(steps.InitialWeights, "MOST_BYTES", 3 * 2**20)
-    values(6)
-    assert builds == [*range(7)] and len(kept._kept) == 3
     values(0)
-    assert builds == [*range(7), 0]
+    values(6)
+    assert builds == [*range(7)] and list(k[-1] for k in kept._kept) == [5, 0, 6]
+    values(0)
+    values(3)
+    assert builds == [*range(7), 3]
+
+
+def test_the_articles_model_is_seeded_by_the_backend_and_a_users_by_keras_which_restarts_stateful_kernels(monkeypatch):
+    from types import SimpleNamespace
+
+    import keras
+
+    from catsdogs.training import steps
+
+    # given a backend and Keras whose seeding is recorded
+    seeded = []
+    backend = SimpleNamespace(seed=lambda seed: seeded.append(("backend", seed)))
+    monkeypatch.setattr(keras.utils, "set_random_seed", lambda seed: seeded.append(("keras", seed)))
+    # when the article's model's step and a user's model's step are seeded
+    steps.TrainingStep._seed(SimpleNamespace(user=None, backend=backend), 3)
+    steps.TrainingStep._seed(SimpleNamespace(user=("examples.example_models:small_cnn", "auto"), backend=backend), 4)
+    # then the article's keeps its kernels (the backend's seed) and the user's takes Keras's own,
+    # whose TensorFlow seed restarts any stateful random op a layer of its own may call
+    assert seeded == [("backend", 3), ("keras", 4)]
 
 
 def without_noise(record) -> tuple:

@@ -277,10 +277,11 @@ def seed(seed: int) -> None:
     optimisation each. A reused step's reset paid it every trial: its first training step, its
     first validation (0.05 s at 40 px here, against 0.006 s after) and its test, 0.1-0.15 s of
     the quick plan's 0.2-0.24 s a trial besides training, and as much inside its training
-    (benchmarks/bench_trial_overhead.py --split). A trial draws nothing from a stateful
-    TensorFlow kernel: Keras's random ops are stateless, seeded from SeedGenerator variables a
-    reset puts back, and the batches' order is NumPy's; the weights' digests are those a fresh
-    process trains (tests/training/test_engine.py). Keras's private names are its own
+    (benchmarks/bench_trial_overhead.py --split). A trial of the article's model draws nothing
+    from a stateful TensorFlow kernel: Keras's random ops are stateless, seeded from SeedGenerator
+    variables a reset puts back, and the batches' order is NumPy's; the weights' digests are those
+    a fresh process trains (tests/training/test_engine.py). A user's model, whose own layers may
+    call one, is seeded by Keras's set_random_seed instead (steps.TrainingStep._seed). Keras's private names are its own
     set_random_seed's (tests/runtime/test_backends.py holds the two to the same draws)."""
     import random
 
