@@ -2,7 +2,7 @@
 at every trial: what keeping every seed's diagnosis of the model as it starts saves.
 
 A race runs an arm at a time over its seeds (catsdogs.measure.race_run), so a worker that kept the
-last seed's initial diagnosis alone (catsdogs 0.40.0 and before) made it again at every trial: a
+last seed's initial diagnosis alone (catsdogs 0.39.0, and 0.40.0's first commit) made it again at every trial: a
 pass over the test set. This runs the race's kind of trial (SGD until val_loss 0.49 with the
 curve every 256 images, `stop_at_chance`, at most 12 epochs) in one process, arm by arm over
 `--seeds` seeds, with MOST_INITIAL diagnoses kept and with one kept (the old rule), A B A B, and

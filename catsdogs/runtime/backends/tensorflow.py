@@ -281,8 +281,9 @@ def seed(seed: int) -> None:
     from a stateful TensorFlow kernel: Keras's random ops are stateless, seeded from SeedGenerator
     variables a reset puts back, and the batches' order is NumPy's; the weights' digests are those
     a fresh process trains (tests/training/test_engine.py). A user's model, whose own layers may
-    call one, is seeded by Keras's set_random_seed instead (steps.TrainingStep._seed). Keras's private names are its own
-    set_random_seed's (tests/runtime/test_backends.py holds the two to the same draws)."""
+    call one, is seeded by Keras's set_random_seed instead (steps.TrainingStep._seed). Keras's
+    private names are its own set_random_seed's (tests/runtime/test_backends.py holds the two to
+    the same draws)."""
     import random
 
     import numpy as np
