@@ -12,6 +12,7 @@ the versions of what computes a result (`versions`), and a trial's whole environ
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 import resource
@@ -271,6 +272,12 @@ class NvmlSampler:
 
 def versions() -> dict:
     """The versions of what computes a result; no framework is imported to find them."""
+    return dict(_versions())
+
+
+@functools.cache
+def _versions() -> dict:
+    """Read once a process (8 ms through importlib.metadata: a race's every wave asked again)."""
     out = {"python": platform.python_version(), "catsdogs": __version__}
     for pkg in ("pillow", "numpy", "tensorflow", "keras", "jax"):
         with contextlib.suppress(metadata.PackageNotFoundError):

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -152,15 +152,18 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path,
     out = Path(out)
     sweep_dir = out / name
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    # asdict's, without its deep copy of every field (each a number, a string or None): a race's
+    # every wave registers its every trial so far
+    configs = [{name: getattr(c, name) for name in CONFIG_FIELDS} for c in grid]
     resolved = {
         "name": name, **(sweep_config or {}), "data_dir": str(Path(data_dir).resolve()),
         "noise_scale": noise_sampling.as_dict() if noise_sampling else None, "eval_every": eval_every,
         "data": _data_record(data_dir, user), **({"user_model": user} if user else {}),
-        "trials": [asdict(c) for c in grid], "versions": versions(),
+        "trials": configs, "versions": versions(),
     }
     write_json_atomic(sweep_dir / "sweep.json", resolved)
     with Store(store_path(out)) as store:
-        keys = store.register_sweep(name, resolved, [asdict(c) for c in grid], overwrite=overwrite)
+        keys = store.register_sweep(name, resolved, configs, overwrite=overwrite)
         csv_path = store.export_csv(name, sweep_dir / "results.csv")
         counts = store.counts(keys)
     total = len(keys)
@@ -170,7 +173,8 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path,
         f"and {csv_path}")
     board = _Board(total, already, workers, log)
     runners = kept if kept is not None else make_slots(out, settings)
-    work = dict(keys=keys, by_key={c.key(): c for c in grid}, data_dir=data_dir, out=out, name=name,
+    by_key = {c.key(): c for c in grid}
+    work = dict(keys=keys, by_key=by_key, shape_of={k: repr(c.shape()) for k, c in by_key.items()}, data_dir=data_dir, out=out, name=name,
                 board=board, retry_failed=retry_failed,
                 noise_sampling=noise_sampling.as_dict() if noise_sampling else None, eval_every=eval_every,
                 on_finished=on_finished, user=user)
@@ -244,6 +248,7 @@ def _ended(name: str, keys: list[str], out: Path, log) -> dict:
     return counts
 
 
+CONFIG_FIELDS = tuple(f.name for f in fields(TrialConfig))
 RUNNING_ELSEWHERE = "running_elsewhere"  # counts' key: trials another live sweep is running
 RETRY_HINT = "the same command with --retry-failed runs them again"
 
@@ -262,11 +267,14 @@ def succeeded(counts: dict, total: int) -> bool:
     return counts[Status.DONE] + counts.get(RUNNING_ELSEWHERE, 0) == total
 
 
-def claim_order(keys: list[str], by_key: dict[str, TrialConfig], shapes: set[str]) -> list[str]:
+def claim_order(keys: list[str], by_key: dict[str, TrialConfig], shapes: set[str],
+                shape_of: dict[str, str] | None = None) -> list[str]:
     """The order a slot claims in: seed-major, and within a seed the trials whose compiled step
-    the slot's worker keeps first, then the rest in the grid's order."""
+    the slot's worker keeps first, then the rest in the grid's order. `shape_of`: each key's
+    `repr(shape())`, made once per sweep (a slot orders what is left at every claim)."""
     position = {k: i for i, k in enumerate(keys)}
-    return sorted(keys, key=lambda k: (by_key[k].seed, repr(by_key[k].shape()) not in shapes, position[k]))
+    shape_of = shape_of or {k: repr(by_key[k].shape()) for k in keys}
+    return sorted(keys, key=lambda k: (by_key[k].seed, shape_of[k] not in shapes, position[k]))
 
 
 def _slot_thread(runner: Slot, slot: int, ended: threading.Event, **work) -> None:
@@ -296,7 +304,7 @@ def _say_finished(name: str, counts: dict, total: int, retry_failed: bool, log) 
     return already
 
 
-def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: _Board, retry_failed,
+def _work(runner: Slot, slot: int, *, keys, by_key, shape_of, data_dir, out, name, board: _Board, retry_failed,
           noise_sampling, eval_every, on_finished=None, user=None) -> None:
     """Claim, run, record; until nothing is left or the sweep is stopped. A trial answered with
     its weights' digest still being hashed (a GPU worker's: Slot.digest) is held, and recorded
@@ -309,7 +317,7 @@ def _work(runner: Slot, slot: int, *, keys, by_key, data_dir, out, name, board: 
             while not (board.stop.is_set() or board.halt.is_set()):
                 with board.lock:
                     left = [k for k in keys if k not in board.attempted]
-                    row = store.claim(claim_order(left, by_key, runner.shapes()), retry_failed=retry_failed)
+                    row = store.claim(claim_order(left, by_key, runner.shapes(), shape_of), retry_failed=retry_failed)
                     if row is None:
                         return
                     board.attempted.add(row["key"])

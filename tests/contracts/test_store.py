@@ -3,6 +3,8 @@ sweep runs, and a reader's consistent snapshot."""
 
 from __future__ import annotations
 
+import csv
+import io
 import multiprocessing
 import os
 import sqlite3
@@ -20,7 +22,7 @@ from catsdogs.cli import cli
 from catsdogs.messages import TrialRecord
 from catsdogs.plans import trials
 from catsdogs.schema import Status, TrialConfig
-from catsdogs.store import Store, StoreError
+from catsdogs.store import CSV_COLUMNS, Store, StoreError
 from catsdogs.training import sweep
 
 
@@ -195,7 +197,7 @@ def test_a_sweep_whose_trials_failed_says_so_again_and_names_retry_failed(data_d
 
 CLAIM_AND_DIE = """
 import os, sys
-from catsdogs.store import Store, StoreError
+from catsdogs.store import CSV_COLUMNS, Store, StoreError
 from catsdogs.training.sweep import SweepSettings
 store = Store(sys.argv[1])
 store.claim([sys.argv[2]])
@@ -374,3 +376,31 @@ def test_a_csv_that_cannot_be_written_is_a_warning_and_the_result_is_stored(data
         assert [t["status"] for t in store.trials("s")] == [Status.DONE]
     assert len(lines) == 1 and lines[0].startswith(f"Warning: {tmp_path / 's' / 'results.csv'} not written")
     assert lines[0].endswith("the result is in the store, and the sweep goes on")
+
+
+def test_a_sweeps_csv_is_every_trials_columns_as_the_store_shows_them(data_dir, tmp_path):
+    # given a sweep's trials in every state a reader sees: done (with its history, which the CSV
+    # leaves out), failed with an error CSV must quote, left running by a dead sweep, and pending
+    grid = grid_of(data_dir, batch_sizes=(4, 8, 16, 32))
+    path = tmp_path / "results.sqlite"
+    with Store(path) as store:
+        keys = register(store, grid)
+        for key, record in zip(keys[:2], (
+                TrialRecord(status=Status.DONE, test_accuracy=0.625, images_per_second=123.456789, steps=7,
+                            history=[{"epoch": 1, "loss": 0.69}], env={"keras": "3"}),
+                TrialRecord(status=Status.FAILED, error='a "quoted", comma\nand a second line')), strict=True):
+            store.claim([key])
+            store.finish(key, record)
+        with store.transaction() as db:
+            db.execute("UPDATE trials SET status='running', owner='999999-deadbeef0000' WHERE key=?", (keys[2],))
+        # when it is exported
+        store.export_csv("s", tmp_path / "s" / "results.csv")
+        # then the file is each trial's CSV columns, as `trials` decodes and shows them, in the sweep's order
+        expected = io.StringIO()
+        writer = csv.DictWriter(expected, fieldnames=CSV_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: t.get(k) for k in CSV_COLUMNS} for t in store.trials("s"))
+    assert (tmp_path / "s" / "results.csv").read_text() == expected.getvalue()
+    rows = list(csv.DictReader(io.StringIO(expected.getvalue())))
+    assert [r["status"] for r in rows] == ["done", "failed", "interrupted", "pending"]
+    assert rows[1]["error"] == 'a "quoted", comma\nand a second line' and rows[0]["images_per_second"] == "123.456789"

@@ -108,6 +108,7 @@ def h200_race(out, data, b_noise: float, seed: int = 0) -> tuple[RaceDevice, dic
     return device, record, seconds
 
 
+@pytest.mark.xdist_group("h200-race")  # one test process prepares the 1,232 images (10 s), not both
 @pytest.mark.parametrize("b_noise", [8.0, 64.0], ids=["a-small-size-best", "128-best"])
 def test_on_the_h200s_recorded_step_times_and_fixed_cost_the_race_answers_within_its_tie(tmp_path, prepared_data,
                                                                                         b_noise):

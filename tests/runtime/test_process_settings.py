@@ -344,3 +344,14 @@ def test_ctrl_c_while_a_worker_starts_ends_it_at_once(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         w.start()
     assert started and w.proc.poll() is not None
+
+
+def test_the_versions_are_read_once_a_process_and_each_caller_gets_its_own_copy(monkeypatch):
+    # given the versions read once (a race's every wave records them)
+    first = host.versions()
+    # when a caller changes its copy, and the package metadata can no longer be read
+    first["keras"] = "changed by a caller"
+    monkeypatch.setattr(host.metadata, "version", lambda pkg: (_ for _ in ()).throw(AssertionError("read again")))
+    # then the next caller gets the versions as read, without reading them again
+    again = host.versions()
+    assert again["catsdogs"] == first["catsdogs"] and again.get("keras") != "changed by a caller"

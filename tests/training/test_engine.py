@@ -67,6 +67,9 @@ def test_a_slot_claims_cached_shapes_first_within_the_lowest_seed():
     # then seed 0 comes first either way, and within it the shape the worker holds
     assert claim_order(keys, by_key, sgd) == [b0.key(), a0.key(), b1.key(), a1.key()]
     assert claim_order(keys, by_key, set()) == keys
+    # and so with the shapes made once for the sweep, as its slots claim
+    shape_of = {k: repr(c.shape()) for k, c in by_key.items()}
+    assert claim_order(keys, by_key, sgd, shape_of) == [b0.key(), a0.key(), b1.key(), a1.key()]
 
 
 def test_the_digest_is_every_weights_bytes_hashed_in_order_as_before(monkeypatch):
