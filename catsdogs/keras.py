@@ -108,7 +108,7 @@ class GradientNoiseScale(keras.callbacks.Callback):
                     else self.sampling())
         # engine's view of a trained model: the article's (user None) or any other, its loss, its cache
         step = SimpleNamespace(user=None if article else ("callback", "auto"), model=self.model, loss=loss,
-                               gram_functions=self._cache)
+                               compiled=self._cache)
         return engine.noise_estimate_at(step, Split(self.images, self.labels, []), sampling, self.seed, epoch,
                                         backends.current())
 

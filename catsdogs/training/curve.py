@@ -14,16 +14,17 @@ Where it runs, and why it changes nothing in training:
 - mid-epoch Keras's JAX trainer holds the weights apart from the model: the backend's
   `sync_weights` puts them back (the trainer's own protocol for callbacks that read the model),
   and fit takes them up again from there at its next step;
-- `model.evaluate` resets the compiled metrics, which fit is accumulating the epoch's loss and
-  accuracy in: they are saved before and put back after, so the epoch's logs are as without it;
+- the backend's `evaluate` leaves the metrics fit is accumulating the epoch's loss and accuracy
+  in as they were, so the epoch's logs are as without it;
 - its time is outside the epoch's clocks (EpochTimer.outside_training, after waiting for the
   steps dispatched so far), as the noise scale's is;
 - the first point, the model as it starts, is the same for every trial of a seed (the same
   weights, the same batches: as `diagnosis.initial_diagnosis` says), so a worker evaluates it once
   per seed, model, image size, precision and data;
-- at an epoch's end fit has just validated these weights on the same batches (the trial's
-  validation split at config.EVAL_BATCH_SIZE), so the point takes fit's `val_loss` and
-  `val_accuracy` from the epoch's logs instead of evaluating them a second time: at a large batch,
+- at an epoch's end the epoch's validation (fit's own, or the timer's: Backend.FIT_VALIDATES)
+  has just validated these weights on the same batches (the trial's validation split at
+  config.EVAL_BATCH_SIZE), so the point takes its `val_loss` and `val_accuracy` from the
+  epoch's logs instead of evaluating them a second time: at a large batch,
   one or a few steps an epoch, that was every other evaluation of a trial (the race's trials at
   1,200 on 1,200 training images: two a step).
 
@@ -73,8 +74,9 @@ class Curve(keras.callbacks.Callback):
 
     def __init__(self, every: int, batch_size: int, accumulate: int, per_epoch: int, val_batches, timer,
                  backend, target: Target | None = None, epochs: int | None = None, start_key: tuple | None = None,
-                 stop_at: int | None = None, stop_at_chance: bool = False):
+                 stop_at: int | None = None, stop_at_chance: bool = False, compiled: dict | None = None):
         super().__init__()
+        self.compiled = compiled  # what the backend's `evaluate` compiles, kept (the step's)
         self.stop_at, self.stop_at_chance = stop_at, stop_at_chance
         self.start_key = start_key  # what decides the model as it starts (None: evaluate it every time)
         self.every, self.batch_size, self.accumulate, self.per_epoch = every, batch_size, accumulate, per_epoch
@@ -157,15 +159,10 @@ class Curve(keras.callbacks.Callback):
     def _evaluate(self, done: int, train_seconds: float, logs: dict | None = None) -> None:
         started = time.perf_counter()
         model = self.model
-        if logs and all(k in logs for k in VAL):  # fit's own validation just now, or the start's known one
+        if logs and all(k in logs for k in VAL):  # the epoch's validation just now, or the start's known one
             val_loss, val_accuracy = (logs[k] for k in VAL)
-        else:
-            # fit's epoch so far (before the first evaluation the metrics may not be built: nothing to keep)
-            variables = list(model.metrics_variables)
-            running = [keras.ops.convert_to_numpy(v.value) for v in variables]
-            val_loss, val_accuracy = model.evaluate(self.val_batches, verbose=0)
-            for variable, value in zip(variables, running, strict=True):
-                variable.assign(value)
+        else:  # (fit's running metrics left as they are: the backend's `evaluate`)
+            val_loss, val_accuracy = self.backend.evaluate(model, self.val_batches, self.compiled)
         examples = done * self.batch_size
         self.points.append({"step": done // self.accumulate, "examples": examples,
                             "train_seconds": round(train_seconds, 4),

@@ -36,10 +36,10 @@ def test_and_diagnose(step: steps.TrainingStep, batches, labels: np.ndarray) -> 
     rule (logit > 0 is Dog) give what `model.evaluate` would (the same float32 loss but for the
     order its sum is taken in; the same accuracy). Two passes, evaluate's then the diagnosis's,
     cost a trial a forward pass over the test set more (0.08 s at 400 images on this CPU). A
-    user's model: `model.evaluate`, and no diagnosis."""
+    user's model: the backend's `evaluate` (`model.evaluate`'s figures), and no diagnosis."""
     if step.inspect is None:
-        loss, accuracy = step.model.evaluate(batches, verbose=0)
-        return float(loss), float(accuracy), {}
+        loss, accuracy = step.backend.evaluate(step.model, batches, step.compiled)
+        return loss, accuracy, {}
     hidden, logits = step.inspect.predict(batches, verbose=0)
     labels = np.asarray(labels, dtype=np.float32).reshape(-1, 1)
     # the compiled loss object's per-image values, averaged here: its own reduction divides by a

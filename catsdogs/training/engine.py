@@ -43,7 +43,7 @@ from catsdogs.messages import (
 from catsdogs.runtime import backends
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.training import steps
-from catsdogs.training.curve import Curve, TrainingStopped
+from catsdogs.training.curve import VAL, Curve, TrainingStopped
 from catsdogs.training.diagnosis import initial_diagnosis, test_and_diagnose
 from catsdogs.training.probes import run_memory_plan, run_model_check, run_peak, run_probe
 
@@ -65,8 +65,7 @@ def run_task(task: Task, emit=lambda kind, payload: None):
 def _run_trial_task(task: TrialTask, emit) -> TrialRecord:
     sampling = NoiseSampling(**task.noise_sampling) if task.noise_sampling else None
     key = task.config.key()
-    on_digest = (lambda value, error: emit("digest", {"key": key, "digest": value, "error": error})
-                 ) if task.defer_digest else None
+    on_digest = (lambda value, error: emit("digest", {"key": key, "digest": value, "error": error})) if task.defer_digest else None
     return run_trial(task.config, Path(task.data_dir), on_epoch=lambda row: emit("progress", row),
                      noise_sampling=sampling, eval_every=task.eval_every, user=task.user,
                      on_digest=on_digest)
@@ -89,10 +88,9 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
               eval_every: int | None = None, user: dict | None = None, on_digest=None) -> TrialRecord:
     """Train and test one configuration; return its record (status done). `user`: a user's model
     trained instead of the article's (TrialTask.user), on its folder's images or the prepared data
-    (`_start`); its record has no collapse diagnosis (that reads the article's hidden layer).
-    With `noise_sampling`,
-    the gradient noise scale is measured at the start and at each epoch's end (`noise_estimate_at`),
-    outside the epochs' clocks and without touching what the trial trains with. With `eval_every`
+    (`_start`); its record has no collapse diagnosis (that reads the article's hidden layer). With
+    `noise_sampling`, the gradient noise scale is measured at the start and at each epoch's end
+    (`noise_estimate_at`), outside the epochs' clocks and without touching what the trial trains with. With `eval_every`
     (or the trial's own, with a target), the validation curve (catsdogs.training.curve), and a
     trial with a target stops at the evaluation that reaches it. With `on_digest`, the record comes
     without its weights' digest (`digest_pending`) and `on_digest(digest, error)` gets it from the
@@ -120,14 +118,17 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
     def measure_after(epoch: int) -> dict:
         return measure(epoch).to_record() if noise_sampling.measures(epoch) else {}
 
-    timer = EpochTimer(epochs, on_epoch, backend.wait_for_steps, after_epoch=measure_after if noise_sampling else None)
+    validate = None if val_ds is None or backend.FIT_VALIDATES else lambda: backend.evaluate(model, val_ds, step.compiled)
+    timer = EpochTimer(epochs, on_epoch, backend.wait_for_steps, after_epoch=measure_after if noise_sampling else None,
+                       validate=validate)
     curve = _curve(cfg, cfg.eval_every if cfg.until else eval_every, per_epoch, epochs, val, timer, backend,
-                   start_key=(step.user, cfg.image_size, cfg.precision, cfg.seed, cfg.data, cfg.dataset))
+                   start_key=(step.user, cfg.image_size, cfg.precision, cfg.seed, cfg.data, cfg.dataset),
+                   compiled=step.compiled)
     with step.strategy.scope():  # JAX's trainer reads its distribution when fit runs
         initial = initial_diagnosis(step, cfg, test_ds)  # the model as it starts (changes nothing)
         initial_noise = measure(0) if noise_sampling and noise_sampling.measures(0) else None
         fit_started = time.time()
-        hist = _fit(model, train_ds, val_ds, epochs, per_epoch, timer, curve)
+        hist = _fit(model, train_ds, val_ds if backend.FIT_VALIDATES else None, epochs, per_epoch, timer, curve)
         fit_seconds = time.time() - fit_started
         digest_started = time.perf_counter()
         digest = start_weights_digest(model, then=on_digest)  # hashed while the trial evaluates and tests
@@ -156,17 +157,17 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
 
 
 def eval_batch_size() -> int:
-    """The batch size every trial validates and tests at, whatever it trains at (as the
-    validation curve does): config.EVAL_BATCH_SIZE. Evaluation changes no weight and each image's
-    prediction is its own, so accuracies are the same at any batch size (a loss's mean differs in
-    float32 rounding only), while a small training batch would make evaluation pay Keras's
-    per-step overhead many times over. One size for all also makes the model as it starts evaluate alike in every trial
-    of a seed (`initial_diagnosis`), and a model handed in as a user's alike to the built-in one."""
+    """The batch size every trial validates and tests at, whatever it trains at (as the validation curve
+    does): config.EVAL_BATCH_SIZE. Evaluation changes no weight and each image's prediction is its own, so
+    accuracies are the same at any batch size (a loss's mean differs in float32 rounding only), while a
+    small training batch would make evaluation pay Keras's per-step overhead many times over. One size for
+    all also makes the model as it starts evaluate alike in every trial of a seed (`initial_diagnosis`),
+    and a model handed in as a user's alike to the built-in one."""
     return config.EVAL_BATCH_SIZE
 
 
 def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, epochs: int, val, timer: EpochTimer,
-           backend, start_key: tuple | None = None) -> Curve | None:
+           backend, start_key: tuple | None = None, compiled: dict | None = None) -> Curve | None:
     """The trial's validation curve every `every` training images, stopping at its target if it has one."""
     if not every:
         return None
@@ -176,7 +177,7 @@ def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, epochs: int, val
     target = targets.parse(cfg.until) if cfg.until else None
     capped = cfg.max_steps if cfg.max_steps and cfg.max_steps < per_epoch * epochs else None  # (else: the epochs end it)
     return Curve(every, cfg.batch_size, cfg.accumulate, per_epoch, backend.eval_batches(val, config.EVAL_BATCH_SIZE),
-                 timer, backend, target, epochs=epochs, start_key=start_key, stop_at=capped,
+                 timer, backend, target, epochs=epochs, start_key=start_key, stop_at=capped, compiled=compiled,
                  stop_at_chance=cfg.stop_at_chance)
 
 
@@ -296,9 +297,10 @@ class EpochTimer(keras.callbacks.Callback):
     Keras's JAX trainer has put the weights back on the model, so they can be read. What runs
     inside `outside_training()` (the curve's evaluations mid-epoch) is in neither clock either."""
 
-    def __init__(self, n_epochs: int, on_epoch=None, wait_for_steps=lambda model: None, after_epoch=None):
+    def __init__(self, n_epochs: int, on_epoch=None, wait_for_steps=lambda model: None, after_epoch=None, validate=None):
         super().__init__()
         self.n_epochs, self.on_epoch, self.wait_for_steps, self.after_epoch = n_epochs, on_epoch, wait_for_steps, after_epoch
+        self.validate = validate  # () -> the epoch's (val_loss, val_accuracy), where fit does not validate
         self.epochs: list[dict] = []
         self.t0: float | None = None  # the running epoch's start (None between epochs)
         self.outside = 0.0  # the running epoch's seconds outside training
@@ -312,8 +314,11 @@ class EpochTimer(keras.callbacks.Callback):
             self.t_train = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.t_train is None:  # no validation: training ends with the epoch
+        if self.t_train is None:  # fit did not validate: training ends with the epoch
             self.wait_for_steps(self.model)
+            if self.validate is not None:  # ... and the validation comes now, in the epoch's logs
+                self.t_train = time.perf_counter()
+                logs.update(zip(VAL, self.validate(), strict=True))
         end = time.perf_counter()
         self._close({"epoch": epoch + 1, "train_seconds": (self.t_train or end) - self.t0 - self.outside,
                      "seconds": end - self.t0 - self.outside}, logs)
@@ -434,12 +439,12 @@ def noise_estimate_at(step: steps.TrainingStep, split, sampling: NoiseSampling, 
     chunks = [indices[i:i + per_call].ravel() for i in range(0, sampling.pairs, per_call)]
     if step.user:  # any model: the two-batch estimator on ordinary gradients, each micro-batch a unit
         grams = [backend.micro_gradient_gram(step.model, step.loss, split.images[chunk], split.labels[chunk],
-                                             sampling.micro, sampling.micros, cache=step.gram_functions)
+                                             sampling.micro, sampling.micros, cache=step.compiled)
                  for chunk in chunks]
         small, large = gradient_noise.norms_from_gram(np.concatenate(grams), 1)
     else:
         grams = [backend.per_example_gram(step.model, split.images[chunk], split.labels[chunk], sampling.large,
-                                          cache=step.gram_functions) for chunk in chunks]
+                                          cache=step.compiled) for chunk in chunks]
         small, large = gradient_noise.norms_from_gram(np.concatenate(grams), sampling.micro)
     estimate = gradient_noise.estimate(small, large, sampling.micro, sampling.large, epoch=epoch)
     return replace(estimate, seconds=round(time.perf_counter() - started, 4))

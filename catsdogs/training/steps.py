@@ -110,7 +110,7 @@ class TrainingStep:
             self.model.optimizer.build(self.model.trainable_variables)
             # the engine's collapse diagnosis reads the article's hidden layer; a user's model has none of its own
             self.inspect = None if user else inspection_model(self.model)
-        self.gram_functions: dict = {}  # the noise measurement's compiled functions (backends.*.per_example_gram)
+        self.compiled: dict = {}  # what the backend compiles for this step: the noise scale's Gram functions, `evaluate`
         # The optimizer's starting state: zeros (slots, iterations) but for a few scalars.
         self._opt_start = []
         for v in self.model.optimizer.variables:

@@ -59,7 +59,7 @@ def test_each_backend_module_provides_the_backend_protocol(module):
     # given a backend's module, imported without its framework
     methods = protocol_methods(Backend)
     # then it is a Backend: every name the engine and the worker call, each taking what the protocol says
-    assert isinstance(module, Backend) and len(methods) == 24
+    assert isinstance(module, Backend) and len(methods) == 25
     for name, sig in methods.items():
         got = inspect.signature(getattr(module, name))
         assert [(p.name, p.default) for p in got.parameters.values()] == \
@@ -404,3 +404,55 @@ def test_the_epoch_timer_stamps_the_end_of_training_after_the_steps_have_run():
     timer.on_epoch_end(1)
     # then both epochs' training time holds the steps' 0.2 s
     assert [r["train_seconds"] >= 0.2 for r in rows] == [True, True]
+
+
+OWN_EVALUATION = r"""
+import json, sys
+from pathlib import Path
+from catsdogs.manifest import load_manifest
+from catsdogs.runtime import backends
+from catsdogs.runtime.backends import jax as jb, keras_evaluate
+from catsdogs.schema import TrialConfig
+backend = backends.current(); backend.start()
+from catsdogs.training import engine
+data_dir = Path(sys.argv[1]); data = load_manifest(data_dir)
+ours = (jb.FIT_VALIDATES, jb.evaluate)
+kerass = (True, lambda model, batches, cache=None: keras_evaluate(model, batches))  # 0.41.0's way
+
+def record(seed, until, way):
+    jb.FIT_VALIDATES, jb.evaluate = way
+    cfg = TrialConfig("sgd", 8, "standard", seed, epochs=3, image_size=data["params"]["size"], lr=0.05,
+                      data=data["fingerprint"]["standard"], until=until, eval_every=64 if until else None,
+                      backend="jax", **backends.process_settings())
+    r = engine.run_trial(cfg, data_dir)
+    clockless = lambda rows: [{k: v for k, v in row.items() if "seconds" not in k} for row in rows or []]
+    return {"history": clockless(r.history), "curve": clockless(r.curve), "test": [r.test_loss, r.test_accuracy],
+            "digest": r.weights_digest}, [r.compiles, r.compile_cache_hits]
+
+runs = [(record(seed, until, kerass), record(seed, until, ours)) for until in (None, "val_loss=0.1") for seed in (0, 1)]
+print(json.dumps({"fit_validates": ours[0], "runs": [(k[0], o[0]) for k, o in runs],
+                  "compiles": [o[1] for _, o in runs]}))
+"""
+
+
+@pytest.mark.slow
+@needs_jax
+def test_on_jax_each_epochs_validation_and_the_curves_points_are_kerass_own_bit_for_bit(data_dir):
+    # given JAX trials (with and without a curve evaluated mid-epoch, every 64 images at batch 8)
+    # validated by Keras's fit and evaluate, as up to 0.41.0, and the same trials validated by the
+    # timer and the curve with the backend's own jitted `test_step`
+    out = subprocess.run([sys.executable, "-c", OWN_EVALUATION, str(data_dir)], capture_output=True, text=True,
+                         env={**os.environ, "KERAS_BACKEND": "jax"}, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # then fit does not validate on JAX, and every epoch's figures (validation and fit's running
+    # loss and accuracy), every point of the curve, the test's figures and the weights are the same
+    assert result["fit_validates"] is False
+    for kerass, ours in result["runs"]:
+        assert ours == kerass
+        assert all("val_loss" in row for row in ours["history"])
+    # (48 training images, 6 steps an epoch: points at the start, at 64 and 128 images mid-epoch, and the end)
+    assert [len(ours["curve"]) for _, ours in result["runs"]] == [0, 0, 4, 4]
+    # and our evaluation is compiled (or taken from the compilation cache) once, with the step: the
+    # later trials that reuse the step compile nothing
+    assert sum(result["compiles"][0]) > 0 and result["compiles"][1:] == [[0, 0]] * 3, result["compiles"]

@@ -197,7 +197,7 @@ def test_the_callbacks_b_simple_on_the_articles_model_agrees_with_the_sweeps_at_
     fitted = noise.history[-1]
     # when `sweep --noise-scale`'s measurement (8 pairs of 10 images, the epoch's own draw) is taken
     # of the same weights
-    step = SimpleNamespace(user=None, model=model, loss=loss, gram_functions={})
+    step = SimpleNamespace(user=None, model=model, loss=loss, compiled={})
     swept = engine.noise_estimate_at(step, Split(train.images, train.labels, []), NoiseSampling(), 0, 2,
                                      backends.current())
     # then the two 95% intervals of B_simple overlap, each bounded below and its estimate positive

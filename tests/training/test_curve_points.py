@@ -12,6 +12,11 @@ import pytest
 from catsdogs.training.curve import Curve, TrainingStopped
 
 
+def evaluating(**fields) -> SimpleNamespace:
+    """A backend whose `evaluate` is the stand-in model's own, and `fields`."""
+    return SimpleNamespace(evaluate=lambda model, batches, cache=None: tuple(model.evaluate(batches)), **fields)
+
+
 class NoEvaluate:
     """A model whose evaluation must not run."""
     metrics_variables: list = []
@@ -22,7 +27,7 @@ class NoEvaluate:
 
 def curve(model) -> Curve:
     timer = SimpleNamespace(train_seconds_so_far=lambda now=None: 1.5)
-    c = Curve(every=256, batch_size=1200, accumulate=1, per_epoch=1, val_batches=None, timer=timer, backend=None,
+    c = Curve(every=256, batch_size=1200, accumulate=1, per_epoch=1, val_batches=None, timer=timer, backend=evaluating(),
               epochs=12)
     c.set_model(model)
     c.points.append({"examples": 0})
@@ -84,7 +89,7 @@ def test_a_step_cap_evaluates_there_and_stops_training_short_of_the_target():
     model = SimpleNamespace(metrics_variables=[], evaluate=lambda *a, **k: evaluated.append(1) or (0.69, 0.5))
     timer = SimpleNamespace(outside_training=lambda: contextlib.nullcontext(2.0))
     c = Curve(every=256, batch_size=1, accumulate=1, per_epoch=1200, val_batches=None, timer=timer,
-              backend=SimpleNamespace(sync_weights=lambda m: None), target=parse("val_loss=0.1"), epochs=1, stop_at=300)
+              backend=evaluating(sync_weights=lambda m: None), target=parse("val_loss=0.1"), epochs=1, stop_at=300)
     c.set_model(model)
     c.points.append({"examples": 0})
     c.next_at = 256
@@ -108,7 +113,7 @@ def chance_curve(values, stop_at_chance=True, per_epoch=10, batch_size=32):
     model = SimpleNamespace(metrics_variables=[], evaluate=lambda *a, **k: next(results))
     timer = SimpleNamespace(outside_training=lambda: contextlib.nullcontext(2.0), train_seconds_so_far=lambda: 2.0)
     c = Curve(every=64, batch_size=batch_size, accumulate=1, per_epoch=per_epoch, val_batches=None, timer=timer,
-              backend=SimpleNamespace(sync_weights=lambda m: None), target=parse("val_loss=0.5"), epochs=3,
+              backend=evaluating(sync_weights=lambda m: None), target=parse("val_loss=0.5"), epochs=3,
               stop_at_chance=stop_at_chance)
     c.set_model(model)
     c.points.append({"step": 0, "examples": 0, "val_loss": 0.78, "val_accuracy": 0.5})

@@ -26,7 +26,8 @@ def compiled_step(size: int = 16, seed: int = 0, user: bool = False, spread: flo
     model.layers[-1].set_weights([kernel * spread, bias])
     loss, metrics = loss_and_metrics()
     model.compile(optimizer="sgd", loss=loss, metrics=metrics)
-    return SimpleNamespace(model=model, loss=loss, inspect=None if user else steps.inspection_model(model))
+    return SimpleNamespace(model=model, loss=loss, inspect=None if user else steps.inspection_model(model),
+                           backend=backends.current(), compiled={})
 
 
 def a_test_set(size: int, n: int, seed: int):

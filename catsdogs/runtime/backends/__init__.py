@@ -97,6 +97,12 @@ class Backend(Protocol):
     def wait_for_steps(self, model) -> None:
         """Return when every dispatched training step has run."""
 
+    FIT_VALIDATES: bool  # Keras's fit validates each epoch; else the engine's timer does, with `evaluate`
+
+    def evaluate(self, model, batches, cache: dict | None = None) -> tuple[float, float]:
+        """(loss, accuracy) over `batches` as `model.evaluate` gives them, inside fit too (fit's
+        running metrics left as they were); `cache` keeps what it compiles (the step's)."""
+
     def sync_weights(self, model) -> None:
         """Mid-epoch, inside fit: put the state the running fit holds back on the model's
         variables, so they can be read or evaluated (and fit takes them up again from there)."""
@@ -231,6 +237,21 @@ def check(backend: str | None = None) -> str:
         raise CatsdogsError(f"KERAS_BACKEND={backend} is not supported by catsdogs; "
                             f"use {' or '.join(SUPPORTED)}")
     return backend
+
+
+
+def keras_evaluate(model, batches, cache: dict | None = None) -> tuple[float, float]:
+    """(loss, accuracy): `model.evaluate` (which compiles and keeps its own: no `cache`), inside fit
+    too. It resets the metrics fit is accumulating the epoch's loss and accuracy in: they are saved
+    before and put back after, so the epoch's logs are as without it. TensorFlow's `evaluate`."""
+    import keras
+
+    variables = list(model.metrics_variables)
+    running = [keras.ops.convert_to_numpy(v.value) for v in variables]
+    loss, accuracy = model.evaluate(batches, verbose=0)
+    for variable, value in zip(variables, running, strict=True):
+        variable.assign(value)
+    return float(loss), float(accuracy)
 
 
 def current() -> Backend:

@@ -250,6 +250,40 @@ def sync_weights(model) -> None:
     model.jax_state_sync()
 
 
+# Keras's fit validates each epoch through `evaluate` and its epoch iterator, callbacks and state
+# handling: 4-5 ms a pass on this CPU besides the forward passes, more than a large batch's step on a
+# GPU, where a race trial at batch 256 validates every step. Here the timer validates (`evaluate`).
+FIT_VALIDATES = False
+
+
+def evaluate(model, batches, cache: dict | None = None) -> tuple[float, float]:
+    """(loss, accuracy) of `model` over `batches` (eval_batches'), as `model.evaluate` gives them,
+    bit for bit: Keras's own stateless `test_step`, run by a jitted function of ours over the
+    model's variables as they are, from metrics at zero as `evaluate` resets them (catsdogs compiles
+    every model with a loss tracker and one accuracy, each a mean). It reads the weights and
+    changes nothing: not the model, not fit's running metrics, not the buffers fit donates to its
+    next step (its arguments are not donated). Inside fit, mid-epoch, after `sync_weights`. A
+    data-parallel trial (keras.distribution set): `keras_evaluate`."""
+    import jax
+    import jax.numpy as jnp
+    from keras import distribution
+
+    if distribution.distribution() is not None:  # a data-parallel trial's: Keras's own shards it
+        from catsdogs.runtime.backends import keras_evaluate
+
+        return keras_evaluate(model, batches)
+    cache = {} if cache is None else cache
+    if "evaluate" not in cache:
+        cache["evaluate"] = jax.jit(model.test_step)
+    step = cache["evaluate"]
+    state = ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
+             [jnp.zeros(v.shape, v.dtype) for v in model.metrics_variables])
+    logs = None
+    for i in range(len(batches)):
+        logs, state = step(state, batches[i])
+    return float(logs["loss"]), float(logs["accuracy"])
+
+
 # --- the gradient noise scale ------------------------------------------------------------------
 
 def per_example_gram(model, images, labels, block: int, cache: dict | None = None):

@@ -25,6 +25,7 @@ import weakref
 
 from catsdogs.host import cpu_description
 from catsdogs.optimizers import OPTIMIZERS
+from catsdogs.runtime.backends import keras_evaluate as evaluate  # noqa: F401 (the Backend's, Keras's own here)
 from catsdogs.runtime.backends import matmul_rate, seed_states
 from catsdogs.runtime.backends.tensorflow_memory import compiled_step_bytes as compiled_step_bytes
 from catsdogs.runtime.backends.tensorflow_memory import device_bytes_in_use as device_bytes_in_use
@@ -36,6 +37,7 @@ from catsdogs.schema import Status
 NAME = "tensorflow"
 LOGICAL_CPUS_ENV = "CATSDOGS_LOGICAL_CPUS"  # mirrored on a CPU: this many logical devices
 LOG_LEVEL = "2"  # TensorFlow's C++ logging: warnings and errors only
+FIT_VALIDATES = True  # fit's validation of each epoch reuses its pipeline: cheaper than an `evaluate`
 
 
 def process_env(threads: int | None = None) -> dict[str, str]:
