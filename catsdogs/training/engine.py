@@ -4,7 +4,7 @@ worker's end (`run_task`).
 
 A trial (`run_trial`) trains the article's model on its configuration and tests it: the step
 the worker keeps for its shape (catsdogs.training.steps, reset to the trial's starting state:
-results bit-identical to a fresh process), its epochs timed by `EpochTimer`, the gradient noise
+results bit-identical to a fresh process), its epochs timed by `EpochTimer` (catsdogs.training.timer), the gradient noise
 scale measured between them when asked (`noise_estimate_at`, outside every clock), the trained
 weights named by their digest. A probe, the matmul peak and the memory plan are
 catsdogs.training.probes'.
@@ -15,7 +15,6 @@ so Keras is imported here at the top.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import threading
 import time
@@ -43,9 +42,10 @@ from catsdogs.messages import (
 from catsdogs.runtime import backends
 from catsdogs.schema import Status, TrialConfig, learning_rate, plan_steps
 from catsdogs.training import steps
-from catsdogs.training.curve import VAL, Curve, TrainingStopped
+from catsdogs.training.curve import Curve, TrainingStopped
 from catsdogs.training.diagnosis import initial_diagnosis, test_and_diagnose
 from catsdogs.training.probes import run_memory_plan, run_model_check, run_peak, run_probe
+from catsdogs.training.timer import EpochTimer, FitCallbacks
 
 
 def run_task(task: Task, emit=lambda kind, payload: None):
@@ -188,7 +188,8 @@ def _fit(model, train_ds, val_ds, epochs: int, per_epoch: int, timer: EpochTimer
     point's validation figures, and the noise scale where it is measured."""
     if curve is not None and curve.start(model):
         return None
-    callbacks = [timer] if curve is None else [timer, curve]  # the timer closes an epoch first
+    callbacks = FitCallbacks([timer] if curve is None else [timer, curve], add_history=True, model=model,
+                             epochs=epochs, steps=per_epoch)  # (the timer closes an epoch first)
     try:
         return model.fit(train_ds, validation_data=val_ds, epochs=epochs, steps_per_epoch=per_epoch,
                          callbacks=callbacks, shuffle=False, verbose=0)  # the dataset shuffles
@@ -286,77 +287,6 @@ def _compiled_since(backend, before: dict | None) -> dict:
     after = backend.compile_counts()
     return {"compiles": after["compiles"] - before["compiles"],
             "compile_cache_hits": after["cache_hits"] - before["cache_hits"]}
-
-
-class EpochTimer(keras.callbacks.Callback):
-    """Times the training and validation parts of each epoch, reporting each (`on_epoch(row)`).
-    The end of training is stamped after `wait_for_steps(model)`: a backend that dispatches steps
-    asynchronously (JAX) would otherwise have its training end when the last step was queued.
-    `after_epoch(epoch)` (1-based) runs once the epoch's clock has stopped, so its time is in
-    neither `train_seconds` nor `seconds`, and its fields join the epoch's row: at `on_epoch_end`
-    Keras's JAX trainer has put the weights back on the model, so they can be read. What runs
-    inside `outside_training()` (the curve's evaluations mid-epoch) is in neither clock either."""
-
-    def __init__(self, n_epochs: int, on_epoch=None, wait_for_steps=lambda model: None, after_epoch=None, validate=None):
-        super().__init__()
-        self.n_epochs, self.on_epoch, self.wait_for_steps, self.after_epoch = n_epochs, on_epoch, wait_for_steps, after_epoch
-        self.validate = validate  # () -> the epoch's (val_loss, val_accuracy), where fit does not validate
-        self.epochs: list[dict] = []
-        self.t0: float | None = None  # the running epoch's start (None between epochs)
-        self.outside = 0.0  # the running epoch's seconds outside training
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.t0, self.t_train, self.outside = time.perf_counter(), None, 0.0
-
-    def on_test_begin(self, logs=None):  # validation starts: training of the epoch is over
-        if self.t_train is None:
-            self.wait_for_steps(self.model)
-            self.t_train = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.t_train is None:  # fit did not validate: training ends with the epoch
-            self.wait_for_steps(self.model)
-            if self.validate is not None:  # ... and the validation comes now, in the epoch's logs
-                self.t_train = time.perf_counter()
-                logs.update(zip(VAL, self.validate(), strict=True))
-        end = time.perf_counter()
-        self._close({"epoch": epoch + 1, "train_seconds": (self.t_train or end) - self.t0 - self.outside,
-                     "seconds": end - self.t0 - self.outside}, logs)
-
-    @property
-    def finished_train_seconds(self) -> float:
-        """Training seconds of the finished epochs."""
-        return sum(e["train_seconds"] for e in self.epochs)
-
-    def train_seconds_so_far(self, now: float | None = None) -> float:
-        """Training seconds of the finished epochs, and of the running one up to `now`."""
-        running = (now or time.perf_counter()) - self.t0 - self.outside if self.t0 is not None else 0.0
-        return self.finished_train_seconds + running
-
-    @contextlib.contextmanager
-    def outside_training(self):
-        """Stop the running epoch's clocks while the block runs, once the steps dispatched so far
-        have run (they are training); yields the training seconds so far."""
-        self.wait_for_steps(self.model)
-        paused = time.perf_counter()
-        try:
-            yield self.train_seconds_so_far(paused)
-        finally:
-            self.outside += time.perf_counter() - paused
-
-    def end_partial(self, train_seconds: float, batches: int, logs: dict) -> None:
-        """The epoch a target ended after `batches` batches, at `train_seconds` of training in all."""
-        seconds = train_seconds - self.finished_train_seconds
-        self._close({"epoch": len(self.epochs) + 1, **logs, "train_seconds": seconds, "seconds": seconds,
-                     "batches": batches}, logs)  # no History row for it: its logs are the timer's
-
-    def _close(self, row: dict, logs) -> None:
-        self.t0 = None
-        if self.after_epoch:
-            row.update(self.after_epoch(row["epoch"]))
-        self.epochs.append(row)
-        if self.on_epoch:
-            self.on_epoch({**row, "epochs": self.n_epochs, **{k: float(v) for k, v in (logs or {}).items()}})
 
 
 # --- the weights' digest ---------------------------------------------------------------------------

@@ -1,0 +1,57 @@
+"""The trial's callbacks as fit calls them (catsdogs.training.timer.FitCallbacks): every epoch hook
+and Keras's History, no batch-end dispatch. In-process, on a tiny model: no trial."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from catsdogs.training.timer import EpochTimer, FitCallbacks
+
+
+class EpochsAndBatchStarts(keras.callbacks.Callback):
+    """Records the hooks a trial's callbacks use: epoch ends and batch starts (the curve's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple] = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.seen.append(("batch", batch))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append(("epoch", epoch, sorted(logs)))
+
+
+class BatchEnds(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+
+def a_model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def test_fit_through_the_trials_callbacks_calls_every_hook_a_trial_uses_and_keeps_its_history():
+    # given a tiny model and a callback listening to what the timer and the curve listen to
+    model, seen = a_model(), EpochsAndBatchStarts()
+    x, y = np.ones((8, 3), "float32"), np.zeros((8, 1), "float32")
+    timer = EpochTimer(2)
+    # when fit runs through FitCallbacks, 2 epochs of 2 steps
+    callbacks = FitCallbacks([timer, seen], add_history=True, model=model, epochs=2, steps=2)
+    history = model.fit(x, y, batch_size=4, epochs=2, callbacks=callbacks, shuffle=False, verbose=0)
+    # then every batch start and epoch end came, the timer timed both epochs, and History has them
+    assert [s[:2] for s in seen.seen] == [("batch", 0), ("batch", 1), ("epoch", 0), ("batch", 0), ("batch", 1),
+                                          ("epoch", 1)]
+    assert [e["epoch"] for e in timer.epochs] == [1, 2] and len(history.history["loss"]) == 2
+
+
+def test_a_callback_that_listens_to_batch_ends_is_refused():
+    # given a callback with its own batch-end hook, which FitCallbacks never calls
+    # then it is refused when the list is made, not silently skipped
+    with pytest.raises(TypeError, match="BatchEnds listens to batch ends"):
+        FitCallbacks([BatchEnds()], add_history=True, model=a_model(), epochs=1, steps=1)
