@@ -55,3 +55,19 @@ def test_a_callback_that_listens_to_batch_ends_is_refused():
     # then it is refused when the list is made, not silently skipped
     with pytest.raises(TypeError, match="BatchEnds listens to batch ends"):
         FitCallbacks([BatchEnds()], add_history=True, model=a_model(), epochs=1, steps=1)
+
+
+def test_where_fit_does_not_validate_the_timer_does_after_trainings_clock_stops():
+    # given a timer that validates each epoch (JAX's: Backend.FIT_VALIDATES is False) in 0.2 s
+    import time
+
+    rows, logs, called = [], {"loss": 0.7, "accuracy": 0.5}, []
+    timer = EpochTimer(1, rows.append, validate=lambda: called.append(time.perf_counter()) or time.sleep(0.2) or (0.61, 0.75))
+    timer.set_model(object())
+    # when an epoch ends, fit having validated nothing
+    timer.on_epoch_begin(0)
+    timer.on_epoch_end(0, logs)
+    # then the epoch's logs hold the validation (History and the curve read them there), its
+    # seconds the validation's time, and its training seconds none of it
+    assert logs["val_loss"] == 0.61 and logs["val_accuracy"] == 0.75 and rows[0]["val_loss"] == 0.61
+    assert rows[0]["seconds"] - rows[0]["train_seconds"] >= 0.2 and timer.t_train <= called[0]
