@@ -233,7 +233,7 @@ class TrialConfig:
     stop_at_chance: bool = field(default=False, metadata={"help": "Stop once stuck at chance (needs until)."})
 
     def key(self) -> str:
-        d = {name: getattr(self, name) for name in _FIELD_NAMES}
+        d = {name: getattr(self, name) for name in FIELD_NAMES}
         for name, omitted in _KEY_OMITTED.items():
             if d[name] == omitted:
                 del d[name]
@@ -298,7 +298,7 @@ class TrialConfig:
 
 # --- derived views -------------------------------------------------------------------------
 
-_FIELD_NAMES = tuple(f.name for f in fields(TrialConfig))  # key() reads them: asdict's deep copy cost it 5-7 times
+FIELD_NAMES = tuple(f.name for f in fields(TrialConfig))  # read directly: asdict's deep copy cost key() 5-7 times
 _KEY_OMITTED = {f.name: f.default for f in fields(TrialConfig) if f.name in KEY_OMITS_DEFAULT}  # at their defaults
 
 

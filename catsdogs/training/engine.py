@@ -4,8 +4,8 @@ worker's end (`run_task`).
 
 A trial (`run_trial`) trains the article's model on its configuration and tests it: the step
 the worker keeps for its shape (catsdogs.training.steps, reset to the trial's starting state:
-results bit-identical to a fresh process), its epochs timed by `EpochTimer` (catsdogs.training.timer), the gradient noise
-scale measured between them when asked (`noise_estimate_at`, outside every clock), the trained
+results bit-identical to a fresh process), its epochs timed by `EpochTimer` (catsdogs.training.timer),
+the gradient noise scale measured between them when asked (`noise_estimate_at`, outside every clock), the trained
 weights named by their digest. A probe, the matmul peak and the memory plan are
 catsdogs.training.probes'.
 
@@ -65,7 +65,8 @@ def run_task(task: Task, emit=lambda kind, payload: None):
 def _run_trial_task(task: TrialTask, emit) -> TrialRecord:
     sampling = NoiseSampling(**task.noise_sampling) if task.noise_sampling else None
     key = task.config.key()
-    on_digest = (lambda value, error: emit("digest", {"key": key, "digest": value, "error": error})) if task.defer_digest else None
+    on_digest = (lambda value, error: emit("digest", {"key": key, "digest": value, "error": error})
+                 ) if task.defer_digest else None
     return run_trial(task.config, Path(task.data_dir), on_epoch=lambda row: emit("progress", row),
                      noise_sampling=sampling, eval_every=task.eval_every, user=task.user,
                      on_digest=on_digest)
@@ -90,7 +91,8 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
     trained instead of the article's (TrialTask.user), on its folder's images or the prepared data
     (`_start`); its record has no collapse diagnosis (that reads the article's hidden layer). With
     `noise_sampling`, the gradient noise scale is measured at the start and at each epoch's end
-    (`noise_estimate_at`), outside the epochs' clocks and without touching what the trial trains with. With `eval_every`
+    (`noise_estimate_at`), outside the epochs' clocks and without touching what the trial trains
+    with. With `eval_every`
     (or the trial's own, with a target), the validation curve (catsdogs.training.curve), and a
     trial with a target stops at the evaluation that reaches it. With `on_digest`, the record comes
     without its weights' digest (`digest_pending`) and `on_digest(digest, error)` gets it from the
@@ -118,10 +120,11 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
     def measure_after(epoch: int) -> dict:
         return measure(epoch).to_record() if noise_sampling.measures(epoch) else {}
 
-    validate = None if val_ds is None or backend.FIT_VALIDATES else lambda: backend.evaluate(model, val_ds, step.compiled)
+    validate = None if val_ds is None or backend.FIT_VALIDATES else \
+        (lambda: backend.evaluate(model, val_ds, step.compiled))  # (JAX: the timer validates each epoch)
     timer = EpochTimer(epochs, on_epoch, backend.wait_for_steps, after_epoch=measure_after if noise_sampling else None,
                        validate=validate)
-    curve = _curve(cfg, cfg.eval_every if cfg.until else eval_every, per_epoch, epochs, val, timer, backend,
+    curve = _curve(cfg, cfg.eval_every if cfg.until else eval_every, per_epoch, epochs, val_ds, timer, backend,
                    start_key=(step.user, cfg.image_size, cfg.precision, cfg.seed, cfg.data, cfg.dataset),
                    compiled=step.compiled)
     with step.strategy.scope():  # JAX's trainer reads its distribution when fit runs
@@ -157,28 +160,28 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
 
 
 def eval_batch_size() -> int:
-    """The batch size every trial validates and tests at, whatever it trains at (as the validation curve
-    does): config.EVAL_BATCH_SIZE. Evaluation changes no weight and each image's prediction is its own, so
-    accuracies are the same at any batch size (a loss's mean differs in float32 rounding only), while a
-    small training batch would make evaluation pay Keras's per-step overhead many times over. One size for
-    all also makes the model as it starts evaluate alike in every trial of a seed (`initial_diagnosis`),
-    and a model handed in as a user's alike to the built-in one."""
+    """The batch size every trial validates and tests at, whatever it trains at (its validation
+    curve too): config.EVAL_BATCH_SIZE. Evaluation changes no weight and each image's prediction is
+    its own, so accuracies are the same at any batch size (a loss's mean differs in float32
+    rounding only), while a small training batch would make evaluation pay Keras's per-step
+    overhead many times over. One size for all also makes the model as it starts evaluate alike in
+    every trial of a seed (`initial_diagnosis`), and a model handed in as a user's alike to the
+    built-in one."""
     return config.EVAL_BATCH_SIZE
 
 
-def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, epochs: int, val, timer: EpochTimer,
+def _curve(cfg: TrialConfig, every: int | None, per_epoch: int, epochs: int, val_ds, timer: EpochTimer,
            backend, start_key: tuple | None = None, compiled: dict | None = None) -> Curve | None:
     """The trial's validation curve every `every` training images, stopping at its target if it has one."""
     if not every:
         return None
-    if not len(val):
+    if val_ds is None:  # (no validation split)
         raise CatsdogsError("--eval-every evaluates the validation split, and this data set has none: "
                             "prepare it with a validation share (--split)")
     target = targets.parse(cfg.until) if cfg.until else None
     capped = cfg.max_steps if cfg.max_steps and cfg.max_steps < per_epoch * epochs else None  # (else: the epochs end it)
-    return Curve(every, cfg.batch_size, cfg.accumulate, per_epoch, backend.eval_batches(val, config.EVAL_BATCH_SIZE),
-                 timer, backend, target, epochs=epochs, start_key=start_key, stop_at=capped, compiled=compiled,
-                 stop_at_chance=cfg.stop_at_chance)
+    return Curve(every, cfg.batch_size, cfg.accumulate, per_epoch, val_ds, timer, backend, target, epochs=epochs,
+                 start_key=start_key, stop_at=capped, compiled=compiled, stop_at_chance=cfg.stop_at_chance)
 
 
 def _fit(model, train_ds, val_ds, epochs: int, per_epoch: int, timer: EpochTimer, curve: Curve | None):

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -30,7 +30,7 @@ from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling
 from catsdogs.host import versions
 from catsdogs.manifest import require_prepared
 from catsdogs.messages import TrialRecord
-from catsdogs.schema import FINISHED, Status, TrialConfig
+from catsdogs.schema import FIELD_NAMES, FINISHED, Status, TrialConfig
 from catsdogs.store import Store, store_path
 from catsdogs.training.local_slot import LocalSlot
 
@@ -154,7 +154,7 @@ def run_sweep(name: str, grid: list[TrialConfig], data_dir: Path, out: Path,
     sweep_dir.mkdir(parents=True, exist_ok=True)
     # asdict's, without its deep copy of every field (each a number, a string or None): a race's
     # every wave registers its every trial so far
-    configs = [{name: getattr(c, name) for name in CONFIG_FIELDS} for c in grid]
+    configs = [{field: getattr(c, field) for field in FIELD_NAMES} for c in grid]
     resolved = {
         "name": name, **(sweep_config or {}), "data_dir": str(Path(data_dir).resolve()),
         "noise_scale": noise_sampling.as_dict() if noise_sampling else None, "eval_every": eval_every,
@@ -248,7 +248,6 @@ def _ended(name: str, keys: list[str], out: Path, log) -> dict:
     return counts
 
 
-CONFIG_FIELDS = tuple(f.name for f in fields(TrialConfig))
 RUNNING_ELSEWHERE = "running_elsewhere"  # counts' key: trials another live sweep is running
 RETRY_HINT = "the same command with --retry-failed runs them again"
 

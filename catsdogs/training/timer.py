@@ -16,10 +16,11 @@ from catsdogs.training.curve import VAL
 class FitCallbacks(keras.callbacks.CallbackList):
     """Keras's CallbackList for a trial's fit, without its per-step batch-end calls, which none of a
     trial's callbacks (the timer, the curve, Keras's History) listens to. Keras hands every step's
-    logs to a thread that turns them into Python floats, then calls each callback's no-op hook: on
-    this CPU 1-1.4 ms a step at 64 px (batch 4: 16.2 ms against 17.4), and a device-to-host copy a
-    step on a GPU, whose small batches' steps take a few milliseconds. A callback that listens to
-    batch ends is refused (TypeError): it would never be called."""
+    logs to a thread that turns them into Python floats (a device-to-host copy a step on a GPU),
+    then calls each callback's no-op hook. Where steps are as short as a GPU's small batches' (JAX
+    at 16 px, batch 8, on this CPU) a step took 1.20 ms against 1.67 (benchmarks/
+    bench_fit_callbacks.py); at 64 px the difference is within the noise. A callback that listens
+    to batch ends is refused (TypeError): it would never be called."""
 
     def __init__(self, callbacks: list, **kwargs):
         for c in callbacks:
@@ -42,7 +43,9 @@ class EpochTimer(keras.callbacks.Callback):
     `after_epoch(epoch)` (1-based) runs once the epoch's clock has stopped, so its time is in
     neither `train_seconds` nor `seconds`, and its fields join the epoch's row: at `on_epoch_end`
     Keras's JAX trainer has put the weights back on the model, so they can be read. What runs
-    inside `outside_training()` (the curve's evaluations mid-epoch) is in neither clock either."""
+    inside `outside_training()` (the curve's evaluations mid-epoch) is in neither clock either.
+    `validate()`, where fit does not validate (Backend.FIT_VALIDATES), runs once training's clock
+    has stopped, in the epoch's `seconds`, its figures in the epoch's logs."""
 
     def __init__(self, n_epochs: int, on_epoch=None, wait_for_steps=lambda model: None, after_epoch=None, validate=None):
         super().__init__()

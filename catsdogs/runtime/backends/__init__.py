@@ -239,7 +239,6 @@ def check(backend: str | None = None) -> str:
     return backend
 
 
-
 def keras_evaluate(model, batches, cache: dict | None = None) -> tuple[float, float]:
     """(loss, accuracy): `model.evaluate` (which compiles and keeps its own: no `cache`), inside fit
     too. It resets the metrics fit is accumulating the epoch's loss and accuracy in: they are saved
