@@ -36,6 +36,7 @@ def a_model():
     return model
 
 
+@pytest.mark.slow  # (it trains: a tiny model, two epochs)
 def test_fit_through_the_trials_callbacks_calls_every_hook_a_trial_uses_and_keeps_its_history():
     # given a tiny model and a callback listening to what the timer and the curve listen to
     model, seen = a_model(), EpochsAndBatchStarts()
