@@ -82,27 +82,35 @@ def handles(inputs, pool_size, strides, padding, data_format) -> bool:
             and "float" in dtype and all(isinstance(s, int) and s % 2 == 0 for s in shape[1:3]))
 
 
-def install() -> bool:
-    """Route Keras's JAX `max_pool` through `max_pool_2x2` where it `handles` the arguments,
-    Keras's own function otherwise; False where this Keras has no such function to route."""
+def route(name: str, mark: str, wrap) -> bool:
+    """Put `wrap(stock, standardize_data_format)` in the place of Keras's JAX function `nn.<name>`
+    (`stock`), marked with `mark` so that routing twice wraps once: how this module and jax_conv
+    install theirs. False where this Keras has no such function to route."""
     try:
         from keras.src import backend as keras_backend
         from keras.src.backend.jax import nn
-    except ImportError:  # another layout of Keras's modules: its own pooling, as before
+    except ImportError:  # another layout of Keras's modules: its own function, as before
         return False
-    stock = getattr(nn, "max_pool", None)
+    stock = getattr(nn, name, None)
     if stock is None:
         return False
-    if getattr(stock, MARK, False):
+    if getattr(stock, mark, False):
         return True
-
-    @functools.wraps(stock)
-    def max_pool(inputs, pool_size, strides=None, padding="valid", data_format=None):
-        data_format = keras_backend.standardize_data_format(data_format)
-        if handles(inputs, pool_size, strides, padding, data_format):
-            return max_pool_2x2(inputs)
-        return stock(inputs, pool_size, strides, padding, data_format)
-
-    setattr(max_pool, MARK, True)
-    nn.max_pool = max_pool
+    routed = functools.wraps(stock)(wrap(stock, keras_backend.standardize_data_format))
+    setattr(routed, mark, True)
+    setattr(nn, name, routed)
     return True
+
+
+def install() -> bool:
+    """Route Keras's JAX `max_pool` through `max_pool_2x2` where it `handles` the arguments,
+    Keras's own function otherwise; False where this Keras has no such function to route."""
+    def wrap(stock, standardize):
+        def max_pool(inputs, pool_size, strides=None, padding="valid", data_format=None):
+            data_format = standardize(data_format)
+            if handles(inputs, pool_size, strides, padding, data_format):
+                return max_pool_2x2(inputs)
+            return stock(inputs, pool_size, strides, padding, data_format)
+        return max_pool
+
+    return route("max_pool", MARK, wrap)
