@@ -4,17 +4,14 @@ gradient, and every other convolution left to Keras."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 nn = pytest.importorskip("keras.src.backend.jax.nn")
+
+from routed_training import train_routed_and_stock  # noqa: E402
 
 from catsdogs.runtime.backends import jax_conv  # noqa: E402
 
@@ -115,46 +112,12 @@ def test_install_routes_keras_conv_once_and_keeps_its_results(monkeypatch: pytes
                                   np.asarray(stock(x, kernel, 1, "same", "channels_last")))
 
 
-TRAIN = r"""
-import json
-import numpy as np
-import keras
-from catsdogs.runtime import backends
-from catsdogs.training.model import build_model, loss_and_metrics
-import keras.src.backend.jax.nn as nn
-
-stock = nn.conv
-backends.current().start()
-routed = nn.conv
-rng = np.random.default_rng(0)
-images = rng.integers(0, 256, (16, 16, 16, 3), dtype=np.uint8)
-labels = rng.integers(0, 2, (16, 1)).astype("float32")
-
-def train(conv):
-    nn.conv = conv
-    keras.utils.set_random_seed(0)
-    model = build_model(16)
-    loss, metrics = loss_and_metrics()
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss, metrics=metrics)
-    for _ in range(3):
-        model.train_on_batch(images, labels)
-    return np.concatenate([w.ravel() for w in model.get_weights()])
-
-first, again, theirs = train(routed), train(routed), train(stock)
-print(json.dumps({"installed": bool(getattr(routed, "_catsdogs_conv", False)),
-                  "repeatable": bool(np.array_equal(first, again)),
-                  "apart": float(np.max(np.abs(first - theirs)))}))
-"""
-
 
 @pytest.mark.slow
 def test_a_jax_worker_trains_the_article_model_with_it_repeatably_and_near_xlas_own():
     # given a JAX process started as a worker is (backend.start) on this CPU
-    env = {**os.environ, "KERAS_BACKEND": "jax"}
-    out = subprocess.run([sys.executable, "-c", TRAIN], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = train_routed_and_stock("conv", jax_conv.MARK)
     # then the convolution was installed; three steps give the same weights twice, bit for bit,
     # and weights within float32's last bits of XLA's own
-    assert result["installed"] and result["repeatable"]
+    assert result["backend"] == "jax" and result["installed"] and result["repeatable"]
     assert result["apart"] < 1e-5

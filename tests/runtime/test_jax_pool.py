@@ -4,16 +4,13 @@ every other pooling left to Keras."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
+
+from routed_training import train_routed_and_stock  # noqa: E402
 
 from catsdogs.runtime.backends import jax_pool  # noqa: E402
 
@@ -98,45 +95,10 @@ def test_install_routes_keras_max_pool_once_and_keeps_its_results(monkeypatch: p
                                   np.asarray(stock(x, (3, 3), (1, 1), "same", "channels_last")))
 
 
-TRAIN = r"""
-import json, sys
-import numpy as np
-import keras
-from catsdogs.runtime import backends
-from catsdogs.runtime.backends.jax import NAME
-from catsdogs.training.model import build_model, loss_and_metrics
-import keras.src.backend.jax.nn as nn
-
-stock = nn.max_pool
-backend = backends.current()
-backend.start()
-installed = getattr(nn.max_pool, "_catsdogs_pool", False)
-rng = np.random.default_rng(0)
-images = rng.integers(0, 256, (16, 16, 16, 3), dtype=np.uint8)
-labels = rng.integers(0, 2, (16, 1)).astype("float32")
-
-def train(pool):
-    nn.max_pool = pool
-    keras.utils.set_random_seed(0)
-    model = build_model(16)
-    loss, metrics = loss_and_metrics()
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss, metrics=metrics)
-    for _ in range(3):
-        model.train_on_batch(images, labels)
-    return [w.tolist() for w in model.get_weights()]
-
-routed = nn.max_pool
-print(json.dumps({"backend": NAME, "installed": bool(installed),
-                  "same": train(routed) == train(stock)}))
-"""
-
 
 @pytest.mark.slow
 def test_a_jax_worker_trains_the_article_model_to_the_same_weights_with_it():
     # given a JAX process started as a worker is (backend.start) on this CPU
-    env = {**os.environ, "KERAS_BACKEND": "jax"}
-    out = subprocess.run([sys.executable, "-c", TRAIN], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = train_routed_and_stock("max_pool", jax_pool.MARK)
     # then the pooling was installed, and three steps give the same weights bit for bit
-    assert result == {"backend": "jax", "installed": True, "same": True}
+    assert (result["backend"], result["installed"], result["same"]) == ("jax", True, True)
