@@ -326,6 +326,9 @@ class ProbeTask:
     # data): its images from `data_folder` (--data), else random ones (training.probes.random_split)
     input_spec: list | None = None
     data_folder: str | None = None
+    # the prepared data set decoded once by the parent (loading.save_decoded), read instead of its
+    # JPEGs (None: decoded here)
+    decoded: str | None = None
     # timed for its step time alone (find-batch-size's retime): the worker keeps its compiled steps
     # of other sizes, and the next such probe of this size reuses this one's
     timing_only: bool = False

@@ -68,6 +68,31 @@ def load_dataset(data_dir: Path, dataset: str) -> dict[str, Split]:
     return {split: load_split(Path(data_dir) / sub) for split, sub in FOLDERS[dataset].items()}
 
 
+def save_decoded(splits: dict[str, Split], fingerprint: str, path: Path) -> Path:
+    """A data set's splits as decoded here, with the fingerprint they were decoded at, in one file
+    that workers read (`load_decoded`) instead of decoding the JPEGs again: find-batch-size's
+    fresh workers each decoded the same images (0.6-0.8 s at 64 px for 2,000 of them on two
+    cores), and read them from here in hundredths. Written whole or not."""
+    from catsdogs.files import atomic_path
+
+    arrays = {"fingerprint": np.asarray(fingerprint)}
+    for name, split in splits.items():
+        arrays |= {f"{name}.images": split.images, f"{name}.labels": split.labels,
+                   f"{name}.files": np.asarray(split.files, dtype=str)}
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    return Path(path)
+
+
+def load_decoded(path: Path) -> tuple[str, dict[str, Split]]:
+    """`save_decoded`'s file: (the fingerprint, the splits)."""
+    with np.load(path) as saved:
+        names = sorted({key.rsplit(".", 1)[0] for key in saved.files if key != "fingerprint"})
+        splits = {name: Split(saved[f"{name}.images"], saved[f"{name}.labels"], saved[f"{name}.files"].tolist())
+                  for name in names}
+        return str(saved["fingerprint"]), splits
+
+
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     """The order of the n training images in one epoch: a permutation drawn from the trial's
     seed and the epoch's number alone, so it cannot depend on how often an iterator restarts."""

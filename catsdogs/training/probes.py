@@ -107,7 +107,7 @@ def _timed_steps(task: ProbeTask, record: ProbeRecord, backend, kind: str, sampl
                  else random_split(*task.input_spec, seed=task.seed))
         splits, fingerprint, size = {"train": train}, "", int(task.input_spec[0])
     else:
-        manifest, splits = steps.DATA.load(Path(task.data_dir), task.dataset)
+        manifest, splits = steps.DATA.load(Path(task.data_dir), task.dataset, decoded=task.decoded)
         size, fingerprint = manifest["params"]["size"], manifest["fingerprint"][task.dataset]
     cfg = TrialConfig(task.optimizer, int(task.batch_size), task.dataset, task.seed, epochs=1,
                       image_size=size, data=fingerprint,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import os
 import random
+import zipfile
 from collections import OrderedDict
 from pathlib import Path
 
@@ -51,9 +52,12 @@ class DataCache:
         self._sets: dict[tuple[str, str], tuple[str, dict]] = {}
         self._folders: dict[tuple, tuple[str, loading.Split]] = {}  # a user's --data, by shape
 
-    def load(self, data_dir: Path, dataset: str, expect: str = "") -> tuple[dict, dict[str, loading.Split]]:
+    def load(self, data_dir: Path, dataset: str, expect: str = "",
+             decoded: str | None = None) -> tuple[dict, dict[str, loading.Split]]:
         """(manifest, splits). `expect`: the fingerprint the task was planned on; data that
-        changed since is an error, and data that changed since it was cached is decoded again."""
+        changed since is an error, and data that changed since it was cached is decoded again.
+        `decoded`: the data set decoded once by the parent (loading.save_decoded), read instead
+        of the JPEGs where it holds their fingerprint (else, or where it is gone, they are decoded)."""
         manifest = require_prepared(Path(data_dir))
         fingerprint = manifest["fingerprint"][dataset]
         if expect and fingerprint != expect:
@@ -62,6 +66,10 @@ class DataCache:
         key = (str(Path(data_dir).resolve()), dataset)
         cached = self._sets.get(key)
         if cached is None or cached[0] != fingerprint:
+            copied = _decoded_copy(decoded, fingerprint)
+            if copied is not None:
+                self._sets[key] = (fingerprint, copied)
+                return manifest, copied
             self._sets[key] = (fingerprint, loading.load_dataset(Path(data_dir), dataset))
             # a file replaced mid-read: the fingerprint is checked once more after decoding
             if require_prepared(Path(data_dir))["fingerprint"][dataset] != fingerprint:
@@ -86,6 +94,17 @@ class DataCache:
             height, width, channels, _, dtype = spec
             self._folders[key] = (stamp, folder_data.load(found, int(height), int(width), int(channels), dtype).split)
         return self._folders[key][1]
+
+
+def _decoded_copy(path: str | None, fingerprint: str) -> dict[str, loading.Split] | None:
+    """The splits of the parent's decoded copy at `path` when it holds `fingerprint`; else None."""
+    if not path:
+        return None
+    try:
+        copied, splits = loading.load_decoded(Path(path))
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # gone (its run ended), or not its file
+        return None
+    return splits if copied == fingerprint else None
 
 
 class TrainingStep:
