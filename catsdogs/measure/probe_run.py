@@ -17,14 +17,25 @@ from catsdogs.manifest import require_prepared
 from catsdogs.measure import gpu_pool, model_check
 from catsdogs.measure import prober as probers
 from catsdogs.measure.find_summary import probe_line
+from catsdogs.measure.search import DEFAULT_STEPS
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import BETWEEN, CHECK, RETIME, ProbeRecord, ProbeTask
+from catsdogs.runtime import backends
 from catsdogs.schema import Status
 from catsdogs.training.costs import PLAN_MOST
 
 RETIME_ROUNDS = 2  # the contested sizes timed again twice, in alternating order: each size's step time a median of 3
 RETIME_ROOM = 0.75  # a size is timed again beside the others' steps where its peak left a quarter of its cap free
 RETIME_FILL = 0.9  # a live worker times a size while what it holds plus that step stays within this share
+# JAX on the CPU: a probe near the limit (a fresh worker's: at or above `fresh_from`) times this many
+# steps after its warm-up, not --steps' default 3, where they last --min-seconds. XLA runs one static
+# buffer plan every step, so the steps after the first add little to the peak: at 900 images (64 px,
+# SGD, benchmarks/bench_probe_steps.py, four fresh workers a side in turn) one timed step peaked at
+# 1,928.5 MiB and three at 1,936.9 (medians, +0.44%: 5 images' worth, a tenth of the search's 5%),
+# and the two steps more cost 3.65 s a probe. TensorFlow's peak grew more after its first step
+# (+26.4 MiB at 760, +1.36%, one run +124) for 0.76 s, so it keeps its three.
+NEAR_LIMIT_STEPS = 1
+FIRST_STEP_PEAK = ("jax",)  # the backends whose step peaks in its first run
 
 
 class DecodedCopy:
@@ -171,7 +182,8 @@ class ProbeRun:
              timing_only: bool = False, aside: bool = False, spare: bool = True) -> ProbeRecord:
         s = self.settings
         task = ProbeTask(batch_size, str(self.data_dir.resolve()), optimizer=s.optimizer, dataset=s.dataset,
-                         precision=s.precision, steps=s.steps, warmup=s.warmup, deterministic=s.deterministic,
+                         precision=s.precision, steps=self._timed_steps(batch_size, timing_only),
+                         warmup=s.warmup, deterministic=s.deterministic,
                          tf32=s.tf32, min_seconds=s.min_seconds, model=s.model, loss=s.loss,
                          timing_only=timing_only, decoded=self.decoded.path() if self.decoded else None,
                          **(self.probe_data.task_fields() if self.probe_data else {}))
@@ -181,6 +193,16 @@ class ProbeRun:
         self.probes.append(p)
         self.log(probe_line(p))
         return p
+
+    def _timed_steps(self, batch_size: int, timing_only: bool) -> int:
+        """A probe's timed steps: the settings' (--steps), or NEAR_LIMIT_STEPS for a probe of memory
+        near the limit on the CPU on a backend whose step peaks in its first run (FIRST_STEP_PEAK),
+        where --steps is its default: those steps are seconds each, and their peak is the first's."""
+        s, fresh_from = self.settings, self.prober.fresh_from
+        near = fresh_from is not None and batch_size >= fresh_from and not timing_only
+        if near and s.steps == DEFAULT_STEPS and self.on_resident_sets() and backends.name() in FIRST_STEP_PEAK:
+            return min(s.steps, NEAR_LIMIT_STEPS)
+        return s.steps
 
     def probe_on_the_way(self, batch_size: int, critical: int | None) -> str:
         """The search's probe of `batch_size`, and before it the critical batch size's, when that

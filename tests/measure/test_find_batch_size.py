@@ -890,3 +890,33 @@ def test_the_instruction_set_onednn_dispatches_to_is_the_cpus_highest_under_its_
     from catsdogs import host
 
     assert host.onednn_isa(flags, cap) == isa
+
+
+@pytest.mark.parametrize("backend, steps, near_limit_steps", [("jax", 3, 1), ("tensorflow", 3, 3), ("jax", 5, 5)])
+def test_near_the_limit_a_jax_probe_on_the_cpu_times_one_step_where_its_peak_is_the_first_steps(
+        tmp_path, monkeypatch, backend, steps, near_limit_steps):
+    from catsdogs.measure import probe_run
+    from catsdogs.measure.probe_run import ProbeRun
+    from catsdogs.messages import ProbeRecord
+
+    # given find-batch-size's probes on the CPU (resident sets) with --steps `steps`, and the sizes from
+    # 800 up run in fresh workers (the prediction's `fresh_from`)
+    monkeypatch.setattr(probe_run.backends, "name", lambda: backend)
+    run = ProbeRun(FindSettings("fbs", memory_cap_bytes=2048 * 2**20, steps=steps), tmp_path, tmp_path, None, {},
+                   lambda line: None)
+    tasks = []
+
+    def run_task(task, **kw):
+        tasks.append(task)
+        return ProbeRecord(batch_size=task.batch_size, status="done", peak_memory_mb=500.0, memory_kind="cpu-rss")
+
+    run.prober.run = run_task
+    run.probe(1, "calibrate")
+    run.prober.fresh_from = 800
+    # when a size below it, one above it and a retime's look above it run
+    run.probe(512, "search")
+    run.probe(900, "search")
+    run._run(900, "retime", timing=True, timing_only=True)
+    # then only the probe of memory near the limit times fewer steps: one on JAX with --steps' default
+    # (its steps after the first add 0.44% to the peak), else --steps' own
+    assert [t.steps for t in tasks] == [steps, steps, near_limit_steps, steps]
