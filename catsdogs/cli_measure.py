@@ -118,7 +118,8 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
                    "multiple of 8 (a power of two below 8); 0 keeps the largest as is.")
 @click.option("--steps", type=kw("steps"), default=FIND.steps, show_default=True,
               help="Timed training steps per probe, after one warm-up step; more where they take under "
-                   f"{FIND.min_seconds:g} s, so a small batch's step time is steady enough to rank sizes by.")
+                   f"{FIND.min_seconds:g} s, so a small batch's step time is steady enough to rank sizes by "
+                   "(left at its default, one near the limit on JAX on the CPU, where the first step's peak is the probe's).")
 @click.option("--resolution", type=kw("resolution"), default=FIND.resolution,
               help="Stop bisecting when the gap is this small [default: 3% of the largest size "
                    "that fits, 5% on the CPU (a resident set's noise), at least 8, at most an "
