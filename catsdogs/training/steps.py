@@ -268,7 +268,7 @@ class StepCache:
             self._steps.move_to_end(shape)
             step.reset(cfg)
             return step, True
-        if not keep_others and self._steps:  # (none kept: the collector's full pass, 0.14 s, would find nothing of theirs)
+        if not keep_others:
             self.clear()
         budget = self._budget(backend)
         while self._steps and sum(s.nbytes for s in self._steps.values()) + step_bytes(cfg) > budget:

@@ -450,30 +450,3 @@ def test_every_kind_of_task_has_one_handler_and_a_task_of_no_kind_is_refused():
     with pytest.raises(TypeError, match="no handler for a Stray"):
         engine.run_task(Stray())
 
-
-def test_a_probes_step_cache_collects_once_when_it_drops_a_step_and_not_again_over_nothing(monkeypatch):
-    from catsdogs.schema import TrialConfig
-    from catsdogs.training import steps
-
-    # given a step cache and a stand-in for the compiled step (no framework), and the collector counted
-    class Step:
-        nbytes, trial_shape = 1, "shape"
-
-        def __init__(self, *args, **kwargs):
-            pass
-
-    collections = []
-    monkeypatch.setattr(steps, "TrainingStep", Step)
-    monkeypatch.setattr(steps.gc, "collect", lambda *a: collections.append(1))
-    cache = steps.StepCache()
-    cache.budget = 10**9
-    first, second = (TrialConfig("sgd", b, "standard", 0, epochs=1, image_size=16, backend="jax") for b in (8, 16))
-    # when a probe (keep_others False) gets a step over an empty cache, then another over the kept one
-    cache.get(first, 3, backend=None, keep_others=False)
-    assert collections == []
-    cache.get(second, 3, backend=None, keep_others=False)
-    # then only dropping the kept step cost a full pass of the collector (0.14 s in a JAX worker)
-    assert collections == [1] and cache.shapes() == ["shape"]
-    # and an explicit clear (a probe's start, a failed step's end) always collects
-    cache.clear()
-    assert collections == [1, 1]
