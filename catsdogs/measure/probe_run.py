@@ -40,10 +40,11 @@ FIRST_STEP_PEAK = ("jax",)  # the backends whose step peaks in its first run
 
 class DecodedCopy:
     """The prepared data set decoded once, by a thread of this process, into the run's work folder
-    (loading.save_decoded), for every probe's worker to read instead of decoding its JPEGs: a fresh
-    worker near the limit decoded all 2,000 at 64 px (0.6-0.8 s of its probe), and find-batch-size
-    starts six or seven. Begun as the run begins, while the first worker starts; the first probe
-    awaits it. Its path is None where it could not be made (the workers then decode, as before)."""
+    (loading.save_decoded), for every probe's worker to read instead of decoding its JPEGs: each
+    fresh worker decoded all 2,000 (at 64 px 0.50 s on two cores, where reading the copy takes
+    0.02 s: benchmarks/bench_decoded_copy.py), and find-batch-size starts six to eight. Begun as the
+    run begins, while the first worker starts; the first probe awaits it. Its path is None where it
+    could not be made (the workers then decode, as before)."""
 
     def __init__(self, data_dir: Path, dataset: str, work: Path):
         self._path: Path | None = None
@@ -56,7 +57,7 @@ class DecodedCopy:
             fingerprint = require_prepared(data_dir)["fingerprint"][dataset]
             splits = loading.load_dataset(data_dir, dataset)
             if require_prepared(data_dir)["fingerprint"][dataset] != fingerprint:
-                return  # changed while it was read: the workers decode (and say so)
+                return  # changed while it was read: the workers decode, and check it themselves
             folder_data.remove_orphaned_copies(work)  # (the copies of runs killed before they could delete theirs)
             name = f"{os.getpid()}-prepared-{dataset}-{fingerprint[:16]}{folder_data.DECODED_SUFFIX}"
             self._path = loading.save_decoded(splits, fingerprint, work / name)
