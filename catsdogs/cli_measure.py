@@ -119,7 +119,7 @@ FIND = FindSettings()  # find-batch-size's defaults, which the options show
 @click.option("--steps", type=kw("steps"), default=FIND.steps, show_default=True,
               help="Timed training steps per probe, after one warm-up step; more where they take under "
                    f"{FIND.min_seconds:g} s, so a small batch's step time is steady enough to rank sizes by "
-                   "(left at its default, one near the limit on JAX on the CPU, where the first step's peak is the probe's).")
+                   f"(at {FIND.steps}, its default, one near the limit on JAX on the CPU, where the first step's peak is the probe's).")
 @click.option("--resolution", type=kw("resolution"), default=FIND.resolution,
               help="Stop bisecting when the gap is this small [default: 3% of the largest size "
                    "that fits, 5% on the CPU (a resident set's noise), at least 8, at most an "

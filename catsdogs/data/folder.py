@@ -127,9 +127,10 @@ def save_decoded(split: Split, path: Path) -> Path:
 
 def remove_orphaned_copies(work: Path) -> None:
     """The decoded copies in `work` whose process (the number their name begins with) is gone: a
-    run killed, or stopped before it could delete its own."""
-    for path in Path(work).glob(f"*{DECODED_SUFFIX}"):
-        pid = path.name.split("-", 1)[0]
+    run killed, or stopped before it could delete its own; and the temporaries of copies a killed
+    run was writing (files.temporary_sibling's ".NAME.XXXXXXXX.tmp")."""
+    for path in [*Path(work).glob(f"*{DECODED_SUFFIX}"), *Path(work).glob(f".*{DECODED_SUFFIX}.*.tmp")]:
+        pid = path.name.lstrip(".").split("-", 1)[0]
         if not pid.isdigit() or not process_alive(int(pid)):
             path.unlink(missing_ok=True)
 

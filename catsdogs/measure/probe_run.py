@@ -44,7 +44,9 @@ class DecodedCopy:
     fresh worker decoded all 2,000 (at 64 px 0.50 s on two cores, where reading the copy takes
     0.02 s: benchmarks/bench_decoded_copy.py), and find-batch-size starts six to eight. Begun as the
     run begins, while the first worker starts; the first probe awaits it. Its path is None where it
-    could not be made (the workers then decode, as before)."""
+    could not be made (the workers then decode, as before). A worker reading it holds 2-3 MiB less
+    before its model than one decoding (a trial still decodes; the decoder's threads' own memory), and
+    its probe peaks within a few MiB of the same (bench_decoded_copy.py --workers): within noise."""
 
     def __init__(self, data_dir: Path, dataset: str, work: Path):
         self._path: Path | None = None
@@ -198,7 +200,7 @@ class ProbeRun:
     def _timed_steps(self, batch_size: int, timing_only: bool) -> int:
         """A probe's timed steps: the settings' (--steps), or NEAR_LIMIT_STEPS for a probe of memory
         near the limit on the CPU on a backend whose step peaks in its first run (FIRST_STEP_PEAK),
-        where --steps is its default: those steps are seconds each, and their peak is the first's."""
+        where --steps is its default value (given or not): those steps are seconds each, and their peak is the first's."""
         s, fresh_from = self.settings, self.prober.fresh_from
         near = fresh_from is not None and batch_size >= fresh_from and not timing_only
         if near and s.steps == DEFAULT_STEPS and self.on_resident_sets() and backends.name() in FIRST_STEP_PEAK:
@@ -263,8 +265,10 @@ class ProbeRun:
                 "largest_free_mb": failed.oom_largest_free_mb, "pool_mb": failed.oom_pool_mb}
 
     def close(self) -> None:
-        if self.decoded:
-            self.decoded.remove()
-        self.prober.close()
+        try:
+            if self.decoded:
+                self.decoded.remove()
+        finally:  # the workers end whatever happens to the copy (a Ctrl-C while it is awaited)
+            self.prober.close()
 
 

@@ -1,5 +1,5 @@
 """find-batch-size's probes read the prepared data decoded once by the parent (probe_run.DecodedCopy,
-loading.save_decoded), not each worker its own decoding of the JPEGs. No framework, no worker."""
+loading.save_decoded), not each worker its own decoding of the JPEGs. No worker, nothing trained."""
 
 from __future__ import annotations
 
@@ -61,10 +61,13 @@ def test_a_copy_left_by_a_killed_run_is_removed_and_no_copy_is_made_of_data_that
     work.mkdir()
     orphan = work / f"999999999-prepared-standard-0{folder.DECODED_SUFFIX}"
     orphan.write_bytes(b"left by a killed run")
+    # ... and the temporary of one a killed run was writing
+    unfinished = work / f".999999999-prepared-standard-0{folder.DECODED_SUFFIX}.0123abcd.tmp"
+    unfinished.write_bytes(b"half written")
     # when a run makes its copy there
     mine = DecodedCopy(prepared_data(16), "standard", work).path()
-    # then the orphan is gone and this run's copy is there
-    assert not orphan.exists() and Path(mine).exists()
+    # then both are gone and this run's copy is there
+    assert not orphan.exists() and not unfinished.exists() and Path(mine).exists()
     # and over a folder that holds no prepared data there is no copy (the workers say what is wrong)
     assert DecodedCopy(tmp_path / "nothing", "standard", tmp_path / "work2").path() is None
     assert not (tmp_path / "work2").exists()
@@ -89,3 +92,40 @@ def test_find_batch_sizes_probes_are_told_to_read_the_copy_and_the_run_removes_i
     # and it is gone once the run ends
     run.close()
     assert not Path(tasks[0].decoded).exists()
+
+
+def test_a_probe_hands_its_tasks_copy_to_the_data_cache(monkeypatch, tmp_path):
+    from catsdogs.messages import ProbeTask
+    from catsdogs.training import probes
+
+    # given a probe task naming a decoded copy, a stand-in backend, and the data cache watched
+    class Backend:
+        NAME = "jax"
+
+        def start(self):
+            return "cpu"
+
+        def device_bytes_in_use(self):
+            return None
+
+        def peak_memory(self):
+            return {}
+
+        def classify_error(self, exc):
+            return "failed"
+
+    asked = []
+
+    def load(data_dir, dataset, expect="", decoded=None):
+        asked.append(decoded)
+        raise RuntimeError("the data were asked for")
+
+    monkeypatch.setattr(probes.backends, "current", lambda: Backend())
+    monkeypatch.setattr(probes.steps.DATA, "load", load)
+    task = ProbeTask(8, str(tmp_path), optimizer="sgd", dataset="standard", precision="float32", steps=3, warmup=1,
+                     decoded=str(tmp_path / "copy.decoded.npz"))
+    # when the worker runs it
+    record = probes.run_probe(task)
+    # then the data were asked for with the copy's path (and the stand-in's failure is the record's)
+    assert asked == [str(tmp_path / "copy.decoded.npz")]
+    assert record.status == "failed" and "the data were asked for" in record.error

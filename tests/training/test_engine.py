@@ -449,4 +449,3 @@ def test_every_kind_of_task_has_one_handler_and_a_task_of_no_kind_is_refused():
     # then it is an error naming it, not run as some other kind (a memory plan, before)
     with pytest.raises(TypeError, match="no handler for a Stray"):
         engine.run_task(Stray())
-
