@@ -82,6 +82,19 @@ class GpuWorker(FakeWorker):
         return record
 
 
+def recording_tasks(run) -> list:
+    """Stand in for a ProbeRun's prober: every probe's task kept, in order, in the list returned,
+    each probe ending done at 500 MiB of a CPU's resident set."""
+    tasks = []
+
+    def run_task(task, **kw):
+        tasks.append(task)
+        return ProbeRecord(batch_size=task.batch_size, status="done", peak_memory_mb=500.0, memory_kind="cpu-rss")
+
+    run.prober.run = run_task
+    return tasks
+
+
 class LinearProber:
     """Stands in for the prober: a probe's peak is what the BFC replay says over a 700 MiB
     runtime (so the prediction is exact), under the prober's cap; with `kernel_mb_per_image`,

@@ -231,11 +231,17 @@ def from_arrays(x, y, shape: tuple[int, int, int] | None = None, classes: int | 
 
 def save_decoded_copy(split: Split, work: Path, source: str, shape) -> str:
     """The workers' copy of a user's decoded images in the run's work folder (`save_decoded`),
-    named by this process (two runs of one name never share one) and `source` (the folder's
-    fingerprint, the arrays' digest), after the copies of runs that are gone are removed."""
+    named by `source` (the folder's fingerprint, the arrays' digest) and the shape (`copy_path`)."""
+    return str(save_decoded(split, copy_path(work, f"{source}-{'x'.join(map(str, shape))}")))
+
+
+def copy_path(work: Path, source: str) -> Path:
+    """Where this process writes a decoded copy of `source` in the run's work folder: named by this
+    process (two runs of one name never share one), after the copies of runs that are gone are
+    removed (`remove_orphaned_copies`). A user's images' (`save_decoded_copy`) and the prepared
+    data's (catsdogs.measure.probe_run.DecodedCopy)."""
     remove_orphaned_copies(Path(work))
-    name = f"{os.getpid()}-{source}-{'x'.join(map(str, shape))}{DECODED_SUFFIX}"
-    return str(save_decoded(split, Path(work) / name))
+    return Path(work) / f"{os.getpid()}-{source}{DECODED_SUFFIX}"
 
 
 def digest(split: Split) -> str:

@@ -6,7 +6,6 @@ prediction carried on by a GPU's exact peaks. find_batch_size drives it.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -60,9 +59,8 @@ class DecodedCopy:
             splits = loading.load_dataset(data_dir, dataset)
             if require_prepared(data_dir)["fingerprint"][dataset] != fingerprint:
                 return  # changed while it was read: the workers decode, and check it themselves
-            folder_data.remove_orphaned_copies(work)  # (the copies of runs killed before they could delete theirs)
-            name = f"{os.getpid()}-prepared-{dataset}-{fingerprint[:16]}{folder_data.DECODED_SUFFIX}"
-            self._path = loading.save_decoded(splits, fingerprint, work / name)
+            self._path = loading.save_decoded(splits, fingerprint,
+                                              folder_data.copy_path(work, f"prepared-{dataset}-{fingerprint[:16]}"))
         except Exception:  # noqa: BLE001 - an optimisation: whatever stops it, the workers decode
             self._path = None
 

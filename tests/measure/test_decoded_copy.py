@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from fakes import recording_tasks
 
 from catsdogs.data import folder, loading
 from catsdogs.manifest import require_prepared
 from catsdogs.measure.probe_run import DecodedCopy, ProbeRun
 from catsdogs.measure.settings import FindSettings
-from catsdogs.messages import ProbeRecord
 from catsdogs.training import steps
 
 
@@ -77,13 +77,7 @@ def test_find_batch_sizes_probes_are_told_to_read_the_copy_and_the_run_removes_i
         prepared_data, tmp_path):
     # given find-batch-size's probes of the article's model on prepared data, their prober a stand-in
     run = ProbeRun(FindSettings("fbs"), prepared_data(16), tmp_path / "work", None, {}, lambda line: None)
-    tasks = []
-
-    def run_task(task, **kw):
-        tasks.append(task)
-        return ProbeRecord(batch_size=task.batch_size, status="done", peak_memory_mb=500.0, memory_kind="cpu-rss")
-
-    run.prober.run = run_task
+    tasks = recording_tasks(run)
     # when two sizes are probed
     run.probe(1, "calibrate")
     run.probe(8, "search")

@@ -14,7 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from fakes import SIZE, LinearProber, ResidentProber, SqrtSpeedProber, UnluckyProber
+from fakes import (
+    SIZE,
+    LinearProber,
+    ResidentProber,
+    SqrtSpeedProber,
+    UnluckyProber,
+    recording_tasks,
+)
 
 from catsdogs import recommendation
 from catsdogs.cli import cli
@@ -897,20 +904,13 @@ def test_near_the_limit_a_jax_probe_on_the_cpu_times_one_step_where_its_peak_is_
         tmp_path, monkeypatch, backend, steps, near_limit_steps):
     from catsdogs.measure import probe_run
     from catsdogs.measure.probe_run import ProbeRun
-    from catsdogs.messages import ProbeRecord
 
     # given find-batch-size's probes on the CPU (resident sets) with --steps `steps`, and the sizes from
     # 800 up run in fresh workers (the prediction's `fresh_from`)
     monkeypatch.setattr(probe_run.backends, "name", lambda: backend)
     run = ProbeRun(FindSettings("fbs", memory_cap_bytes=2048 * 2**20, steps=steps), tmp_path, tmp_path, None, {},
                    lambda line: None)
-    tasks = []
-
-    def run_task(task, **kw):
-        tasks.append(task)
-        return ProbeRecord(batch_size=task.batch_size, status="done", peak_memory_mb=500.0, memory_kind="cpu-rss")
-
-    run.prober.run = run_task
+    tasks = recording_tasks(run)
     run.probe(1, "calibrate")
     run.prober.fresh_from = 800
     # when a size below it, one above it and a retime's look above it run
