@@ -300,6 +300,10 @@ class TrialTask:
     # the weights' digest delivered after the record, while the worker runs its next task (a
     # `digest` message): on a GPU the hash of 164 MB held every trial up 0.4 s (catsdogs.runtime.worker)
     defer_digest: bool = False
+    # the prepared data set decoded once by the parent (loading.save_decoded), read instead of its
+    # JPEGs (find-batch-size's short runs; None: decoded here, as a sweep's trials are); not the
+    # trial's identity: the same images either way
+    decoded: str | None = None
 
 
 @dataclass(frozen=True)

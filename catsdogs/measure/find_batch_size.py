@@ -245,9 +245,10 @@ def _claim(lock: Path) -> int | None:
 
 
 def measure_statistics(run: FindRun) -> None:
-    """The noise scale's short runs, in a worker of their own that ends before any probe runs (the
-    first probe's worker imports its framework meanwhile): the probes' memory is not touched, and
-    the search can then probe the critical batch size on its way up."""
+    """The noise scale's short runs, in workers of their own (on a CPU up to three at once:
+    noise_run.noise_workers) that end before any probe runs (the first probe's worker imports its
+    framework meanwhile): the probes' memory is not touched, and the search can then probe the
+    critical batch size on its way up."""
     if run.settings.measure_noise:
         run.noise = _noise_scale(run)
 
@@ -346,7 +347,8 @@ def _noise_scale(run: FindRun) -> NoiseRun | None:
         run.probes.start_ahead(ahead)
     return measure_noise_scale(run.data_dir, run.manifest, settings, run.probes.work, run.probes.env, log,
                                probe_data=probe_data, sampling=user_noise_sampling(bool(user.batch_norm)) if user
-                               else None, worker=worker)
+                               else None, worker=worker,
+                               decoded=run.probes.decoded.path() if run.probes.decoded else None)
 
 
 def keep_interrupted(folder: Path, settings: FindSettings, probes: list[ProbeRecord], log) -> None:

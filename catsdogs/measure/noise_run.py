@@ -3,7 +3,8 @@ measured before the search past the first epoch's transient.
 
 Four short runs at the base batch size (32), seeds --seed and the next three, each trained 2
 epochs as a sweep's trial is at the rate the learning-rate rule anchors on (the short runs' best of
-three, or a store's), in one worker that ends before any probe runs; B_simple measured
+three, or a store's), in workers that end before any probe runs (on a CPU up to three at once:
+`noise_workers`); B_simple measured
 after epoch 2 of each, past the first epoch's transient, and pooled with each seed one cluster
 weighted alike (`measure_noise_scale`: gradient_noise.pool_seeds, the geometric mean of the
 seeds' values, its interval on seeds - 1 degrees of freedom). The article's model by per-example gradient products,
@@ -21,13 +22,14 @@ from pathlib import Path
 
 from catsdogs import config
 from catsdogs.gradient_noise import NoiseEstimate, NoiseSampling, pool_seeds
+from catsdogs.host import host_memory_available, usable_cores, visible_gpus
 from catsdogs.measure import model_check
 from catsdogs.measure.common import first_line
 from catsdogs.measure.settings import FindSettings
 from catsdogs.messages import TrialRecord, TrialTask
 from catsdogs.recommendation import anchor_at, learning_rate, short_run_anchor
 from catsdogs.runtime import backends
-from catsdogs.runtime.worker import Worker
+from catsdogs.runtime.worker import Worker, run_together
 from catsdogs.schema import DEFAULT_LR, Status, TrialConfig, default
 
 # find-batch-size's noise measurement, the one the recommendation rests on: larger pairs than a
@@ -94,6 +96,15 @@ USER_NOISE_MICROS = 12
 # where micro-batches of 2 were 15% off (tests/measure/test_user_noise.py).
 BN_NOISE_MICRO = 8
 BN_NOISE_MICROS = 6
+# On a CPU the short runs train this many at once, each in a worker of its own: one run of the
+# article's model keeps 1.2-1.6 of two cores busy (its Python between steps runs on one), so a
+# round of runs that do not wait on each other (the rate test's three, then the seeds at the
+# chosen rate) took 0.75-0.8 of their time one after another here, at three as at two
+# (benchmarks/bench_noise_workers.py). Each run trains as it would alone, in a worker of the same
+# settings and threads: the same numbers. Not on a GPU (two frameworks would share its memory),
+# nor for a user's model (its memory is not known before it runs), nor on one core.
+NOISE_WORKERS = 3
+NOISE_WORKER_ROOM = 2 * 2**30  # host memory available a worker at once (the article's at 200 px: about 1.2 GiB)
 
 
 @dataclass(frozen=True)
@@ -141,18 +152,20 @@ def user_noise_sampling(batch_norm: bool = False) -> NoiseSampling:
 
 def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSettings, work: Path, env: dict | None,
                         log: Callable[[str], None], sampling: NoiseSampling | None = None,
-                        probe_data: model_check.ProbeData | None = None, worker: Worker | None = None) -> NoiseRun | None:
+                        probe_data: model_check.ProbeData | None = None, worker: Worker | None = None,
+                        decoded: str | None = None) -> NoiseRun | None:
     """B_simple past the first epoch's transient: NOISE_SEEDS short runs at the base batch size
-    (seeds `settings.seed` and on), each trained NOISE_EPOCHS epochs as a sweep's trial is, in one
-    worker, measured after each epoch from NOISE_FROM on (before it, nothing is measured); those
+    (seeds `settings.seed` and on), each trained NOISE_EPOCHS epochs as a sweep's trial is, those
+    that do not wait on each other at once (`noise_workers`: on a CPU up to three workers), measured after each epoch from NOISE_FROM on (before it, nothing is measured); those
     measurements pooled into one estimate with each seed one cluster weighted alike
     (gradient_noise.pool_seeds: the geometric mean of the seeds' B_simple, Student's interval on
     their logarithms over the seeds). One epoch at one seed moved it from 3 to 296 with the seed
     and the backend, and two seeds pooled pair by pair gave intervals that covered the truth 18%
-    of the time. With the wall time (the worker's start included). None, said in the log, when a
+    of the time. With the wall time (the workers' starts included). None, said in the log, when a
     run failed. `probe_data`: a user's model (settings.model) trains, on its folder or the
     prepared data, and is measured by the two-batch estimator (`user_noise_sampling`); `worker`:
-    the one its check ran in (model_check.check_user_model), ended here as a worker of its own is."""
+    the one its check ran in (model_check.check_user_model), ended here as a worker of its own is;
+    `decoded`: the prepared data decoded once (probe_run.DecodedCopy), which the runs read."""
     base = default("base_batch_size")
     user = model_check.user_task(settings, probe_data)
     sampling = sampling or (user_noise_sampling() if user else noise_sampling())
@@ -170,23 +183,34 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     started = time.perf_counter()
     measured: dict[int, list[NoiseEstimate]] = {}  # the runs that trained; `every`: those of a finite loss
     every: dict[int, list[NoiseEstimate]] = {}
-    worker = worker or Worker(work / "noise-scale.log", env)  # every run in one: a trial trains alike in any
-    log_path = worker.log_path
+    # a trial trains alike in any worker: the runs that do not wait on each other's losses run at once
+    workers = [worker or Worker(work / "noise-scale.log", env)]
+    workers += [Worker(work / f"noise-scale-{n}.log", env) for n in range(2, noise_workers(bool(user)) + 1)]
+    for extra in workers[1:]:
+        extra.launch()  # (importing while the first starts)
     ran: dict[tuple[int, float], TrialRecord] = {}  # each (seed, rate) trained once, measured
 
+    def task(seed: int, lr: float) -> TrialTask:
+        config = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
+                             image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
+                             data=manifest["fingerprint"][settings.dataset] if manifest else "",
+                             precision=settings.precision, backend=backends.name(), lr=lr,
+                             **backends.process_settings(env or {}))
+        return TrialTask(config, str(Path(data_dir).resolve()), sampling.as_dict(), user=user,
+                         decoded=None if user else decoded)
+
+    def ahead(pairs: list[tuple[int, float]]) -> None:  # (seed, rate) runs, at once where workers allow
+        todo = list(dict.fromkeys(p for p in pairs if p not in ran))
+        ran.update(run_together(workers, [(p, task(*p)) for p in todo]) if todo else {})
+
     def run(seed: int, lr: float) -> TrialRecord:
-        if (seed, lr) not in ran:
-            config = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
-                                 image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
-                                 data=manifest["fingerprint"][settings.dataset] if manifest else "",
-                                 precision=settings.precision, backend=backends.name(), lr=lr,
-                                 **backends.process_settings(env or {}))
-            ran[seed, lr] = worker.run(TrialTask(config, str(Path(data_dir).resolve()), sampling.as_dict(), user=user))
+        ahead([(seed, lr)])
         return ran[seed, lr]
     try:
-        rounds = anchor_rounds(run, rates, seeds, ANCHOR_LEARNED * chance) if rates else []
+        rounds = anchor_rounds(run, rates, seeds, ANCHOR_LEARNED * chance, ahead) if rates else []
         test = rate_test(rates, rounds, ANCHOR_LEARNED * chance, log) if rates else None
         lr = noise_rate(settings, test)
+        ahead([(seed, lr) for seed in seeds])
         for seed in seeds:
             record = run(seed, lr)
             later = [NoiseEstimate.from_record(row) for row in record.history or []]
@@ -194,7 +218,7 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                      if m is not None and m.epoch >= sampling.from_epoch]
             if record.status != Status.DONE or not later:
                 log(f"Noise scale not measured: the short run at seed {seed} {record.status}: "
-                    f"{first_line(record.error)} (log: {log_path})")
+                    f"{first_line(record.error)} (logs: {', '.join(str(w.log_path) for w in workers)})")
                 return None
             loss = final_loss(record)
             if loss is not None:  # a loss that is not finite measured a gradient of NaN, or of a diverged model
@@ -203,8 +227,10 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                 measured[seed] = later
         measure_seconds = sum(ran[seed, lr].noise_seconds or 0.0 for seed in seeds)  # (the estimate's own)
     finally:
-        worker.close()
-    log_path.unlink(missing_ok=True)
+        for each in workers:
+            each.close()
+    for each in workers:
+        each.log_path.unlink(missing_ok=True)
     measured = pooled_seeds(measured, every, lr, log)
     estimate = pool_seeds(measured) if measured else None
     if measured and estimate is None:
@@ -215,6 +241,16 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                     round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
                     estimator="two-batch" if user else None, trained=sorted(measured), lr=lr,
                     rate_test={**test, "noise_seeds": sorted(measured)} if test else None)
+
+
+def noise_workers(user: bool) -> int:
+    """How many short runs train at once: NOISE_WORKERS on a CPU of two cores or more with
+    NOISE_WORKER_ROOM of memory available for each, else fewer; one on a GPU, for a user's model,
+    on one core (NOISE_WORKERS says why)."""
+    if user or visible_gpus() or len(usable_cores()) < 2:
+        return 1
+    available = host_memory_available()
+    return max(1, min(NOISE_WORKERS, NOISE_WORKERS if available is None else available // NOISE_WORKER_ROOM))
 
 
 def _rate_test_line(settings: FindSettings, rates: list[float], probe_data: model_check.ProbeData | None) -> str:
@@ -261,13 +297,16 @@ def final_loss(record: TrialRecord) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
-def anchor_rounds(run: Callable[[int, float], TrialRecord], rates: list, seeds: list[int], learned: float) -> list[dict]:
+def anchor_rounds(run: Callable[[int, float], TrialRecord], rates: list, seeds: list[int], learned: float,
+                  ahead: Callable[[list[tuple[int, float]]], None] = lambda pairs: None) -> list[dict]:
     """The anchor's runs: the first seed at each of `rates`, the next seed too where none of the
     first's trained, up to ANCHOR_SEEDS. A rate is set at the compiled step's reset: the runs
     share one compiled step, and each measures the noise scale (about 0.2 s), so the one at the
-    rate chosen is that seed's noise run."""
+    rate chosen is that seed's noise run. `ahead(pairs)`: a round's (seed, rate) runs, all at
+    once, before `run` reads them one by one."""
     rounds = []
     for seed in seeds[:ANCHOR_SEEDS]:
+        ahead([(seed, lr) for lr in rates])
         losses = []
         for lr in rates:
             record = run(seed, lr)

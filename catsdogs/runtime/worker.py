@@ -316,3 +316,44 @@ def run_isolated(task: Task, log_path: Path, env: dict | None = None, on_progres
         return worker.run(task, on_progress, memory_cap_bytes)
     finally:
         worker.close()
+
+
+def run_together(workers: list[Worker], tasks: list[tuple]) -> dict:
+    """`tasks`, (key, task) pairs, run at once in `workers`, each worker taking the next task as
+    it ends one (a worker launched and not ready is waited for by its first task); {key: record}.
+    Every task still runs as `Worker.run` runs it, so its record is what one worker running them
+    in turn would answer. An error in one is raised here once the others ended their tasks; Ctrl-C
+    stops every worker and is raised at once."""
+    pending, records, errors = list(tasks), {}, []
+    lock = threading.Lock()
+
+    def serve(worker: Worker) -> None:
+        while True:
+            with lock:
+                if not pending or errors:
+                    return
+                key, task = pending.pop(0)
+            try:
+                records[key] = worker.run(task)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=serve, args=(w,), name=f"catsdogs-run-{n}", daemon=True)
+               for n, w in enumerate(workers[:max(1, len(tasks))])]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)  # (a join without a timeout would hold Ctrl-C off until it returned)
+    except BaseException:
+        for worker in workers:
+            worker.kill()
+        for thread in threads:
+            if thread.is_alive():
+                thread.join(5)
+        raise
+    if errors:  # (the other workers ended the tasks they had, and took no more)
+        raise errors[0]
+    return records

@@ -69,7 +69,7 @@ def _run_trial_task(task: TrialTask, emit) -> TrialRecord:
                  ) if task.defer_digest else None
     return run_trial(task.config, Path(task.data_dir), on_epoch=lambda row: emit("progress", row),
                      noise_sampling=sampling, eval_every=task.eval_every, user=task.user,
-                     on_digest=on_digest)
+                     on_digest=on_digest, decoded=task.decoded)
 
 
 # Each task type's handler, (task, emit) -> its record: one entry a kind of messages.TASKS
@@ -86,7 +86,8 @@ HANDLERS = {
 
 
 def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: NoiseSampling | None = None,
-              eval_every: int | None = None, user: dict | None = None, on_digest=None) -> TrialRecord:
+              eval_every: int | None = None, user: dict | None = None, on_digest=None,
+              decoded: str | None = None) -> TrialRecord:
     """Train and test one configuration; return its record (status done). `user`: a user's model
     trained instead of the article's (TrialTask.user), on its folder's images or the prepared data
     (`_start`); its record has no collapse diagnosis (that reads the article's hidden layer). With
@@ -96,11 +97,12 @@ def run_trial(cfg: TrialConfig, data_dir: Path, on_epoch=None, noise_sampling: N
     (or the trial's own, with a target), the validation curve (catsdogs.training.curve), and a
     trial with a target stops at the evaluation that reaches it. With `on_digest`, the record comes
     without its weights' digest (`digest_pending`) and `on_digest(digest, error)` gets it from the
-    digest's thread once hashed (`DIGESTS` holds that thread until then)."""
+    digest's thread once hashed (`DIGESTS` holds that thread until then). `decoded`: the prepared
+    data decoded by the parent (TrialTask.decoded), read where it holds their fingerprint."""
     cfg.check()
     started = time.time()
     backend = backends.current()
-    compiled_before, (train, val, test) = _start(cfg, Path(data_dir), backend, user)
+    compiled_before, (train, val, test) = _start(cfg, Path(data_dir), backend, user, decoded)
     per_epoch, epochs = plan_steps(cfg, len(train))
     built = time.time()
     step, reused = steps.STEPS.get(cfg, per_epoch, backend, user=(user["model"], user["loss"]) if user else None)
@@ -220,7 +222,8 @@ def _curve_fields(curve: Curve | None, cfg: TrialConfig) -> dict:
             **targets.record_fields(curve.points, cfg.until)}
 
 
-def _start(cfg: TrialConfig, data_dir: Path, backend, user: dict | None = None) -> tuple[dict | None, tuple]:
+def _start(cfg: TrialConfig, data_dir: Path, backend, user: dict | None = None,
+           decoded: str | None = None) -> tuple[dict | None, tuple]:
     """Every check a trial passes before anything is built, its backend started on the way:
     (the backend's compile counts before the trial, the (train, validation, test) splits)."""
     if cfg.backend != backend.NAME:
@@ -237,7 +240,7 @@ def _start(cfg: TrialConfig, data_dir: Path, backend, user: dict | None = None) 
             train, test = folder_data.holdout(images)
             splits = {"train": train, "validation": loading.Split(train.images[:0], train.labels[:0], []), "test": test}
     else:
-        manifest, splits = steps.DATA.load(data_dir, cfg.dataset, expect=cfg.data)
+        manifest, splits = steps.DATA.load(data_dir, cfg.dataset, expect=cfg.data, decoded=decoded)
         if manifest["params"]["size"] != cfg.image_size:
             raise CatsdogsError(f"data in {data_dir} is {manifest['params']['size']} px, trial wants {cfg.image_size}")
     train = splits["train"]

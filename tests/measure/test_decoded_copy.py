@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from fakes import recording_tasks
 
 from catsdogs.data import folder, loading
@@ -123,3 +124,63 @@ def test_a_probe_hands_its_tasks_copy_to_the_data_cache(monkeypatch, tmp_path):
     # then the data were asked for with the copy's path (and the stand-in's failure is the record's)
     assert asked == [str(tmp_path / "copy.decoded.npz")]
     assert record.status == "failed" and "the data were asked for" in record.error
+
+
+def test_a_short_run_hands_its_tasks_copy_to_the_data_cache_and_find_batch_size_names_it(monkeypatch, tmp_path):
+    from catsdogs.measure import noise_run
+    from catsdogs.measure.settings import FindSettings
+    from catsdogs.messages import TrialTask
+    from catsdogs.schema import TrialConfig
+    from catsdogs.training import engine
+
+    # given a trial task naming a decoded copy, a stand-in backend, and the data cache watched
+    class Backend:
+        NAME = "jax"
+
+        def start(self):
+            return "cpu"
+
+        def running_settings(self):
+            return {"deterministic": True, "tf32": None}
+
+        def compile_counts(self):
+            return None
+
+    asked = []
+
+    def load(data_dir, dataset, expect="", decoded=None):
+        asked.append(decoded)
+        raise RuntimeError("the data were asked for")
+
+    monkeypatch.setattr(engine.backends, "current", lambda: Backend())
+    monkeypatch.setattr(engine.backends, "check_settings", lambda cfg, running: None)
+    monkeypatch.setattr(engine.steps.DATA, "load", load)
+    config = TrialConfig("sgd", 32, "standard", 0, epochs=2, image_size=64, backend="jax")
+    copy = str(tmp_path / "copy.decoded.npz")
+    # when a worker runs it, then the data were asked for with the copy's path
+    record = engine.run_task(TrialTask(config, str(tmp_path), decoded=copy))
+    assert asked == [copy] and record.status == "failed" and "the data were asked for" in record.error
+    # and the noise scale's short runs name the copy find-batch-size gives them (a user's model's: none)
+    tasks = []
+
+    class Recording:
+        def __init__(self, log_path, env=None):
+            self.log_path = log_path
+
+        def launch(self):
+            pass
+
+        def run(self, task):
+            tasks.append(task)
+            raise RuntimeError("stop here")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(noise_run, "Worker", Recording)
+    monkeypatch.setattr(noise_run, "noise_workers", lambda user: 1)
+    manifest = {"params": {"size": 64}, "fingerprint": {"standard": "f"}}
+    with pytest.raises(RuntimeError, match="stop here"):
+        noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(), tmp_path, None, lambda line: None,
+                                      decoded=copy)
+    assert [t.decoded for t in tasks] == [copy]

@@ -503,6 +503,9 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_at_the
             self.log_path = log_path
             workers.append(self)
 
+        def launch(self):
+            pass
+
         def run(self, task, fresh=False, timing=False, spare=True):
             return fake_run(task)
 
@@ -526,6 +529,7 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_at_the
     run_loss = {(7, low): 0.62, (7, mid): 0.40, (7, high): 0.55}
 
     monkeypatch.setattr(noise_run, "Worker", OneWorker)
+    monkeypatch.setattr(noise_run, "noise_workers", lambda user: 1)  # one after another (at once: the next test)
     manifest = {"params": {"size": 32}, "fingerprint": {"standard": "f"}}
     lines: list[str] = []
     run = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lines.append)
@@ -603,6 +607,79 @@ def test_the_noise_scale_measures_four_seeds_after_epoch_2_each_a_cluster_at_the
 
     with pytest.raises(SettingError):
         FindSettings(seed=-1).check()
+
+
+def test_the_noise_scales_runs_that_wait_on_no_other_train_at_once_in_workers_of_their_own_to_the_same_answer(
+        tmp_path, monkeypatch):
+    import threading
+
+    from catsdogs import gradient_noise
+    from catsdogs.messages import TrialRecord
+
+    # given workers whose runs each wait until three are in flight (a barrier: a run alone in turn
+    # would break it), and the seeds' B_simple 20 or 40 after epoch 2, seed 7 best at the middle rate
+    together = threading.Barrier(3, timeout=10)
+    launched, ran = [], []
+
+    class Waiting:
+        def __init__(self, log_path, env=None):
+            self.log_path = log_path
+            launched.append(self)
+
+        def launch(self):
+            pass
+
+        def run(self, task):
+            together.wait()
+            c = task.config
+            ran.append((c.seed, c.lr, self))
+            value = {7: 20.0, 8: 40.0, 9: 20.0, 10: 40.0}[c.seed]
+            loss = {0.001: 0.62, 0.003: 0.40, 0.01: 0.55}[c.lr] if c.seed == 7 else 0.5
+            row = {"epoch": 2, "loss": 0.6, "val_loss": loss,
+                   **gradient_noise.from_pairs([0.9, 1.1] * 8, [0.9 * value, 1.1 * value] * 8, floor=10,
+                                               epoch=2).to_record()}
+            return TrialRecord(status="done", history=[row], noise_seconds=1.0, collapsed=0)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(noise_run, "Worker", Waiting)
+    monkeypatch.setattr(noise_run, "noise_workers", lambda user: 3)
+    manifest = {"params": {"size": 32}, "fingerprint": {"standard": "f"}}
+    # when the noise scale is measured
+    run = noise_run.measure_noise_scale(tmp_path, manifest, FindSettings(seed=7), tmp_path, None, lambda line: None)
+    # then the rate test's three runs trained at once, then the three seeds left at the rate chosen,
+    # each round spread over three workers
+    assert len(launched) == 3 and not together.broken
+    assert {(seed, lr) for seed, lr, _ in ran[:3]} == {(7, 0.001), (7, 0.003), (7, 0.01)}
+    assert {(seed, lr) for seed, lr, _ in ran[3:]} == {(8, 0.003), (9, 0.003), (10, 0.003)}
+    assert len({id(w) for _, _, w in ran[:3]}) == 3 and len({id(w) for _, _, w in ran[3:]}) == 3
+    # and the answer is the one a single worker's runs in turn give: the seeds' geometric mean
+    assert run.lr == 0.003 and run.trained == [7, 8, 9, 10]
+    assert run.estimate.b_simple == pytest.approx((20.0 * 40.0) ** 0.5) and run.measure_seconds == 4.0
+
+
+def test_the_noise_scale_trains_one_run_at_a_time_on_a_gpu_for_a_users_model_on_one_core_or_short_of_memory(
+        monkeypatch):
+    # given a CPU of two cores with memory for every worker
+    monkeypatch.setattr(noise_run, "visible_gpus", lambda: [])
+    monkeypatch.setattr(noise_run, "usable_cores", lambda: [0, 1])
+    monkeypatch.setattr(noise_run, "host_memory_available", lambda: 64 * 2**30)
+    # then the article's model's runs train NOISE_WORKERS at once, a user's model's one at a time
+    assert noise_run.noise_workers(False) == noise_run.NOISE_WORKERS == 3
+    assert noise_run.noise_workers(True) == 1
+    # and as many as the memory available has room for, at least one
+    monkeypatch.setattr(noise_run, "host_memory_available", lambda: 2 * noise_run.NOISE_WORKER_ROOM + 1)
+    assert noise_run.noise_workers(False) == 2
+    monkeypatch.setattr(noise_run, "host_memory_available", lambda: noise_run.NOISE_WORKER_ROOM // 2)
+    assert noise_run.noise_workers(False) == 1
+    # and one on a single core, or where a GPU is visible (its memory would be shared)
+    monkeypatch.setattr(noise_run, "host_memory_available", lambda: 64 * 2**30)
+    monkeypatch.setattr(noise_run, "usable_cores", lambda: [0])
+    assert noise_run.noise_workers(False) == 1
+    monkeypatch.setattr(noise_run, "usable_cores", lambda: [0, 1])
+    monkeypatch.setattr(noise_run, "visible_gpus", lambda: ["0"])
+    assert noise_run.noise_workers(False) == 1
 
 
 def test_the_anchor_tries_the_next_seed_where_no_rate_trained_and_says_when_none_did():
