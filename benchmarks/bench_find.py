@@ -3,8 +3,9 @@ recommendation, end to end, as a user runs it.
 
 Runs `catsdogs find-batch-size --memory-limit CAP` on prepared data once per `--seeds` value
 per backend, the backends alternating (TensorFlow, JAX, TensorFlow, ...) so that a busy machine
-weighs on both alike, each run a fresh command in a fresh --out. Prints each run's wall time with
-where it went (the JSON's "seconds": the noise scale's short runs, the memory model, the probes
+weighs on both alike, each run a fresh command in a fresh --out. Prints each run's wall time and
+CPU time (its own and its workers', user and system: on two cores the wall time's floor is half of
+it) with where it went (the JSON's "seconds": the noise scale's short runs, the memory model, the probes
 with their workers' starts), its probes and how many ran in a fresh worker, and its answer: the
 largest that fits, the noise scale and whether it was resolved, the recommendation. Then per
 backend the median time against the target (at most 60 s at 64 px under 2 GiB on this CPU, the
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -36,24 +38,25 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import HERE, alternate
+from harness import HERE, alternate, cpu_seconds
 
 TARGET = 60.0  # seconds, the whole answer
 
 
 def run_once(backend: str, data_dir: Path, cap: str, seed: int, out: Path, opt: list[str], checkout: Path = HERE) -> dict:
     env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(checkout)}
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds(resource.RUSAGE_CHILDREN)
     proc = subprocess.run([sys.executable, "-m", "catsdogs", "find-batch-size", "--data-dir", str(data_dir.resolve()),
                            "--memory-limit", cap, "--out", str(out), "--name", "bench", "--seed", str(seed), *opt],
                           env=env, capture_output=True, text=True, cwd=checkout)
     wall = time.perf_counter() - started
+    cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - cpu  # the command's and its reaped workers' (user and system)
     if proc.returncode != 0:
         raise SystemExit(f"find-batch-size failed on {backend} (exit {proc.returncode}): {proc.stdout[-2000:]}"
                          f"{proc.stderr[-2000:]}")
     summary = json.loads((out / "bench" / "find_batch_size.json").read_text())
     rec, noise = summary.get("recommendation") or {}, summary.get("noise_scale") or {}
-    return {"backend": backend, "seed": seed, "wall": wall, **summary["seconds"], "probes_n": len(summary["probes"]),
+    return {"backend": backend, "seed": seed, "wall": wall, "cpu": cpu, **summary["seconds"], "probes_n": len(summary["probes"]),
             "fresh": sum(p.get("worker") in ("fresh", "retried") for p in summary["probes"]),
             "largest": summary["largest_fitting"], "recommended": rec.get("batch_size"),
             "resolved": rec.get("statistics") == "resolved", "b_simple": noise.get("b_simple"),
@@ -87,14 +90,14 @@ def main() -> int:
     opt = (["--opt", args.opt] if args.opt else []) + extra
     sides = {"new": HERE, **({"old": args.old.resolve()} if args.old else {})}
     rows = []
-    print(f"{'side':>4} {'backend':>10} {'seed':>4} {'wall':>6} {'noise':>6} {'model':>6} {'probes':>7} {'n':>3} "
+    print(f"{'side':>4} {'backend':>10} {'seed':>4} {'wall':>6} {'cpu':>6} {'noise':>6} {'model':>6} {'probes':>7} {'n':>3} "
           f"{'fresh':>5} {'largest':>7}  {'B_simple (95%)':<18} {'rec':>5}")
     def one(side: str, backend: str, turn: int) -> dict:
         seed = args.seeds[turn]
         with tempfile.TemporaryDirectory() as out:
             r = {"side": side, **run_once(backend, args.data_dir, args.memory_limit, seed, Path(out), opt, sides[side])}
         rows.append(r)
-        print(f"{side:>4} {backend:>10} {seed:>4} {r['wall']:>6.1f} {r['noise_scale'] or 0:>6.1f} "
+        print(f"{side:>4} {backend:>10} {seed:>4} {r['wall']:>6.1f} {r['cpu']:>6.1f} {r['noise_scale'] or 0:>6.1f} "
               f"{r['prediction']:>6.1f} {r['probes']:>7.1f} {r['probes_n']:>3} {r['fresh']:>5} {r['largest']:>7}  "
               f"{noise_text(r):<18} {r['recommended']!s:>5}{'' if r['resolved'] else ' (unresolved)'}", flush=True)
         return r

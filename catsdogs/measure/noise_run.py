@@ -14,6 +14,7 @@ micro-batches (`user_noise_sampling`). Imports no framework: the runs are a work
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -97,14 +98,14 @@ USER_NOISE_MICROS = 12
 BN_NOISE_MICRO = 8
 BN_NOISE_MICROS = 6
 # On a CPU the short runs train this many at once, each in a worker of its own: one run of the
-# article's model keeps 1.2-1.6 of two cores busy (its Python between steps runs on one), so a
-# round of runs that do not wait on each other (the rate test's three, then the seeds at the
-# chosen rate) took 0.75-0.8 of their time one after another here, at three as at two
-# (benchmarks/bench_noise_workers.py). Each run trains as it would alone, in a worker of the same
-# settings and threads: the same numbers. Not on a GPU (two frameworks would share its memory),
-# nor for a user's model (its memory is not known before it runs), nor on one core.
+# article's model leaves part of two cores idle (its Python between steps runs on one), and the
+# runs that do not wait on each other (the rate test's three, then the seeds at the chosen rate)
+# took 0.86x (JAX) and 0.94x (TensorFlow) of their time one at a time, workers' starts included
+# (benchmarks/bench_noise_workers.py, 64 px, two cores). Each run trains as it would alone, in a
+# worker of the same settings and threads: the same numbers. Not on a GPU (two frameworks would
+# share its memory), nor for a user's model (its memory is not known before it runs), nor on one core.
 NOISE_WORKERS = 3
-NOISE_WORKER_ROOM = 2 * 2**30  # host memory available a worker at once (the article's at 200 px: about 1.2 GiB)
+NOISE_WORKER_ROOM = 2 * 2**30  # host memory available for each worker at once
 
 
 @dataclass(frozen=True)
@@ -156,8 +157,8 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                         decoded: str | None = None) -> NoiseRun | None:
     """B_simple past the first epoch's transient: NOISE_SEEDS short runs at the base batch size
     (seeds `settings.seed` and on), each trained NOISE_EPOCHS epochs as a sweep's trial is, those
-    that do not wait on each other at once (`noise_workers`: on a CPU up to three workers), measured after each epoch from NOISE_FROM on (before it, nothing is measured); those
-    measurements pooled into one estimate with each seed one cluster weighted alike
+    that do not wait on each other at once (`noise_workers`: on a CPU up to three workers: `ShortRuns`),
+    measured after each epoch from NOISE_FROM on (before it, nothing is measured); those measurements pooled into one estimate with each seed one cluster weighted alike
     (gradient_noise.pool_seeds: the geometric mean of the seeds' B_simple, Student's interval on
     their logarithms over the seeds). One epoch at one seed moved it from 3 to 296 with the seed
     and the backend, and two seeds pooled pair by pair gave intervals that covered the truth 18%
@@ -183,29 +184,11 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     started = time.perf_counter()
     measured: dict[int, list[NoiseEstimate]] = {}  # the runs that trained; `every`: those of a finite loss
     every: dict[int, list[NoiseEstimate]] = {}
-    # a trial trains alike in any worker: the runs that do not wait on each other's losses run at once
-    workers = [worker or Worker(work / "noise-scale.log", env)]
-    workers += [Worker(work / f"noise-scale-{n}.log", env) for n in range(2, noise_workers(bool(user)) + 1)]
-    for extra in workers[1:]:
-        extra.launch()  # (importing while the first starts)
-    ran: dict[tuple[int, float], TrialRecord] = {}  # each (seed, rate) trained once, measured
-
-    def task(seed: int, lr: float) -> TrialTask:
-        config = TrialConfig(settings.optimizer, base, settings.dataset, seed, epochs=NOISE_EPOCHS,
-                             image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
-                             data=manifest["fingerprint"][settings.dataset] if manifest else "",
-                             precision=settings.precision, backend=backends.name(), lr=lr,
-                             **backends.process_settings(env or {}))
-        return TrialTask(config, str(Path(data_dir).resolve()), sampling.as_dict(), user=user,
-                         decoded=None if user else decoded)
-
-    def ahead(pairs: list[tuple[int, float]]) -> None:  # (seed, rate) runs, at once where workers allow
-        todo = list(dict.fromkeys(p for p in pairs if p not in ran))
-        ran.update(run_together(workers, [(p, task(*p)) for p in todo]) if todo else {})
-
-    def run(seed: int, lr: float) -> TrialRecord:
-        ahead([(seed, lr)])
-        return ran[seed, lr]
+    task = functools.partial(_short_run, settings, manifest, probe_data, data_dir, sampling, env, user,
+                             None if user else decoded)
+    runs = ShortRuns(task, worker or Worker(work / "noise-scale.log", env),
+                     [Worker(work / f"noise-scale-{n}.log", env) for n in range(2, noise_workers(bool(user)) + 1)])
+    ran, ahead, run = runs.ran, runs.ahead, runs.run
     try:
         rounds = anchor_rounds(run, rates, seeds, ANCHOR_LEARNED * chance, ahead) if rates else []
         test = rate_test(rates, rounds, ANCHOR_LEARNED * chance, log) if rates else None
@@ -218,7 +201,7 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                      if m is not None and m.epoch >= sampling.from_epoch]
             if record.status != Status.DONE or not later:
                 log(f"Noise scale not measured: the short run at seed {seed} {record.status}: "
-                    f"{first_line(record.error)} (logs: {', '.join(str(w.log_path) for w in workers)})")
+                    f"{first_line(record.error)} (logs: {', '.join(str(w.log_path) for w in runs.workers)})")
                 return None
             loss = final_loss(record)
             if loss is not None:  # a loss that is not finite measured a gradient of NaN, or of a diverged model
@@ -227,10 +210,8 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                 measured[seed] = later
         measure_seconds = sum(ran[seed, lr].noise_seconds or 0.0 for seed in seeds)  # (the estimate's own)
     finally:
-        for each in workers:
-            each.close()
-    for each in workers:
-        each.log_path.unlink(missing_ok=True)
+        runs.close()
+    runs.remove_logs()
     measured = pooled_seeds(measured, every, lr, log)
     estimate = pool_seeds(measured) if measured else None
     if measured and estimate is None:
@@ -241,6 +222,48 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                     round(time.perf_counter() - started, 2), seeds=seeds, from_epoch=sampling.from_epoch,
                     estimator="two-batch" if user else None, trained=sorted(measured), lr=lr,
                     rate_test={**test, "noise_seeds": sorted(measured)} if test else None)
+
+
+def _short_run(settings: FindSettings, manifest: dict | None, probe_data, data_dir: Path, sampling: NoiseSampling,
+               env: dict | None, user: dict | None, decoded: str | None, seed: int, lr: float) -> TrialTask:
+    """The short run of `seed` at `lr`: 2 epochs at the base batch size, trained as a sweep's trial."""
+    config = TrialConfig(settings.optimizer, default("base_batch_size"), settings.dataset, seed, epochs=NOISE_EPOCHS,
+                         image_size=manifest["params"]["size"] if manifest else int(probe_data.input_spec[0]),
+                         data=manifest["fingerprint"][settings.dataset] if manifest else "",
+                         precision=settings.precision, backend=backends.name(), lr=lr,
+                         **backends.process_settings(env or {}))
+    return TrialTask(config, str(Path(data_dir).resolve()), sampling.as_dict(), user=user, decoded=decoded)
+
+
+class ShortRuns:
+    """The short runs' workers, and each (seed, rate) run once (`ran`): a trial trains alike in any
+    worker, so the runs that wait on no other's loss run at once (`ahead`), the first worker (a
+    user's model's check's, or a fresh one) and the `extra` ones, launched now to import while the
+    first starts."""
+
+    def __init__(self, task: Callable[[int, float], TrialTask], first: Worker, extra: list[Worker]):
+        self.task, self.workers = task, [first, *extra]
+        for worker in extra:
+            worker.launch()
+        self.ran: dict[tuple[int, float], TrialRecord] = {}
+
+    def ahead(self, pairs: list[tuple[int, float]]) -> None:
+        """The (seed, rate) runs not run yet, at once where the workers allow."""
+        todo = list(dict.fromkeys(p for p in pairs if p not in self.ran))
+        if todo:
+            self.ran.update(run_together(self.workers, [(p, self.task(*p)) for p in todo]))
+
+    def run(self, seed: int, lr: float) -> TrialRecord:
+        self.ahead([(seed, lr)])
+        return self.ran[seed, lr]
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+
+    def remove_logs(self) -> None:
+        for worker in self.workers:
+            worker.log_path.unlink(missing_ok=True)
 
 
 def noise_workers(user: bool) -> int:
