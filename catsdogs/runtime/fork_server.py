@@ -34,17 +34,28 @@ WORKER_MAIN = f"{WORKER_ENTRY}:main"
 
 
 def _import_framework() -> None:
-    """What a TensorFlow worker imports before its framework starts (catsdogs.training.child.main),
-    and nothing that starts it."""
+    """What a worker imports before its framework starts (catsdogs.training.child.main), and
+    nothing that starts it: TensorFlow and Keras; or, on JAX, Keras and JAX with TensorFlow kept
+    out as a JAX worker keeps it (jax_process.before_import), its XLA flags and compilation cache
+    left to the child's start (read when JAX's backend starts, and set after the import)."""
     from catsdogs.runtime import backends, skipped_imports
 
     backend = backends.current()
-    if backend.NAME != "tensorflow":
-        raise RuntimeError(f"a template serves TensorFlow's workers, not {backend.NAME}'s")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", backend.LOG_LEVEL)
+    if backend.NAME not in ("tensorflow", "jax"):
+        raise RuntimeError(f"a template serves TensorFlow's and JAX's workers, not {backend.NAME}'s")
+    if backend.NAME == "jax":
+        from catsdogs.runtime.backends import jax_process
+
+        jax_process.before_import()
+    else:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", backend.LOG_LEVEL)
     with skipped_imports.skipping(backend.NAME):
         import keras  # noqa: F401
-        import tensorflow  # noqa: F401
+
+        if backend.NAME == "jax":
+            import jax  # noqa: F401
+        else:
+            import tensorflow  # noqa: F401
 
 
 def mapped_file_pages() -> list[tuple[int, int]]:

@@ -42,7 +42,8 @@ ENV = "CATSDOGS_WORKER_TEMPLATE"  # "0": every worker a fresh process
 # What an import may read from the environment: a template serves only workers that agree with
 # it on these (the rest is set in the child, after the fork, before anything reads it)
 IMPORT_PREFIXES = ("TF_", "KERAS_", "PYTHON", "LD_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "CUDA_", "XLA_",
-                   "JAX_", "NVIDIA_", "CATSDOGS_SKIP_OPTIONAL_IMPORTS", "HOME", "XDG_")
+                   "JAX_", "NVIDIA_", "CATSDOGS_SKIP_OPTIONAL_IMPORTS", "HOME", "XDG_",
+                   "GLIBC_", "MALLOC_")  # (glibc's malloc reads these as a process starts: the template's are its children's)
 MAX_TEMPLATES = 2  # a template holds a framework's import in memory (about 0.6 GiB)
 ANSWER_SECONDS = 30.0  # a template that has not forked a requested worker by then is let go
 READY_SECONDS = 120.0  # ... or has not imported the framework by then
@@ -52,7 +53,7 @@ LOOK_SECONDS = 1.0  # how often a wait for a child's end asks the kernel too (a 
 def usable(env: dict) -> bool:
     """Whether a worker of this environment may come from a template."""
     return (env.get(ENV, "1").strip() != "0" and sys.platform == "linux" and hasattr(socket, "send_fds")
-            and _backend(env) == "tensorflow" and not host.nvidia_devices())
+            and _backend(env) in ("tensorflow", "jax") and not host.nvidia_devices())
 
 
 def _backend(env: dict) -> str | None:

@@ -119,15 +119,16 @@ def start() -> str:
     (`running_settings`)."""
     from catsdogs.runtime.backends import compile_cache_dir, process_settings
 
-    _block_tensorflow()
     settings = process_settings()
-    if "jax" not in sys.modules:
-        for key, value in process_env().items():  # (malloc's are read at a process's start: too late here)
-            if key not in MALLOC_ENV:
-                os.environ.setdefault(key, value)
+    forked = "jax" in sys.modules and not _backend_started()  # a template's child (catsdogs.runtime.template)
+    if "jax" not in sys.modules or forked:  # (XLA reads its flags as JAX's backend starts)
+        before_import()
         os.environ["XLA_FLAGS"] = _xla_flags(deterministic=settings["deterministic"])
         _configure_cache(compile_cache_dir())
     import jax
+
+    if forked:  # JAX read its cache's settings when the template imported it
+        _apply_cache(jax, compile_cache_dir())
 
     # the trial's setting, also over a JAX_DEFAULT_MATMUL_PRECISION of the user's (None: JAX's default)
     jax.config.update("jax_default_matmul_precision",
@@ -140,6 +141,32 @@ def start() -> str:
     RUNNING.update(deterministic=DETERMINISTIC_FLAG in os.environ.get("XLA_FLAGS", "").split(),
                    tf32={"tensorfloat32": True, "highest": False}.get(precision) if precision else None)
     return "gpu" if jax.default_backend() == "gpu" else "cpu"
+
+
+def before_import() -> None:
+    """What a JAX worker sets before JAX is imported: TensorFlow kept out, the process's
+    environment (`process_env`, but malloc's: read at a process's start, too late here). A
+    template (catsdogs.runtime.fork_server) sets it before its import too."""
+    _block_tensorflow()
+    for key, value in process_env().items():
+        if key not in MALLOC_ENV:
+            os.environ.setdefault(key, value)
+
+
+def _backend_started() -> bool:
+    """Whether JAX's backends have started in this process (a template's child's have not)."""
+    from jax._src import xla_bridge
+
+    return bool(getattr(xla_bridge, "_backends", None))
+
+
+def _apply_cache(jax, folder) -> None:
+    """`_configure_cache`'s settings given to an imported JAX, which read the environment's when
+    it was imported (before any compilation, as a template's child is)."""
+    jax.config.update("jax_compilation_cache_dir", None if folder is None else str(folder))
+    if folder is not None:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def running_settings() -> dict:
