@@ -54,6 +54,9 @@ def _import_framework() -> None:
 
         if backend.NAME == "jax":
             import jax  # noqa: F401
+
+            if jax_process.backend_started():  # (by a sitecustomize, say): threads a fork would not carry
+                raise RuntimeError("JAX's backend started as Python did, before a template could fork workers")
         else:
             import tensorflow  # noqa: F401
 

@@ -1,8 +1,8 @@
-"""Worker processes forked from a template that has imported TensorFlow, on a CPU.
+"""Worker processes forked from a template that has imported the framework, on a CPU.
 
-A TensorFlow worker's start is mostly importing TensorFlow and Keras, at every fresh worker.
-Importing starts none of TensorFlow's threads, so a process that has only imported it can be
-forked: the child is what a fresh worker would be after its imports, in milliseconds. A fork maps
+A worker's start is mostly importing Keras and TensorFlow (or JAX), at every fresh worker.
+Importing starts neither framework (no thread of TensorFlow's, no backend of JAX's), so a process
+that has only imported it can be forked: the child is what a fresh worker would be after its imports, in milliseconds. A fork maps
 none of the shared libraries' file pages again (a child's resident set after a first op would be
 far below a fresh worker's, and a probe's memory not a training process's), so the template lists
 its own (/proc/self/pagemap) and each child maps them before anything else (MADV_POPULATE_READ,
@@ -15,9 +15,10 @@ server that runs an entry it is given by name (the worker's: catsdogs.training.c
 `Template` is the parent's handle on one, `TemplateChild` answers what `Worker` asks of
 `subprocess.Popen`; every wait on a template is bounded (ANSWER_SECONDS, READY_SECONDS, and a
 child's end read from the kernel where its template cannot say it): a template that does not
-answer is let go, said, and workers start fresh. Where it applies (`usable`): TensorFlow on Linux on a host without an NVIDIA
-device, unless CATSDOGS_WORKER_TEMPLATE=0 (JAX reads its XLA flags and cache settings at import,
-each worker's own). One template serves the workers that agree with it in what an import reads
+answer is let go, said, and workers start fresh. Where it applies (`usable`): TensorFlow or JAX
+on Linux on a host without an NVIDIA device, unless CATSDOGS_WORKER_TEMPLATE=0 (JAX's child sets
+its XLA flags, which XLA reads as JAX's backend starts, and gives JAX its compilation cache's
+settings, which JAX read from the template's environment at import: jax_process.start). One template serves the workers that agree with it in what an import reads
 (`import_key`). docs/performance.md, "The trial engine", gives the measurements.
 """
 

@@ -91,8 +91,9 @@ def freeze_imported() -> None:
 def _unfit(backend, preloaded: bool) -> str:
     """Why this worker cannot run what it was started for, or "": the settings it was started
     with (backends.process_settings) that its framework does not run with. JAX reads its XLA flags
-    once, when it is imported: imported before this process's start could set them (by a
-    sitecustomize, a .pth file, PYTHONSTARTUP or a wrapper), it keeps the flags it found."""
+    once, as its backend starts: started before this process's start could set them (by a
+    sitecustomize, a .pth file, PYTHONSTARTUP or a wrapper), it keeps the flags it found (imported
+    only, as in a template's child, it takes catsdogs' flags all the same: jax_process.start)."""
     wanted, running = backends.process_settings(), backend.running_settings()
     if wanted == running:
         return ""

@@ -306,10 +306,11 @@ def test_a_framework_started_before_catsdogs_stops_the_sweep_once_and_records_no
     import subprocess
     import sys
 
-    # given a Python whose start imports JAX (a sitecustomize), before catsdogs can set its flags
+    # given a Python whose start starts JAX (a sitecustomize), before catsdogs can set its flags
+    # (JAX imported only takes them: XLA reads them as its backend starts)
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text("import jax.monitoring\n")
+    (site / "sitecustomize.py").write_text("import jax\njax.devices()\n")
     env = {**os.environ, "PYTHONPATH": str(site), "KERAS_BACKEND": "jax"}
     out = tmp_path / "out"
     # when a deterministic sweep of several trials runs there

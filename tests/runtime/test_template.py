@@ -21,11 +21,12 @@ TESTS = str(Path(__file__).parent)
 # --- where a template applies (no process started) -------------------------------------------
 
 
-def test_a_template_serves_tensorflows_workers_on_a_cpu_host(monkeypatch):
+def test_a_template_serves_tensorflows_and_jaxs_workers_on_a_cpu_host(monkeypatch):
     monkeypatch.setattr(host, "nvidia_devices", lambda: False)
     assert usable({"KERAS_BACKEND": "tensorflow"})
-    # not JAX's: it reads its flags and cache settings at import, and those are each worker's own
-    assert not usable({"KERAS_BACKEND": "jax"})
+    # and JAX's (XLA reads its flags as the backend starts, in the child; the cache's settings
+    # are given to JAX there: jax_process.start)
+    assert usable({"KERAS_BACKEND": "jax"})
     # not where the user turned it off
     assert not usable({"KERAS_BACKEND": "tensorflow", template.ENV: "0"})
     assert not usable({"KERAS_BACKEND": "tensorflow", template.ENV: " 0 "})  # as the other switches read it
@@ -53,6 +54,10 @@ def test_workers_share_a_template_when_they_agree_on_what_an_import_reads():
     assert import_key(one) == import_key(other)
     assert import_key(one) != import_key({**one, "TF_CPP_MIN_LOG_LEVEL": "0"})
     assert import_key(one) != import_key({**one, "CATSDOGS_SKIP_OPTIONAL_IMPORTS": "0"})
+    # nor where glibc's malloc is told otherwise (it reads that as a process starts: the template's
+    # settings are its children's)
+    assert import_key(one) != import_key({**one, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+    assert import_key(one) != import_key({**one, "MALLOC_ARENA_MAX": "1"})
 
 
 # --- the template's children ------------------------------------------------------------------
@@ -213,17 +218,18 @@ def test_a_template_that_cannot_import_gives_way_to_fresh_workers(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_tensorflow_worker_from_a_template_trains_as_a_fresh_one(prepared_data, tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_a_worker_from_a_template_trains_as_a_fresh_one(backend, prepared_data, tmp_path, monkeypatch):
     from catsdogs.manifest import require_prepared
     from catsdogs.messages import TrialTask
     from catsdogs.runtime.worker import Worker
     from catsdogs.schema import Status, TrialConfig
 
     # given a trial, a worker forked from a template and one started fresh
-    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setenv("KERAS_BACKEND", backend)
     data = prepared_data(32, (24, 8, 8))
     cfg = TrialConfig(optimizer="adam", batch_size=8, dataset="standard", seed=0, epochs=1, image_size=32,
-                      data=require_prepared(data)["fingerprint"]["standard"], backend="tensorflow")
+                      data=require_prepared(data)["fingerprint"]["standard"], backend=backend)
     forked, fresh = Worker(tmp_path / "forked.log"), Worker(tmp_path / "fresh.log", env={template.ENV: "0"})
     try:
         # when each trains it
@@ -238,3 +244,39 @@ def test_a_tensorflow_worker_from_a_template_trains_as_a_fresh_one(prepared_data
     assert [r.status for r in records] == [Status.DONE, Status.DONE]
     assert records[0].weights_digest == records[1].weights_digest
     assert records[0].history[-1]["val_loss"] == records[1].history[-1]["val_loss"]
+
+
+@pytest.mark.slow
+def test_a_jax_worker_from_a_template_uses_the_compilation_cache_its_own_environment_names(prepared_data, tmp_path,
+                                                                                          monkeypatch):
+    from catsdogs.manifest import require_prepared
+    from catsdogs.messages import TrialTask
+    from catsdogs.runtime.backends import COMPILE_CACHE_ENV
+    from catsdogs.runtime.worker import Worker
+    from catsdogs.schema import Status, TrialConfig
+
+    # given two JAX workers forked from one template (the cache is not what an import reads), one
+    # with a cache folder of its own, the other with the cache off
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    data = prepared_data(32, (24, 8, 8))
+    cfg = TrialConfig(optimizer="sgd", batch_size=8, dataset="standard", seed=0, epochs=1, image_size=32,
+                      data=require_prepared(data)["fingerprint"]["standard"], backend="jax")
+    cache = tmp_path / "cache"
+    cached, uncached = (Worker(tmp_path / f"{n}.log", env={COMPILE_CACHE_ENV: value})
+                        for n, value in (("cached", str(cache)), ("uncached", "off")))
+    try:
+        # when the first trains, then the second
+        first = cached.run(TrialTask(cfg, str(data.resolve())))
+        kinds = [type(cached.proc).__name__]
+        entries = sorted(p.name for p in cache.rglob("*") if p.is_file())
+        second = uncached.run(TrialTask(cfg, str(data.resolve())))
+        kinds.append(type(uncached.proc).__name__)
+    finally:
+        cached.close()
+        uncached.close()
+    # then both came from the template; the first wrote its compilations to its folder, and the
+    # second, whose cache is off, read none of them and wrote nothing there
+    assert kinds == ["TemplateChild", "TemplateChild"]
+    assert first.status == second.status == Status.DONE
+    assert entries and second.compile_cache_hits == 0 and second.compiles > 0
+    assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == entries

@@ -115,19 +115,22 @@ RUNNING: dict = {}  # the settings this process runs with, once `start` has set 
 def start() -> str:
     """Once per process, before any op: TensorFlow kept out; the process's settings (determinism,
     TF32: backends.process_settings) and the compilation cache set before JAX starts; 'gpu' or
-    'cpu'. A process that imported JAX before keeps the XLA flags it started with, and says so
+    'cpu'. JAX imported and not started (a template's child: catsdogs.runtime.template; or a
+    sitecustomize's import) takes them all the same: XLA reads its flags as JAX's backend starts, and
+    the cache's settings go to jax.config (`_apply_cache`), JAX having read the environment's at its
+    import. A process whose JAX had started keeps the flags it started with, and says so
     (`running_settings`)."""
     from catsdogs.runtime.backends import compile_cache_dir, process_settings
 
     settings = process_settings()
-    forked = "jax" in sys.modules and not _backend_started()  # a template's child (catsdogs.runtime.template)
-    if "jax" not in sys.modules or forked:  # (XLA reads its flags as JAX's backend starts)
+    unstarted = "jax" in sys.modules and not backend_started()  # imported, not started: a template's child, say
+    if "jax" not in sys.modules or unstarted:  # (XLA reads its flags as JAX's backend starts)
         before_import()
         os.environ["XLA_FLAGS"] = _xla_flags(deterministic=settings["deterministic"])
         _configure_cache(compile_cache_dir())
     import jax
 
-    if forked:  # JAX read its cache's settings when the template imported it
+    if unstarted:  # JAX read its cache's settings when it was imported
         _apply_cache(jax, compile_cache_dir())
 
     # the trial's setting, also over a JAX_DEFAULT_MATMUL_PRECISION of the user's (None: JAX's default)
@@ -153,7 +156,7 @@ def before_import() -> None:
             os.environ.setdefault(key, value)
 
 
-def _backend_started() -> bool:
+def backend_started() -> bool:
     """Whether JAX's backends have started in this process (a template's child's have not)."""
     from jax._src import xla_bridge
 
