@@ -4,12 +4,12 @@ measured before the search past the first epoch's transient.
 Four short runs at the base batch size (32), seeds --seed and the next three, each trained 2
 epochs as a sweep's trial is at the rate the learning-rate rule anchors on (the short runs' best of
 three, or a store's), in workers that end before any probe runs (on a CPU up to three at once:
-`noise_workers`); B_simple measured
-after epoch 2 of each, past the first epoch's transient, and pooled with each seed one cluster
-weighted alike (`measure_noise_scale`: gradient_noise.pool_seeds, the geometric mean of the
-seeds' values, its interval on seeds - 1 degrees of freedom). The article's model by per-example gradient products,
-pairs of 1 and 25 images (`noise_sampling`); a user's model by the two-batch estimator on
-micro-batches (`user_noise_sampling`). Imports no framework: the runs are a worker's.
+`noise_workers`); B_simple measured after epoch 2 of each, past the first epoch's transient, and
+pooled with each seed one cluster weighted alike (`measure_noise_scale`: gradient_noise.pool_seeds,
+the geometric mean of the seeds' values, its interval on seeds - 1 degrees of freedom). The
+article's model by per-example gradient products, pairs of 1 and 25 images (`noise_sampling`); a
+user's model by the two-batch estimator on micro-batches (`user_noise_sampling`). Imports no
+framework: the runs are a worker's.
 """
 
 from __future__ import annotations
@@ -157,12 +157,12 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
                         decoded: str | None = None) -> NoiseRun | None:
     """B_simple past the first epoch's transient: NOISE_SEEDS short runs at the base batch size
     (seeds `settings.seed` and on), each trained NOISE_EPOCHS epochs as a sweep's trial is, those
-    that do not wait on each other at once (`noise_workers`: on a CPU up to three workers: `ShortRuns`),
-    measured after each epoch from NOISE_FROM on (before it, nothing is measured); those measurements pooled into one estimate with each seed one cluster weighted alike
-    (gradient_noise.pool_seeds: the geometric mean of the seeds' B_simple, Student's interval on
-    their logarithms over the seeds). One epoch at one seed moved it from 3 to 296 with the seed
-    and the backend, and two seeds pooled pair by pair gave intervals that covered the truth 18%
-    of the time. With the wall time (the workers' starts included). None, said in the log, when a
+    that wait on no other at once (`ShortRuns`; `noise_workers`: on a CPU up to three), measured
+    after each epoch from NOISE_FROM on (before it, nothing is measured); those measurements
+    pooled into one estimate with each seed one cluster weighted alike (gradient_noise.pool_seeds:
+    the geometric mean of the seeds' B_simple, Student's interval on their logarithms over the
+    seeds). One epoch at one seed moved it from 3 to 296 with the seed and the backend, and two
+    seeds pooled pair by pair gave intervals that covered the truth 18% of the time. With the wall time (the workers' starts included). None, said in the log, when a
     run failed. `probe_data`: a user's model (settings.model) trains, on its folder or the
     prepared data, and is measured by the two-batch estimator (`user_noise_sampling`); `worker`:
     the one its check ran in (model_check.check_user_model), ended here as a worker of its own is;
