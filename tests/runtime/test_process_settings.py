@@ -300,6 +300,23 @@ def test_a_second_jax_run_into_a_fresh_out_loads_its_steps_from_the_compile_cach
 
 
 @pytest.mark.slow
+def test_a_jax_started_before_catsdogs_still_keeps_tensorflow_out(tmp_path):
+    # given a Python whose start starts JAX (a sitecustomize), before catsdogs can set it up
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import jax\njax.devices()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.getcwd()]), "KERAS_BACKEND": "jax"}
+    # when a worker's start runs there, then importing TensorFlow fails as where it is not installed
+    code = ("from catsdogs.runtime.backends import jax_process\n"
+            "assert jax_process.backend_started()\n"
+            "jax_process.start()\n"
+            "try:\n    import tensorflow\nexcept ModuleNotFoundError as e:\n    print('kept out:', e)\n")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "kept out: No module named 'tensorflow' (catsdogs runs on JAX)" in result.stdout
+
+
+@pytest.mark.slow
 def test_a_framework_started_before_catsdogs_stops_the_sweep_once_and_records_no_failure(prepared_data, tmp_path):
     import os
     import sqlite3

@@ -122,6 +122,7 @@ def start() -> str:
     (`running_settings`)."""
     from catsdogs.runtime.backends import compile_cache_dir, process_settings
 
+    _block_tensorflow()  # (in every process, JAX started or not: Keras's optional uses of it stay off)
     settings = process_settings()
     unstarted = "jax" in sys.modules and not backend_started()  # imported, not started: a template's child, say
     if "jax" not in sys.modules or unstarted:  # (XLA reads its flags as JAX's backend starts)
