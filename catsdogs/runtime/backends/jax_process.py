@@ -164,32 +164,36 @@ def backend_started() -> bool:
     return bool(getattr(xla_bridge, "_backends", None))
 
 
-def _apply_cache(jax, folder) -> None:
-    """`_configure_cache`'s settings given to an imported JAX, which read the environment's when
-    it was imported (before any compilation, as a template's child is)."""
-    jax.config.update("jax_compilation_cache_dir", None if folder is None else str(folder))
-    if folder is not None:
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
 def running_settings() -> dict:
     """{"deterministic", "tf32"}: what this process runs with (after `start`)."""
     return dict(RUNNING)
 
 
+# The persistent cache keeps every entry, however small or quick to compile (JAX's defaults keep
+# only compilations of over a second, which a CPU's small steps rarely are): JAX's config names,
+# each read at import from the variable of its name in capitals
+CACHE_KEEPS_ALL = {"jax_persistent_cache_min_compile_time_secs": 0.0, "jax_persistent_cache_min_entry_size_bytes": 0}
+
+
 def _configure_cache(folder) -> None:
-    """Before JAX starts: its persistent compilation cache in `folder` (None: off), keeping every
-    entry, however small or quick to compile (JAX's defaults keep only compilations of over a
-    second, which a CPU's small steps rarely are)."""
+    """Before JAX is imported: its persistent compilation cache in `folder` (None: off), keeping
+    every entry (CACHE_KEEPS_ALL), in the environment JAX reads as it is imported."""
     if folder is None:
         os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
         return
     with contextlib.suppress(OSError):
         folder.mkdir(parents=True, exist_ok=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    os.environ.update({name.upper(): str(value) for name, value in CACHE_KEEPS_ALL.items()})
+
+
+def _apply_cache(jax, folder) -> None:
+    """`_configure_cache`'s settings given to a JAX imported before them (a template's child),
+    which read the environment's as it was imported: before any compilation, they hold."""
+    jax.config.update("jax_compilation_cache_dir", None if folder is None else str(folder))
+    if folder is not None:
+        for name, value in CACHE_KEEPS_ALL.items():
+            jax.config.update(name, value)
 
 
 COMPILATIONS = {"backend_compiles": 0, "cache_hits": 0}  # this process's, since `start`
