@@ -162,8 +162,8 @@ def measure_noise_scale(data_dir: Path, manifest: dict | None, settings: FindSet
     pooled into one estimate with each seed one cluster weighted alike (gradient_noise.pool_seeds:
     the geometric mean of the seeds' B_simple, Student's interval on their logarithms over the
     seeds). One epoch at one seed moved it from 3 to 296 with the seed and the backend, and two
-    seeds pooled pair by pair gave intervals that covered the truth 18% of the time. With the wall time (the workers' starts included). None, said in the log, when a
-    run failed. `probe_data`: a user's model (settings.model) trains, on its folder or the
+    seeds pooled pair by pair gave intervals that covered the truth 18% of the time. With the wall
+    time (the workers' starts included). None, said in the log, when a run failed. `probe_data`: a user's model (settings.model) trains, on its folder or the
     prepared data, and is measured by the two-batch estimator (`user_noise_sampling`); `worker`:
     the one its check ran in (model_check.check_user_model), ended here as a worker of its own is;
     `decoded`: the prepared data decoded once (probe_run.DecodedCopy), which the runs read."""

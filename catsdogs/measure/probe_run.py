@@ -198,7 +198,8 @@ class ProbeRun:
     def _timed_steps(self, batch_size: int, timing_only: bool) -> int:
         """A probe's timed steps: the settings' (--steps), or NEAR_LIMIT_STEPS for a probe of memory
         near the limit on the CPU on a backend whose step peaks in its first run (FIRST_STEP_PEAK),
-        where --steps is its default value (given or not): those steps are seconds each, and their peak is the first's."""
+        where --steps is its default value (given or not): those steps are seconds each, and their
+        peak is the first's."""
         s, fresh_from = self.settings, self.prober.fresh_from
         near = fresh_from is not None and batch_size >= fresh_from and not timing_only
         if near and s.steps == DEFAULT_STEPS and self.on_resident_sets() and backends.name() in FIRST_STEP_PEAK:

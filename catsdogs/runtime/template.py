@@ -2,12 +2,12 @@
 
 A worker's start is mostly importing Keras and TensorFlow (or JAX), at every fresh worker.
 Importing starts neither framework (no thread of TensorFlow's, no backend of JAX's), so a process
-that has only imported it can be forked: the child is what a fresh worker would be after its imports, in milliseconds. A fork maps
-none of the shared libraries' file pages again (a child's resident set after a first op would be
-far below a fresh worker's, and a probe's memory not a training process's), so the template lists
-its own (/proc/self/pagemap) and each child maps them before anything else (MADV_POPULATE_READ,
-Linux 5.14): its resident set then a fresh worker's. Where the kernel lacks it, workers start
-fresh.
+that has only imported it can be forked: the child is what a fresh worker would be after its
+imports, in milliseconds. A fork maps none of the shared libraries' file pages again (a child's
+resident set after a first op would be far below a fresh worker's, and a probe's memory not a
+training process's), so the template lists its own (/proc/self/pagemap) and each child maps them
+before anything else (MADV_POPULATE_READ, Linux 5.14): its resident set then a fresh worker's.
+Where the kernel lacks it, workers start fresh.
 
 This module is the parent's side; the template process is catsdogs.runtime.fork_server, a fork
 server that runs an entry it is given by name (the worker's: catsdogs.training.child, as `python
@@ -18,8 +18,9 @@ child's end read from the kernel where its template cannot say it): a template t
 answer is let go, said, and workers start fresh. Where it applies (`usable`): TensorFlow or JAX
 on Linux on a host without an NVIDIA device, unless CATSDOGS_WORKER_TEMPLATE=0 (JAX's child sets
 its XLA flags, which XLA reads as JAX's backend starts, and gives JAX its compilation cache's
-settings, which JAX read from the template's environment at import: jax_process.start). One template serves the workers that agree with it in what an import reads
-(`import_key`). docs/performance.md, "The trial engine", gives the measurements.
+settings, which JAX read from the template's environment at import: jax_process.start). One
+template serves the workers that agree with it in what an import reads (`import_key`).
+docs/performance.md, "The trial engine", gives the measurements.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ from catsdogs.runtime.spawner import SPAWNER, die_with_parent
 
 ENV = "CATSDOGS_WORKER_TEMPLATE"  # "0": every worker a fresh process
 # What an import may read from the environment: a template serves only workers that agree with
-# it on these (the rest is set in the child, after the fork, before anything reads it)
+# it on these (the rest is set in the child, after the fork, before anything reads it); and what
+# glibc's malloc reads as a process starts (GLIBC_, MALLOC_): the template's are its children's
 IMPORT_PREFIXES = ("TF_", "KERAS_", "PYTHON", "LD_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "CUDA_", "XLA_",
-                   "JAX_", "NVIDIA_", "CATSDOGS_SKIP_OPTIONAL_IMPORTS", "HOME", "XDG_",
-                   "GLIBC_", "MALLOC_")  # (glibc's malloc reads these as a process starts: the template's are its children's)
+                   "JAX_", "NVIDIA_", "CATSDOGS_SKIP_OPTIONAL_IMPORTS", "HOME", "XDG_", "GLIBC_", "MALLOC_")
 MAX_TEMPLATES = 2  # a template holds a framework's import in memory (about 0.6 GiB)
 ANSWER_SECONDS = 30.0  # a template that has not forked a requested worker by then is let go
 READY_SECONDS = 120.0  # ... or has not imported the framework by then

@@ -89,25 +89,35 @@ def test_find_batch_sizes_probes_are_told_to_read_the_copy_and_the_run_removes_i
     assert not Path(tasks[0].decoded).exists()
 
 
-def test_a_probe_hands_its_tasks_copy_to_the_data_cache(monkeypatch, tmp_path):
-    from catsdogs.messages import ProbeTask
-    from catsdogs.training import probes
+class StandInBackend:
+    """What a probe's and a trial's start ask of the backend before they load the data."""
 
-    # given a probe task naming a decoded copy, a stand-in backend, and the data cache watched
-    class Backend:
-        NAME = "jax"
+    NAME = "jax"
 
-        def start(self):
-            return "cpu"
+    def start(self):
+        return "cpu"
 
-        def device_bytes_in_use(self):
-            return None
+    def device_bytes_in_use(self):
+        return None
 
-        def peak_memory(self):
-            return {}
+    def peak_memory(self):
+        return {}
 
-        def classify_error(self, exc):
-            return "failed"
+    def classify_error(self, exc):
+        return "failed"
+
+    def running_settings(self):
+        return {"deterministic": True, "tf32": None}
+
+    def compile_counts(self):
+        return None
+
+
+def watched_loads(monkeypatch) -> list:
+    """A stand-in backend, and the data cache's loads recorded (the `decoded` each was given), each
+    failing once recorded: the task's record then says the data were asked for."""
+    from catsdogs.runtime import backends
+    from catsdogs.training import steps
 
     asked = []
 
@@ -115,8 +125,18 @@ def test_a_probe_hands_its_tasks_copy_to_the_data_cache(monkeypatch, tmp_path):
         asked.append(decoded)
         raise RuntimeError("the data were asked for")
 
-    monkeypatch.setattr(probes.backends, "current", lambda: Backend())
-    monkeypatch.setattr(probes.steps.DATA, "load", load)
+    monkeypatch.setattr(backends, "current", lambda: StandInBackend())
+    monkeypatch.setattr(backends, "check_settings", lambda cfg, running: None)
+    monkeypatch.setattr(steps.DATA, "load", load)
+    return asked
+
+
+def test_a_probe_hands_its_tasks_copy_to_the_data_cache(monkeypatch, tmp_path):
+    from catsdogs.messages import ProbeTask
+    from catsdogs.training import probes
+
+    # given a probe task naming a decoded copy, a stand-in backend, and the data cache watched
+    asked = watched_loads(monkeypatch)
     task = ProbeTask(8, str(tmp_path), optimizer="sgd", dataset="standard", precision="float32", steps=3, warmup=1,
                      decoded=str(tmp_path / "copy.decoded.npz"))
     # when the worker runs it
@@ -126,7 +146,8 @@ def test_a_probe_hands_its_tasks_copy_to_the_data_cache(monkeypatch, tmp_path):
     assert record.status == "failed" and "the data were asked for" in record.error
 
 
-def test_a_short_run_hands_its_tasks_copy_to_the_data_cache_and_find_batch_size_names_it(monkeypatch, tmp_path):
+def test_a_short_run_hands_its_tasks_copy_to_the_data_cache_and_the_noise_scale_names_it_in_every_run(
+        monkeypatch, tmp_path):
     from catsdogs.measure import noise_run
     from catsdogs.measure.settings import FindSettings
     from catsdogs.messages import TrialTask
@@ -134,27 +155,7 @@ def test_a_short_run_hands_its_tasks_copy_to_the_data_cache_and_find_batch_size_
     from catsdogs.training import engine
 
     # given a trial task naming a decoded copy, a stand-in backend, and the data cache watched
-    class Backend:
-        NAME = "jax"
-
-        def start(self):
-            return "cpu"
-
-        def running_settings(self):
-            return {"deterministic": True, "tf32": None}
-
-        def compile_counts(self):
-            return None
-
-    asked = []
-
-    def load(data_dir, dataset, expect="", decoded=None):
-        asked.append(decoded)
-        raise RuntimeError("the data were asked for")
-
-    monkeypatch.setattr(engine.backends, "current", lambda: Backend())
-    monkeypatch.setattr(engine.backends, "check_settings", lambda cfg, running: None)
-    monkeypatch.setattr(engine.steps.DATA, "load", load)
+    asked = watched_loads(monkeypatch)
     config = TrialConfig("sgd", 32, "standard", 0, epochs=2, image_size=64, backend="jax")
     copy = str(tmp_path / "copy.decoded.npz")
     # when a worker runs it, then the data were asked for with the copy's path
