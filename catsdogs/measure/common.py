@@ -1,5 +1,6 @@
 """What profile and find-batch-size share: their probe settings checked and shown, memory sizes
-read and written as people write them, and their CSV files.
+read and written as people write them, and their CSV files; and a run's claim on its folder
+(find-batch-size's OUT/NAME/.running).
 
 Framework-free, as both commands' own processes are (their probes run in workers).
 """
@@ -7,13 +8,14 @@ Framework-free, as both commands' own processes are (their probes run in workers
 from __future__ import annotations
 
 import csv
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from catsdogs.errors import SettingError
+from catsdogs.errors import CatsdogsError, SettingError
 from catsdogs.files import atomic_path
-from catsdogs.host import gpu_total_bytes, host_memory_bytes, visible_gpus
+from catsdogs.host import gpu_total_bytes, host_memory_bytes, process_alive, visible_gpus
 from catsdogs.schema import TrialConfig, check_at_most, process_words
 from catsdogs.training.costs import state_bytes
 
@@ -126,3 +128,40 @@ def _csv_value(v):
     if isinstance(v, float):
         return f"{v:.6g}"
     return v
+
+
+# --- a run's claim on its folder -----------------------------------------------------------------
+
+
+def take_claim(lock: Path, shared=None) -> None:
+    """This run's claim on its folder (a file of its pid); a CatsdogsError where another live run
+    holds it, whose answer this one's would overwrite (a claim whose process is gone is taken).
+    `shared`: a worker of the run's (a user's model's check), closed where the claim fails."""
+    for _ in range(2):
+        try:
+            with open(lock, "x") as f:
+                f.write(str(os.getpid()))
+            return
+        except FileExistsError:
+            holder = claim_of(lock)
+            why = (None if holder is not None and (holder == os.getpid() or not process_alive(holder)) else
+                   f"another find-batch-size (pid {holder}) is writing {lock.parent}: wait for it to end, or give "
+                   "this run another --name" if holder is not None else
+                   f"{lock} is not a claim of catsdogs's (a pid): remove it, or give this run another --name")
+            if why:
+                if shared:
+                    shared.close()
+                raise CatsdogsError(why) from None
+            lock.unlink(missing_ok=True)  # its run is gone (killed): its claim with it
+    raise CatsdogsError(f"cannot claim {lock.parent}: another run keeps claiming it")
+
+
+def claim_of(lock: Path) -> int | None:
+    """The pid a claim holds; None for what no run of catsdogs wrote (a folder, a link, other bytes)."""
+    if lock.is_symlink() or not lock.is_file():
+        return None
+    try:
+        text = lock.read_bytes().decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and len(text) <= 10 else None

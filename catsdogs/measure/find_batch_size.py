@@ -43,7 +43,6 @@ on the CPU the next fresh worker imports while the probes run, stopped while the
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
 import time
 from collections.abc import Callable
@@ -54,10 +53,10 @@ from catsdogs import config, goodput
 from catsdogs.errors import CatsdogsError, Interrupted, SettingError
 from catsdogs.files import write_json_atomic
 from catsdogs.find_result import FindResult
-from catsdogs.host import cpu_record, host_memory_available, process_alive, versions
+from catsdogs.host import cpu_record, host_memory_available, versions
 from catsdogs.manifest import require_intact
 from catsdogs.measure import model_check
-from catsdogs.measure.common import check_memory_floor, format_bytes, write_csv
+from catsdogs.measure.common import check_memory_floor, format_bytes, take_claim, write_csv
 from catsdogs.measure.find_summary import opening_line, race_lines, summary_lines, time_lines
 from catsdogs.measure.memory_prediction import (
     CALIBRATION_BATCH,
@@ -195,7 +194,7 @@ def begin(settings: FindSettings, data_dir: Path, out: Path, log, arrays) -> Fin
     settings, manifest, size, user, probe_data, shared = _model_and_data(settings, data_dir, work, env, log, arrays)
     bound = SearchBound.of(settings, manifest, probe_data)
     folder.mkdir(parents=True, exist_ok=True)
-    _take(folder / LOCK, shared)
+    take_claim(folder / LOCK, shared)
     cpu_cap = None
     if settings.memory_cap_bytes is None:
         avail = host_memory_available()
@@ -209,39 +208,6 @@ def begin(settings: FindSettings, data_dir: Path, out: Path, log, arrays) -> Fin
     probes = ProbeRun(settings, data_dir, work, cpu_cap, env, log, probe_data)
     return FindRun(settings, Path(data_dir), folder, log, manifest, size, user, probe_data, shared, bound, cpu_cap,
                    started, probes)
-
-
-def _take(lock: Path, shared: Worker | None) -> None:
-    """This run's claim on its folder (a file of its pid); a CatsdogsError where another live run
-    holds it, whose answer this one's would overwrite (a claim whose process is gone is taken)."""
-    for _ in range(2):
-        try:
-            with open(lock, "x") as f:
-                f.write(str(os.getpid()))
-            return
-        except FileExistsError:
-            holder = _claim(lock)
-            why = (None if holder is not None and (holder == os.getpid() or not process_alive(holder)) else
-                   f"another find-batch-size (pid {holder}) is writing {lock.parent}: wait for it to end, or give "
-                   "this run another --name" if holder is not None else
-                   f"{lock} is not a claim of catsdogs's (a pid): remove it, or give this run another --name")
-            if why:
-                if shared:
-                    shared.close()
-                raise CatsdogsError(why) from None
-            lock.unlink(missing_ok=True)  # its run is gone (killed): its claim with it
-    raise CatsdogsError(f"cannot claim {lock.parent}: another run keeps claiming it")
-
-
-def _claim(lock: Path) -> int | None:
-    """The pid a claim holds; None for what no run of catsdogs wrote (a folder, a link, other bytes)."""
-    if lock.is_symlink() or not lock.is_file():
-        return None
-    try:
-        text = lock.read_bytes().decode("ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return int(text) if text.isdigit() and len(text) <= 10 else None
 
 
 def measure_statistics(run: FindRun) -> None:

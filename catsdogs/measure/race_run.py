@@ -6,9 +6,9 @@ the prediction held against it.
 
 The race's trials are a sweep in the results store, `NAME-race` (catsdogs.training.sweep runs them
 on its slots; a user's model with its identity, model_check.Raced): `catsdogs report` and
-TensorBoard show it, and Ctrl-C then the same command continues it (the plan is the sweep's
-recorded config, not made again from probes that time differently; a trial is found again by its
-arm and seed whatever cap it ran under).
+TensorBoard show it, and Ctrl-C then the same command continues it (the plan, catsdogs.measure.
+race_plan, is the sweep's recorded config, not made again from probes that time differently; a
+trial is found again by its arm and seed whatever cap it ran under).
 
 - **The target**: `--until`, or the validation loss a reference run reaches at the anchor (the
   base batch size at the rate the learning-rate rule starts from) after REFERENCE_EPOCHS epochs,
@@ -50,22 +50,21 @@ from catsdogs.measure.race import (
     Outcome,
     Race,
     against_prediction,
-    race_rates,
-    race_sizes,
 )
-from catsdogs.recommendation import anchor_at, learning_rate, rule_noise
-from catsdogs.runtime import backends
+from catsdogs.measure.race_plan import (
+    PLAN_KEYS,
+    REFERENCE_EPOCHS,
+    identity_of,
+    new_plan,
+    race_words,
+    stored_plan,
+)
 from catsdogs.schema import Status, TrialConfig
 from catsdogs.store import Store, store_path
 from catsdogs.training.sweep import SlotFactory, SweepSettings, make_slots, run_sweep, runner_slots
 
-REFERENCE_EPOCHS = 3  # the reference run's epochs: the default target is its validation loss after them
 MAX_EPOCHS = 4 * REFERENCE_EPOCHS  # a race trial's cap, in epochs, before any leader's time caps it
 CAPPED_EPOCHS = 10 * MAX_EPOCHS  # ... and once one does, at most (a large batch's epochs are few steps)
-EVALUATIONS = 8  # the reference's epochs hold at least this many evaluations
-BETWEEN_RUNS = 0.2  # the step times' spread from one run to the next on a shared CPU (docs/performance.md)
-PLAN_KEYS = ("optimizer", "dataset", "data", "image_size", "backend", "precision", "deterministic", "tf32",
-             "seed", "until", "model")  # what makes a race another race: a stored plan of other values is not resumed
 
 
 def sweep_name(name: str) -> str:
@@ -83,8 +82,8 @@ def run_race(settings, data_dir: Path, out: Path, manifest: dict | None, size: i
     started = time.perf_counter()
     sweep = sweep_name(settings.name)
     raced = raced or Raced.of(settings, manifest, None, None)
-    identity = _identity(settings, raced, size)
-    plan = _stored_plan(out, sweep, identity, log) or _new_plan(settings, raced, recommendation, anchor, identity)
+    identity = identity_of(settings, raced, size)
+    plan = stored_plan(out, sweep, identity, log) or new_plan(settings, raced, recommendation, anchor, identity)
     slots, workers = runner_slots(settings.race_runner, slots, settings.race_workers, ray_address=settings.ray_address,
                                   env=settings.environment(), log=log)  # (--runner ray: Ray's actors)
     kept = make_slots(out, SweepSettings(workers=workers, worker_env=settings.environment(), slots=slots))
@@ -92,7 +91,7 @@ def run_race(settings, data_dir: Path, out: Path, manifest: dict | None, size: i
     try:
         if plan["target"] is None:
             runner.reference()
-        log(f"Race to {_race_words(plan)}, on seeds {plan['seeds'][0]}-{plan['seeds'][-1]} "
+        log(f"Race to {race_words(plan)}, on seeds {plan['seeds'][0]}-{plan['seeds'][-1]} "
             f"by rungs of {', '.join(map(str, SEEDS_PER_RUNG))} seeds (sweep {sweep} in {store_path(out)}).")
         race, stopped = runner.run(started)
     except KeyboardInterrupt:
@@ -103,78 +102,6 @@ def run_race(settings, data_dir: Path, out: Path, manifest: dict | None, size: i
         for slot in kept:
             slot.close()
     return _record(race, plan, runner, recommendation, stopped, time.perf_counter() - started)
-
-
-# --- the plan --------------------------------------------------------------------------------------
-
-
-def _identity(settings, raced: Raced, size: int) -> dict:
-    return {"optimizer": settings.optimizer, "dataset": settings.dataset, "data": raced.data, "image_size": size,
-            "backend": backends.check(), "precision": settings.precision, "deterministic": settings.deterministic,
-            "tf32": settings.tf32, "seed": settings.seed, "until": targets.canonical(settings.until), "model": raced.model}
-
-
-def _stored_plan(out: Path, sweep: str, identity: dict, log) -> dict | None:
-    """The plan of a race begun before under this name, to continue; None where there is none. A
-    race of other settings under the name is refused: its trials are not this race's."""
-    if not store_path(out).exists():
-        return None
-    with Store(store_path(out), read_only=True) as store:
-        config = store.sweep_config(sweep) if sweep in store.sweeps() else None
-    if config is not None and not config.get("race"):
-        raise CatsdogsError(f"the store under {out} holds a sweep named {sweep!r} that is not a race: give this run "
-                            "another --name")
-    plan = (config or {}).get("race")
-    if not plan:
-        return None
-    if {k: plan["identity"].get(k) for k in PLAN_KEYS} != identity:
-        differ = [k for k in PLAN_KEYS if plan["identity"].get(k) != identity[k]]
-        raise CatsdogsError(f"the store under {out} holds a race named {sweep!r} with other settings ({', '.join(differ)}): "
-                            "give this run another --name")
-    log(f"Race: continuing the race {sweep!r} begun before (its plan as recorded then).")
-    return plan
-
-
-def _new_plan(settings, raced: Raced, recommendation: dict, anchor: dict | None, identity: dict) -> dict:
-    """The sizes (race.race_sizes over the probes' step times, beyond the between-run spread, and the
-    prediction's recommendation, so that it is held against the race), each size's rates by the optimizer's rule from the anchor and the factor-2 set around it, the seeds,
-    the evaluations' spacing, and the arm raced first (the prediction's choice at its rule's rate)."""
-    n_train = raced.train_images  # (a size past it has no batch to train: a user's folder holds out a tenth more)
-    table = {int(r["batch_size"]): float(r["step_seconds"]) for r in recommendation["table"] if r["batch_size"] <= n_train}
-    if not table:
-        raise CatsdogsError(f"the race has no size to train: none that fitted has a whole batch in the {n_train:,} "
-                            "images its trials train on (a tenth of a folder's held out to validate): lower --start")
-    predicted = recommendation["batch_size"]  # raced whatever the grid: the prediction is held against the race
-    span = recommendation.get("interval")
-    sizes = sorted({*race_sizes(table, BETWEEN_RUNS, interval=tuple(span) if span else None),
-                    *([predicted] if predicted in table else [])})
-    noise = rule_noise(recommendation)
-    rates, rule_rate = {}, {}
-    for b in sizes:  # the recommendation's rule, at every size
-        base, base_lr, _ = anchor_at(b, settings.optimizer, anchor)
-        rule_rate[b] = _round(learning_rate(settings.optimizer, b, base_lr, base, *noise)[0])
-        rates[b] = [_round(r) for r in race_rates(rule_rate[b])]
-    predicted = min(sizes, key=lambda b: (abs(math.log(b / predicted)), b))  # (itself, where the table has it)
-    base, base_lr, said = anchor_at(predicted, settings.optimizer, anchor)
-    every = 2 ** max(5, int(math.log2(max(1, n_train * REFERENCE_EPOCHS // EVALUATIONS))))
-    return {"identity": identity, "sizes": sizes, "rates": {str(b): rates[b] for b in sizes},
-            "probe_step_seconds": {str(b): table[b] for b in sizes}, "steady_step_seconds": None,
-            "seeds": [settings.seed + i for i in range(SEEDS_PER_RUNG[-1])], "eval_every": every,
-            "first": {"batch_size": predicted, "lr": rule_rate[predicted]},
-            "anchor": {"batch_size": base, "lr": _round(base_lr), "said": said},
-            "target": targets.canonical(settings.until), "target_said": "given (--until)" if settings.until else None,
-            "n_train": n_train}
-
-
-def _round(lr: float) -> float:
-    """A rate to 3 significant digits: a trial's identity holds it, and a stored plan reads it back."""
-    return float(f"{lr:.3g}")
-
-
-def _race_words(plan: dict) -> str:
-    return (f"{targets.parse(plan['target']).describe()} ({plan['target_said']}): {len(plan['sizes'])} batch size"
-            f"{'s' if len(plan['sizes']) != 1 else ''} ({', '.join(map(str, plan['sizes']))}) at 3 rates each, "
-            "the rule's and half and twice it")
 
 
 # --- running it ------------------------------------------------------------------------------------

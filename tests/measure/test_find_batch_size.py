@@ -28,6 +28,7 @@ from catsdogs.cli import cli
 from catsdogs.gradient_noise import NoiseEstimate
 from catsdogs.measure import find_batch_size as findbs
 from catsdogs.measure import noise_run
+from catsdogs.measure.common import take_claim
 from catsdogs.measure.find_batch_size import PROBE_COLUMNS, FindSettings
 from catsdogs.measure.noise_run import NoiseRun
 from catsdogs.measure.search import fresh_threshold
@@ -938,15 +939,15 @@ def test_a_run_into_the_folder_another_live_run_writes_is_refused_and_a_dead_run
     (gone / findbs.LOCK).write_text("999999999")
     # then a run into the first is refused in one line, saying whose it is; into the second, it claims it
     with pytest.raises(CatsdogsError, match=f"another find-batch-size \\(pid {os.getppid()}\\) is writing"):
-        findbs._take(live / findbs.LOCK, None)
-    findbs._take(gone / findbs.LOCK, None)
+        take_claim(live / findbs.LOCK, None)
+    take_claim(gone / findbs.LOCK, None)
     assert (gone / findbs.LOCK).read_text() == str(os.getpid())
     # and a file of that name catsdogs did not write (other bytes, not UTF-8 either) is refused, kept
     for name, body in (("text", b"mine"), ("binary", b"\xff\xfe")):
         (tmp_path / name).mkdir()
         (tmp_path / name / findbs.LOCK).write_bytes(body)
         with pytest.raises(CatsdogsError, match="is not a claim of catsdogs's"):
-            findbs._take(tmp_path / name / findbs.LOCK, None)
+            take_claim(tmp_path / name / findbs.LOCK, None)
         assert (tmp_path / name / findbs.LOCK).read_bytes() == body
 
 

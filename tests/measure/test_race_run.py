@@ -19,9 +19,9 @@ from catsdogs.measure import race_run
 from catsdogs.measure.find_summary import race_lines
 from catsdogs.measure.model_check import Raced
 from catsdogs.measure.race import Arm
+from catsdogs.measure.race_plan import new_plan
 from catsdogs.measure.race_run import (
     MAX_EPOCHS,
-    _new_plan,
     _Runner,
     against_prediction,
     run_race,
@@ -376,7 +376,7 @@ def test_the_predictions_size_races_even_where_the_factor_2_grid_would_thin_it_a
            "table": [{"batch_size": b, "step_seconds": t} for b, t in table.items()]}
     settings = FindSettings(optimizer="sgd", race=True, until="val_loss=0.5")
     # when the race is planned
-    plan = _new_plan(settings, Raced.of(settings, require_prepared(data), None, None), rec, ANCHOR, {})
+    plan = new_plan(settings, Raced.of(settings, require_prepared(data), None, None), rec, ANCHOR, {})
     # then 24 races, and races first (its trials cap the others')
     assert plan["sizes"] == [16, 24, 32] and plan["first"]["batch_size"] == 24
 
@@ -565,7 +565,7 @@ def test_a_race_with_no_size_that_has_a_whole_batch_to_train_is_one_line(data):
     settings = FindSettings(optimizer="sgd", race=True, until="val_loss=0.5")
     rec = {**recommendation(), "table": [{"batch_size": b, "step_seconds": STEPS[b]} for b in (8, 16, 32)]}
     with pytest.raises(CatsdogsError, match="none that fitted has a whole batch in the 4 images.*lower --start"):
-        _new_plan(settings, users_model(data, train_images=4), rec, ANCHOR, {})
+        new_plan(settings, users_model(data, train_images=4), rec, ANCHOR, {})
 
 
 def test_a_saved_model_is_keyed_by_its_name_and_digest_not_its_path_and_random_images_are_not_raced():
